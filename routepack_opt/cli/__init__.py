@@ -1,0 +1,91 @@
+"""``routepack`` command line (SPEC §5).
+
+Each command lives in its own module under ``routepack_opt/cli/`` and exposes
+``register(subparsers)``, which adds its parser and sets ``func`` (called with the parsed
+arguments, returning a dict for ``--json`` or None). Conventions: exit 0 on success, 2 on bad
+input with one ``error: ...`` line on stderr (never a traceback), 1 on an internal failure.
+Set ``ROUTEPACK_DEBUG=1`` to see tracebacks of internal failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+
+from routepack_opt.errors import InputError
+
+__all__ = ["main", "COMMANDS"]
+
+# Order = order in --help. A module listed here that does not exist yet is skipped.
+COMMANDS = ["demo", "gen_trace", "certify", "plan", "evaluate", "exact", "compare", "calibrate",
+            "measure", "verify_runtime"]
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse prints usage + exits 2; we want one error: line
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="routepack", description="Plan MoE RL optimizer steps: expert placement "
+                     "+ attention-aware packing from routing replay.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"routepack_opt.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"routepack_opt.cli.{name}":
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def emit(args, result: dict | None, text: str | None = None) -> None:
+    """Print ``result`` as JSON with ``--json``, else ``text`` (if any)."""
+    if getattr(args, "json", False):
+        from routepack_opt.plan import _jsonable
+        print(json.dumps(_jsonable(result or {}), indent=1))
+    elif text:
+        print(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2 if not argv else 0
+        args.func(args)
+        return 0
+    except (InputError, UsageError) as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    except Exception as exc:  # internal failure
+        if os.environ.get("ROUTEPACK_DEBUG"):
+            raise
+        print(f"error: internal failure: {exc.__class__.__name__}: {_one_line(exc)} "
+              "(set ROUTEPACK_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
