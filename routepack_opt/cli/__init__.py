@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 
@@ -46,15 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         mod.register(sub)
     return parser
-
-
-def emit(args, result: dict | None, text: str | None = None) -> None:
-    """Print ``result`` as JSON with ``--json``, else ``text`` (if any)."""
-    if getattr(args, "json", False):
-        from routepack_opt.plan import _jsonable
-        print(json.dumps(_jsonable(result or {}), indent=1))
-    elif text:
-        print(text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from routepack_opt.cost import CostModel, PRESETS, resolve_cost
@@ -71,3 +72,12 @@ def output_path(path: str | None) -> Path | None:
     if p.parent and not p.parent.exists():
         raise InputError(f"{path}: directory {p.parent} does not exist")
     return p
+
+
+def emit(args, result: dict | None, text: str | None = None) -> None:
+    """Print ``result`` as JSON with ``--json``, else ``text`` (if any)."""
+    if getattr(args, "json", False):
+        from routepack_opt.plan import _jsonable
+        print(json.dumps(_jsonable(result or {}), indent=1))
+    elif text:
+        print(text)

@@ -1,0 +1,34 @@
+"""``routepack evaluate``: validate a plan and score it with the one evaluator."""
+
+from __future__ import annotations
+
+from routepack_opt.cli.common import add_cost, add_json, add_window, cost_from_args, emit
+from routepack_opt.evaluate import evaluate_plan
+from routepack_opt.plan import load_plan
+from routepack_opt.window import load_window
+
+
+def register(sub) -> None:
+    p = sub.add_parser("evaluate", help="validate a plan and score it (both objectives, LB, gap)")
+    add_window(p)
+    p.add_argument("plan", metavar="PLAN.json")
+    add_cost(p)
+    p.add_argument("--objective", choices=["max-sum", "sum-max"],
+                   help="objective to report first (default: the plan's)")
+    add_json(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> None:
+    window = load_window(args.window)
+    plan = load_plan(args.plan, num_samples=window.num_samples)
+    plan.topology.check_experts(window.num_experts)
+    ev = evaluate_plan(window, plan, cost_from_args(args), args.objective)
+    rep = ev.report()
+    rep.update(rows=plan.rows, valid=True)
+    text = (f"valid plan: R={plan.rows} rows × D={plan.topology.dp} slots, objective {rep['objective']}\n"
+            f"  makespan {rep['makespan']:,.1f} µs   total {rep['total']:,.1f}   peak {rep['peak']:,.1f}\n"
+            f"  {rep['other_objective']} makespan {rep['other_makespan']:,.1f} µs\n"
+            f"  lower bound {rep['lower_bound']:,.1f} µs (placement-free {rep['placement_free_lower_bound']:,.1f})"
+            f"   gap {rep['gap']:.4f}")
+    emit(args, rep, text)
