@@ -1,0 +1,5 @@
+import sys
+
+from routepack_opt.cli import main
+
+sys.exit(main())

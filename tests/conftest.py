@@ -1,0 +1,30 @@
+"""Shared fixtures: paths, a CLI runner, small windows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from routepack_opt.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+BPP_DIR = REPO.parent / "shared" / "data" / "bpp"
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run ``routepack ARGS`` in-process; returns (exit code, stdout, stderr)."""
+
+    def _run(*args):
+        code = cli_main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return _run
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
