@@ -1,0 +1,48 @@
+"""``routepack compare``: baseline / reorder / routepack (/ joint / exact) side by side."""
+
+from __future__ import annotations
+
+import sys
+
+from routepack_opt.cli.common import (add_cost, add_json, add_objective, add_topology, add_window,
+                                      cost_from_args, emit, topology_from_args)
+from routepack_opt.cli.plan import add_search_args, load_config, progress_bar
+from routepack_opt.plan import load_plan
+from routepack_opt.window import load_window
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="baseline / reorder / routepack (and joint, exact) side by side")
+    add_window(p)
+    add_topology(p)
+    add_cost(p)
+    add_objective(p)
+    add_search_args(p)
+    p.add_argument("--placement-from", metavar="PLAN.json", help="materialized placement (adds joint-sticky)")
+    p.add_argument("--exact", choices=["auto", "yes", "no"], default="auto",
+                   help="add the exact row (auto: windows of ≤ 24 samples)")
+    p.add_argument("--exact-time-limit", type=float, default=30.0)
+    add_json(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> None:
+    from rich.console import Console
+
+    from routepack_opt.compare import compare_plans, format_table
+
+    window = load_window(args.window)
+    topo = topology_from_args(args)
+    cost = cost_from_args(args)
+    current = load_plan(args.placement_from).placement if args.placement_from else None
+    exact = {"auto": None, "yes": True, "no": False}[args.exact]
+    if args.config:
+        load_config(args)  # validate early
+    with progress_bar(sys.stderr.isatty() and not args.json, "planning") as cb:
+        table, _ = compare_plans(window, topo, cost, args.objective, args.rows, args.time_limit,
+                                 args.seed, args.max_sweeps, exact, args.exact_time_limit,
+                                 current_placement=current, progress=cb)
+    if args.json:
+        emit(args, {"objective": args.objective, "rows": table})
+    else:
+        Console(width=140).print(format_table(table, args.objective))

@@ -1,0 +1,99 @@
+"""``routepack plan``: the full pipeline → PLAN.json."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+from routepack_opt.cli.common import (add_cost, add_json, add_objective, add_topology, add_window,
+                                      cost_from_args, emit, output_path, topology_from_args)
+from routepack_opt.errors import InputError
+from routepack_opt.plan import load_plan
+from routepack_opt.window import load_window
+
+
+def add_search_args(p) -> None:
+    p.add_argument("--rows", type=int, help="rows R (default: the certified minimum R*)")
+    p.add_argument("--time-limit", type=float, help="search time limit in seconds (anytime)")
+    p.add_argument("--max-sweeps", type=int, help="sweep budget: with --seed, a bit-identical plan")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--config", metavar="ANNEAL.toml", help="population-annealing parameters (TOML)")
+
+
+def load_config(args):
+    if not getattr(args, "config", None):
+        return None
+    from routepack_opt.heuristics.annealing import AnnealConfig
+
+    if not Path(args.config).exists():
+        raise InputError(f"{args.config}: no such config file")
+    return AnnealConfig.from_toml(args.config)
+
+
+def placement_arg(value: str, window):
+    if value in ("lpt", "identity", "joint"):
+        return value
+    if value.endswith(".json") or Path(value).exists():
+        return load_plan(value).placement
+    raise InputError(f"--placement must be lpt, identity, joint or a PLAN.json, got {value!r}")
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool, label: str = "annealing"):
+    """A rich progress bar on a terminal; a no-op callback otherwise."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(label), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), transient=True, console=None) as prog:
+        task = prog.add_task(label, total=1.0)
+        yield lambda frac: prog.update(task, completed=float(frac))
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="the full pipeline: placement, R*, packing search → PLAN.json")
+    add_window(p)
+    add_topology(p)
+    add_cost(p)
+    add_objective(p)
+    p.add_argument("--placement", default="lpt", help="lpt (default), identity, joint, or PLAN.json to keep its placement")
+    p.add_argument("--placement-from", metavar="PLAN.json",
+                   help="the placement currently materialized: joint placement pays migration cost against it")
+    add_search_args(p)
+    p.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan here")
+    add_json(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> None:
+    from routepack_opt.pipeline import plan
+
+    window = load_window(args.window)
+    topo = topology_from_args(args)
+    cost = cost_from_args(args)
+    out = output_path(args.output)
+    placement = placement_arg(args.placement, window)
+    current = load_plan(args.placement_from).placement if args.placement_from else None
+    cfg = load_config(args)
+    with progress_bar(sys.stderr.isatty() and not args.json) as cb:
+        p = plan(window, topo, cost, args.objective, placement, args.rows, args.time_limit,
+                 args.max_sweeps, args.seed, cfg, progress=cb, current_placement=current)
+    if out:
+        p.save(out)
+    i = p.info
+    res = {"path": str(out) if out else None, "rows": p.rows, "objective": p.objective,
+           "makespan": i["makespan"], "total": i["total"], "peak": i["peak"],
+           "other_objective": i["other_objective"], "other_makespan": i["other_makespan"],
+           "lower_bound": i["lower_bound"], "gap": i["gap"], "certificate": p.certificate,
+           "placement": i.get("placement_kind"), "seconds": i["timings"]["total"],
+           "fallback": i.get("fallback")}
+    text = (f"plan: R={p.rows} ({p.certificate['status']} R*={p.certificate['rows']} by {p.certificate['method']}), "
+            f"placement {i.get('placement_kind')}, objective {p.objective}\n"
+            f"  makespan {i['makespan']:,.1f} µs  ({i['other_objective']}: {i['other_makespan']:,.1f})  "
+            f"LB {i['lower_bound']:,.1f}  gap {i['gap']:.4f}  in {i['timings']['total']:.2f} s"
+            + (f"\n  note: {i['fallback']}" if i.get("fallback") else "")
+            + (f"\n  wrote {out}" if out else ""))
+    emit(args, res, text)

@@ -1,0 +1,186 @@
+"""The planning pipeline (SPEC §3): placement → R* → seeds → population annealing → validate.
+
+``plan()`` always returns a valid :class:`Plan`: if a stage fails it falls back to the best valid
+length-only baseline and says so in ``plan.info["fallback"]``. Scores in the plan come from the one
+evaluator, never from a solver's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from routepack_opt.cost import CostModel
+from routepack_opt.errors import InfeasibleError, InputError
+from routepack_opt.evaluate import Evaluator, check_objective
+from routepack_opt.plan import Plan, check_placement
+from routepack_opt.topology import Topology
+from routepack_opt.window import Window
+
+__all__ = ["resolve_placement", "resolve_rows", "baseline_layouts", "plan", "layout_plan",
+           "PLACEMENT_KINDS"]
+
+PLACEMENT_KINDS = ("lpt", "identity", "joint")
+
+
+def resolve_placement(window: Window, topology: Topology, placement) -> tuple[np.ndarray, str]:
+    """``placement`` is ``"lpt"``, ``"identity"``, a [L, E] array or a :class:`Plan` (its
+    placement is reused, e.g. the one already materialized)."""
+    from routepack_opt.heuristics.placement import identity_placement, lpt_placement
+
+    topology.check_experts(window.num_experts)
+    if isinstance(placement, Plan):
+        placement = placement.placement
+    if isinstance(placement, str):
+        if placement in ("lpt", "joint"):
+            return lpt_placement(window.expert_loads(), topology.ep), "lpt"
+        if placement == "identity":
+            return identity_placement(window.num_layers, window.num_experts), "identity"
+        raise InputError(f"placement must be one of {', '.join(PLACEMENT_KINDS)} or a plan file, got {placement!r}")
+    arr = np.asarray(placement, dtype=np.int64)
+    errs = check_placement(arr, window.num_layers, window.num_experts)
+    if errs:
+        raise InputError("given placement does not fit the window: " + errs[0])
+    return arr, "given"
+
+
+def resolve_rows(window: Window, topology: Topology, rows: int | None, time_limit: float = 10.0):
+    """(R, certificate dict). Without ``rows``, R = R* from :func:`certify_rows`; with ``rows``,
+    the row rules are checked and R* is still certified for the report."""
+    from routepack_opt.certify import certify_rows
+
+    if window.lengths.max() > topology.capacity:
+        too_long = np.flatnonzero(window.lengths > topology.capacity)
+        raise InputError(f"samples {too_long[:8].tolist()} are longer than the capacity {topology.capacity}")
+    cert = certify_rows(window, topology, time_limit=time_limit)
+    cdict = cert.as_dict()
+    if rows is None:
+        return int(cert.rows), cdict
+    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
+        raise InputError(f"--rows must be a positive integer, got {rows!r}")
+    if not topology.row_ok(rows):
+        raise InputError(f"--rows {rows} breaks the row rules (min_rows {topology.min_rows}, "
+                         f"row_multiple {topology.row_multiple})")
+    if rows * topology.dp > window.num_samples:
+        raise InputError(f"--rows {rows}: {rows}×{topology.dp} cells need ≥ {rows * topology.dp} samples, "
+                         f"window has {window.num_samples}")
+    if rows < cert.lower_bound:
+        raise InputError(f"--rows {rows} is below the proved minimum {cert.lower_bound} (no layout fits the cap)")
+    return int(rows), cdict
+
+
+def baseline_layouts(window: Window, topology: Topology, rows: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every length-only baseline layout at exactly ``rows`` rows (name → (row_N, slot_N))."""
+    from routepack_opt.heuristics.baselines import BASELINES
+
+    out = {}
+    for name, fn in BASELINES.items():
+        try:
+            out[name] = fn(window.lengths, topology, rows)
+        except InfeasibleError:
+            continue
+    if not out:
+        raise InputError(f"no feasible layout with {rows} rows for this window and capacity")
+    return out
+
+
+def layout_plan(window, topology, cost, placement, row, slot, rows, objective, info=None,
+                certificate=None, evaluator: Evaluator | None = None) -> Plan:
+    """A :class:`Plan` whose score, bound and gap come from the evaluator."""
+    ev = evaluator or Evaluator(window, topology, cost)
+    p = Plan(topology, int(rows), placement, row, slot, objective=objective, certificate=certificate,
+             info=dict(info or {}))
+    errs = p.validate(window)
+    if errs:
+        raise RuntimeError("internal: layout is invalid: " + "; ".join(errs[:3]))
+    e = ev.evaluate(placement, row, slot, rows, objective)
+    p.score = e.score.as_dict()
+    p.lower_bound = e.lower_bound
+    p.info.update(e.report())
+    return p
+
+
+def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "max-sum",
+         placement="lpt", rows: int | None = None, time_limit: float | None = None,
+         max_sweeps: int | None = None, seed: int = 0, config=None, certify_time_limit: float = 10.0,
+         progress: Callable[[float], None] | None = None, current_placement=None) -> Plan:
+    """The full pipeline. ``time_limit`` bounds the search (anytime); ``max_sweeps`` + ``seed``
+    make it bit-identical. ``placement="joint"`` refines the placement against row-local peaks
+    together with the packing (and, with ``current_placement``, against migration cost)."""
+    from routepack_opt.heuristics.annealing import AnnealConfig, anneal
+
+    check_objective(objective)
+    t_start = time.perf_counter()
+    timings = {}
+    t0 = time.perf_counter()
+    pl, pl_kind = resolve_placement(window, topology, placement)
+    timings["placement"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    R, cert = resolve_rows(window, topology, rows, certify_time_limit)
+    timings["certify"] = time.perf_counter() - t0
+    ev = Evaluator(window, topology, cost)
+    t0 = time.perf_counter()
+    seeds = baseline_layouts(window, topology, R)
+    b = ev.rank_loads(pl)
+    seed_scores = {name: ev.score(pl, r, s, R, objective).key for name, (r, s) in seeds.items()}
+    best_seed = min(seed_scores, key=seed_scores.get)
+    timings["seeds"] = time.perf_counter() - t0
+    info = {"placement_kind": pl_kind, "seed_scores": {k: v[0] for k, v in seed_scores.items()}}
+    row, slot = seeds[best_seed]
+    t0 = time.perf_counter()
+    try:
+        cfg = config if config is not None else AnnealConfig()
+        res = anneal(window.lengths, b, topology, cost, R, objective, list(seeds.values()),
+                     config=cfg, seed=seed, time_limit=time_limit, max_sweeps=max_sweeps,
+                     progress=progress)
+        cand = Plan(topology, R, pl, res.row, res.slot, objective=objective)
+        errs = cand.validate(window)
+        if errs:
+            raise RuntimeError("annealer returned an invalid layout: " + errs[0])
+        if ev.score(pl, res.row, res.slot, R, objective).key <= seed_scores[best_seed]:
+            row, slot = res.row, res.slot
+        info["search"] = _stats_dict(res.stats)
+    except Exception as exc:  # fall back to the best valid baseline, and say so
+        info["fallback"] = f"annealing failed ({exc.__class__.__name__}: {exc}); using baseline {best_seed}"
+    timings["anneal"] = time.perf_counter() - t0
+    if pl_kind == "lpt" and placement == "joint":
+        t0 = time.perf_counter()
+        try:
+            from routepack_opt.heuristics.joint import joint_search
+
+            remaining = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - t_start))
+            jr = joint_search(window, topology, cost, R, objective, pl, (row, slot), time_limit=remaining,
+                              seed=seed, current_placement=current_placement)
+            cand = Plan(topology, R, jr.placement, jr.row, jr.slot, objective=objective)
+            if not cand.validate(window):
+                pl, row, slot, pl_kind = jr.placement, jr.row, jr.slot, "joint"
+                info["joint"] = _stats_dict(getattr(jr, "stats", {}))
+        except Exception as exc:
+            info["fallback"] = f"joint placement failed ({exc.__class__.__name__}: {exc}); kept LPT"
+        timings["joint"] = time.perf_counter() - t0
+        info["placement_kind"] = pl_kind
+    timings["total"] = time.perf_counter() - t_start
+    info["timings"] = timings
+    return layout_plan(window, topology, cost, pl, row, slot, R, objective, info, cert)
+
+
+def _stats_dict(stats) -> dict:
+    if stats is None:
+        return {}
+    if isinstance(stats, dict):
+        d = stats
+    elif hasattr(stats, "__dataclass_fields__"):
+        import dataclasses
+
+        d = dataclasses.asdict(stats)
+    else:
+        d = dict(vars(stats))
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, (int, float, str, bool)) or v is None:
+            out[k] = v
+        elif isinstance(v, (np.integer, np.floating)):
+            out[k] = v.item()
+    return out
