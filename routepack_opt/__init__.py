@@ -1,5 +1,6 @@
 """RoutePack: plan each optimizer step of MoE RL training — expert placement and packing."""
 
+from routepack_opt.api import AsyncPlanner, MicroBatchPlan, plan_micro_batches
 from routepack_opt.cost import CostModel, Stage, get_preset, load_cost
 from routepack_opt.errors import InputError
 from routepack_opt.evaluate import Evaluator, evaluate_plan

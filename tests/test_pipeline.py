@@ -1,0 +1,108 @@
+"""The full pipeline, compare, the plan/demo commands and the trainer API."""
+
+import json
+
+import numpy as np
+import pytest
+
+from routepack_opt.api import AsyncPlanner, plan_micro_batches
+from routepack_opt.cost import PRESETS
+from routepack_opt.errors import InputError
+from routepack_opt.evaluate import evaluate_plan
+from routepack_opt.pipeline import plan
+from routepack_opt.plan import load_plan
+from routepack_opt.topology import Topology
+from routepack_opt.trace import generate_window
+from routepack_opt.window import save_window
+
+COST = PRESETS["olmoe-1b-7b"].cost
+
+
+@pytest.fixture(scope="module")
+def window():
+    return generate_window("olmoe-1b-7b", 96, seed=3, num_layers=4)
+
+
+def test_plan_is_valid_and_rescored(window):
+    """plan() returns a valid plan at R* whose reported score is the evaluator's."""
+    topo = Topology(dp=8, ep=4, capacity=4096)
+    p = plan(window, topo, COST, "max-sum", max_sweeps=20, seed=1)
+    assert p.validate(window) == []
+    assert p.rows == p.certificate["rows"]
+    e = evaluate_plan(window, p, COST)
+    assert e.score.makespan == pytest.approx(p.score["makespan"])
+    assert e.lower_bound <= e.score.makespan
+    assert "fallback" not in p.info
+
+
+def test_plan_never_worse_than_length_only_baselines(window):
+    """routepack ≤ every length-only baseline at the same placement and rows (both objectives)."""
+    from routepack_opt.compare import compare_plans
+
+    topo = Topology(dp=8, ep=4, capacity=4096)
+    for obj in ("max-sum", "sum-max"):
+        table, plans = compare_plans(window, topo, COST, obj, max_sweeps=20, seed=0, exact=False, joint=False)
+        by = {m["name"]: m for m in table}
+        assert by["routepack"]["makespan"] <= by["reorder"]["makespan"] * (1 + 1e-12)
+        assert {p.rows for p in plans.values()} == {plans["baseline"].rows}
+
+
+def test_same_seed_same_plan(window):
+    """Same inputs, seed and sweep budget → the identical plan."""
+    topo = Topology(dp=8, ep=4, capacity=4096)
+    a = plan(window, topo, COST, "sum-max", max_sweeps=15, seed=7)
+    b = plan(window, topo, COST, "sum-max", max_sweeps=15, seed=7)
+    assert np.array_equal(a.row, b.row) and np.array_equal(a.slot, b.slot)
+    assert np.array_equal(a.placement, b.placement)
+
+
+def test_rows_rules_and_errors(window):
+    """--rows below R*, against the row rules, or needing more samples than N is an InputError."""
+    topo = Topology(dp=8, ep=4, capacity=4096)
+    p = plan(window, topo, COST, max_sweeps=5, rows=4)
+    assert p.rows == 4 and p.validate(window) == []
+    with pytest.raises(InputError, match="needs|need"):
+        plan(window, topo, COST, max_sweeps=5, rows=13)
+    with pytest.raises(InputError, match="row rules"):
+        plan(window, Topology(dp=8, ep=4, capacity=4096, row_multiple=3), COST, max_sweeps=5, rows=4)
+
+
+def test_plan_cli_writes_valid_plan_and_keeps_placement(run_cli, tmp_path, window):
+    """routepack plan -o writes a plan evaluate accepts; --placement PLAN.json reuses its placement."""
+    save_window(window, tmp_path / "w.npz")
+    args = ["--dp", 8, "--ep", 4, "--capacity", 4096, "--cost", "olmoe-1b-7b", "--max-sweeps", 10]
+    code, out, err = run_cli("plan", tmp_path / "w.npz", *args, "--placement", "identity", "-o", tmp_path / "p.json", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["lower_bound"] <= res["makespan"] and res["certificate"]["status"] in ("optimal", "feasible")
+    code, out, err = run_cli("plan", tmp_path / "w.npz", *args, "--placement", tmp_path / "p.json", "-o", tmp_path / "q.json")
+    assert code == 0, err
+    assert np.array_equal(load_plan(tmp_path / "q.json").placement, np.tile(np.arange(64), (4, 1)))
+    code, out, err = run_cli("evaluate", tmp_path / "w.npz", tmp_path / "q.json", "--cost", "olmoe-1b-7b", "--json")
+    assert code == 0, err
+    code, _, err = run_cli("plan", tmp_path / "w.npz", "--dp", 8, "--ep", 3, "--capacity", 4096, "--cost", "olmoe-1b-7b")
+    assert code == 2 and err.startswith("error:")
+    code, _, err = run_cli("plan", tmp_path / "w.npz", "--dp", 8, "--ep", 4, "--capacity", 100, "--cost", "olmoe-1b-7b")
+    assert code == 2 and "longer than the capacity" in err
+
+
+def test_api_micro_batches_and_maps(window):
+    """plan_micro_batches: equal counts per rank, PP multiple, cap strict, EPLB-style maps inverse."""
+    mb = plan_micro_batches(lengths=window.lengths, counts=window.counts, dp_size=8, ep_size=4,
+                            max_tokens=4096, cost=COST, pp_multiple=2, max_sweeps=10)
+    counts = {len(rank) for rank in mb.micro_batches}
+    assert len(counts) == 1 and counts.pop() % 2 == 0
+    seen = sorted(i for rank in mb.micro_batches for m in rank for i in m)
+    assert seen == list(range(window.num_samples))
+    assert all(window.lengths[m].sum() <= 4096 for rank in mb.micro_batches for m in rank)
+    L, E = mb.logical_to_physical.shape
+    assert np.array_equal(np.take_along_axis(mb.physical_to_logical, mb.logical_to_physical, 1),
+                          np.tile(np.arange(E), (L, 1)))
+
+
+def test_async_planner_returns_by_deadline(window):
+    """AsyncPlanner returns a valid plan by its deadline."""
+    ap = AsyncPlanner(grace=5.0)
+    ap.submit(window.lengths, window.counts, deadline=0.5, dp_size=8, ep_size=4, max_tokens=4096, cost=COST)
+    mb = ap.result()
+    assert mb.plan.validate(window) == []
