@@ -1,0 +1,377 @@
+"""Length-only packing baselines at exactly R rows (SPEC §3 "Baselines").
+
+Legend: N samples, D DP slots, R rows (micro-batches per slot), C token cap of a micro-batch,
+cell = (row, slot). A layout is ``(row_N, slot_N)``.
+
+Two baselines in the style of today's RL frameworks; both look at lengths only:
+
+- ``verl-kk`` — verl's sequence balancing: Karmarkar–Karp largest differencing (Karmarkar & Karp
+  1982; the k-way form of verl's ``get_seqlen_balanced_partitions``) of token counts over the D
+  slots with equal sample counts where possible (verl's ``equal_size``), then over the R
+  micro-batches inside each slot (``equal_size=False``). verl treats the token cap as a target;
+  here it is strict: overfull cells are repaired by moving samples.
+- ``nemo-ffd`` — NeMo-RL's sequence packing: first-fit-decreasing bins of cap C (Johnson 1973);
+  while there are fewer than R·D bins the heaviest bin is split in two; the bins are then dealt
+  to slots, R per slot, balancing tokens (cardinality-constrained LPT, Graham 1969) or
+  round-robin.
+
+Inside every slot the micro-batches are ordered by decreasing tokens, so row r holds the r-th
+largest micro-batch of every slot.
+
+Both return a feasible layout whenever one exists (``binpack_opt(len, C) ≤ R·D ≤ N``): if the
+greedy construction breaks the cap and moving samples cannot fix it, the last resort is an exact
+bin packing into R·D bins (:func:`routepack_opt.certify.pack_into_bins`) whose bins are split until
+there are exactly R·D nonempty cells. :class:`InfeasibleError` when no layout exists.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numba
+import numpy as np
+
+from routepack_opt.errors import InfeasibleError, InputError
+from routepack_opt.heuristics.placement import lpt_assign
+from routepack_opt.topology import Topology
+
+__all__ = ["verl_kk_layout", "nemo_ffd_layout", "kk_partition", "BASELINES", "check_layout"]
+
+
+# ------------------------------------------------------------------ Karmarkar–Karp (k-way LDM)
+
+
+@numba.njit(cache=True)
+def _heap_less(spread, sid, a, b):
+    # max-spread first; equal spreads: lower state id first (deterministic)
+    return spread[a] > spread[b] or (spread[a] == spread[b] and sid[a] < sid[b])
+
+
+@numba.njit(cache=True)
+def _heap_push(heap, size, spread, sid, s):
+    heap[size] = s
+    i = size
+    while i > 0:
+        parent = (i - 1) // 2
+        if _heap_less(spread, sid, heap[i], heap[parent]):
+            heap[i], heap[parent] = heap[parent], heap[i]
+            i = parent
+        else:
+            break
+    return size + 1
+
+
+@numba.njit(cache=True)
+def _heap_pop(heap, size, spread, sid):
+    top = heap[0]
+    size -= 1
+    heap[0] = heap[size]
+    i = 0
+    while True:
+        left = 2 * i + 1
+        if left >= size:
+            break
+        child = left
+        if left + 1 < size and _heap_less(spread, sid, heap[left + 1], heap[left]):
+            child = left + 1
+        if _heap_less(spread, sid, heap[child], heap[i]):
+            heap[i], heap[child] = heap[child], heap[i]
+            i = child
+        else:
+            break
+    return top, size
+
+
+@numba.njit(cache=True)
+def _sort_state(sums_k, head_k):
+    order = np.argsort(-sums_k, kind="mergesort")
+    s = sums_k[order].copy()
+    h = head_k[order].copy()
+    sums_k[:] = s
+    head_k[:] = h
+
+
+@numba.njit(cache=True)
+def _kk_kernel(values_n, k, chunk):
+    """k-way largest differencing. Items sorted ascending (stable) form initial states of
+    ``chunk`` items, one per set (``chunk = k``: equal sizes; the partial chunk is the lightest;
+    ``chunk = 1``: free sizes). Repeatedly merge the two states of largest spread, pairing the
+    heaviest set of one with the lightest of the other. Returns the part of each item, parts
+    numbered by decreasing sum."""
+    n = values_n.size
+    order = np.argsort(values_n, kind="mergesort")
+    S = (n + chunk - 1) // chunk
+    sums = np.zeros((S, k), dtype=np.float64)
+    head = np.full((S, k), -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    tail = np.arange(n)
+    spread = np.zeros(S, dtype=np.float64)
+    sid = np.arange(S)
+    heap = np.empty(S, dtype=np.int64)
+    size = 0
+    first = n - (S - 1) * chunk
+    pos = 0
+    for s in range(S):
+        m = first if s == 0 else chunk
+        for t in range(m):
+            it = order[pos]
+            pos += 1
+            sums[s, t] = values_n[it]
+            head[s, t] = it
+        _sort_state(sums[s], head[s])
+        spread[s] = sums[s, 0] - sums[s, k - 1]
+        size = _heap_push(heap, size, spread, sid, s)
+    while size > 1:
+        s0, size = _heap_pop(heap, size, spread, sid)
+        s1, size = _heap_pop(heap, size, spread, sid)
+        for i in range(k):
+            j = k - 1 - i
+            sums[s0, i] += sums[s1, j]
+            h0 = head[s0, i]
+            h1 = head[s1, j]
+            if h0 < 0:
+                head[s0, i] = h1
+            elif h1 >= 0:
+                nxt[tail[h0]] = h1
+                tail[h0] = tail[h1]
+        _sort_state(sums[s0], head[s0])
+        spread[s0] = sums[s0, 0] - sums[s0, k - 1]
+        size = _heap_push(heap, size, spread, sid, s0)
+    part = np.full(n, -1, dtype=np.int64)
+    last = heap[0]
+    for i in range(k):
+        it = head[last, i]
+        while it >= 0:
+            part[it] = i
+            it = nxt[it]
+    return part
+
+
+def kk_partition(values, k: int, equal_size: bool = False) -> np.ndarray:
+    """Karmarkar–Karp k-way partition of ``values``: the part (0..k-1, by decreasing sum) of each
+    item. ``equal_size``: part sizes differ by at most one (verl's ``equal_size``; exact when
+    k divides n). With n ≥ k positive values every part is nonempty."""
+    v = np.ascontiguousarray(values, dtype=np.float64)
+    if v.ndim != 1 or k < 1:
+        raise InputError(f"kk_partition: need 1-d values and k ≥ 1, got shape {v.shape}, k={k}")
+    if v.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    return _kk_kernel(v, int(k), int(k) if equal_size else 1)
+
+
+# ------------------------------------------------------------------ feasibility and repair
+
+
+def _prepare(lengths, topology: Topology, rows) -> tuple[np.ndarray, int, int, int]:
+    len_N = np.asarray(lengths)
+    if len_N.ndim != 1 or len_N.size == 0:
+        raise InputError(f"lengths: expected a nonempty 1-d array, got shape {len_N.shape}")
+    len_N = len_N.astype(np.int64)
+    if (len_N < 1).any():
+        raise InputError("lengths: every sample needs at least 1 token")
+    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
+        raise InputError(f"rows must be a positive integer, got {rows!r}")
+    R, D, C = int(rows), topology.dp, topology.capacity
+    N = len_N.size
+    if len_N.max() > C:
+        raise InfeasibleError(f"samples {np.flatnonzero(len_N > C)[:8].tolist()} are longer than the capacity {C}")
+    if R * D > N:
+        raise InfeasibleError(f"{R}×{D} = {R * D} cells need at least that many samples; the window has {N}")
+    if -(-int(len_N.sum()) // C) > R * D:
+        raise InfeasibleError(f"{int(len_N.sum())} tokens do not fit in {R}×{D} cells of capacity {C}")
+    return len_N, R, D, C
+
+
+def check_layout(lengths, row_N, slot_N, rows: int, dp: int, capacity: int) -> bool:
+    """Coverage (each sample in one cell of the R × D grid), capacity and nonempty cells."""
+    row_N = np.asarray(row_N)
+    slot_N = np.asarray(slot_N)
+    n = np.asarray(lengths).size
+    if row_N.shape != (n,) or slot_N.shape != (n,):
+        return False
+    if row_N.min() < 0 or row_N.max() >= rows or slot_N.min() < 0 or slot_N.max() >= dp:
+        return False
+    cell = row_N * dp + slot_N
+    members = np.bincount(cell, minlength=rows * dp)
+    tokens = np.bincount(cell, weights=np.asarray(lengths, dtype=np.float64), minlength=rows * dp)
+    return bool((members >= 1).all() and (tokens <= capacity).all())
+
+
+def _repair_capacity(len_N, cell_N, R: int, D: int, C: int) -> bool:
+    """Move samples out of overfull cells (in place) into the cell with the most room where they
+    fit, preferring the same slot; a source keeps at least one sample. Every move lowers the
+    total overflow, so this ends; returns whether all cells now fit."""
+    K = R * D
+    tokens = np.bincount(cell_N, weights=len_N, minlength=K).astype(np.int64)
+    members = np.bincount(cell_N, minlength=K)
+    over = np.flatnonzero(tokens > C)
+    if over.size == 0:
+        return True
+    slot_K = np.arange(K) % D
+    for c in over[np.argsort(C - tokens[over], kind="stable")].tolist():
+        while tokens[c] > C:
+            idx = np.flatnonzero(cell_N == c)
+            if idx.size < 2:
+                return False
+            excess = tokens[c] - C
+            room_same = np.where(slot_K == slot_K[c], C - tokens, -1)
+            room_same[c] = -1
+            room_all = C - tokens
+            room_all[c] = -1
+            best_same, best_all = room_same.max(), room_all.max()
+            # the smallest sample that removes the whole excess, else the largest that fits
+            cand = idx[np.argsort(len_N[idx], kind="stable")]
+            chosen, dest = -1, -1
+            for room, vec in ((best_same, room_same), (best_all, room_all)):
+                fits = cand[len_N[cand] <= room]
+                if fits.size == 0:
+                    continue
+                whole = fits[len_N[fits] >= excess]
+                chosen = int(whole[0]) if whole.size else int(fits[-1])
+                dest = int(np.argmax(vec))
+                break
+            if chosen < 0:
+                return False
+            cell_N[chosen] = dest
+            tokens[c] -= len_N[chosen]
+            tokens[dest] += len_N[chosen]
+            members[c] -= 1
+            members[dest] += 1
+    return True
+
+
+def _split_until(len_N, bin_N, num_cells: int) -> np.ndarray:
+    """Relabel a packing's nonempty bins 0..B-1 and split the heaviest multi-sample bin in two
+    (LPT over two halves) until there are exactly ``num_cells`` bins. Needs N ≥ num_cells."""
+    _, bin_N = np.unique(bin_N, return_inverse=True)
+    bin_N = bin_N.astype(np.int64)
+    B = int(bin_N.max()) + 1
+    members = [[] for _ in range(B)]
+    for i in np.argsort(-len_N, kind="stable").tolist():  # members listed by decreasing length
+        members[bin_N[i]].append(i)
+    tokens = np.bincount(bin_N, weights=len_N, minlength=B)
+    heap = [(-tokens[b], b) for b in range(B) if len(members[b]) > 1]
+    heapq.heapify(heap)
+    while B < num_cells:
+        _, b = heapq.heappop(heap)
+        half = [[], []]
+        load = [0, 0]
+        for i in members[b]:
+            side = 0 if load[0] <= load[1] else 1
+            half[side].append(i)
+            load[side] += int(len_N[i])
+        members[b] = half[0]
+        members.append(half[1])
+        bin_N[half[1]] = B
+        for bb, h, t in ((b, half[0], load[0]), (B, half[1], load[1])):
+            if len(h) > 1:
+                heapq.heappush(heap, (-t, bb))
+        B += 1
+    return bin_N
+
+
+def _deal(len_N, cell_N, R: int, D: int, deal: str) -> tuple[np.ndarray, np.ndarray]:
+    """Place R·D nonempty groups (``cell_N`` in 0..R·D-1) on (row, slot): R per slot, rows in
+    decreasing tokens inside each slot. ``balanced``: cardinality-constrained LPT over slots;
+    ``round-robin``: groups by decreasing tokens, the j-th to slot j mod D."""
+    K = R * D
+    tokens = np.bincount(cell_N, weights=len_N, minlength=K)
+    if deal == "balanced":
+        slot_K, row_K = lpt_assign(tokens[None], D, R)
+        slot_K, row_K = slot_K[0], row_K[0]
+    elif deal == "round-robin":
+        order = np.argsort(-tokens, kind="stable")
+        slot_K = np.empty(K, dtype=np.int64)
+        row_K = np.empty(K, dtype=np.int64)
+        slot_K[order] = np.arange(K) % D
+        row_K[order] = np.arange(K) // D
+    else:
+        raise InputError(f"deal must be 'balanced' or 'round-robin', got {deal!r}")
+    return row_K[cell_N], slot_K[cell_N]
+
+
+def _pack_exact(len_N, C: int, num_bins: int, time_limit: float) -> np.ndarray:
+    """A packing into at most ``num_bins`` bins, or InfeasibleError (the R* certifier's solver)."""
+    try:
+        from routepack_opt.certify import pack_into_bins
+    except ImportError:  # certifier not built: the bin-packing model directly
+        from routepack_opt.models.binpack import solve_bin_packing
+
+        res = solve_bin_packing(len_N, C, max_bins=num_bins, decision=True, time_limit=time_limit)
+        if res.bins is not None and res.bin_N is not None and res.bins <= num_bins:
+            return np.asarray(res.bin_N, dtype=np.int64)
+        if res.status == "infeasible":
+            raise InfeasibleError(f"the samples do not fit in {num_bins} bins of capacity {C} (proved)") from None
+        raise InfeasibleError(f"no packing into {num_bins} bins of capacity {C} found in {time_limit}s") from None
+    bins = pack_into_bins(len_N, C, num_bins, time_limit=time_limit)
+    if bins is None:
+        raise InfeasibleError(f"the samples do not fit in {num_bins} bins of capacity {C} (proved)")
+    return np.asarray(bins, dtype=np.int64)
+
+
+def _last_resort(len_N, R: int, D: int, C: int, deal: str, time_limit: float):
+    bin_N = _pack_exact(len_N, C, R * D, time_limit)
+    cell_N = _split_until(len_N, bin_N, R * D)
+    return _deal(len_N, cell_N, R, D, deal)
+
+
+def _finish(len_N, row_N, slot_N, R, D, C, deal, time_limit, info):
+    """Make the layout strict on the cap (repair, then the exact last resort); order rows."""
+    cell_N = row_N * D + slot_N
+    if not _repair_capacity(len_N, cell_N, R, D, C):
+        info["fallback"] = "exact-binpack"
+        return _last_resort(len_N, R, D, C, deal, time_limit)
+    row_N, slot_N = _order_rows(len_N, cell_N // D, cell_N % D, R, D)
+    if not check_layout(len_N, row_N, slot_N, R, D, C):  # not reachable when repair succeeds
+        info["fallback"] = "exact-binpack"
+        return _last_resort(len_N, R, D, C, deal, time_limit)
+    return row_N, slot_N
+
+
+def _order_rows(len_N, row_N, slot_N, R: int, D: int):
+    """Renumber rows inside every slot by decreasing tokens (ties: old row)."""
+    cell_N = row_N * D + slot_N
+    tok_RD = np.bincount(cell_N, weights=len_N, minlength=R * D).reshape(R, D)
+    rank_RD = np.empty((R, D), dtype=np.int64)
+    order_RD = np.argsort(-tok_RD, axis=0, kind="stable")
+    rank_RD[order_RD, np.arange(D)[None, :]] = np.arange(R)[:, None]
+    return rank_RD[row_N, slot_N], slot_N
+
+
+# ------------------------------------------------------------------ the baselines
+
+
+def verl_kk_layout(lengths, topology: Topology, rows: int, time_limit: float = 10.0,
+                   info: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """verl-style layout: KK over slots (equal sample counts where possible), then KK over the
+    R micro-batches of each slot; overfull cells repaired. ``time_limit`` bounds the exact last
+    resort; ``info`` (optional dict) receives ``fallback`` when it was used."""
+    len_N, R, D, C = _prepare(lengths, topology, rows)
+    info = {} if info is None else info
+    slot_N = kk_partition(len_N, D, equal_size=True)
+    row_N = np.empty_like(slot_N)
+    by_slot = np.argsort(slot_N, kind="stable")
+    starts = np.searchsorted(slot_N[by_slot], np.arange(D + 1))
+    for d in range(D):
+        idx = by_slot[starts[d]:starts[d + 1]]
+        row_N[idx] = kk_partition(len_N[idx], R, equal_size=False)
+    return _finish(len_N, row_N, slot_N, R, D, C, "balanced", time_limit, info)
+
+
+def nemo_ffd_layout(lengths, topology: Topology, rows: int, deal: str = "balanced",
+                    time_limit: float = 10.0, info: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """NeMo-RL-style layout: FFD bins of cap C, heaviest bins split until R·D, dealt R per slot
+    (``deal``: ``balanced`` by tokens, or ``round-robin``)."""
+    from routepack_opt.heuristics.binpack import first_fit_decreasing
+
+    len_N, R, D, C = _prepare(lengths, topology, rows)
+    info = {} if info is None else info
+    bin_N, used = first_fit_decreasing(len_N, C)
+    if used > R * D:
+        info["fallback"] = "exact-binpack"
+        return _last_resort(len_N, R, D, C, deal, time_limit)
+    cell_N = _split_until(len_N, bin_N, R * D)
+    return _deal(len_N, cell_N, R, D, deal)
+
+
+BASELINES = {"verl-kk": verl_kk_layout, "nemo-ffd": nemo_ffd_layout}
