@@ -1,0 +1,1148 @@
+"""Population annealing over feasible layouts at fixed placement and rows (SPEC §3 step 3).
+
+Legend: N samples, L layers, P EP ranks, D DP slots, G = D/P shards, R rows, S attention stages,
+K replicas, C = R·D cells (cell c = r·D + d), X = R·G row-shard blocks (x = r·G + g).
+
+Method — population annealing (Hukushima & Iba 2003; Machta 2010): K replicas walk a geometric
+ladder of temperatures from hot to cold. At each temperature every replica runs Metropolis
+sweeps (one sweep = N proposals) of moves that keep every constraint:
+
+- *relocate* sample i to another cell (only if i's cell keeps ≥ 1 sample and the target stays
+  ≤ capacity);
+- *swap* two samples of different cells (both cells stay ≤ capacity; counts unchanged);
+- *guided*: with probability ``p_guide`` the moved sample comes from the bottleneck — for
+  ``max-sum`` the shard with the largest Σ_r J (its rows weighted by J[r, g*]); for ``sum-max``
+  a row drawn with probability ∝ max_g J[r, g], then that row's argmax shard.
+
+Between temperatures the population is resampled systematically (Carpenter, Clifford & Fearnhead
+1999) with weights ``exp(-(1/T_{k+1} - 1/T_k)·E)`` and every replica gets a fresh random stream.
+The ladder is scaled from the seeds: ``T_hot`` is the ``t_hot_quantile`` of |ΔE| over random
+moves sampled from the seed layouts, ``T_cold = t_cold_ratio · T_hot``.
+
+Energy (mirrors the lexicographic score of SPEC §2; ``η = tie_eps``)::
+
+    E = makespan + η/(2G) · total + η/2 · peak
+
+For any layout, total ≤ G·makespan (max-sum: Σ_g Σ_r J ≤ G·max_g Σ_r J; sum-max: Σ_r Σ_g J ≤
+G·Σ_r max_g J) and peak ≤ makespan, so the two tie-break terms together stay below η·makespan:
+a makespan difference larger than η (default 1e-9) relative can never be overridden by them, and
+1e-9 is ~10⁷ ulps of float64 — far above the rounding noise of summing R·G costs.
+
+Incremental cost: each replica keeps T[c], Q[c] (int64), W[x, l·P + p] (int32 per-rank expert
+loads), Msum[x] = Σ_l max_p W (int64), J[x] (float64) and the aggregates (shard sums for max-sum,
+row maxima for sum-max, total, peak). A move touches at most two blocks; its delta costs
+O(S·P + L·P + G) (+O(X) when it lowers the peak block). J of a touched block is recomputed from
+the integer state exactly as :func:`routepack_opt.evaluate.row_shard_costs` does, so J never
+drifts; aggregates are recomputed from J after every accepted move.
+
+Determinism: replicas run in parallel (numba ``prange``), each with its own xoshiro256**
+stream seeded by splitmix64 from (seed, temperature, replica); resampling draws from
+(seed, temperature). With ``max_sweeps`` (or the config's budget) and a seed the result is
+bit-identical whatever the thread count. ``time_limit`` makes the search anytime (best so far).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import tomllib
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+from numba import njit, prange
+
+from routepack_opt.cost import CostModel
+from routepack_opt.errors import InputError
+from routepack_opt.evaluate import check_objective, row_shard_costs, score_from_J
+from routepack_opt.topology import Topology
+
+__all__ = ["AnnealConfig", "AnnealResult", "anneal", "greedy_layout", "layout_energy"]
+
+_U64 = np.uint64
+_MASK64 = (1 << 64) - 1
+_OBJ_CODE = {"max-sum": 0, "sum-max": 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# configuration and result
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AnnealConfig:
+    """Parameters of the search (frozen; checked when built; ``from_toml`` reads a file).
+
+    The default budget (``population × sweeps`` sweeps of N proposals) plans a production window
+    (N=1024, L=48, E=256, k=8, D=32, P=8) in about a second on two cores.
+    """
+
+    population: int = 16  # replicas K
+    temperatures: int = 24  # rungs of the geometric ladder
+    sweeps: int = 48  # sweeps per replica over the whole ladder (one sweep = N proposals)
+    p_swap: float = 0.5  # probability a proposal is a swap (else a relocation)
+    p_guide: float = 0.3  # probability the moved sample is drawn from the bottleneck
+    t_hot_quantile: float = 0.5  # T_hot = this quantile of |ΔE| of random moves from the seeds
+    t_cold_ratio: float = 1e-3  # T_cold = t_cold_ratio · T_hot
+    calibration_moves: int = 2048  # random proposals per seed to scale the ladder
+    random_fraction: float = 0.5  # share of replicas started from random walks off a seed
+    random_walk_sweeps: float = 1.0  # length of those walks (sweeps at infinite temperature)
+    greedy_seed: bool = True  # add the joint-cost greedy layout to the seeds
+    tie_eps: float = 1e-9  # η: relative weight of the tie-break terms (see module docstring)
+    chunk_sweeps: int = 2  # sweeps per compiled call (clock checks in between)
+    resample: bool = True  # systematic resampling between temperatures
+
+    def __post_init__(self):
+        ints = {"population": 1, "temperatures": 1, "sweeps": 1, "calibration_moves": 16,
+                "chunk_sweeps": 1}
+        for name, lo in ints.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise InputError(f"anneal: {name} must be an integer ≥ {lo}, got {v!r}")
+            object.__setattr__(self, name, int(v))
+        unit = ("p_swap", "p_guide", "random_fraction")
+        for name in unit:
+            v = _float(name, getattr(self, name))
+            if not 0.0 <= v <= 1.0:
+                raise InputError(f"anneal: {name} must be in [0, 1], got {v}")
+            object.__setattr__(self, name, v)
+        open_unit = ("t_hot_quantile", "t_cold_ratio")
+        for name in open_unit:
+            v = _float(name, getattr(self, name))
+            if not 0.0 < v <= 1.0:
+                raise InputError(f"anneal: {name} must be in (0, 1], got {v}")
+            object.__setattr__(self, name, v)
+        v = _float("random_walk_sweeps", self.random_walk_sweeps)
+        if v < 0:
+            raise InputError(f"anneal: random_walk_sweeps must be ≥ 0, got {v}")
+        object.__setattr__(self, "random_walk_sweeps", v)
+        v = _float("tie_eps", self.tie_eps)
+        if not 0.0 < v <= 1e-3:
+            raise InputError(f"anneal: tie_eps must be in (0, 1e-3], got {v}")
+        object.__setattr__(self, "tie_eps", v)
+        for name in ("greedy_seed", "resample"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"anneal: {name} must be true or false, got {getattr(self, name)!r}")
+
+    def replace(self, **changes) -> "AnnealConfig":
+        """A copy with ``changes`` (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "AnnealConfig":
+        if not isinstance(data, dict):
+            raise InputError("anneal: expected a table of parameters")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InputError(f"anneal: unknown parameter(s) {', '.join(unknown)} "
+                             f"(known: {', '.join(sorted(known))})")
+        return cls(**data)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "AnnealConfig":
+        """Read parameters from a TOML file: top-level keys or an ``[anneal]`` table."""
+        path = Path(path)
+        if not path.exists():
+            raise InputError(f"{path}: no such config file")
+        try:
+            data = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: not valid TOML ({exc})") from None
+        if "anneal" in data:
+            data = data["anneal"]
+        try:
+            return cls.from_dict(data)
+        except InputError as exc:
+            raise InputError(f"{path}: {exc}") from None
+
+
+def _float(name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise InputError(f"anneal: {name} must be a number, got {v!r}")
+    v = float(v)
+    if not math.isfinite(v):
+        raise InputError(f"anneal: {name} must be finite, got {v}")
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class AnnealResult:
+    """Best layout found. ``score`` = (makespan, total, peak) as computed by the search from its
+    integer state (the evaluator agrees to rounding); ``energy`` is the scalar it minimised."""
+
+    row: np.ndarray
+    slot: np.ndarray
+    energy: float
+    score: tuple[float, float, float]
+    objective: str
+    stats: dict
+
+    @property
+    def makespan(self) -> float:
+        return self.score[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# random numbers: splitmix64 seeding, xoshiro256** streams (Blackman & Vigna 2018)
+# ---------------------------------------------------------------------------------------------
+
+
+def _splitmix64(x: int) -> tuple[int, int]:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = x
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x, z ^ (z >> 31)
+
+
+def _stream_key(*parts: int) -> int:
+    x = 0x5EED
+    for p in parts:
+        x, z = _splitmix64((x ^ (int(p) & _MASK64)) & _MASK64)
+        x ^= z
+    return x
+
+
+def _rng_states(seed: int, rung: int, K: int) -> np.ndarray:
+    """xoshiro256** states [K, 4] for replica streams of one rung (never all zero)."""
+    out = np.empty((K, 4), dtype=np.uint64)
+    for k in range(K):
+        x = _stream_key(seed, rung, k)
+        for j in range(4):
+            x, z = _splitmix64(x)
+            out[k, j] = z or 1
+    return out
+
+
+def _uniform(seed: int, *parts: int) -> float:
+    return (_splitmix64(_stream_key(seed, *parts))[1] >> 11) * 2.0**-53
+
+
+@njit(cache=True)
+def _rotl(x, k):
+    return (x << _U64(k)) | (x >> _U64(64 - k))
+
+
+@njit(cache=True)
+def _next(s):
+    s0 = s[0]
+    s1 = s[1]
+    s2 = s[2]
+    s3 = s[3]
+    result = _rotl(s1 * _U64(5), 7) * _U64(9)
+    t = s1 << _U64(17)
+    s2 ^= s0
+    s3 ^= s1
+    s1 ^= s2
+    s0 ^= s3
+    s2 ^= t
+    s3 = _rotl(s3, 45)
+    s[0] = s0
+    s[1] = s1
+    s[2] = s2
+    s[3] = s3
+    return result
+
+
+@njit(cache=True)
+def _rand_int(s, n):
+    """Uniform integer in [0, n) for n < 2^32 (multiply-shift, Lemire 2019)."""
+    return np.int64(((_next(s) >> _U64(32)) * _U64(n)) >> _U64(32))
+
+
+@njit(cache=True)
+def _rand_unit(s):
+    """Uniform double in (0, 1]."""
+    return (np.float64(_next(s) >> _U64(11)) + 1.0) * (1.0 / 9007199254740992.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# compiled cost kernels
+# ---------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _attn(T, Q, r, g, slots_GP, alpha, beta, D, cx, Tx, Qx, cy, Ty, Qy):
+    """Σ_s max_{d∈g} (α_s·T[r,d] + β_s·Q[r,d]) with cells cx, cy overridden (−1: none)."""
+    P = slots_GP.shape[1]
+    tot = 0.0
+    for s in range(alpha.shape[0]):
+        m = -np.inf
+        for jj in range(P):
+            c = r * D + slots_GP[g, jj]
+            t = T[c]
+            q = Q[c]
+            if c == cx:
+                t = Tx
+                q = Qx
+            elif c == cy:
+                t = Ty
+                q = Qy
+            v = alpha[s] * np.float64(t) + beta[s] * np.float64(q)
+            if v > m:
+                m = v
+        tot += m
+    return tot
+
+
+@njit(cache=True)
+def _msum_add(W, x, b, i, L, P):
+    """Σ_l max_p (W[x] + b[i])."""
+    s = 0
+    for l in range(L):
+        o = l * P
+        m = W[x, o] + b[i, o]
+        for p in range(1, P):
+            v = W[x, o + p] + b[i, o + p]
+            m = max(m, v)
+        s += m
+    return s
+
+
+@njit(cache=True)
+def _msum_sub(W, x, b, i, L, P):
+    """Σ_l max_p (W[x] − b[i])."""
+    s = 0
+    for l in range(L):
+        o = l * P
+        m = W[x, o] - b[i, o]
+        for p in range(1, P):
+            v = W[x, o + p] - b[i, o + p]
+            m = max(m, v)
+        s += m
+    return s
+
+
+@njit(cache=True)
+def _msum_addsub(W, x, b, i, j, L, P):
+    """Σ_l max_p (W[x] + b[i] − b[j])."""
+    s = 0
+    for l in range(L):
+        o = l * P
+        m = W[x, o] + b[i, o] - b[j, o]
+        for p in range(1, P):
+            v = W[x, o + p] + b[i, o + p] - b[j, o + p]
+            m = max(m, v)
+        s += m
+    return s
+
+
+@njit(cache=True)
+def _msum(W, x, L, P):
+    s = 0
+    for l in range(L):
+        o = l * P
+        m = W[x, o]
+        for p in range(1, P):
+            m = max(m, W[x, o + p])
+        s += m
+    return s
+
+
+@njit(cache=True)
+def _pairwise_block(a, lo, n):
+    """numpy's pairwise-sum leaf (n ≤ 128): 8 accumulators, then the remainder."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0 = a[lo]
+    r1 = a[lo + 1]
+    r2 = a[lo + 2]
+    r3 = a[lo + 3]
+    r4 = a[lo + 4]
+    r5 = a[lo + 5]
+    r6 = a[lo + 6]
+    r7 = a[lo + 7]
+    m = n - n % 8
+    for i in range(8, m, 8):
+        r0 += a[lo + i]
+        r1 += a[lo + i + 1]
+        r2 += a[lo + i + 2]
+        r3 += a[lo + i + 3]
+        r4 += a[lo + i + 4]
+        r5 += a[lo + i + 5]
+        r6 += a[lo + i + 6]
+        r7 += a[lo + i + 7]
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for i in range(m, n):
+        res += a[lo + i]
+    return res
+
+
+@njit(cache=True)
+def _pairwise_sum(a, lo, n):
+    """numpy's pairwise summation of a[lo:lo+n] (bit-identical to ``ndarray.sum`` of a
+    contiguous float64 array): blocks of ≤ 128 summed by 8 accumulators, larger ranges split
+    in two halves (first half a multiple of 8). Iterative: numba's cache mishandles recursion."""
+    if n <= 128:
+        return _pairwise_block(a, lo, n)
+    # explicit post-order walk of the split tree; depth ≤ 64
+    st_lo = np.empty(64, dtype=np.int64)
+    st_n = np.empty(64, dtype=np.int64)
+    st_state = np.empty(64, dtype=np.int64)  # 0: left pending, 1: right pending
+    st_left = np.empty(64)
+    top = 0
+    st_lo[0] = lo
+    st_n[0] = n
+    st_state[0] = 0
+    result = 0.0
+    have = False
+    while top >= 0:
+        if have:  # a child just finished with `result`
+            if st_state[top] == 0:
+                st_left[top] = result
+                st_state[top] = 1
+                have = False
+                n2 = st_n[top] // 2
+                n2 -= n2 % 8
+                clo = st_lo[top] + n2
+                cn = st_n[top] - n2
+            else:
+                result = st_left[top] + result
+                top -= 1
+                continue
+        else:
+            cn = st_n[top]
+            n2 = cn // 2
+            n2 -= n2 % 8
+            clo = st_lo[top]
+            cn = n2
+        if cn <= 128:
+            result = _pairwise_block(a, clo, cn)
+            have = True
+        else:
+            top += 1
+            st_lo[top] = clo
+            st_n[top] = cn
+            st_state[top] = 0
+    return result
+
+
+@njit(cache=True)
+def _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2):
+    """Recompute shard sums, row maxima, makespan, total, peak and energy from J (exact).
+
+    agg = [makespan, total, peak, energy, peak_block]."""
+    X = R * G
+    peak = -np.inf
+    pidx = 0
+    for x in range(X):
+        if J[x] > peak:
+            peak = J[x]
+            pidx = x
+    total = _pairwise_sum(J, 0, X)
+    for g in range(G):
+        s = J[g]
+        for r in range(1, R):
+            s += J[r * G + g]
+        colsum[g] = s
+    for r in range(R):
+        m = J[r * G]
+        for g in range(1, G):
+            m = max(m, J[r * G + g])
+        rowmax[r] = m
+    if objective == 0:
+        ms = colsum[0]
+        for g in range(1, G):
+            ms = max(ms, colsum[g])
+    else:
+        ms = _pairwise_sum(rowmax, 0, R)
+    agg[0] = ms
+    agg[1] = total
+    agg[2] = peak
+    agg[3] = ms + eps1 * total + eps2 * peak
+    agg[4] = pidx
+
+
+@njit(cache=True)
+def _delta(J, colsum, rowmax, agg, A, JA, B, JB, R, G, objective, eps1, eps2):
+    """(Δmakespan, Δtotal, Δpeak) when block A's cost becomes JA and B's becomes JB (B < 0:
+    only A changes)."""
+    X = R * G
+    dtot = JA - J[A]
+    if B >= 0:
+        dtot += JB - J[B]
+    peak = agg[2]
+    pidx = np.int64(agg[4])
+    pk = JA
+    if B >= 0 and JB > pk:
+        pk = JB
+    if pk < peak:
+        if pidx == A or pidx == B:
+            for x in range(X):
+                if x != A and x != B and J[x] > pk:
+                    pk = J[x]
+        else:
+            pk = peak
+    ga = A % G
+    if objective == 0:
+        gb = B % G if B >= 0 else -1
+        ms = -np.inf
+        for g in range(G):
+            s = colsum[g]
+            if g == ga:
+                s += JA - J[A]
+            if g == gb:
+                s += JB - J[B]
+            ms = max(ms, s)
+        dms = ms - agg[0]
+    else:
+        ra = A // G
+        m = -np.inf
+        for g in range(G):
+            x = ra * G + g
+            v = J[x]
+            if x == A:
+                v = JA
+            elif x == B:
+                v = JB
+            m = max(m, v)
+        dms = m - rowmax[ra]
+        if B >= 0:
+            rb = B // G
+            if rb != ra:
+                m = -np.inf
+                for g in range(G):
+                    x = rb * G + g
+                    v = J[x]
+                    if x == B:
+                        v = JB
+                    m = max(m, v)
+                dms += m - rowmax[rb]
+    return dms, dtot, pk - peak
+
+
+@njit(cache=True)
+def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
+                R, D, G, L, P, cap, objective, eps1, eps2,
+                cnt, memb, pos, T, Q, W, Msum, J, colsum, rowmax, agg):
+    """Build one replica's incremental state from a layout (row, slot)."""
+    N = row.shape[0]
+    T[:] = 0
+    Q[:] = 0
+    cnt[:] = 0
+    W[:, :] = 0
+    for i in range(N):
+        c = row[i] * D + slot[i]
+        memb[c * cap + cnt[c]] = i
+        pos[i] = cnt[c]
+        cnt[c] += 1
+        T[c] += lengths[i]
+        Q[c] += len2[i]
+        x = row[i] * G + shard_D[slot[i]]
+        for o in range(L * P):
+            W[x, o] += b[i, o]
+    for r in range(R):
+        for g in range(G):
+            x = r * G + g
+            Msum[x] = _msum(W, x, L, P)
+            J[x] = (_attn(T, Q, r, g, slots_GP, alpha, beta, D, -1, 0, 0, -1, 0, 0)
+                    + gamma * np.float64(Msum[x])) + ovh
+    _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
+
+
+@njit(cache=True)
+def _guided_pick(s, J, colsum, rowmax, cnt, memb, slots_GP, R, D, G, cap, objective):
+    """A sample of the bottleneck (see module docstring); −1 if none."""
+    P = slots_GP.shape[1]
+    if objective == 0:
+        gs = 0
+        for g in range(1, G):
+            if colsum[g] > colsum[gs]:
+                gs = g
+        tot = 0.0
+        for r in range(R):
+            tot += J[r * G + gs]
+        u = _rand_unit(s) * tot
+        rs = R - 1
+        acc = 0.0
+        for r in range(R):
+            acc += J[r * G + gs]
+            if u <= acc:
+                rs = r
+                break
+    else:
+        tot = 0.0
+        for r in range(R):
+            tot += rowmax[r]
+        u = _rand_unit(s) * tot
+        rs = R - 1
+        acc = 0.0
+        for r in range(R):
+            acc += rowmax[r]
+            if u <= acc:
+                rs = r
+                break
+        gs = 0
+        for g in range(1, G):
+            if J[rs * G + g] > J[rs * G + gs]:
+                gs = g
+    n = 0
+    for jj in range(P):
+        n += cnt[rs * D + slots_GP[gs, jj]]
+    if n == 0:
+        return -1
+    t = _rand_int(s, n)
+    for jj in range(P):
+        c = rs * D + slots_GP[gs, jj]
+        if t < cnt[c]:
+            return memb[c * cap + t]
+        t -= cnt[c]
+    return -1
+
+
+@njit(cache=True)
+def _run_replica(n_moves, temp, p_swap, p_guide, objective, eps1, eps2,
+                 lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, C, R, D, G, L, P,
+                 cap, row, slot, cnt, memb, pos, T, Q, W, Msum, J, colsum, rowmax, agg, s,
+                 best_row, best_slot, best_e, counters, probe):
+    """``n_moves`` Metropolis proposals at temperature ``temp`` for one replica.
+
+    ``probe`` (length > 0): record |ΔE| of each evaluated proposal there and accept nothing
+    (used to scale the ladder). counters = [evaluated, accepted, recorded probes]."""
+    N = lengths.shape[0]
+    n_cells = R * D
+    nprobe = probe.shape[0]
+    for _ in range(n_moves):
+        i = -1
+        if p_guide > 0.0 and _rand_unit(s) <= p_guide:
+            i = _guided_pick(s, J, colsum, rowmax, cnt, memb, slots_GP, R, D, G, cap, objective)
+        if i < 0:
+            i = _rand_int(s, N)
+        ra = np.int64(row[i])
+        da = np.int64(slot[i])
+        a = ra * D + da
+        li = lengths[i]
+        swap = _rand_unit(s) <= p_swap
+        j = -1
+        if swap:
+            j = _rand_int(s, N)
+            rb = np.int64(row[j])
+            db = np.int64(slot[j])
+            bc = rb * D + db
+            if bc == a:
+                continue
+            lj = lengths[j]
+            Ta = T[a] - li + lj
+            Tb = T[bc] - lj + li
+            if Ta > C or Tb > C:
+                continue
+            Qa = Q[a] - len2[i] + len2[j]
+            Qb = Q[bc] - len2[j] + len2[i]
+        else:
+            if cnt[a] < 2:
+                continue
+            bc = _rand_int(s, n_cells)
+            if bc == a:
+                continue
+            Tb = T[bc] + li
+            if Tb > C:
+                continue
+            rb = bc // D
+            db = bc - rb * D
+            Ta = T[a] - li
+            Qa = Q[a] - len2[i]
+            Qb = Q[bc] + len2[i]
+        ga = np.int64(shard_D[da])
+        gb = np.int64(shard_D[db])
+        A = ra * G + ga
+        B = rb * G + gb
+        counters[0] += 1
+        if A == B:
+            attA = _attn(T, Q, ra, ga, slots_GP, alpha, beta, D, a, Ta, Qa, bc, Tb, Qb)
+            JA = (attA + gamma * np.float64(Msum[A])) + ovh
+            JB = 0.0
+            MA = Msum[A]
+            MB = Msum[A]
+            dms, dtot, dpk = _delta(J, colsum, rowmax, agg, A, JA, -1, 0.0, R, G, objective, eps1, eps2)
+        else:
+            attA = _attn(T, Q, ra, ga, slots_GP, alpha, beta, D, a, Ta, Qa, -1, 0, 0)
+            attB = _attn(T, Q, rb, gb, slots_GP, alpha, beta, D, bc, Tb, Qb, -1, 0, 0)
+            if swap:
+                MA = _msum_addsub(W, A, b, j, i, L, P)
+                MB = _msum_addsub(W, B, b, i, j, L, P)
+            else:
+                MA = _msum_sub(W, A, b, i, L, P)
+                MB = _msum_add(W, B, b, i, L, P)
+            JA = (attA + gamma * np.float64(MA)) + ovh
+            JB = (attB + gamma * np.float64(MB)) + ovh
+            dms, dtot, dpk = _delta(J, colsum, rowmax, agg, A, JA, B, JB, R, G, objective, eps1, eps2)
+        dE = dms + eps1 * dtot + eps2 * dpk
+        if nprobe > 0:
+            k = counters[2]
+            if k < nprobe:
+                probe[k] = abs(dE)
+                counters[2] = k + 1
+            continue
+        if dE > 0.0 and dE > -temp * math.log(_rand_unit(s)):
+            continue
+        # --- accept -------------------------------------------------------------------------
+        counters[1] += 1
+        if swap:
+            pi = pos[i]
+            pj = pos[j]
+            memb[a * cap + pi] = j
+            memb[bc * cap + pj] = i
+            pos[i] = pj
+            pos[j] = pi
+            row[j] = ra
+            slot[j] = da
+        else:
+            last = memb[a * cap + cnt[a] - 1]
+            memb[a * cap + pos[i]] = last
+            pos[last] = pos[i]
+            cnt[a] -= 1
+            memb[bc * cap + cnt[bc]] = i
+            pos[i] = cnt[bc]
+            cnt[bc] += 1
+        row[i] = rb
+        slot[i] = db
+        T[a] = Ta
+        Q[a] = Qa
+        T[bc] = Tb
+        Q[bc] = Qb
+        J[A] = JA
+        if A != B:
+            if swap:
+                for o in range(L * P):
+                    d = b[i, o] - b[j, o]
+                    W[A, o] -= d
+                    W[B, o] += d
+            else:
+                for o in range(L * P):
+                    W[A, o] -= b[i, o]
+                    W[B, o] += b[i, o]
+            Msum[A] = MA
+            Msum[B] = MB
+            J[B] = JB
+        _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
+        if agg[3] < best_e[0]:
+            best_e[0] = agg[3]
+            best_row[:] = row
+            best_slot[:] = slot
+
+
+@njit(cache=True, parallel=True)
+def _run_population(n_moves, temp, p_swap, p_guide, objective, eps1, eps2,
+                    lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, C, R, D, G, L, P,
+                    cap, row, slot, cnt, memb, pos, T, Q, W, Msum, J, colsum, rowmax, agg, rng,
+                    best_row, best_slot, best_e, counters, probe):
+    """All replicas in parallel (each one's stream and state are its own)."""
+    K = row.shape[0]
+    for k in prange(K):
+        _run_replica(n_moves, temp, p_swap, p_guide, objective, eps1, eps2,
+                     lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, C, R, D, G, L, P,
+                     cap, row[k], slot[k], cnt[k], memb[k], pos[k], T[k], Q[k], W[k], Msum[k], J[k],
+                     colsum[k], rowmax[k], agg[k], rng[k], best_row[k], best_slot[k], best_e[k:k + 1],
+                     counters[k], probe[k])
+
+
+@njit(cache=True, parallel=True)
+def _init_population(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
+                     R, D, G, L, P, cap, objective, eps1, eps2,
+                     cnt, memb, pos, T, Q, W, Msum, J, colsum, rowmax, agg):
+    K = row.shape[0]
+    for k in prange(K):
+        _init_state(row[k], slot[k], lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
+                    R, D, G, L, P, cap, objective, eps1, eps2,
+                    cnt[k], memb[k], pos[k], T[k], Q[k], W[k], Msum[k], J[k], colsum[k], rowmax[k],
+                    agg[k])
+
+
+@njit(cache=True)
+def _greedy(order, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, C, R, D, G, L, P,
+            objective, eps1, eps2, row, slot, W):
+    """Joint-cost greedy: each sample (in ``order``) into the cell whose lexicographic score
+    (makespan, total, peak) grows least, keeping capacity and leaving enough samples to fill
+    every empty cell. Returns False if some sample fits nowhere."""
+    N = order.shape[0]
+    n_cells = R * D
+    X = R * G
+    T = np.zeros(n_cells, dtype=np.int64)
+    Q = np.zeros(n_cells, dtype=np.int64)
+    cnt = np.zeros(n_cells, dtype=np.int64)
+    W[:, :] = 0  # [X, L·P] work array of b's dtype (allocated by the caller)
+    Msum = np.zeros(X, dtype=np.int64)
+    J = np.empty(X)
+    colsum = np.empty(G)
+    rowmax = np.empty(R)
+    agg = np.empty(5)
+    for x in range(X):
+        J[x] = (_attn(T, Q, x // G, x % G, slots_GP, alpha, beta, D, -1, 0, 0, -1, 0, 0) + 0.0) + ovh
+    _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
+    empty = n_cells
+    Mnew = np.empty(X, dtype=np.int64)
+    for t in range(N):
+        i = order[t]
+        li = lengths[i]
+        must_fill = (N - t) <= empty
+        for x in range(X):
+            Mnew[x] = _msum_add(W, x, b, i, L, P)
+        best_c = -1
+        b0 = np.inf
+        b1 = np.inf
+        b2 = np.inf
+        for c in range(n_cells):
+            if T[c] + li > C:
+                continue
+            if must_fill and cnt[c] > 0:
+                continue
+            r = c // D
+            d = c - r * D
+            g = shard_D[d]
+            x = r * G + g
+            att = _attn(T, Q, r, g, slots_GP, alpha, beta, D, c, T[c] + li, Q[c] + len2[i], -1, 0, 0)
+            Jx = (att + gamma * np.float64(Mnew[x])) + ovh
+            dms, dtot, dpk = _delta(J, colsum, rowmax, agg, x, Jx, -1, 0.0, R, G, objective, eps1, eps2)
+            if dms < b0 or (dms == b0 and (dtot < b1 or (dtot == b1 and dpk < b2))):
+                b0 = dms
+                b1 = dtot
+                b2 = dpk
+                best_c = c
+        if best_c < 0:
+            return False
+        c = best_c
+        r = c // D
+        d = c - r * D
+        x = r * G + shard_D[d]
+        if cnt[c] == 0:
+            empty -= 1
+        cnt[c] += 1
+        T[c] += li
+        Q[c] += len2[i]
+        for o in range(L * P):
+            W[x, o] += b[i, o]
+        Msum[x] = Mnew[x]
+        J[x] = (_attn(T, Q, r, shard_D[d], slots_GP, alpha, beta, D, -1, 0, 0, -1, 0, 0)
+                + gamma * np.float64(Msum[x])) + ovh
+        _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
+        row[i] = r
+        slot[i] = d
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Python driver
+# ---------------------------------------------------------------------------------------------
+
+
+class _Problem:
+    """Constant arrays of one (window, placement, topology, cost, R, objective) instance."""
+
+    def __init__(self, lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int,
+                 objective: str, tie_eps: float):
+        check_objective(objective)
+        self.objective = objective
+        self.obj = _OBJ_CODE[objective]
+        lengths = np.ascontiguousarray(lengths_N, dtype=np.int64)
+        if lengths.ndim != 1 or lengths.size == 0:
+            raise InputError("anneal: lengths must be a non-empty 1-D array")
+        b_NLP = np.asarray(b_NLP)
+        N = lengths.size
+        D, P, G = topology.dp, topology.ep, topology.num_shards
+        if b_NLP.ndim != 3 or b_NLP.shape[0] != N or b_NLP.shape[2] != P:
+            raise InputError(f"anneal: b_NLP must have shape [{N}, L, {P}], got {list(b_NLP.shape)}")
+        if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
+            raise InputError(f"anneal: rows must be a positive integer, got {rows!r}")
+        R = int(rows)
+        if R * D > N:
+            raise InputError(f"anneal: {R} rows × {D} slots = {R * D} cells > {N} samples (cells must be nonempty)")
+        C = topology.capacity
+        if lengths.min() < 1 or lengths.max() > C:
+            raise InputError("anneal: every length must be in 1..capacity")
+        L = b_NLP.shape[1]
+        # W never exceeds the window's per-(l, p) column sums; int32 when they fit.
+        wmax = int(b_NLP.sum(axis=0).max(initial=0)) if N else 0
+        dtype = np.int32 if 2 * wmax < 2**31 else np.int64
+        self.b = np.ascontiguousarray(b_NLP.reshape(N, L * P), dtype=dtype)
+        self.lengths = lengths
+        self.len2 = lengths * lengths
+        self.shard_D = np.ascontiguousarray(topology.shard_array(), dtype=np.int64)
+        self.slots_GP = np.ascontiguousarray(topology.slots_of_shard(), dtype=np.int64)
+        self.alpha = np.asarray(cost.alphas, dtype=np.float64)
+        self.beta = np.asarray(cost.betas, dtype=np.float64)
+        self.gamma = float(cost.gamma)
+        self.ovh = float(cost.row_overhead)
+        self.N, self.L, self.P, self.D, self.G, self.R, self.C = N, L, P, D, G, R, C
+        self.eps1 = tie_eps / (2.0 * G)
+        self.eps2 = tie_eps / 2.0
+        # most samples one cell can ever hold (capacity, and every other cell keeps one)
+        fit = int(np.searchsorted(np.cumsum(np.sort(lengths)), C, side="right"))
+        self.cap = max(1, min(N - R * D + 1, fit))
+        self.topology, self.cost = topology, cost
+
+    def consts(self):
+        return (self.lengths, self.len2, self.b, self.shard_D, self.slots_GP, self.alpha,
+                self.beta, self.gamma, self.ovh)
+
+    def check_layout(self, row, slot, what: str) -> tuple[np.ndarray, np.ndarray]:
+        row = np.asarray(row, dtype=np.int64)
+        slot = np.asarray(slot, dtype=np.int64)
+        N, R, D = self.N, self.R, self.D
+        if row.shape != (N,) or slot.shape != (N,):
+            raise InputError(f"anneal: {what} must give a row and a slot for each of {N} samples")
+        if row.min() < 0 or row.max() >= R or slot.min() < 0 or slot.max() >= D:
+            raise InputError(f"anneal: {what} puts a sample outside the {R} × {D} grid")
+        cell = row * D + slot
+        if (np.bincount(cell, minlength=R * D) == 0).any():
+            raise InputError(f"anneal: {what} leaves a cell empty")
+        if np.bincount(cell, weights=self.lengths, minlength=R * D).max() > self.C:
+            raise InputError(f"anneal: {what} overfills a cell (capacity {self.C})")
+        return row.astype(np.int32), slot.astype(np.int32)
+
+    def evaluator_key(self, row, slot) -> tuple[float, float, float]:
+        J = row_shard_costs(self.lengths, self.b.reshape(self.N, self.L, self.P), row, slot,
+                            self.R, self.topology, self.cost)
+        return score_from_J(J, self.objective).key
+
+
+class _Population:
+    """Stacked per-replica state ([K, ...] arrays) for the compiled kernels."""
+
+    def __init__(self, pb: _Problem, K: int):
+        N, R, D, G, L, P = pb.N, pb.R, pb.D, pb.G, pb.L, pb.P
+        self.K = K
+        self.row = np.zeros((K, N), dtype=np.int32)
+        self.slot = np.zeros((K, N), dtype=np.int32)
+        self.cnt = np.zeros((K, R * D), dtype=np.int64)
+        self.memb = np.zeros((K, R * D * pb.cap), dtype=np.int32)
+        self.pos = np.zeros((K, N), dtype=np.int32)
+        self.T = np.zeros((K, R * D), dtype=np.int64)
+        self.Q = np.zeros((K, R * D), dtype=np.int64)
+        self.W = np.zeros((K, R * G, L * P), dtype=pb.b.dtype)
+        self.Msum = np.zeros((K, R * G), dtype=np.int64)
+        self.J = np.zeros((K, R * G))
+        self.colsum = np.zeros((K, G))
+        self.rowmax = np.zeros((K, R))
+        self.agg = np.zeros((K, 5))
+        self.rng = np.ones((K, 4), dtype=np.uint64)
+        self.best_row = np.zeros((K, N), dtype=np.int32)
+        self.best_slot = np.zeros((K, N), dtype=np.int32)
+        self.best_e = np.full(K, np.inf)
+        self.counters = np.zeros((K, 3), dtype=np.int64)
+        self.no_probe = np.zeros((K, 0))
+
+    _STATE = ("row", "slot", "cnt", "memb", "pos", "T", "Q", "W", "Msum", "J", "colsum",
+              "rowmax", "agg")
+
+    def state(self):
+        return tuple(getattr(self, name) for name in self._STATE)
+
+    def init(self, pb: _Problem, rows_KN, slots_KN):
+        self.row[:] = rows_KN
+        self.slot[:] = slots_KN
+        _init_population(self.row, self.slot, *pb.consts(), pb.R, pb.D, pb.G, pb.L, pb.P, pb.cap,
+                         pb.obj, pb.eps1, pb.eps2, *self.state()[2:])
+
+    def run(self, pb: _Problem, n_moves: int, temp: float, cfg: AnnealConfig, probe=None):
+        _run_population(n_moves, temp, cfg.p_swap, cfg.p_guide, pb.obj, pb.eps1, pb.eps2,
+                        *pb.consts(), pb.C, pb.R, pb.D, pb.G, pb.L, pb.P, pb.cap,
+                        *self.state(), self.rng, self.best_row, self.best_slot, self.best_e,
+                        self.counters, self.no_probe if probe is None else probe)
+
+    def take(self, parents: np.ndarray):
+        for name in self._STATE:
+            arr = getattr(self, name)
+            arr[:] = arr[parents]
+
+    @property
+    def energy(self) -> np.ndarray:
+        return self.agg[:, 3]
+
+
+def _systematic(weights: np.ndarray, u: float) -> np.ndarray:
+    """Systematic resampling (Carpenter, Clifford & Fearnhead 1999): K parent indices."""
+    K = weights.size
+    cum = np.cumsum(weights / weights.sum())
+    cum[-1] = 1.0
+    points = (u + np.arange(K)) / K
+    return np.minimum(np.searchsorted(cum, points, side="left"), K - 1)
+
+
+def greedy_layout(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int,
+                  objective: str = "max-sum", tie_eps: float = 1e-9):
+    """Joint-cost greedy layout (samples by decreasing standalone cost, each into the cell that
+    least increases the lexicographic score); ``None`` if capacity blocks it."""
+    pb = _Problem(lengths_N, b_NLP, topology, cost, rows, objective, tie_eps)
+    return _greedy_pb(pb)
+
+
+def _greedy_pb(pb: _Problem):
+    b3 = pb.b.reshape(pb.N, pb.L, pb.P)
+    own = (pb.alpha[None, :] * pb.lengths[:, None] + pb.beta[None, :] * pb.len2[:, None]).sum(axis=1)
+    own = own + pb.gamma * b3.max(axis=2).sum(axis=1)
+    order = np.lexsort((np.arange(pb.N), -pb.lengths, -own)).astype(np.int64)
+    row = np.zeros(pb.N, dtype=np.int32)
+    slot = np.zeros(pb.N, dtype=np.int32)
+    W = np.zeros((pb.R * pb.G, pb.L * pb.P), dtype=pb.b.dtype)
+    ok = _greedy(order, *pb.consts(), pb.C, pb.R, pb.D, pb.G, pb.L, pb.P, pb.obj, pb.eps1,
+                 pb.eps2, row, slot, W)
+    return (row.astype(np.int64), slot.astype(np.int64)) if ok else None
+
+
+def layout_energy(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, objective: str,
+                  row_N, slot_N, tie_eps: float = 1e-9) -> tuple[float, tuple[float, float, float]]:
+    """(energy, (makespan, total, peak)) of one layout by the search's own compiled state."""
+    pb = _Problem(lengths_N, b_NLP, topology, cost, rows, objective, tie_eps)
+    pop = _Population(pb, 1)
+    r, s = pb.check_layout(row_N, slot_N, "layout")
+    pop.init(pb, r[None], s[None])
+    a = pop.agg[0]
+    return float(a[3]), (float(a[0]), float(a[1]), float(a[2]))
+
+
+def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, objective: str,
+           seeds: Sequence[tuple] = (), config: AnnealConfig | None = None, seed: int = 0,
+           time_limit: float | None = None, max_sweeps: int | None = None,
+           progress: Callable[[float], None] | None = None) -> AnnealResult:
+    """Population annealing for the packing at fixed placement (via ``b_NLP``) and ``rows``.
+
+    ``seeds``: feasible layouts ``(row_N, slot_N)`` from constructive heuristics (validated);
+    the joint-cost greedy is added when ``config.greedy_seed``. Budget: ``max_sweeps`` sweeps
+    per replica over the ladder (default ``config.sweeps``); with ``time_limit`` (seconds) the
+    search stops when it runs out, and, without ``max_sweeps``, it sizes the ladder to fill it.
+    ``progress(fraction)`` is called after each temperature. The result is never worse (by the
+    evaluator's lexicographic score) than the best seed.
+    """
+    t0 = time.perf_counter()
+    cfg = AnnealConfig() if config is None else config
+    if not isinstance(cfg, AnnealConfig):
+        raise InputError("anneal: config must be an AnnealConfig")
+    if time_limit is not None and not (isinstance(time_limit, (int, float)) and time_limit > 0):
+        raise InputError(f"anneal: time_limit must be a positive number of seconds, got {time_limit!r}")
+    if max_sweeps is not None and (isinstance(max_sweeps, bool) or not isinstance(max_sweeps, (int, np.integer))
+                                   or max_sweeps < 1):
+        raise InputError(f"anneal: max_sweeps must be a positive integer, got {max_sweeps!r}")
+    seed = int(seed)
+    pb = _Problem(lengths_N, b_NLP, topology, cost, rows, objective, cfg.tie_eps)
+    N = pb.N
+
+    # --- seeds ----------------------------------------------------------------------------------
+    seed_layouts = [pb.check_layout(r, s, f"seed {n}") for n, (r, s) in enumerate(seeds)]
+    if cfg.greedy_seed:
+        g = _greedy_pb(pb)
+        if g is not None:
+            seed_layouts.append((g[0].astype(np.int32), g[1].astype(np.int32)))
+    if not seed_layouts:
+        raise InputError("anneal: no feasible seed layout (pass one, e.g. a length-balanced packing)")
+    S = len(seed_layouts)
+    seeds_pop = _Population(pb, S)
+    seeds_pop.init(pb, np.stack([r for r, _ in seed_layouts]), np.stack([s for _, s in seed_layouts]))
+    seed_energy = seeds_pop.energy.copy()
+    best_seed = int(np.argmin(seed_energy))
+
+    # --- ladder: scale from |ΔE| of random proposals around the seeds ---------------------------
+    probe = np.zeros((S, cfg.calibration_moves))
+    seeds_pop.rng[:] = _rng_states(seed, -1, S)
+    seeds_pop.run(pb, 4 * cfg.calibration_moves, 0.0, cfg.replace(p_guide=0.0), probe=probe)
+    got = seeds_pop.counters[:, 2]
+    deltas = np.concatenate([probe[k, :got[k]] for k in range(S)])
+    ref = float(np.max(np.abs(seed_energy)))
+    deltas = deltas[deltas > cfg.tie_eps * ref]  # moves that change the makespan
+    t_hot = float(np.quantile(deltas, cfg.t_hot_quantile)) if deltas.size else max(ref, 1.0) * 1e-3
+    t_cold = t_hot * cfg.t_cold_ratio
+    nT = cfg.temperatures
+    temps = t_hot * (t_cold / t_hot) ** (np.arange(nT) / max(nT - 1, 1))
+
+    # --- initial population: seeds, and random walks off the seeds ------------------------------
+    K = cfg.population
+    pop = _Population(pb, K)
+    src = np.arange(K) % S
+    pop.init(pb, seeds_pop.row[src], seeds_pop.slot[src])
+    n_random = int(round(cfg.random_fraction * K)) if K > 1 else 0
+    walk = int(round(cfg.random_walk_sweeps * N))
+    if n_random and walk:
+        pop.rng[:] = _rng_states(seed, -2, K)
+        walkers = np.arange(K) >= K - n_random
+        held = {name: getattr(pop, name).copy() for name in pop._STATE}
+        pop.run(pb, walk, np.inf, cfg.replace(p_guide=0.0))
+        for name in pop._STATE:  # keep the first K - n_random replicas exactly at their seeds
+            getattr(pop, name)[~walkers] = held[name][~walkers]
+    pop.counters[:] = 0
+
+    best_e = float(seed_energy[best_seed])
+    best_row = seed_layouts[best_seed][0].copy()
+    best_slot = seed_layouts[best_seed][1].copy()
+
+    # --- schedule ---------------------------------------------------------------------------
+    deadline = None if time_limit is None else t0 + float(time_limit)
+    timed = deadline is not None and max_sweeps is None
+    total_moves = (max_sweeps if max_sweeps is not None else cfg.sweeps) * N
+    per_temp = [total_moves // nT + (1 if k < total_moves % nT else 0) for k in range(nT)]
+    chunk = cfg.chunk_sweeps * N
+    trace = []
+    sweeps_done = 0.0
+    stopped = False
+    t_run = time.perf_counter()
+    for k in range(nT):
+        if timed:  # size the remaining rungs from the measured rate
+            now = time.perf_counter()
+            left = deadline - now
+            if left <= 0:
+                break
+            if k == 0:
+                per_temp[k] = chunk  # pilot chunk
+            else:
+                rate = sweeps_done * N / max(now - t_run, 1e-9)  # proposals per replica-second
+                per_temp[k] = max(N // 4, int(0.9 * left * rate / (nT - k)))
+        pop.rng[:] = _rng_states(seed, k, K)
+        pop.best_e[:] = best_e
+        temp = float(temps[k])
+        done = 0
+        while done < per_temp[k]:
+            n = min(chunk, per_temp[k] - done)
+            pop.run(pb, n, temp, cfg)
+            done += n
+            if deadline is not None and time.perf_counter() >= deadline:
+                stopped = True
+                break
+        sweeps_done += done / N
+        j = int(np.argmin(pop.best_e))
+        if pop.best_e[j] < best_e:
+            best_e = float(pop.best_e[j])
+            best_row = pop.best_row[j].copy()
+            best_slot = pop.best_slot[j].copy()
+        E = pop.energy
+        trace.append({"temperature": temp, "best_energy": best_e, "mean_energy": float(E.mean()),
+                      "min_energy": float(E.min())})
+        if progress is not None:
+            progress((k + 1) / nT)
+        if stopped:
+            break
+        if cfg.resample and k + 1 < nT and K > 1:
+            dbeta = 1.0 / temps[k + 1] - 1.0 / temps[k]
+            w = np.exp(-dbeta * (E - E.min()))
+            pop.take(_systematic(w, _uniform(seed, 7, k) / K))
+
+    # --- result -------------------------------------------------------------------------------
+    final = _Population(pb, 1)
+    final.init(pb, best_row[None], best_slot[None])
+    row = best_row.astype(np.int64)
+    slot = best_slot.astype(np.int64)
+    seed_row = seed_layouts[best_seed][0].astype(np.int64)
+    seed_slot = seed_layouts[best_seed][1].astype(np.int64)
+    improved = pb.evaluator_key(row, slot) < pb.evaluator_key(seed_row, seed_slot)
+    if not improved and not (np.array_equal(row, seed_row) and np.array_equal(slot, seed_slot)):
+        # the search's best is no better than the best seed by the evaluator: return the seed
+        row, slot = seed_row, seed_slot
+        final.init(pb, row[None].astype(np.int32), slot[None].astype(np.int32))
+    a = final.agg[0]
+    seconds = time.perf_counter() - t0
+    run_seconds = time.perf_counter() - t_run
+    evaluated = int(pop.counters[:, 0].sum())
+    stats = {
+        "sweeps": sweeps_done, "replicas": K, "temperatures_done": len(trace),
+        "temperatures": nT, "moves_evaluated": evaluated, "moves_accepted": int(pop.counters[:, 1].sum()),
+        "seconds": seconds, "search_seconds": run_seconds,
+        "moves_per_second": evaluated / run_seconds if run_seconds > 0 else 0.0,
+        "t_hot": t_hot, "t_cold": t_cold, "seeds": S, "best_seed": best_seed,
+        "seed_energies": seed_energy.tolist(), "improved": bool(improved),
+        "stopped_by_time": stopped or (timed and len(trace) < nT), "trace": trace,
+    }
+    return AnnealResult(row=row, slot=slot, energy=float(a[3]),
+                        score=(float(a[0]), float(a[1]), float(a[2])), objective=objective,
+                        stats=stats)
