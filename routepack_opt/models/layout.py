@@ -1,0 +1,72 @@
+"""One entry point to the exact layout models (SPEC §3 step 4).
+
+``solve_layout`` builds the instance (window, topology, cost, fixed placement, rows R, objective)
+and hands it to CP-SAT (:mod:`routepack_opt.models.layout_cpsat`) or to a Pyomo MILP solved by
+HiGHS (:mod:`routepack_opt.models.layout_milp`). Whatever the solver, the returned objective is
+the evaluator's makespan of the returned layout, and the bound is a proved lower bound on the
+optimal makespan (never below the SPEC §2 bound).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from routepack_opt.cost import CostModel
+from routepack_opt.errors import InputError
+from routepack_opt.evaluate import Evaluator
+from routepack_opt.models.layout_common import (MAX_BINARIES, LayoutInstance, LayoutResult,
+                                                canonical_layout, is_canonical, symmetry_groups)
+from routepack_opt.topology import Topology
+from routepack_opt.window import Window
+
+__all__ = ["solve_layout", "LayoutResult", "LayoutInstance", "SOLVERS", "symmetry_groups",
+           "canonical_layout", "is_canonical"]
+
+SOLVERS = ("cpsat", "highs")
+
+
+def solve_layout(window: Window, topology: Topology, cost: CostModel, placement, rows: int,
+                 objective: str = "max-sum", solver: str = "cpsat", time_limit: float = 60.0,
+                 warm_start=None, lexicographic: bool = False, symmetry: bool = True,
+                 num_workers: int = 2, evaluator: Evaluator | None = None) -> LayoutResult:
+    """Solve the whole layout problem at fixed ``placement`` [L, E] and ``rows`` exactly.
+
+    ``warm_start``: a heuristic layout ``(row_N, slot_N)`` (CP-SAT hint / HiGHS MIP start).
+    ``lexicographic``: after minimising the makespan, fix it and minimise ``Σ J``.
+    ``symmetry``: add the symmetry-breaking constraints valid for ``objective``.
+    ``num_workers``: CP-SAT search workers (HiGHS uses its own threads).
+    """
+    if solver not in SOLVERS:
+        raise InputError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
+    if not (time_limit > 0):
+        raise InputError(f"time limit must be > 0 seconds, got {time_limit}")
+    topology.check_experts(window.num_experts)
+    inst = LayoutInstance.build(window, topology, cost, placement, rows, objective, evaluator)
+    binaries = inst.num_samples * inst.num_cells
+    if binaries > MAX_BINARIES:
+        raise InputError(
+            f"exact layout model too large: N={inst.num_samples} samples × {inst.num_cells} cells "
+            f"= {binaries} binaries > {MAX_BINARIES}; use `routepack plan` (the heuristic) instead")
+    if warm_start is not None:
+        warm_start = _check_warm_start(inst, warm_start)
+    if solver == "cpsat":
+        from routepack_opt.models.layout_cpsat import solve_cpsat
+
+        return solve_cpsat(inst, time_limit, warm_start, lexicographic, symmetry, num_workers)
+    from routepack_opt.models.layout_milp import solve_milp
+
+    return solve_milp(inst, time_limit, warm_start, lexicographic, symmetry)
+
+
+def _check_warm_start(inst: LayoutInstance, warm_start):
+    """A warm start must be a feasible layout of this instance; an infeasible one is dropped
+    (a hint, not a constraint), a malformed one is an input error."""
+    try:
+        row_N, slot_N = (np.asarray(a, dtype=np.int64) for a in warm_start)
+    except (TypeError, ValueError):
+        raise InputError("warm start must be a pair (row_N, slot_N) of integer arrays") from None
+    if row_N.shape != (inst.num_samples,) or slot_N.shape != (inst.num_samples,):
+        raise InputError(f"warm start must give a cell for each of the {inst.num_samples} samples")
+    if inst.violations(row_N, slot_N):
+        return None
+    return row_N, slot_N

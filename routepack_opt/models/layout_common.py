@@ -1,0 +1,274 @@
+"""Shared pieces of the exact layout models (SPEC §3 step 4): the instance, the result, and the
+symmetry structure both models break.
+
+Legend: N samples, L layers, E experts, P EP ranks, D DP slots, G shards, R rows, S stages,
+cell c = r·D + d.
+
+Symmetries of the layout problem at fixed placement and R (SPEC §2 cost):
+- slots inside a shard: ``J[r,g]`` takes a max over the shard's cells (attention) and a sum over
+  them (expert loads ``W``), so the P cells of one (row, shard) block may be permuted, row by row;
+- ``max-sum`` (``max_g Σ_r J[r,g]``): rows may be permuted *inside each shard* independently, and
+  whole shards (all their rows) may be permuted;
+- ``sum-max`` (``Σ_r max_g J[r,g]``): shards may be permuted *inside each row* independently, but
+  rows only as whole rows (all shards at once).
+The secondary keys (``Σ J``, ``max J``) are invariant under all of these.
+
+Both models break them with *min-index ordering* (the representative of an orbit is the layout
+whose units are ordered by their smallest sample id): at each level, inside each group of
+interchangeable units ``u_0, u_1, ...``, the smallest sample of ``u_{j-1}`` is below that of
+``u_j``. As a linear constraint, for every sample i and j ≥ 1:
+
+    Σ_{c ∈ u_j} x[i,c]  ≤  Σ_{i' < i} Σ_{c ∈ u_{j-1}} x[i',c].
+
+Levels nest (coarse to fine), and each level's key (a unit's smallest sample) is invariant under
+the permutations of the finer levels, so the orderings can be imposed together: every layout has
+exactly one representative (:func:`canonical_layout`) with the same score (cells are nonempty).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from routepack_opt.cost import CostModel
+from routepack_opt.errors import InputError
+from routepack_opt.evaluate import Evaluator, Score, check_objective
+from routepack_opt.topology import Topology
+from routepack_opt.window import Window
+
+__all__ = ["LayoutInstance", "LayoutResult", "STATUSES", "symmetry_groups", "canonical_layout",
+           "is_canonical", "prefeasibility", "MAX_BINARIES"]
+
+STATUSES = ("optimal", "feasible", "infeasible", "unknown")
+
+# N·R·D assignment binaries above which the exact models refuse (they would not even load).
+MAX_BINARIES = 200_000
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutInstance:
+    """The data of one exact layout problem: window, topology, cost, fixed placement and rows."""
+
+    window: Window
+    topology: Topology
+    cost: CostModel
+    placement: np.ndarray  # [L, E]
+    rows: int
+    objective: str
+    evaluator: Evaluator
+    b_NLP: np.ndarray  # per-rank loads under the placement
+    coef_SN: np.ndarray  # α_s·len + β_s·len² (µs) per stage and sample
+    slots_GP: np.ndarray
+
+    @classmethod
+    def build(cls, window: Window, topology: Topology, cost: CostModel, placement, rows: int,
+              objective: str, evaluator: Evaluator | None = None) -> "LayoutInstance":
+        check_objective(objective)
+        if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
+            raise InputError(f"rows must be a positive integer, got {rows!r}")
+        evaluator = evaluator or Evaluator(window, topology, cost)
+        placement = np.asarray(placement, dtype=np.int64)
+        b_NLP = evaluator.rank_loads(placement)
+        lengths = window.lengths.astype(np.float64)
+        coef_SN = (np.asarray(cost.alphas)[:, None] * lengths[None]
+                   + np.asarray(cost.betas)[:, None] * lengths[None] ** 2)
+        return cls(window, topology, cost, placement, int(rows), objective, evaluator, b_NLP,
+                   coef_SN, topology.slots_of_shard())
+
+    @property
+    def num_samples(self) -> int:
+        return self.window.num_samples
+
+    @property
+    def num_cells(self) -> int:
+        return self.rows * self.topology.dp
+
+    def cell(self, r: int, d: int) -> int:
+        return r * self.topology.dp + d
+
+    def lower_bound(self) -> float:
+        """SPEC §2 bound (valid for both objectives)."""
+        return self.evaluator.lower_bound(self.placement, self.rows)
+
+    def constant(self) -> float:
+        """The makespan's layout-independent part: R·row_overhead (both objectives)."""
+        return self.rows * self.cost.row_overhead
+
+    def score(self, row_N, slot_N) -> Score:
+        return self.evaluator.score(self.placement, row_N, slot_N, self.rows, self.objective)
+
+    def violations(self, row_N, slot_N) -> list[str]:
+        from routepack_opt.plan import Plan
+
+        plan = Plan(self.topology, self.rows, self.placement, row_N, slot_N, self.objective)
+        return plan.validate(self.window)
+
+
+def prefeasibility(inst: LayoutInstance) -> str | None:
+    """A reason no layout exists, found without search (None: not ruled out)."""
+    N, K, C = inst.num_samples, inst.num_cells, inst.topology.capacity
+    lengths = inst.window.lengths
+    if N < K:
+        return f"{N} samples cannot fill {inst.rows} rows × {inst.topology.dp} slots = {K} nonempty cells"
+    if lengths.max(initial=0) > C:
+        return f"sample {int(lengths.argmax())} has {int(lengths.max())} tokens > capacity {C}"
+    if int(lengths.sum()) > K * C:
+        return f"{int(lengths.sum())} tokens exceed {K} cells × capacity {C}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutResult:
+    """What an exact layout model returns.
+
+    ``objective`` is the makespan of ``(row, slot)`` *re-scored by the evaluator* (``score`` is the
+    full lexicographic score); ``bound`` is a proved lower bound on the optimal makespan (the
+    solver's bound, lowered by the worst-case rounding error where costs were integer-scaled, and
+    never below the SPEC §2 bound); ``gap = (objective - bound) / objective``.
+    """
+
+    status: str
+    objective: float | None
+    bound: float
+    gap: float
+    seconds: float
+    row: np.ndarray | None
+    slot: np.ndarray | None
+    score: Score | None = None
+    solver: str = ""
+    objective_name: str = "max-sum"
+    rows: int = 0
+    claimed: float | None = None  # the solver's own makespan (µs, unscaled)
+    rounding_error: float = 0.0  # worst-case |scaled model − true cost| of any layout (µs)
+    lexicographic: bool = False
+    info: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+    @property
+    def layout(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return None if self.row is None else (self.row, self.slot)
+
+    def report(self) -> dict:
+        d = {"status": self.status, "objective": self.objective, "bound": self.bound,
+             "gap": self.gap, "seconds": self.seconds, "solver": self.solver,
+             "objective_name": self.objective_name, "rows": self.rows,
+             "lexicographic": self.lexicographic, "rounding_error": self.rounding_error}
+        if self.score is not None:
+            d["score"] = self.score.as_dict()
+        d.update(self.info)
+        return d
+
+
+def lex_better(a, b, tol: float) -> bool:
+    """Is score ``a`` lexicographically better than ``b``, allowing ``a`` a makespan ``tol``
+    above ``b`` (the stage-2 makespan is only fixed up to the rounding error)?"""
+    tol = tol + 1e-9 * abs(b.makespan)
+    if a.makespan < b.makespan - tol:
+        return True
+    return a.makespan <= b.makespan + tol and (a.total, a.peak) < (b.total, b.peak)
+
+
+def gap_of(objective: float | None, bound: float) -> float:
+    if objective is None:
+        return float("inf")
+    if objective <= 0:
+        return 0.0
+    return max(0.0, (objective - bound) / objective)
+
+
+# --------------------------------------------------------------------------------------------
+# Symmetry
+# --------------------------------------------------------------------------------------------
+
+
+def symmetry_groups(topology: Topology, rows: int, objective: str) -> list[list[list[int]]]:
+    """Groups of interchangeable units, coarse levels first. Each group is an ordered list of
+    units; each unit is a list of cell ids ``r·D + d``. The models order the units of each group
+    by their smallest sample."""
+    check_objective(objective)
+    D, P, G, R = topology.dp, topology.ep, topology.num_shards, rows
+    S = topology.slots_of_shard()
+
+    def block(r, g):
+        return [r * D + int(S[g, j]) for j in range(P)]
+
+    groups: list[list[list[int]]] = []
+    if objective == "max-sum":
+        if G > 1:  # whole shards
+            groups.append([[c for r in range(R) for c in block(r, g)] for g in range(G)])
+        if R > 1:  # rows inside each shard
+            groups += [[block(r, g) for r in range(R)] for g in range(G)]
+    else:
+        if R > 1:  # whole rows
+            groups.append([[r * D + d for d in range(D)] for r in range(R)])
+        if G > 1:  # shards inside each row
+            groups += [[block(r, g) for g in range(G)] for r in range(R)]
+    if P > 1:  # slots inside each (row, shard) block
+        groups += [[[c] for c in block(r, g)] for r in range(R) for g in range(G)]
+    return groups
+
+
+def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: str
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """The orbit representative of a layout under the objective's symmetries (same score):
+    units ordered by smallest sample at every level (see the module docstring)."""
+    check_objective(objective)
+    row_N = np.asarray(row_N, dtype=np.int64)
+    slot_N = np.asarray(slot_N, dtype=np.int64)
+    N = row_N.size
+    D, P, G, R = topology.dp, topology.ep, topology.num_shards, rows
+    S = topology.slots_of_shard()
+    shard_D = topology.shard_array()
+    pos_D = np.empty(D, dtype=np.int64)  # position of slot d inside its shard
+    pos_D[S.ravel()] = np.tile(np.arange(P), G)
+    g_N, j_N = shard_D[slot_N], pos_D[slot_N]
+    ids = np.arange(N)
+
+    def first(mask):
+        sel = ids[mask]
+        return int(sel[0]) if sel.size else N  # empty units sort last
+
+    new_r, new_g = np.empty(N, np.int64), np.empty(N, np.int64)
+    if objective == "max-sum":
+        order_g = np.argsort([first(g_N == g) for g in range(G)], kind="stable")
+        for g2, g in enumerate(order_g):
+            in_g = g_N == g
+            new_g[in_g] = g2
+            order_r = np.argsort([first(in_g & (row_N == r)) for r in range(R)], kind="stable")
+            for r2, r in enumerate(order_r):
+                new_r[in_g & (row_N == r)] = r2
+    else:
+        order_r = np.argsort([first(row_N == r) for r in range(R)], kind="stable")
+        for r2, r in enumerate(order_r):
+            in_r = row_N == r
+            new_r[in_r] = r2
+            order_g = np.argsort([first(in_r & (g_N == g)) for g in range(G)], kind="stable")
+            for g2, g in enumerate(order_g):
+                new_g[in_r & (g_N == g)] = g2
+    new_j = np.empty(N, np.int64)
+    for r in range(R):
+        for g in range(G):
+            blk = (new_r == r) & (new_g == g)
+            order_j = np.argsort([first(blk & (j_N == j)) for j in range(P)], kind="stable")
+            for j2, j in enumerate(order_j):
+                new_j[blk & (j_N == j)] = j2
+    return new_r, S[new_g, new_j]
+
+
+def is_canonical(row_N, slot_N, topology: Topology, rows: int, objective: str) -> bool:
+    """Does the layout satisfy the symmetry-breaking constraints of both models?"""
+    r2, s2 = canonical_layout(row_N, slot_N, topology, rows, objective)
+    return bool(np.array_equal(r2, row_N) and np.array_equal(s2, slot_N))
+
+
+def symmetry_rows(groups, num_samples: int):
+    """The min-index constraints as (i, unit_j, unit_{j-1}) triples: sample i may sit in unit_j
+    only if some sample i' < i sits in unit_{j-1}."""
+    for units in groups:
+        for j in range(1, len(units)):
+            for i in range(num_samples):
+                yield i, units[j], units[j - 1]
