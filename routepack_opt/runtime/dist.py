@@ -1,0 +1,131 @@
+"""``torch.distributed`` plumbing: launching a bounded local process group, EP/EDP groups, and an
+all-reduce whose summation order is fixed.
+
+Why an ordered all-reduce: a ring all-reduce sums each element in an order that depends on the
+element's offset in the buffer. An expert that moves to another slot changes offset, so with three
+or more shards its reduced gradient could differ in the last bit. Gathering every rank's copy and
+summing in rank order makes the result depend only on the values, never on the offset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = ["free_port", "launch", "init_group", "ParallelGroups", "ordered_all_reduce",
+           "deterministic"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_group(rank: int, world_size: int, port: int, backend: str = "gloo",
+               timeout_s: float = 60.0) -> None:
+    """Join the process group at 127.0.0.1:port (gloo on CPU, nccl on GPU)."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and os.path.exists("/sys/class/net/lo"):
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # stay on loopback in containers with odd NICs
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=timedelta(seconds=timeout_s))
+
+
+class ParallelGroups:
+    """EP groups (the P ranks of one EDP shard, Megatron order: shard g = ranks g·P .. g·P+P-1)
+    and EDP groups (the G ranks that hold the same expert slots, one per shard)."""
+
+    def __init__(self, world_size: int, ep: int):
+        rank = dist.get_rank()
+        self.world_size, self.ep, self.rank = world_size, ep, rank
+        self.num_shards = world_size // ep
+        self.shard, self.ep_rank = divmod(rank, ep)
+        # every rank must create every group, in the same order
+        eps = [dist.new_group(list(range(g * ep, (g + 1) * ep))) for g in range(self.num_shards)]
+        edps = [dist.new_group([g * ep + p for g in range(self.num_shards)]) for p in range(ep)]
+        self.ep_group = eps[self.shard]
+        self.edp_group = edps[self.ep_rank]
+
+
+def ordered_all_reduce(tensors: list[torch.Tensor], group=None) -> None:
+    """Sum ``tensors`` over ``group`` in place, adding the ranks' copies in rank order."""
+    n = dist.get_world_size(group)
+    if n == 1 or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    bufs = [torch.empty_like(flat) for _ in range(n)]
+    dist.all_gather(bufs, flat, group=group)
+    acc = bufs[0].clone()
+    for b in bufs[1:]:
+        acc += b
+    off = 0
+    for t in tensors:
+        t.copy_(acc[off:off + t.numel()].view_as(t))
+        off += t.numel()
+
+
+@contextlib.contextmanager
+def deterministic(seed: int = 0, threads: int | None = 1):
+    """Deterministic torch settings for a block: deterministic algorithms, a fixed seed and (by
+    default) one intra-op thread, so every elementwise kernel sees whole, aligned vectors."""
+    prev_det = torch.are_deterministic_algorithms_enabled()
+    prev_threads = torch.get_num_threads()
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(seed)
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev_det)
+        torch.set_num_threads(prev_threads)
+
+
+def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, retries: int = 2) -> None:
+    """Run ``fn(rank, port, *args)`` in ``world_size`` spawned processes and wait, at most
+    ``timeout_s`` seconds; on timeout every child is killed and ``TimeoutError`` raised. A child
+    that fails raises ``RuntimeError`` here; a port lost to a race is retried with a new one."""
+    for attempt in range(retries + 1):
+        port = free_port()
+        prev = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"  # children: no thread pools fighting over cores
+        try:
+            ctx = mp.start_processes(fn, args=(port,) + tuple(args), nprocs=world_size,
+                                     join=False, start_method="spawn")
+        finally:
+            if prev is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = prev
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=0.2):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{world_size} processes did not finish in {timeout_s:.0f} s")
+            return
+        except mp.ProcessRaisedException as exc:
+            msg = str(exc)
+            if attempt < retries and ("Address already in use" in msg or "EADDRINUSE" in msg):
+                continue
+            raise RuntimeError(f"a worker process failed: {msg.strip().splitlines()[-1]}") from None
+        except mp.ProcessExitedException as exc:
+            raise RuntimeError(f"a worker process died: {exc}") from None
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+            for p in ctx.processes:
+                p.join(5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(1)

@@ -1,0 +1,159 @@
+"""An MoE layer whose experts live in pre-allocated physical slot tensors.
+
+Legend (shape suffixes): T tokens, H hidden, F expert FFN width, E logical experts, K top-k,
+S local expert slots (E/P on an EP rank of P), P EP ranks, M = T·K (token, choice) pairs.
+
+The router (or the replayed routes) speaks *logical* expert ids. ``placement_E[e]`` is the global
+physical slot of logical expert e (SPEC §1: slot in 0..E-1, rank = slot // S); this rank owns slots
+``rank·S .. rank·S + S - 1``, stored as ``w_gate_SHF``, ``w_up_SHF``, ``w_down_SFH``. Re-placing
+experts (:mod:`routepack_opt.runtime.materialize`) moves slices of these tensors and rewrites
+``placement_E``; nothing else changes.
+
+Why results do not depend on the placement, bit for bit (SPEC §3 step 5):
+- every expert GEMM sees exactly the same rows in the same order wherever the expert lives
+  (pairs sorted stably by slot keep token order inside an expert; with EP the receiver orders an
+  expert's rows by (source rank, token order));
+- every re-ordering of rows is a permutation (gather by a unique index), whose backward scatters
+  without accumulation collisions — exact;
+- the combine ``Σ_k w[t,k]·y[t,k]`` and the gradient of the token copies reduce over k in a fixed
+  order, in the logical (token, choice) layout.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["ExpertSlots", "MoELayer", "AllToAll", "swiglu"]
+
+
+def swiglu(x_MH: torch.Tensor, w_gate_HF: torch.Tensor, w_up_HF: torch.Tensor,
+           w_down_FH: torch.Tensor) -> torch.Tensor:
+    """One expert: ``(silu(x W_gate) ⊙ x W_up) W_down``."""
+    return (F.silu(x_MH @ w_gate_HF) * (x_MH @ w_up_HF)) @ w_down_FH
+
+
+class ExpertSlots(nn.Module):
+    """``num_slots`` physical expert slots (SwiGLU experts) of one MoE layer on one EP rank."""
+
+    def __init__(self, num_slots: int, hidden: int, ffn: int, first_slot: int = 0,
+                 device=None, dtype=None):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.num_slots = num_slots
+        self.first_slot = first_slot  # global id of local slot 0 (= rank · S)
+        self.w_gate_SHF = nn.Parameter(torch.zeros(num_slots, hidden, ffn, **kw))
+        self.w_up_SHF = nn.Parameter(torch.zeros(num_slots, hidden, ffn, **kw))
+        self.w_down_SFH = nn.Parameter(torch.zeros(num_slots, ffn, hidden, **kw))
+
+    def slot_params(self) -> list[nn.Parameter]:
+        """The slot tensors, in a fixed order (materialization packs them in this order)."""
+        return [self.w_gate_SHF, self.w_up_SHF, self.w_down_SFH]
+
+    def run(self, x_MH: torch.Tensor, counts_S: list[int]) -> torch.Tensor:
+        """Rows of ``x_MH`` are grouped by local slot (``counts_S[s]`` rows each, slot order);
+        returns the expert outputs in the same row order. One GEMM chain per slot, on exactly
+        that slot's rows, so its result does not depend on which slot holds the expert."""
+        chunks = x_MH.split(counts_S)
+        gates = self.w_gate_SHF.unbind(0)
+        ups = self.w_up_SHF.unbind(0)
+        downs = self.w_down_SFH.unbind(0)
+        outs = []
+        for s, chunk in enumerate(chunks):
+            # an empty chunk stays in the graph (shape [0, H]) so autograd reaches every collective
+            outs.append(swiglu(chunk, gates[s], ups[s], downs[s]) if counts_S[s] else chunk)
+        return torch.cat(outs)
+
+
+class AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` with autograd: the backward sends gradients back along the same
+    splits, reversed."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits: list[int], in_splits: list[int], group):
+        ctx.splits = (out_splits, in_splits, group)
+        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        out_splits, in_splits, group = ctx.splits
+        grad_in = grad_out.new_empty((sum(in_splits),) + tuple(grad_out.shape[1:]))
+        dist.all_to_all_single(grad_in, grad_out.contiguous(), in_splits, out_splits, group=group)
+        return grad_in, None, None, None
+
+
+class MoELayer(nn.Module):
+    """Router + expert slots + logical→physical dispatch, optionally expert-parallel.
+
+    ``ep_group`` (a ``torch.distributed`` process group of P ranks, or None for one process that
+    holds all E slots) carries the token all-to-all. This rank's position in it is ``ep_rank``.
+    """
+
+    def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, ep_size: int = 1,
+                 ep_rank: int = 0, ep_group=None, device=None, dtype=None):
+        super().__init__()
+        if num_experts % ep_size:
+            raise ValueError(f"E={num_experts} not divisible by ep={ep_size}")
+        self.num_experts, self.top_k = num_experts, top_k
+        self.ep_size, self.ep_rank, self.ep_group = ep_size, ep_rank, ep_group
+        S = num_experts // ep_size
+        self.router = nn.Linear(hidden, num_experts, bias=False, device=device, dtype=dtype)
+        self.slots = ExpertSlots(S, hidden, ffn, first_slot=ep_rank * S, device=device, dtype=dtype)
+        self.register_buffer("placement_E", torch.arange(num_experts, device=device), persistent=True)
+
+    @property
+    def slots_per_rank(self) -> int:
+        return self.slots.num_slots
+
+    def local_experts(self) -> list[tuple[int, int]]:
+        """(logical expert, local slot) of every expert this rank holds, by logical id."""
+        S, first = self.slots.num_slots, self.slots.first_slot
+        pl = self.placement_E.tolist()
+        return [(e, pl[e] - first) for e in range(self.num_experts) if first <= pl[e] < first + S]
+
+    def forward(self, x_TH: torch.Tensor, routes_TK: torch.Tensor | None = None):
+        logits_TE = self.router(x_TH)
+        if routes_TK is None:
+            routes_TK = logits_TE.topk(self.top_k, dim=-1).indices
+        # combine weights over the chosen (logical) experts: placement-free by construction
+        w_TK = torch.softmax(logits_TE.gather(1, routes_TK), dim=-1)
+        y_TKH = self.expert_outputs(x_TH, routes_TK)
+        return (w_TK.unsqueeze(-1) * y_TKH).sum(dim=1), routes_TK
+
+    def expert_outputs(self, x_TH: torch.Tensor, routes_TK: torch.Tensor) -> torch.Tensor:
+        """``y[t, k]`` = output of logical expert ``routes[t, k]`` on token t, wherever it lives."""
+        T, K = routes_TK.shape
+        H = x_TH.shape[1]
+        phys_M = self.placement_E[routes_TK.reshape(-1)]
+        order_M = torch.argsort(phys_M, stable=True)  # by slot; token order kept inside a slot
+        inv_M = torch.argsort(order_M)
+        # token copies in (token, choice) order; the backward sums the K copies in fixed order
+        x_MH = x_TH.unsqueeze(1).expand(T, K, H).reshape(T * K, H)
+        xs_MH = x_MH[order_M]
+        if self.ep_size == 1:
+            counts_S = torch.bincount(phys_M, minlength=self.num_experts).tolist()
+            ys_MH = self.slots.run(xs_MH, counts_S)
+        else:
+            ys_MH = self._ep_dispatch(xs_MH, phys_M)
+        return ys_MH[inv_M].reshape(T, K, -1)
+
+    def _ep_dispatch(self, xs_MH: torch.Tensor, phys_M: torch.Tensor) -> torch.Tensor:
+        """Rows sorted by global slot → their owner ranks (all-to-all) → expert GEMMs → back."""
+        P, S, group = self.ep_size, self.slots.num_slots, self.ep_group
+        send_PS = torch.bincount(phys_M, minlength=self.num_experts).reshape(P, S)
+        recv_PS = torch.empty_like(send_PS)  # recv_PS[q, s]: rows source q sends to my slot s
+        dist.all_to_all_single(recv_PS.view(-1), send_PS.view(-1).contiguous(), group=group)
+        in_splits = send_PS.sum(1).tolist()
+        out_splits = recv_PS.sum(1).tolist()
+        recv_MH = AllToAll.apply(xs_MH, out_splits, in_splits, group)
+        # received rows are (source, slot, token order); regroup by (slot, source, token order)
+        slot_of_row = torch.repeat_interleave(torch.arange(S, device=phys_M.device).repeat(P),
+                                              recv_PS.reshape(-1))
+        perm = torch.argsort(slot_of_row, stable=True)
+        ys = self.slots.run(recv_MH[perm], recv_PS.sum(0).tolist())
+        back_MH = ys[torch.argsort(perm)]
+        return AllToAll.apply(back_MH, in_splits, out_splits, group)
