@@ -95,6 +95,8 @@ def anneal_packer(window: Window, topology: Topology, cost: CostModel, rows: int
     cfg = config if config is not None else annealing.AnnealConfig()
 
     def pack(b_NLP, seeds, seed, time_limit):
+        if time_limit is not None and time_limit < 0.01:  # no time left: keep the seed
+            return seeds[0]
         res = annealing.anneal(window.lengths, b_NLP, topology, cost, rows, objective, seeds,
                                config=cfg, seed=seed, time_limit=time_limit, max_sweeps=max_sweeps)
         return np.asarray(res.row, dtype=np.int64), np.asarray(res.slot, dtype=np.int64)
