@@ -9,8 +9,8 @@ from hypothesis import given, settings, strategies as st
 from routepack_opt.errors import InputError
 from routepack_opt.evaluate import expert_rank_loads
 from routepack_opt.heuristics.placement import (identity_placement, lpt_assign, lpt_placement,
-                                                placement_ranks, rank_load_cv, rank_load_matrix,
-                                                rank_peak_ratio)
+                                                placement_from_ranks, placement_ranks, rank_load_cv,
+                                                rank_load_matrix, rank_peak_ratio, swap_refine)
 from routepack_opt.plan import check_placement
 from routepack_opt.testing import random_window
 
@@ -64,6 +64,33 @@ def test_lpt_greedy_rule(P, M, seed):
         assert rank[e] == free[np.argmin(acc[free])]
         acc[rank[e]] += load[e]
         fill[rank[e]] += 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(L=st.integers(1, 3), P=st.sampled_from([2, 4, 8]), M=st.integers(1, 12),
+       seed=st.integers(0, 10_000), sd=st.floats(0.0, 2.0))
+def test_swap_refine_never_worse(L, P, M, seed, sd):
+    """Swap refinement keeps permutation and cardinality and never raises a layer's busiest rank."""
+    load = _skewed_loads(L, P * M, sd, seed)
+    lpt = lpt_placement(load, P)
+    ref = swap_refine(load, lpt, P)
+    assert check_placement(ref, L, P * M) == []
+    assert all((np.bincount(r, minlength=P) == M).all() for r in placement_ranks(ref, P))
+    assert (rank_load_matrix(load, ref, P).max(axis=1) <= rank_load_matrix(load, lpt, P).max(axis=1)).all()
+
+
+def test_swap_refine_fixes_graham_worst_case():
+    """On (1,2,2,2,1,4), P=2, LPT's 7 is improved by one swap to the optimum 6."""
+    load = np.array([[1, 2, 2, 2, 1, 4]])
+    ref = swap_refine(load, lpt_placement(load, 2), 2)
+    assert rank_load_matrix(load, ref, 2).max() == 6
+
+
+def test_placement_from_ranks_checks_cardinality():
+    """placement_from_ranks fills slots rank by rank and rejects unequal rank sizes."""
+    assert placement_from_ranks([[1, 0, 1, 0]], [[1, 2, 3, 4]], 2).tolist() == [[3, 1, 2, 0]]
+    with pytest.raises(InputError):
+        placement_from_ranks([[0, 0, 0, 1]], [[1, 1, 1, 1]], 2)
 
 
 def test_cv_and_peak_drop_after_lpt():

@@ -20,7 +20,8 @@ import numpy as np
 from routepack_opt.errors import InputError
 
 __all__ = ["identity_placement", "lpt_placement", "lpt_assign", "placement_ranks",
-           "rank_load_matrix", "rank_load_cv", "rank_peak_ratio"]
+           "placement_from_ranks", "swap_refine", "rank_load_matrix", "rank_load_cv",
+           "rank_peak_ratio"]
 
 
 def identity_placement(num_layers: int, num_experts: int) -> np.ndarray:
@@ -103,6 +104,79 @@ def placement_ranks(placement_LE, ep: int) -> np.ndarray:
     """``rank_LE[l, e]``: the EP rank that holds logical expert e at layer l."""
     placement_LE = np.asarray(placement_LE, dtype=np.int64)
     return placement_LE // (placement_LE.shape[1] // ep)
+
+
+def placement_from_ranks(rank_LE, load_LE, ep: int) -> np.ndarray:
+    """Slots from per-expert ranks (each rank holding exactly M = E/P experts): rank p's experts
+    take slots ``p·M ..`` by decreasing load, ties by expert id (the order LPT fills them)."""
+    rank_LE = np.asarray(rank_LE, dtype=np.int64)
+    load_LE = np.asarray(load_LE)
+    L, E = rank_LE.shape
+    M = E // ep
+    placement = np.empty((L, E), dtype=np.int64)
+    ids = np.arange(E)
+    for l in range(L):
+        order = np.lexsort((ids, -load_LE[l], rank_LE[l]))
+        r = rank_LE[l, order]
+        pos = ids - np.searchsorted(r, r)
+        if r.min() < 0 or r.max() >= ep or not (np.bincount(r, minlength=ep) == M).all():
+            raise InputError(f"placement: layer {l} does not give every rank the same number of experts")
+        placement[l, order] = r * M + pos
+    return placement
+
+
+@numba.njit(cache=True)
+def _swap_kernel(load_LE, rank_LE, ep, max_rounds):
+    """Per layer: while some swap of an expert on the busiest rank with a lighter expert on
+    another rank lowers the busiest rank without creating a new one at least as busy, make the
+    best such swap (the one minimising the larger of the two new loads)."""
+    L, E = load_LE.shape
+    for l in range(L):
+        acc = np.zeros(ep)
+        for e in range(E):
+            acc[rank_LE[l, e]] += load_LE[l, e]
+        for _ in range(max_rounds):
+            p = 0
+            for q in range(1, ep):
+                if acc[q] > acc[p]:
+                    p = q
+            best_val = acc[p]
+            best_e = -1
+            best_f = -1
+            for e in range(E):
+                if rank_LE[l, e] != p:
+                    continue
+                for f in range(E):
+                    q = rank_LE[l, f]
+                    if q == p:
+                        continue
+                    d = load_LE[l, e] - load_LE[l, f]
+                    if d <= 0:
+                        continue
+                    v = max(acc[p] - d, acc[q] + d)
+                    if v < best_val:
+                        best_val = v
+                        best_e = e
+                        best_f = f
+            if best_e < 0:
+                break
+            q = rank_LE[l, best_f]
+            d = load_LE[l, best_e] - load_LE[l, best_f]
+            acc[p] -= d
+            acc[q] += d
+            rank_LE[l, best_e] = q
+            rank_LE[l, best_f] = p
+    return rank_LE
+
+
+def swap_refine(load_LE, placement_LE, ep: int, max_rounds: int = 10_000) -> np.ndarray:
+    """Improve a placement by pairwise swaps off the busiest rank (a 2-exchange local search for
+    multiway partitioning; keeps E/P experts per rank). Never raises any layer's busiest rank;
+    deterministic. Used as the exact model's hint; LPT alone is the SPEC's ``lpt`` placement."""
+    load_LE = _check_loads(load_LE, ep)
+    rank_LE = placement_ranks(placement_LE, ep).copy()
+    rank_LE = _swap_kernel(np.ascontiguousarray(load_LE, dtype=np.float64), rank_LE, int(ep), int(max_rounds))
+    return placement_from_ranks(rank_LE, load_LE, ep)
 
 
 def rank_load_matrix(load_LE, placement_LE, ep: int) -> np.ndarray:

@@ -12,9 +12,10 @@ largest group sum (the busiest rank). The model:
     Σ_j x[j, p] = M                   every rank holds M experts
     Σ_j load[j] · x[j, p] ≤ z         z is the busiest rank's load
     symmetry: ranks are interchangeable, so order them by their heaviest expert
-    minimise z,  z ∈ [combinatorial lower bound, LPT makespan]
+    minimise z,  z ∈ [combinatorial lower bound, hint makespan]
 
-A layer whose LPT makespan already meets the combinatorial lower bound (average, and the
+The hint is LPT improved by pairwise swaps off the busiest rank
+(:func:`routepack_opt.heuristics.placement.swap_refine`). A layer whose hint already meets the combinatorial lower bound (average, and the
 pigeonhole/cardinality bounds below) is proved optimal without calling the solver. Every returned
 placement is re-checked through :func:`routepack_opt.evaluate.expert_rank_loads`.
 """
@@ -29,7 +30,7 @@ from ortools.sat.python import cp_model
 
 from routepack_opt.errors import InputError
 from routepack_opt.evaluate import expert_rank_loads
-from routepack_opt.heuristics.placement import lpt_placement
+from routepack_opt.heuristics.placement import lpt_placement, placement_from_ranks, swap_refine
 
 __all__ = ["PlacementReport", "exact_placement", "solve_layer", "layer_lower_bound"]
 
@@ -70,14 +71,14 @@ class _LayerResult:
 
 def solve_layer(load_E, ep: int, hint_ranks_E=None, time_limit: float = 1.0, num_workers: int = 1,
                 seed: int = 0) -> _LayerResult:
-    """Minimise the busiest rank of one layer. ``hint_ranks_E`` (default: LPT) is the start and
-    the fallback; the result is never worse than the hint."""
+    """Minimise the busiest rank of one layer. ``hint_ranks_E`` (default: LPT + swaps) is the
+    start and the fallback; the result is never worse than the hint."""
     t0 = time.perf_counter()
     load_E = np.asarray(load_E, dtype=np.int64)
     E = load_E.size
     M = E // ep
     if hint_ranks_E is None:
-        hint_ranks_E = lpt_placement(load_E[None], ep)[0] // M
+        hint_ranks_E = swap_refine(load_E[None], lpt_placement(load_E[None], ep), ep)[0] // M
     hint_ranks_E = np.asarray(hint_ranks_E, dtype=np.int64)
     hint_ms = int(np.bincount(hint_ranks_E, weights=load_E, minlength=ep).max())
     lb = layer_lower_bound(load_E, ep)
@@ -154,7 +155,8 @@ class PlacementReport:
 
     ``objective_L[l]`` is the busiest rank's load of ``placement`` at layer l, ``bound_L[l]`` a
     proved lower bound on it for any placement, ``status_L[l]`` ``optimal`` (objective = bound)
-    or ``feasible``; ``lpt_gap_L = lpt_makespan_L / bound_L`` (≥ 1; 1 = LPT proved optimal).
+    or ``feasible``; ``lpt_gap_L = lpt_makespan_L / bound_L`` (≥ 1; 1 = LPT proved optimal);
+    ``hint_makespan_L`` is LPT after swap refinement (the solver's start).
     """
 
     placement: np.ndarray
@@ -163,12 +165,18 @@ class PlacementReport:
     status_L: tuple[str, ...]
     method_L: tuple[str, ...]
     lpt_makespan_L: np.ndarray
+    hint_makespan_L: np.ndarray
     seconds: float
     time_limit: float
 
     @property
     def lpt_gap_L(self) -> np.ndarray:
         return _ratio(self.lpt_makespan_L, self.bound_L)
+
+    @property
+    def hint_gap_L(self) -> np.ndarray:
+        """LPT + swap refinement's proved gap per layer."""
+        return _ratio(self.hint_makespan_L, self.bound_L)
 
     @property
     def gap_L(self) -> np.ndarray:
@@ -185,6 +193,7 @@ class PlacementReport:
                 "objective": int(self.objective_L.sum()), "bound": int(self.bound_L.sum()),
                 "lpt_makespan": int(self.lpt_makespan_L.sum()),
                 "lpt_gap_mean": float(lg.mean()), "lpt_gap_max": float(lg.max()),
+                "swap_gap_mean": float(self.hint_gap_L.mean()), "swap_gap_max": float(self.hint_gap_L.max()),
                 "gap_max": float(self.gap_L.max()), "seconds": self.seconds,
                 "time_limit_per_layer": self.time_limit}
 
@@ -219,11 +228,13 @@ def exact_placement(load_LE, ep: int, time_limit: float = 1.0, num_workers: int 
     M = E // ep
     lpt_LE = lpt_placement(load_LE, ep)
     lpt_ms_L = expert_rank_loads(load_LE, lpt_LE, ep).max(axis=1).astype(np.int64)
+    hint_LE = swap_refine(load_LE, lpt_LE, ep)
+    hint_ms_L = expert_rank_loads(load_LE, hint_LE, ep).max(axis=1).astype(np.int64)
     placement = np.empty((L, E), dtype=np.int64)
     obj, bnd, status, method = [], [], [], []
     for l in range(L):
-        res = solve_layer(load_LE[l], ep, lpt_LE[l] // M, time_limit, num_workers, seed)
-        placement[l] = _slots_from_ranks(res.ranks_E, load_LE[l], M)
+        res = solve_layer(load_LE[l], ep, hint_LE[l] // M, time_limit, num_workers, seed)
+        placement[l] = placement_from_ranks(res.ranks_E[None], load_LE[l][None], ep)[0]
         obj.append(res.makespan)
         bnd.append(res.bound)
         status.append(res.status)
@@ -235,14 +246,6 @@ def exact_placement(load_LE, ep: int, time_limit: float = 1.0, num_workers: int 
         raise RuntimeError("exact placement: evaluator disagrees with the claimed busiest-rank loads")
     return PlacementReport(placement=placement, objective_L=objective_L,
                            bound_L=np.asarray(bnd, dtype=np.int64), status_L=tuple(status),
-                           method_L=tuple(method), lpt_makespan_L=lpt_ms_L,
+                           method_L=tuple(method), lpt_makespan_L=lpt_ms_L, hint_makespan_L=hint_ms_L,
                            seconds=time.perf_counter() - t0, time_limit=float(time_limit))
 
-
-def _slots_from_ranks(ranks_E, load_E, M: int) -> np.ndarray:
-    """Slots from ranks: rank p's experts take slots p·M.. in decreasing-load order (as LPT)."""
-    order = np.lexsort((np.arange(ranks_E.size), -np.asarray(load_E), ranks_E))
-    slots = np.empty(ranks_E.size, dtype=np.int64)
-    pos = np.arange(ranks_E.size) - np.searchsorted(ranks_E[order], ranks_E[order])
-    slots[order] = ranks_E[order] * M + pos
-    return slots
