@@ -1,0 +1,437 @@
+"""One-dimensional bin packing: lower bounds and constructive packings.
+
+Used by the R* certifier (SPEC §3 step 2): a layout with R rows exists iff the sample lengths
+fit in R·D bins of capacity C, so bin-packing bounds bound the rows.
+
+Legend: ``sizes_N`` item sizes (ints, 1 ≤ s ≤ C), ``bin_N`` the bin of each item (0..B-1).
+
+Bounds (all exact integer arithmetic, O(N log N)):
+- :func:`lower_bound_l1` — ⌈Σ s / C⌉.
+- :func:`lower_bound_l2` — Martello & Toth (1990), *Knapsack Problems*, §8.3.1, bound L2.
+- :func:`lower_bound_dff` — dual feasible functions of Fekete & Schepers (2001), "New classes
+  of fast lower bounds for bin packing problems", Math. Programming 91:11–31 (u^(k)), applied to
+  the sizes and composed with the large-item threshold of L2.
+- :func:`lower_bound` — the best of them.
+
+Packings (numba, O(N log N)): :func:`first_fit_decreasing` (segment tree over bins) and
+:func:`best_fit_decreasing` (Fenwick tree over residual capacities; Johnson 1973). Both return
+``bin_N`` in the caller's item order. :func:`minimum_bin_slack` is the stronger (and slower)
+MBS' heuristic of Fleszar & Hindi (2002), with seeded random restarts.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from routepack_opt.errors import InputError
+
+__all__ = [
+    "check_sizes", "lower_bound_l1", "lower_bound_l2", "lower_bound_dff", "lower_bound",
+    "first_fit_decreasing", "best_fit_decreasing", "best_packing", "minimum_bin_slack",
+    "bins_used", "is_packing",
+]
+
+
+def check_sizes(sizes, capacity) -> tuple[np.ndarray, int]:
+    """Validate ``sizes`` (1-D positive ints) and ``capacity`` (positive int); return int64 copies.
+
+    An item larger than the capacity is an :class:`InputError` naming the items.
+    """
+    sizes_N = np.asarray(sizes)
+    if sizes_N.ndim != 1:
+        raise InputError(f"sizes: expected a 1-D array, got shape {sizes_N.shape}")
+    if sizes_N.size and sizes_N.dtype.kind not in "iu":
+        if sizes_N.dtype.kind == "f" and np.all(sizes_N == np.round(sizes_N)):
+            pass
+        else:
+            raise InputError(f"sizes: expected integers, got dtype {sizes_N.dtype}")
+    sizes_N = sizes_N.astype(np.int64)
+    if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 1:
+        raise InputError(f"capacity must be a positive integer, got {capacity!r}")
+    capacity = int(capacity)
+    bad = np.flatnonzero(sizes_N < 1)
+    if bad.size:
+        raise InputError(f"sizes: items {bad[:5].tolist()} have non-positive sizes {sizes_N[bad[:5]].tolist()}")
+    big = np.flatnonzero(sizes_N > capacity)
+    if big.size:
+        more = f" (and {big.size - 5} more)" if big.size > 5 else ""
+        raise InputError(
+            f"items {big[:5].tolist()}{more} have sizes {sizes_N[big[:5]].tolist()} larger than "
+            f"the capacity {capacity}: they fit in no bin"
+        )
+    return sizes_N, capacity
+
+
+def lower_bound_l1(sizes, capacity) -> int:
+    """L1 = ⌈Σ s / C⌉ (the continuous bound)."""
+    sizes_N, C = check_sizes(sizes, capacity)
+    return int(-(-int(sizes_N.sum()) // C))
+
+
+def _l2_sorted(s_asc: np.ndarray, C: int) -> int:
+    """Martello–Toth L2 on ascending sizes (see :func:`lower_bound_l2`)."""
+    n = s_asc.size
+    if n == 0:
+        return 0
+    prefix = np.concatenate([[0], np.cumsum(s_asc)])  # prefix[i] = Σ of the i smallest
+    # Candidate thresholds K: 0 and every distinct size ≤ C/2 (L(K) only changes there).
+    small = s_asc[2 * s_asc <= C]
+    K = np.concatenate([[0], np.unique(small)]).astype(np.int64)
+    half = np.searchsorted(s_asc, C // 2, side="right")     # items with s ≤ ⌊C/2⌋ ⇔ 2s ≤ C
+    lo3 = np.searchsorted(s_asc, K, side="left")             # first item with s ≥ K
+    hi2 = np.searchsorted(s_asc, C - K, side="right")        # items with s ≤ C-K
+    n1 = n - hi2                                             # J1: s > C-K
+    n2 = hi2 - half                                          # J2: C/2 < s ≤ C-K
+    sum2 = prefix[hi2] - prefix[half]
+    sum3 = prefix[half] - prefix[lo3]                        # J3: K ≤ s ≤ C/2
+    spill = sum3 - (n2 * C - sum2)                           # J3 volume not absorbed by J2 bins
+    extra = np.where(spill > 0, -(-spill // C), 0)
+    return int((n1 + n2 + extra).max())
+
+
+def lower_bound_l2(sizes, capacity) -> int:
+    """Martello & Toth (1990) bound L2 = max over K ∈ [0, C/2] of
+
+    |J1| + |J2| + max(0, ⌈(Σ J3 − (|J2|·C − Σ J2)) / C⌉),
+    J1 = {s > C−K}, J2 = {C/2 < s ≤ C−K}, J3 = {K ≤ s ≤ C/2}.
+
+    Vectorised over the distinct candidate K; O(N log N).
+    """
+    sizes_N, C = check_sizes(sizes, capacity)
+    return _l2_sorted(np.sort(sizes_N), C)
+
+
+def _dff_fs(s: np.ndarray, C: int, k: int) -> tuple[np.ndarray, int]:
+    """Fekete–Schepers u^(k) scaled to integers: returns (u·C·k per item, C·k)."""
+    q = (k + 1) * s
+    exact = q % C == 0
+    return np.where(exact, s * k, (q // C) * C), C * k
+
+
+def lower_bound_dff(sizes, capacity, max_k: int = 20) -> int:
+    """Bound from dual feasible functions (Fekete & Schepers 2001).
+
+    For each k ≤ ``max_k``: ⌈Σ u^(k)(s/C)⌉ with u^(k)(x) = x if (k+1)x ∈ ℤ else ⌊(k+1)x⌋/k;
+    composed with the L2 threshold map U^ε (items > C−ε count as full bins, items < ε vanish)
+    for ε ∈ the distinct sizes ≤ C/2. Exact integer arithmetic.
+    """
+    sizes_N, C = check_sizes(sizes, capacity)
+    if sizes_N.size == 0:
+        return 0
+    s = np.sort(sizes_N)
+    best = 0
+    eps_list = np.unique(np.concatenate([[0], s[2 * s <= C]]))
+    if eps_list.size > 64:  # thin the thresholds: bound stays valid, cost stays O(64·k·N)
+        eps_list = eps_list[np.linspace(0, eps_list.size - 1, 64).astype(np.int64)]
+    for eps in eps_list.tolist():
+        # U^ε: x > C-ε → C; ε ≤ x ≤ C-ε → x; x < ε → 0.
+        t = np.where(s > C - eps, C, np.where(s < eps, 0, s))
+        t = t[t > 0]
+        if t.size == 0:
+            continue
+        for k in range(1, max_k + 1):
+            u, denom = _dff_fs(t, C, k)
+            best = max(best, int(-(-int(u.sum()) // denom)))
+    return best
+
+
+def lower_bound(sizes, capacity) -> tuple[int, str]:
+    """The best of L1, L2 and the DFF bound, with its name (``"L1"``, ``"L2"``, ``"DFF"``)."""
+    sizes_N, C = check_sizes(sizes, capacity)
+    l1 = lower_bound_l1(sizes_N, C)
+    l2 = _l2_sorted(np.sort(sizes_N), C)
+    best, name = (l1, "L1") if l1 >= l2 else (l2, "L2")
+    dff = lower_bound_dff(sizes_N, C)
+    if dff > best:
+        best, name = dff, "DFF"
+    return best, name
+
+
+# ---------------------------------------------------------------- constructive packings
+
+
+@numba.njit(cache=True)
+def _ffd_kernel(s_desc, C):
+    """First fit over items in the given order; segment tree of residuals over bins."""
+    n = s_desc.size
+    size = 1
+    while size < max(n, 1):
+        size *= 2
+    tree = np.zeros(2 * size, dtype=np.int64)  # max residual in subtree; unopened bins hold C
+    for i in range(size):
+        tree[size + i] = C if i < n else -1
+    for i in range(size - 1, 0, -1):
+        tree[i] = max(tree[2 * i], tree[2 * i + 1])
+    out = np.empty(n, dtype=np.int64)
+    used = 0
+    for j in range(n):
+        w = s_desc[j]
+        node = 1
+        while node < size:  # leftmost leaf with residual ≥ w
+            node = 2 * node if tree[2 * node] >= w else 2 * node + 1
+        b = node - size
+        out[j] = b
+        if b + 1 > used:
+            used = b + 1
+        tree[node] -= w
+        node //= 2
+        while node >= 1:
+            tree[node] = max(tree[2 * node], tree[2 * node + 1])
+            node //= 2
+    return out, used
+
+
+@numba.njit(cache=True)
+def _bfd_fenwick(s_desc, C):
+    """Best fit: Fenwick tree counting open bins per residual 0..C, a bin stack per residual."""
+    n = s_desc.size
+    fen = np.zeros(C + 2, dtype=np.int64)  # 1-based over residual r ↦ index r+1
+    head = np.full(C + 1, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
+    LOG = 1
+    while LOG * 2 <= C + 1:
+        LOG *= 2
+    used = 0
+    for j in range(n):
+        w = s_desc[j]
+        # count of open bins with residual < w
+        c = 0
+        i = w  # residuals 0..w-1 ↦ indices 1..w
+        while i > 0:
+            c += fen[i]
+            i -= i & (-i)
+        # find the (c+1)-th open bin by residual (smallest residual ≥ w), if any
+        pos = 0
+        rem = c + 1
+        step = LOG
+        while step > 0:
+            if pos + step <= C + 1 and fen[pos + step] < rem:
+                pos += step
+                rem -= fen[pos]
+            step //= 2
+        r = pos  # index pos+1 ↦ residual pos
+        if r <= C:
+            b = head[r]
+            head[r] = nxt[b]
+            i = r + 1
+            while i <= C + 1:
+                fen[i] -= 1
+                i += i & (-i)
+        else:
+            b = used
+            used += 1
+            r = C
+        out[j] = b
+        r2 = r - w
+        nxt[b] = head[r2]
+        head[r2] = b
+        i = r2 + 1
+        while i <= C + 1:
+            fen[i] += 1
+            i += i & (-i)
+    return out, used
+
+
+@numba.njit(cache=True)
+def _bfd_scan(s_desc, C):
+    """Best fit by linear scan over open bins (for capacities too large for a Fenwick tree)."""
+    n = s_desc.size
+    res = np.empty(n, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
+    used = 0
+    for j in range(n):
+        w = s_desc[j]
+        best = -1
+        for b in range(used):
+            if res[b] >= w and (best < 0 or res[b] < res[best]):
+                best = b
+        if best < 0:
+            best = used
+            res[best] = C
+            used += 1
+        res[best] -= w
+        out[j] = best
+    return out, used
+
+
+_FENWICK_MAX_C = 1 << 22
+
+
+def _decreasing(sizes_N: np.ndarray) -> np.ndarray:
+    return np.argsort(-sizes_N, kind="stable")
+
+
+def first_fit_decreasing(sizes, capacity) -> tuple[np.ndarray, int]:
+    """FFD: items by decreasing size, each into the first open bin it fits (Johnson 1973).
+
+    Returns ``(bin_N, bins_used)``; ``bin_N`` follows the caller's item order.
+    """
+    sizes_N, C = check_sizes(sizes, capacity)
+    order = _decreasing(sizes_N)
+    b_sorted, used = _ffd_kernel(sizes_N[order], C)
+    bin_N = np.empty_like(b_sorted)
+    bin_N[order] = b_sorted
+    return bin_N, int(used)
+
+
+def best_fit_decreasing(sizes, capacity) -> tuple[np.ndarray, int]:
+    """BFD: items by decreasing size, each into the fullest open bin it fits.
+
+    Returns ``(bin_N, bins_used)``; ``bin_N`` follows the caller's item order.
+    """
+    sizes_N, C = check_sizes(sizes, capacity)
+    order = _decreasing(sizes_N)
+    kernel = _bfd_fenwick if C <= _FENWICK_MAX_C else _bfd_scan
+    b_sorted, used = kernel(sizes_N[order], C)
+    bin_N = np.empty_like(b_sorted)
+    bin_N[order] = b_sorted
+    return bin_N, int(used)
+
+
+def best_packing(sizes, capacity) -> tuple[np.ndarray, int, str]:
+    """The better of FFD and BFD: ``(bin_N, bins_used, name)``."""
+    f, nf = first_fit_decreasing(sizes, capacity)
+    b, nb = best_fit_decreasing(sizes, capacity)
+    return (f, nf, "FFD") if nf <= nb else (b, nb, "BFD")
+
+
+def bins_used(bin_N) -> int:
+    """Number of distinct bins a packing uses."""
+    return int(np.unique(np.asarray(bin_N)).size)
+
+
+def is_packing(sizes, capacity, bin_N, num_bins: int | None = None) -> bool:
+    """Independent check: every item in one bin id in [0, num_bins), no bin over capacity."""
+    sizes_N = np.asarray(sizes, dtype=np.int64)
+    bin_N = np.asarray(bin_N)
+    if bin_N.shape != sizes_N.shape or (bin_N.size and bin_N.min() < 0):
+        return False
+    if num_bins is not None and bin_N.size and bin_N.max() >= num_bins:
+        return False
+    if bin_N.size == 0:
+        return True
+    loads = np.zeros(int(bin_N.max()) + 1, dtype=np.int64)
+    np.add.at(loads, bin_N.astype(np.int64), sizes_N)
+    return bool(np.all(loads <= capacity))
+
+
+# ---------------------------------------------------------------- minimum bin slack (MBS')
+
+
+@numba.njit(cache=True)
+def _mbs_kernel(s, C, node_limit):
+    """MBS' (Fleszar & Hindi 2002) over items in the given order (roughly decreasing).
+
+    Bin by bin: fix the first remaining item, then a depth-first search over the other
+    remaining items (in order, equal sizes tried once per level, pruned by suffix sums) finds a
+    subset of least slack; stop at slack 0 or after ``node_limit`` nodes. Returns (bin_N, bins).
+    """
+    n = s.size
+    alive = np.ones(n, dtype=np.bool_)
+    out = np.full(n, -1, dtype=np.int64)
+    cand = np.empty(n, dtype=np.int64)
+    cs = np.empty(n, dtype=np.int64)
+    suffix = np.zeros(n + 1, dtype=np.int64)
+    chosen = np.empty(n + 1, dtype=np.int64)
+    best = np.empty(n + 1, dtype=np.int64)
+    next_start = np.empty(n + 2, dtype=np.int64)
+    last_tried = np.empty(n + 2, dtype=np.int64)
+    nbins = 0
+    first = 0
+    while True:
+        while first < n and not alive[first]:
+            first += 1
+        if first >= n:
+            break
+        alive[first] = False
+        out[first] = nbins
+        res0 = C - s[first]
+        m = 0
+        for i in range(first + 1, n):
+            if alive[i] and s[i] <= res0:
+                cand[m] = i
+                cs[m] = s[i]
+                m += 1
+        suffix[m] = 0
+        for p in range(m - 1, -1, -1):
+            suffix[p] = suffix[p + 1] + cs[p]
+        best_slack = res0
+        best_cnt = 0
+        if suffix[0] <= res0:  # everything left fits: take it all
+            for p in range(m):
+                best[p] = p
+            best_cnt = m
+            best_slack = res0 - suffix[0]
+        else:
+            res = res0
+            depth = 0
+            next_start[0] = 0
+            last_tried[0] = -1
+            nodes = 0
+            while depth >= 0 and best_slack > 0 and nodes < node_limit:
+                p = next_start[depth]
+                while p < m and (cs[p] > res or cs[p] == last_tried[depth]):
+                    p += 1
+                if p < m and res - suffix[p] < best_slack:
+                    nodes += 1
+                    last_tried[depth] = cs[p]
+                    next_start[depth] = p + 1
+                    chosen[depth] = p
+                    res -= cs[p]
+                    if res < best_slack:
+                        best_slack = res
+                        best_cnt = depth + 1
+                        for q in range(depth + 1):
+                            best[q] = chosen[q]
+                    depth += 1
+                    next_start[depth] = p + 1
+                    last_tried[depth] = -1
+                else:
+                    depth -= 1
+                    if depth >= 0:
+                        res += cs[chosen[depth]]
+        for q in range(best_cnt):
+            i = cand[best[q]]
+            alive[i] = False
+            out[i] = nbins
+        nbins += 1
+    return out, nbins
+
+
+def minimum_bin_slack(sizes, capacity, restarts: int = 0, seed: int = 0,
+                      node_limit: int = 20_000, target: int | None = None,
+                      time_limit: float | None = None) -> tuple[np.ndarray, int]:
+    """MBS' (Fleszar & Hindi 2002, "New heuristics for one-dimensional bin-packing",
+    Computers & OR 29:821–839): bins built one at a time by a least-slack subset search.
+
+    The first pass takes items by decreasing size; each of ``restarts`` further passes perturbs
+    that order with seeded multiplicative noise (so the search meets other least-slack subsets).
+    Stops early once ``target`` bins are reached or ``time_limit`` seconds pass.
+    Returns the best ``(bin_N, bins_used)`` in the caller's item order; deterministic for a seed.
+    """
+    import time
+
+    sizes_N, C = check_sizes(sizes, capacity)
+    if sizes_N.size == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    best_N, best_bins = None, None
+    for r in range(restarts + 1):
+        if r == 0:
+            order = _decreasing(sizes_N)
+        else:
+            noise = rng.uniform(0.0, 0.3 * rng.uniform(), size=sizes_N.size)
+            order = np.argsort(-(sizes_N * (1.0 + noise)), kind="stable")
+        b_sorted, used = _mbs_kernel(sizes_N[order], C, node_limit)
+        if best_bins is None or used < best_bins:
+            best_N = np.empty_like(b_sorted)
+            best_N[order] = b_sorted
+            best_bins = int(used)
+        if target is not None and best_bins <= target:
+            break
+        if time_limit is not None and time.perf_counter() - t0 > time_limit:
+            break
+    return best_N, best_bins
