@@ -1,0 +1,47 @@
+"""``routepack calibrate``: fit the cost coefficients from torch measurements on a device."""
+
+from __future__ import annotations
+
+from routepack_opt.cli.common import add_json, emit, output_path
+from routepack_opt.cost import save_cost
+from routepack_opt.errors import InputError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit alpha, beta, gamma, row_overhead from torch kernels",
+                       description="Time attention (per-sample causal SDPA over packed micro-batches) "
+                       "and expert SwiGLU GEMMs, forward + backward, on a small model; fit the cost "
+                       "model by non-negative least squares; write it as TOML.")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("-o", "--output", required=True, metavar="COST.toml")
+    p.add_argument("--layers", type=int, default=2,
+                   help="transformer layers the cost file describes (alpha, beta, row_overhead scale with it)")
+    p.add_argument("--quick", action="store_true", help="a smaller model and grid (seconds; for tests)")
+    p.add_argument("--seed", type=int, default=0)
+    add_json(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> None:
+    from routepack_opt.runtime.bench import bench_config, calibrate, resolve_device
+
+    if args.layers < 1:
+        raise InputError(f"--layers must be ≥ 1, got {args.layers}")
+    out = output_path(args.output)
+    dev = resolve_device(args.device)
+    cfg = bench_config(dev.type, quick=args.quick, layers=args.layers, seed=args.seed)
+    cost, rep = calibrate(str(dev), cfg)
+    save_cost(cost, out)
+    rep["output"] = str(out)
+    a, e = rep["attention"], rep["expert"]
+    text = (f"calibrated on {rep['device']} ({rep['dtype']}, {rep['clock']}, {rep['seconds']} s) → {out}\n"
+            f"  attention: alpha {a['coef']['alpha']:.4g} µs/token, beta {a['coef']['beta']:.4g} µs/token², "
+            f"intercept {a['coef']['intercept']:.4g} µs per layer; R² {a['r2']:.4f}, "
+            f"|rel. residual| median {a['rel_residual_median']:.3f} max {a['rel_residual_max']:.3f} "
+            f"({a['points']} points)\n"
+            f"  experts:   gamma {e['coef']['gamma']:.4g} µs/routed token, intercept {e['coef']['intercept']:.4g} µs "
+            f"per rank-layer; R² {e['r2']:.4f}, |rel. residual| median {e['rel_residual_median']:.3f} "
+            f"max {e['rel_residual_max']:.3f} ({e['points']} points)\n"
+            f"  cost file ({cfg.layers} layers): alpha {cost.stages[0].alpha:.4g}, beta {cost.stages[0].beta:.4g}, "
+            f"gamma {cost.gamma:.4g}, row_overhead {cost.row_overhead:.4g}")
+    emit(args, rep, text)
