@@ -10,6 +10,12 @@ materializing a new placement its slots should be aligned to the current one
 (:func:`align_slots`): an expert whose rank does not change keeps its slot, and then slot changes
 equal rank changes — the least number of moves for the new per-rank expert sets.
 
+**Rank labels.** Per layer the cost model is symmetric in the P rank labels (only the per-rank
+expert *sets* matter), so before aligning slots :func:`align_slots` also relabels the new ranks
+to keep as many experts as possible where they are — a P×P assignment problem on the overlap
+counts, solved exactly (Hungarian method, Kuhn 1955 / Munkres 1957). LPT placements of two
+consecutive windows differ much less after this than their raw labels suggest.
+
 **Bytes.** Each moved expert carries ``cost.expert_bytes`` (weights + optimizer state, derived
 from the model preset). Expert weights are replicated across the G EDP shards, so every shard
 moves its own copy: ``bytes_per_shard`` is what one EP group moves, ``bytes_total = G ·
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numba
 import numpy as np
 
 from routepack_opt.cost import CostModel
@@ -34,7 +41,8 @@ from routepack_opt.errors import InputError
 from routepack_opt.plan import check_placement
 from routepack_opt.topology import Topology
 
-__all__ = ["Migration", "migration_cost", "align_slots", "per_expert_time", "rank_traffic"]
+__all__ = ["Migration", "migration_cost", "align_slots", "per_expert_time", "rank_traffic",
+           "relabel_ranks"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,19 +114,86 @@ def migration_cost(current_LE, new_LE, topology: Topology, cost: CostModel,
                      time_us=max_recv * per_expert_time(cost))
 
 
-def align_slots(new_LE, reference_LE, ep: int) -> np.ndarray:
-    """The placement with ``new_LE``'s per-rank expert sets whose slots agree with
-    ``reference_LE`` wherever an expert stays on its rank (so slot changes = rank changes).
-    Experts that change rank take the free slots of their new rank in ascending order."""
+@numba.njit(cache=True)
+def _hungarian_max(w_PP):
+    """Permutation σ maximising Σ_i w[i, σ(i)] (Hungarian method, O(P³); potentials form)."""
+    n = w_PP.shape[0]
+    INF = 1e300
+    u = np.zeros(n + 1)
+    v = np.zeros(n + 1)
+    match = np.zeros(n + 1, dtype=np.int64)  # match[j] = row matched to column j (1-based)
+    way = np.zeros(n + 1, dtype=np.int64)
+    for i in range(1, n + 1):
+        match[0] = i
+        j0 = 0
+        minv = np.full(n + 1, INF)
+        used = np.zeros(n + 1, dtype=np.bool_)
+        while True:
+            used[j0] = True
+            i0 = match[j0]
+            delta = INF
+            j1 = 0
+            for j in range(1, n + 1):
+                if not used[j]:
+                    cur = -w_PP[i0 - 1, j - 1] - u[i0] - v[j]
+                    if cur < minv[j]:
+                        minv[j] = cur
+                        way[j] = j0
+                    if minv[j] < delta:
+                        delta = minv[j]
+                        j1 = j
+            for j in range(n + 1):
+                if used[j]:
+                    u[match[j]] += delta
+                    v[j] -= delta
+                else:
+                    minv[j] -= delta
+            j0 = j1
+            if match[j0] == 0:
+                break
+        while True:
+            j1 = way[j0]
+            match[j0] = match[j1]
+            j0 = j1
+            if j0 == 0:
+                break
+    sigma = np.empty(n, dtype=np.int64)
+    for j in range(1, n + 1):
+        sigma[match[j] - 1] = j - 1
+    return sigma
+
+
+def relabel_ranks(new_LE, reference_LE, ep: int) -> np.ndarray:
+    """``rank_LE`` of ``new_LE`` with each layer's rank labels permuted to maximise the experts
+    that keep their ``reference_LE`` rank (exact assignment per layer)."""
+    new = np.asarray(new_LE, dtype=np.int64)
+    ref = np.asarray(reference_LE, dtype=np.int64)
+    per_rank = new.shape[1] // ep
+    rn, rr = new // per_rank, ref // per_rank
+    out = np.empty_like(rn)
+    for l in range(new.shape[0]):
+        overlap = np.zeros((ep, ep))
+        np.add.at(overlap, (rn[l], rr[l]), 1.0)
+        sigma = _hungarian_max(overlap)  # new label i → reference label sigma[i]
+        out[l] = sigma[rn[l]]
+    return out
+
+
+def align_slots(new_LE, reference_LE, ep: int, relabel: bool = True) -> np.ndarray:
+    """An equivalent of ``new_LE`` (same per-rank expert *sets*; with ``relabel`` the rank labels
+    permuted per layer to keep the most experts in place) whose slots agree with
+    ``reference_LE`` wherever an expert stays on its rank, so slot changes = rank changes =
+    the fewest moves for those sets. Movers take their new rank's free slots in ascending order."""
     new = np.asarray(new_LE, dtype=np.int64)
     ref = np.asarray(reference_LE, dtype=np.int64)
     if new.shape != ref.shape:
         raise InputError(f"align_slots: shapes {list(new.shape)} and {list(ref.shape)} differ")
     L, E = new.shape
     per_rank = E // ep
+    ranks = relabel_ranks(new, ref, ep) if relabel else new // per_rank
     out = np.empty_like(new)
     for l in range(L):
-        rank_new = new[l] // per_rank
+        rank_new = ranks[l]
         stay = rank_new == ref[l] // per_rank
         out[l, stay] = ref[l, stay]
         used = np.zeros(E, dtype=bool)

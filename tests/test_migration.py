@@ -5,7 +5,7 @@ import pytest
 
 from routepack_opt.cost import CostModel, Stage, get_preset
 from routepack_opt.errors import InputError
-from routepack_opt.migration import align_slots, migration_cost, per_expert_time
+from routepack_opt.migration import align_slots, migration_cost, per_expert_time, relabel_ranks
 from routepack_opt.plan import check_placement
 from routepack_opt.topology import Topology
 
@@ -52,12 +52,31 @@ def test_align_slots_moves_only_rank_changes(rng):
     for _ in range(20):
         cur = np.stack([rng.permutation(E) for _ in range(L)])
         new = np.stack([rng.permutation(E) for _ in range(L)])
-        al = align_slots(new, cur, P)
+        topo = Topology(dp=P, ep=P, capacity=1)
+        al = align_slots(new, cur, P, relabel=False)
         assert check_placement(al, L, E) == []
         assert ((al // (E // P)) == (new // (E // P))).all()
-        m_new, m_al = (migration_cost(cur, x, Topology(dp=P, ep=P, capacity=1), COST) for x in (new, al))
+        m_new, m_al = (migration_cost(cur, x, topo, COST) for x in (new, al))
         assert m_al.experts_moved == m_al.rank_changes == m_new.rank_changes
         assert m_al.time_us == m_new.time_us
+        rl = align_slots(new, cur, P)  # relabelled: same expert sets per rank, fewest moves
+        assert check_placement(rl, L, E) == []
+        for l in range(L):
+            sets = lambda pl: sorted(tuple(np.flatnonzero(pl[l] // (E // P) == p)) for p in range(P))
+            assert sets(rl) == sets(new)
+        m_rl = migration_cost(cur, rl, topo, COST)
+        assert m_rl.experts_moved == m_rl.rank_changes <= m_new.rank_changes
+
+
+def test_relabel_is_optimal_assignment(rng):
+    """The Hungarian relabelling keeps as many experts in place as the best of all P! labellings."""
+    import itertools
+    P, E = 4, 12
+    for _ in range(15):
+        cur, new = rng.permutation(E)[None], rng.permutation(E)[None]
+        best = max(int(((np.array(perm)[new[0] // 3]) == cur[0] // 3).sum())
+                   for perm in itertools.permutations(range(P)))
+        assert int((relabel_ranks(new, cur, P)[0] == cur[0] // 3).sum()) == best
 
 
 def test_preset_expert_bytes():

@@ -217,9 +217,12 @@ def joint_search(window: Window, topology: Topology, cost: CostModel, rows: int,
     name = min(starts, key=lambda n: starts[n][3])
     placement, row, slot, key, _ = starts[name]
     ref = current if current is not None else placement0
-    placement = align_slots(placement, ref, topology.ep)
+    # rank labels are free (the cost is symmetric in them): keep the labelling that moves least
+    cands = [align_slots(placement, ref, topology.ep, relabel=r) for r in (False, True)]
+    migs = [migration_cost(ref, c, topology, cost) for c in cands]
+    pick = min(range(2), key=lambda j: (migs[j].time_us, migs[j].experts_moved))
+    placement, mig = cands[pick], migs[pick]
     score = ev.score(placement, row, slot, rows, objective)
-    mig = migration_cost(ref, placement, topology, cost)
     value = score.makespan + (weight * mig.time_us if current is not None else 0.0)
     stats = {"start": name, "wall_s": time.perf_counter() - t0,
              "start_key": scorer.key(placement0, row0, slot0),

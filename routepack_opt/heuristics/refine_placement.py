@@ -158,8 +158,9 @@ def _recv_delta(home_LE, l, a, b, p, q):
 
 @numba.njit(cache=True)
 def _eval_swap(l, a, b, V_LEK, rank_LE, W_LKP, M_LK, Mtot_K, tv_K3, ti_K3, Abase_K, gamma, ro,
-               shard_K, row_K, G, R, obj, home_LE, recv_P, mig_coef, dM_K, S_buf):
-    """Key after swapping experts a and b of layer l (on different ranks); fills dM_K."""
+               shard_K, row_K, G, R, obj, home_LE, recv_P, mig_coef, dM_K, S_buf, skip_unchanged):
+    """Key after swapping experts a and b of layer l (on different ranks); fills dM_K. With
+    ``skip_unchanged``, a swap that changes no peak and no traffic returns +inf keys unscored."""
     K = Mtot_K.shape[0]
     p = rank_LE[l, a]
     q = rank_LE[l, b]
@@ -188,6 +189,8 @@ def _eval_swap(l, a, b, V_LEK, rank_LE, W_LKP, M_LK, Mtot_K, tv_K3, ti_K3, Abase
         dp, dq = _recv_delta(home_LE, l, a, b, p, q)
         mig = mig_coef * _max_recv(recv_P, p, dp, q, dq)
         mig_changed = dp != 0 or dq != 0
+    if skip_unchanged and not (changed or mig_changed):
+        return np.inf, np.inf, np.inf, False
     m, t, pk = _key_of(Mtot_K, dM_K, Abase_K, gamma, ro, shard_K, row_K, G, R, obj, S_buf)
     return m + mig, t, pk, changed or mig_changed
 
@@ -250,7 +253,7 @@ def _scan_layer(l, order_E, V_LEK, rank_LE, W_LKP, M_LK, Mtot_K, Abase_K, gamma,
                 continue
             m1, t1, p1, changed = _eval_swap(l, a, b, V_LEK, rank_LE, W_LKP, M_LK, Mtot_K, tv_K3,
                                              ti_K3, Abase_K, gamma, ro, shard_K, row_K, G, R, obj,
-                                             home_LE, recv_P, mig_coef, dM_K, S_buf)
+                                             home_LE, recv_P, mig_coef, dM_K, S_buf, True)
             if changed and _less(m1, t1, p1, m0, t0, p0):
                 _apply_swap(l, a, b, V_LEK, rank_LE, W_LKP, M_LK, Mtot_K, tv_K3, ti_K3, home_LE,
                             recv_P, use_mig, dM_K)
@@ -288,7 +291,7 @@ class RefineConfig:
     ``migration_weight``: multiplies the migration time in the first key component (1 = the
     move is paid within this one step; 1/k = amortized over k steps the placement stays)."""
 
-    max_passes: int = 30
+    max_passes: int = 8
     migration_weight: float = 1.0
 
     def __post_init__(self):
@@ -366,7 +369,7 @@ class RowAwareState:
         m, t, pk, _ = _eval_swap(l, a, b, self.V_LEK, self.rank_LE, self.W_LKP, self.M_LK,
                                  self.Mtot_K, tv, ti, self.Abase_K, self.gamma, self.ro,
                                  self.shard_K, self.row_K, self.G, self.R, self.obj, self.home_LE,
-                                 self.recv_P, self.mig_coef, self._dM, self._S)
+                                 self.recv_P, self.mig_coef, self._dM, self._S, False)
         return (m, t, pk)
 
     def swap(self, l: int, a: int, b: int) -> None:
@@ -402,7 +405,8 @@ class RowAwareState:
         for l in range(L):
             order = np.argsort(self.rank_LE[l], kind="stable")
             out[l, order] = np.arange(E)
-        return align_slots(out, ref, self.P)
+        # no relabelling: the search's traffic accounting uses the reference's rank labels
+        return align_slots(out, ref, self.P, relabel=False)
 
 
 @dataclasses.dataclass(frozen=True)
