@@ -9,7 +9,8 @@ Two baselines in the style of today's RL frameworks; both look at lengths only:
   1982; the k-way form of verl's ``get_seqlen_balanced_partitions``) of token counts over the D
   slots with equal sample counts where possible (verl's ``equal_size``), then over the R
   micro-batches inside each slot (``equal_size=False``). verl treats the token cap as a target;
-  here it is strict: overfull cells are repaired by moving samples.
+  here it is strict: overfull cells are repaired by moving and swapping samples, and where that
+  fails, cap-feasible cells (bin packing) are dealt to slots by equal-size KK.
 - ``nemo-ffd`` — NeMo-RL's sequence packing: first-fit-decreasing bins of cap C (Johnson 1973);
   while there are fewer than R·D bins the heaviest bin is split in two; the bins are then dealt
   to slots, R per slot, balancing tokens (cardinality-constrained LPT, Graham 1969) or
@@ -19,9 +20,9 @@ Inside every slot the micro-batches are ordered by decreasing tokens, so row r h
 largest micro-batch of every slot.
 
 Both return a feasible layout whenever one exists (``binpack_opt(len, C) ≤ R·D ≤ N``): if the
-greedy construction breaks the cap and moving samples cannot fix it, the last resort is an exact
-bin packing into R·D bins (:func:`routepack_opt.certify.pack_into_bins`) whose bins are split until
-there are exactly R·D nonempty cells. :class:`InfeasibleError` when no layout exists.
+greedy construction breaks the cap and moving or swapping samples cannot fix it, the last resort
+packs into at most R·D bins (FFD/BFD, else the exact :func:`routepack_opt.certify.pack_into_bins`),
+splits bins until there are exactly R·D nonempty cells and deals them to (row, slot). :class:`InfeasibleError` when no layout exists.
 """
 
 from __future__ import annotations
@@ -197,47 +198,101 @@ def check_layout(lengths, row_N, slot_N, rows: int, dp: int, capacity: int) -> b
     return bool((members >= 1).all() and (tokens <= capacity).all())
 
 
-def _repair_capacity(len_N, cell_N, R: int, D: int, C: int) -> bool:
-    """Move samples out of overfull cells (in place) into the cell with the most room where they
-    fit, preferring the same slot; a source keeps at least one sample. Every move lowers the
-    total overflow, so this ends; returns whether all cells now fit."""
-    K = R * D
-    tokens = np.bincount(cell_N, weights=len_N, minlength=K).astype(np.int64)
-    members = np.bincount(cell_N, minlength=K)
-    over = np.flatnonzero(tokens > C)
-    if over.size == 0:
-        return True
-    slot_K = np.arange(K) % D
-    for c in over[np.argsort(C - tokens[over], kind="stable")].tolist():
-        while tokens[c] > C:
-            idx = np.flatnonzero(cell_N == c)
-            if idx.size < 2:
-                return False
-            excess = tokens[c] - C
-            room_same = np.where(slot_K == slot_K[c], C - tokens, -1)
-            room_same[c] = -1
-            room_all = C - tokens
-            room_all[c] = -1
-            best_same, best_all = room_same.max(), room_all.max()
-            # the smallest sample that removes the whole excess, else the largest that fits
-            cand = idx[np.argsort(len_N[idx], kind="stable")]
-            chosen, dest = -1, -1
-            for room, vec in ((best_same, room_same), (best_all, room_all)):
-                fits = cand[len_N[cand] <= room]
-                if fits.size == 0:
+@numba.njit(cache=True)
+def _repair_step(len_N, cell_N, tokens, D, c, C):
+    """One overflow-lowering step on overfull cell c (in place); False if none exists.
+
+    Move one of its samples to the cell with the most room where it fits (same slot preferred;
+    the smallest sample that removes the whole excess, else the largest that fits; the source
+    keeps ≥ 1 sample); if none fits anywhere, swap one of its samples with a shorter sample of
+    another cell that has room for the difference (the smallest difference that removes the
+    whole excess, else the largest)."""
+    N = len_N.size
+    K = tokens.size
+    excess = tokens[c] - C
+    members = 0
+    for i in range(N):
+        if cell_N[i] == c:
+            members += 1
+    if members >= 2:
+        for same in (True, False):
+            dest = -1
+            room = -1
+            for k in range(K):
+                if k != c and (not same or k % D == c % D) and C - tokens[k] > room:
+                    room = C - tokens[k]
+                    dest = k
+            if dest < 0:
+                continue
+            chosen = -1
+            for i in range(N):  # smallest sufficient, else largest fitting (ties: lower id)
+                if cell_N[i] != c or len_N[i] > room:
                     continue
-                whole = fits[len_N[fits] >= excess]
-                chosen = int(whole[0]) if whole.size else int(fits[-1])
-                dest = int(np.argmax(vec))
-                break
-            if chosen < 0:
-                return False
-            cell_N[chosen] = dest
-            tokens[c] -= len_N[chosen]
-            tokens[dest] += len_N[chosen]
-            members[c] -= 1
-            members[dest] += 1
+                if chosen < 0:
+                    chosen = i
+                    continue
+                a, b = len_N[i], len_N[chosen]
+                if b >= excess:
+                    if excess <= a < b:
+                        chosen = i
+                elif a > b:
+                    chosen = i
+            if chosen >= 0:
+                cell_N[chosen] = dest
+                tokens[c] -= len_N[chosen]
+                tokens[dest] += len_N[chosen]
+                return True
+    best_i = -1
+    best_j = -1
+    best_score = 0
+    for i in range(N):
+        if cell_N[i] != c:
+            continue
+        for j in range(N):
+            k = cell_N[j]
+            if k == c:
+                continue
+            d = len_N[i] - len_N[j]
+            if d <= 0 or d > C - tokens[k]:
+                continue
+            score = 2 * C - d if d >= excess else d
+            if score > best_score:
+                best_score = score
+                best_i = i
+                best_j = j
+    if best_i < 0:
+        return False
+    k = cell_N[best_j]
+    cell_N[best_i] = k
+    cell_N[best_j] = c
+    d = len_N[best_i] - len_N[best_j]
+    tokens[c] -= d
+    tokens[k] += d
     return True
+
+
+@numba.njit(cache=True)
+def _repair_kernel(len_N, cell_N, K, D, C):
+    tokens = np.zeros(K, dtype=np.int64)
+    for i in range(len_N.size):
+        tokens[cell_N[i]] += len_N[i]
+    while True:
+        over = np.flatnonzero(tokens > C)
+        if over.size == 0:
+            return True
+        progress = False
+        for c in over[np.argsort(-tokens[over], kind="mergesort")]:
+            while tokens[c] > C and _repair_step(len_N, cell_N, tokens, D, c, C):
+                progress = True
+        if not progress:
+            return False
+
+
+def _repair_capacity(len_N, cell_N, R: int, D: int, C: int) -> bool:
+    """Make every cell fit the cap by moves and swaps (``cell_N`` changed in place), in passes
+    over the overfull cells, worst first. Every step lowers the total overflow and creates none,
+    so this ends; returns whether all cells now fit (False: a pass made no step)."""
+    return bool(_repair_kernel(np.ascontiguousarray(len_N, dtype=np.int64), cell_N, R * D, D, C))
 
 
 def _split_until(len_N, bin_N, num_cells: int) -> np.ndarray:
@@ -273,12 +328,19 @@ def _split_until(len_N, bin_N, num_cells: int) -> np.ndarray:
 def _deal(len_N, cell_N, R: int, D: int, deal: str) -> tuple[np.ndarray, np.ndarray]:
     """Place R·D nonempty groups (``cell_N`` in 0..R·D-1) on (row, slot): R per slot, rows in
     decreasing tokens inside each slot. ``balanced``: cardinality-constrained LPT over slots;
-    ``round-robin``: groups by decreasing tokens, the j-th to slot j mod D."""
+    ``kk``: Karmarkar–Karp with equal sizes (verl's equal_size); ``round-robin``: groups by
+    decreasing tokens, the j-th to slot j mod D."""
     K = R * D
     tokens = np.bincount(cell_N, weights=len_N, minlength=K)
     if deal == "balanced":
         slot_K, row_K = lpt_assign(tokens[None], D, R)
         slot_K, row_K = slot_K[0], row_K[0]
+    elif deal == "kk":
+        slot_K = kk_partition(tokens, D, equal_size=True)
+        # rows: decreasing tokens inside each slot (ties by group id)
+        order = np.lexsort((np.arange(K), -tokens, slot_K))
+        row_K = np.empty(K, dtype=np.int64)
+        row_K[order] = np.arange(K) % R
     elif deal == "round-robin":
         order = np.argsort(-tokens, kind="stable")
         slot_K = np.empty(K, dtype=np.int64)
@@ -286,7 +348,7 @@ def _deal(len_N, cell_N, R: int, D: int, deal: str) -> tuple[np.ndarray, np.ndar
         slot_K[order] = np.arange(K) % D
         row_K[order] = np.arange(K) // D
     else:
-        raise InputError(f"deal must be 'balanced' or 'round-robin', got {deal!r}")
+        raise InputError(f"deal must be 'balanced', 'kk' or 'round-robin', got {deal!r}")
     return row_K[cell_N], slot_K[cell_N]
 
 
@@ -309,22 +371,28 @@ def _pack_exact(len_N, C: int, num_bins: int, time_limit: float) -> np.ndarray:
     return np.asarray(bins, dtype=np.int64)
 
 
-def _last_resort(len_N, R: int, D: int, C: int, deal: str, time_limit: float):
-    bin_N = _pack_exact(len_N, C, R * D, time_limit)
+def _last_resort(len_N, R: int, D: int, C: int, deal: str, time_limit: float, info: dict):
+    """FFD/BFD into ≤ R·D bins if they fit, else the exact packing; split to R·D cells; deal."""
+    from routepack_opt.heuristics.binpack import best_packing
+
+    bin_N, used, how = best_packing(len_N, C)
+    if used <= R * D:
+        info["fallback"] = how
+    else:
+        info["fallback"] = "exact-binpack"
+        bin_N = _pack_exact(len_N, C, R * D, time_limit)
     cell_N = _split_until(len_N, bin_N, R * D)
     return _deal(len_N, cell_N, R, D, deal)
 
 
 def _finish(len_N, row_N, slot_N, R, D, C, deal, time_limit, info):
-    """Make the layout strict on the cap (repair, then the exact last resort); order rows."""
+    """Make the layout strict on the cap (repair, then the last resort); order rows."""
     cell_N = row_N * D + slot_N
     if not _repair_capacity(len_N, cell_N, R, D, C):
-        info["fallback"] = "exact-binpack"
-        return _last_resort(len_N, R, D, C, deal, time_limit)
+        return _last_resort(len_N, R, D, C, deal, time_limit, info)
     row_N, slot_N = _order_rows(len_N, cell_N // D, cell_N % D, R, D)
     if not check_layout(len_N, row_N, slot_N, R, D, C):  # not reachable when repair succeeds
-        info["fallback"] = "exact-binpack"
-        return _last_resort(len_N, R, D, C, deal, time_limit)
+        return _last_resort(len_N, R, D, C, deal, time_limit, info)
     return row_N, slot_N
 
 
@@ -344,8 +412,10 @@ def _order_rows(len_N, row_N, slot_N, R: int, D: int):
 def verl_kk_layout(lengths, topology: Topology, rows: int, time_limit: float = 10.0,
                    info: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """verl-style layout: KK over slots (equal sample counts where possible), then KK over the
-    R micro-batches of each slot; overfull cells repaired. ``time_limit`` bounds the exact last
-    resort; ``info`` (optional dict) receives ``fallback`` when it was used."""
+    R micro-batches of each slot; overfull cells repaired by moves and swaps. If that fails
+    (tight windows), cells come from a cap-feasible bin packing and are dealt to slots by KK
+    with equal sizes (R each). ``time_limit`` bounds the exact packing; ``info`` (optional dict)
+    receives ``fallback`` (``FFD``/``BFD``/``exact-binpack``) when the last resort was used."""
     len_N, R, D, C = _prepare(lengths, topology, rows)
     info = {} if info is None else info
     slot_N = kk_partition(len_N, D, equal_size=True)
@@ -355,7 +425,7 @@ def verl_kk_layout(lengths, topology: Topology, rows: int, time_limit: float = 1
     for d in range(D):
         idx = by_slot[starts[d]:starts[d + 1]]
         row_N[idx] = kk_partition(len_N[idx], R, equal_size=False)
-    return _finish(len_N, row_N, slot_N, R, D, C, "balanced", time_limit, info)
+    return _finish(len_N, row_N, slot_N, R, D, C, "kk", time_limit, info)
 
 
 def nemo_ffd_layout(lengths, topology: Topology, rows: int, deal: str = "balanced",
@@ -368,8 +438,7 @@ def nemo_ffd_layout(lengths, topology: Topology, rows: int, deal: str = "balance
     info = {} if info is None else info
     bin_N, used = first_fit_decreasing(len_N, C)
     if used > R * D:
-        info["fallback"] = "exact-binpack"
-        return _last_resort(len_N, R, D, C, deal, time_limit)
+        return _last_resort(len_N, R, D, C, deal, time_limit, info)
     cell_N = _split_until(len_N, bin_N, R * D)
     return _deal(len_N, cell_N, R, D, deal)
 
