@@ -1,7 +1,7 @@
 """Joint (row-aware) expert placement vs routepack (LPT + packing), with migration cost (issue 8).
 
     python experiments/joint_placement.py [--samples 1024] [--seed 0] [--steps 4]
-                                          [--presets olmoe-1b-7b,qwen3-30b-a3b,...] [--quick]
+                                          [--presets SPEC,...] [--parts 1,3,4] [--quick]
 
 Per preset (its L, E, k, D, P, capacity and derived cost model) on ``trace.generate_window``:
 
@@ -51,6 +51,16 @@ from routepack_opt.trace import generate_sequence, generate_window
 PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "ling-hybrid", "deepseek-v3")
 OBJECTIVES = ("max-sum", "sum-max")
 OUT = Path(__file__).resolve().parent / "results" / "joint_placement.md"
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """``preset[:key=value,...]`` — trace overrides, e.g. ``qwen3-30b-a3b:num_experts=256``."""
+    name, _, rest = spec.partition(":")
+    over = {}
+    for kv in filter(None, rest.split("+")):
+        k, _, v = kv.partition("=")
+        over[k] = int(v) if v.lstrip("-").isdigit() else float(v)
+    return name, over
 
 
 def setup(preset: str):
@@ -104,12 +114,13 @@ def pct(a, b):
 
 def part1_2(presets, N, seed, joint_cfg, anneal_cfg, max_rounds, stale_steps):
     rows1, rows2, raw = [], [], []
-    for preset in presets:
+    for spec in presets:
+        preset, over = parse_spec(spec)
         topo, cost = setup(preset)
-        w = generate_window(preset, N, seed, step=0)
+        w = generate_window(preset, N, seed, step=0, **over)
         R = min_rows(w, topo)
         ev = Evaluator(w, topo, cost)
-        perturbed = {s: generate_window(preset, N, seed, step=0, routing_step=s) for s in stale_steps}
+        perturbed = {s: generate_window(preset, N, seed, step=0, routing_step=s, **over) for s in stale_steps}
         for obj in OBJECTIVES:
             pl, row, slot, t_rp = routepack(w, topo, cost, R, obj, seed, anneal_cfg=anneal_cfg)
             jr = joint_search(w, topo, cost, R, obj, pl, (row, slot), seed=seed, max_rounds=max_rounds,
@@ -124,7 +135,7 @@ def part1_2(presets, N, seed, joint_cfg, anneal_cfg, max_rounds, stale_steps):
             kk0 = ev.score(pl, kr, ks, R, obj).makespan
             kk1 = ev.score(rf.placement, kr, ks, R, obj).makespan
             mig = jr.migration  # vs the LPT placement (no current placement given)
-            rec = {"preset": preset, "objective": obj, "R": R, "rp": e_rp.score.makespan,
+            rec = {"preset": spec, "objective": obj, "R": R, "rp": e_rp.score.makespan,
                    "joint": e_j.score.makespan, "d_mk": pct(e_j.score.makespan, e_rp.score.makespan),
                    "d_expert": pct(x_j, x_rp), "expert_share": x_rp / e_rp.score.total,
                    "lb_rp": e_rp.lower_bound, "lb_j": e_j.lower_bound,
@@ -138,7 +149,7 @@ def part1_2(presets, N, seed, joint_cfg, anneal_cfg, max_rounds, stale_steps):
                 evp = Evaluator(wp, topo, cost)
                 a = evp.score(pl, row, slot, R, obj).makespan
                 b = evp.score(jr.placement, jr.row, jr.slot, R, obj).makespan
-                rows2.append({"preset": preset, "objective": obj, "stale": s, "rp": a, "joint": b,
+                rows2.append({"preset": spec, "objective": obj, "stale": s, "rp": a, "joint": b,
                               "d_mk": pct(b, a), "d_plan": rec["d_mk"]})
             raw.append(rec)
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rec.items()}),
@@ -146,10 +157,11 @@ def part1_2(presets, N, seed, joint_cfg, anneal_cfg, max_rounds, stale_steps):
     return rows1, rows2
 
 
-def part3(preset, N, seed, steps, objective, joint_cfg, anneal_cfg, max_rounds):
+def part3(spec, N, seed, steps, objective, joint_cfg, anneal_cfg, max_rounds):
     """Drifting sequence: placement in force = the previous step's (module doc)."""
+    preset, over = parse_spec(spec)
     topo, cost = setup(preset)
-    seq = generate_sequence(preset, N, steps, seed)
+    seq = generate_sequence(preset, N, steps, seed, **over)
     strategies = ("static", "routepack", "joint", "joint-sticky")
     cur = {}
     acc = {s: {"mk": 0.0, "mig": 0.0, "bytes": 0.0, "moved": 0, "wall": 0.0} for s in strategies}
@@ -182,8 +194,96 @@ def part3(preset, N, seed, steps, objective, joint_cfg, anneal_cfg, max_rounds):
                 a["mk"] += mk; a["mig"] += m.time_us; a["bytes"] += m.bytes_total
                 a["moved"] += m.experts_moved; a["wall"] += wall
             cur[s] = pl
-        print(f"{preset} step {t} done", file=sys.stderr, flush=True)
+        print(f"{spec} {objective} step {t} done", file=sys.stderr, flush=True)
     return acc
+
+
+def part4(seed, time_limit, anneal_cfg):
+    """Per-layer gap of the converged refinement, proved by the exact per-layer CP-SAT model."""
+    from routepack_opt.heuristics.refine_placement import RowAwareState
+    from routepack_opt.models.placement_rowaware import layer_gaps
+
+    cases = [("small: L=4, E=16, k=4, P=4, D=8, N=64", "olmoe-1b-7b",
+              dict(num_layers=4, num_experts=16, top_k=4), Topology(dp=8, ep=4, capacity=4096), 64, None),
+             ("olmoe-1b-7b: L=16, E=64, k=8, P=8, D=16, N=256 (first 4 layers)", "olmoe-1b-7b", {},
+              None, 256, [0, 1, 2, 3])]
+    out = []
+    for label, preset, over, topo, N, layers in cases:
+        topo0, cost = setup(preset)
+        topo = topo or topo0
+        w = generate_window(preset, N, seed, **over)
+        R = min_rows(w, topo)
+        for obj in OBJECTIVES:
+            pl, row, slot, _ = routepack(w, topo, cost, R, obj, seed, anneal_cfg=anneal_cfg)
+            rf = refine_placement(w, topo, cost, pl, row, slot, R, obj, seed=seed,
+                                  config=RefineConfig(max_passes=100))
+            st = RowAwareState(w, topo, cost, rf.placement, row, slot, R, obj)
+            gaps = layer_gaps(st, layers=layers, time_limit=time_limit)
+            out.append({"case": label, "objective": obj, "R": R, "converged": rf.converged,
+                        "layers": gaps})
+            print(label, obj, [(g["status"], round(g["gap"], 6)) for g in gaps], file=sys.stderr, flush=True)
+    return out
+
+
+DEFAULT_PRESETS = PRESETS + ("qwen3-30b-a3b:num_experts=256",
+                             "qwen3-30b-a3b:domain_strength=1.2+group_noise=0.6")
+
+
+def render(res: dict) -> str:
+    L = ["# Joint (row-aware) expert placement vs routepack", ""]
+    for part, meta in sorted(res.get("meta", {}).items()):
+        L.append(f"- part {part}: `{meta['command']}` — {meta['seconds']:.0f} s on the shared 2-core "
+                 "box (wall times are indicative only)")
+    L += ["", "Windows from `trace.generate_window(preset, N, seed, **overrides)` (`preset:key=value+...` "
+          "names the overrides); topology (D, P, C) and cost model are the preset's; R = R*. "
+          "routepack = LPT + population annealing (default budget, seeded with the length-only "
+          "baselines); joint = `joint_search` from the routepack plan (rounds of placement refinement "
+          "+ annealing). Δ are joint vs routepack. Moves are relative to the LPT placement with rank "
+          "labels and slots aligned (moved = experts changing rank); GB = all G shards; migration µs = "
+          "busiest rank's received bytes / bandwidth (preset: expert weights + Adam state, 50 GB/s). "
+          "`refine@kk` = the refinement alone on the length-only (verl-kk) packing.", ""]
+    if "1" in res:
+        L += ["## 1. One window, both objectives", "",
+              "| preset | obj | R | routepack µs | joint µs | Δ makespan | Δ expert part | expert share | "
+              "LB routepack | Δ LB | gap rp → joint | experts moved | GB moved | migration µs | "
+              "t routepack s | t joint s | rounds | refine@kk Δ |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in res["1"]:
+            L.append(f"| {r['preset']} | {r['objective']} | {r['R']} | {r['rp']:.4g} | {r['joint']:.4g} | "
+                     f"{r['d_mk']:+.2f}% | {r['d_expert']:+.2f}% | {100 * r['expert_share']:.0f}% | "
+                     f"{r['lb_rp']:.4g} | {r['d_lb']:+.2f}% | {r['gap_rp']:.3f} → {r['gap_j']:.3f} | "
+                     f"{r['moved']} ({100 * r['moved_frac']:.0f}%) | {r['bytes_total'] / 1e9:.1f} | "
+                     f"{r['mig_us']:.3g} | {r['t_rp']:.1f} | {r['t_joint']:.1f} | {r['rounds']} | "
+                     f"{r['kk_refine']:+.2f}% |")
+        L += ["", "## 2. Plan on window t, execute with perturbed routing (same samples, routing_step = t + s)", "",
+              "| preset | obj | s | routepack µs | joint µs | Δ makespan executed | Δ planned |",
+              "|---|---|---|---|---|---|---|"]
+        for r in res["2"]:
+            L.append(f"| {r['preset']} | {r['objective']} | {r['stale']} | {r['rp']:.4g} | {r['joint']:.4g} | "
+                     f"{r['d_mk']:+.2f}% | {r['d_plan']:+.2f}% |")
+    if "3" in res:
+        L += ["", "## 3. Drifting sequence (totals over steps 1..S-1; the placement in force is the "
+              "strategy's previous one)", "",
+              "| preset | obj | strategy | Σ makespan µs | Σ migration µs | Σ (makespan + migration) µs | "
+              "vs routepack | experts moved | GB moved | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for item in res["3"]:
+            acc = item["acc"]
+            base = acc["routepack"]["mk"] + acc["routepack"]["mig"]
+            for s_, a in acc.items():
+                tot = a["mk"] + a["mig"]
+                L.append(f"| {item['preset']} | {item['objective']} | {s_} | {a['mk']:.4g} | {a['mig']:.3g} | "
+                         f"{tot:.4g} | {pct(tot, base):+.2f}% | {a['moved']} | {a['bytes'] / 1e9:.1f} | "
+                         f"{a['wall']:.1f} |")
+    if "4" in res:
+        L += ["", "## 4. Per-layer gap of the converged refinement (exact per-layer CP-SAT, other layers fixed)", "",
+              "gap = local-search layer makespan / proved bound − 1 (bound net of the integer-scaling error).", "",
+              "| case | obj | R | refinement converged | layer | local search µs | exact µs | status | gap |",
+              "|---|---|---|---|---|---|---|---|---|"]
+        for c in res["4"]:
+            for g in c["layers"]:
+                L.append(f"| {c['case']} | {c['objective']} | {c['R']} | {c['converged']} | {g['layer']} | "
+                         f"{g['local_search']:.6g} | {g['exact']:.6g} | {g['status']} | {g['gap']:.2e} |")
+    return "\n".join(L) + "\n"
 
 
 def main(argv=None):
@@ -192,65 +292,43 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--presets", default=",".join(DEFAULT_PRESETS))
     ap.add_argument("--seq-presets", default="olmoe-1b-7b,qwen3-30b-a3b")
+    ap.add_argument("--parts", default="1,3,4", help="1 (with 2), 3, 4")
+    ap.add_argument("--gap-time-limit", type=float, default=20.0)
     ap.add_argument("--quick", action="store_true", help="small budgets (smoke run)")
     ap.add_argument("-o", "--output", default=str(OUT))
     args = ap.parse_args(argv)
+    parts = set(args.parts.split(","))
+    out_md = Path(args.output)
+    out_json = out_md.with_suffix(".json")
+    res = json.loads(out_json.read_text()) if out_json.exists() else {}
+    res.setdefault("meta", {})
     presets = [p for p in args.presets.split(",") if p]
     anneal_cfg = AnnealConfig(population=8, temperatures=8, sweeps=8) if args.quick else AnnealConfig()
     joint_cfg = JointConfig(refine=RefineConfig(max_passes=2 if args.quick else 4))
-    t0 = time.perf_counter()
-    rows1, rows2 = part1_2(presets, args.samples, args.seed, joint_cfg, anneal_cfg, args.rounds, (1, 4))
-    seq = {}
-    for p in [p for p in args.seq_presets.split(",") if p]:
-        for obj in OBJECTIVES:
-            seq[(p, obj)] = part3(p, args.samples, args.seed, args.steps, obj, joint_cfg, anneal_cfg,
-                                  args.rounds)
-    total = time.perf_counter() - t0
-
-    L = ["# Joint (row-aware) expert placement vs routepack", "",
-         f"Command: `python experiments/joint_placement.py --samples {args.samples} --seed {args.seed} "
-         f"--steps {args.steps} --rounds {args.rounds} --presets {args.presets} --seq-presets "
-         f"{args.seq_presets}{' --quick' if args.quick else ''}` ({total:.0f} s on the shared 2-core box; "
-         "wall times are indicative only).", "",
-         "Windows from `trace.generate_window(preset, N, seed)`; topology (D, P, C) and cost model are "
-         "the preset's; R = R*. routepack = LPT + population annealing (default budget, seeded with the "
-         "length-only baselines); joint = `joint_search` from the routepack plan "
-         f"(≤ {args.rounds} rounds of refinement + annealing). Δ are joint vs routepack. "
-         "Moves are relative to the LPT placement, slots aligned (moved = experts changing rank); "
-         "bytes = all G shards; migration time = busiest rank's received bytes / bandwidth.", "",
-         "## 1. One window, both objectives", "",
-         "| preset | obj | R | routepack µs | joint µs | Δ makespan | Δ expert part | expert share | "
-         "LB routepack | Δ LB | gap rp → joint | experts moved | GB moved | migration µs | "
-         "t routepack s | t joint s | rounds | refine@kk Δ |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows1:
-        L.append(f"| {r['preset']} | {r['objective']} | {r['R']} | {r['rp']:.4g} | {r['joint']:.4g} | "
-                 f"{r['d_mk']:+.2f}% | {r['d_expert']:+.2f}% | {100 * r['expert_share']:.0f}% | "
-                 f"{r['lb_rp']:.4g} | {r['d_lb']:+.2f}% | {r['gap_rp']:.3f} → {r['gap_j']:.3f} | "
-                 f"{r['moved']} ({100 * r['moved_frac']:.0f}%) | {r['bytes_total'] / 1e9:.1f} | "
-                 f"{r['mig_us']:.3g} | {r['t_rp']:.1f} | {r['t_joint']:.1f} | {r['rounds']} | "
-                 f"{r['kk_refine']:+.2f}% |")
-    L += ["", "## 2. Plan on window t, execute with perturbed routing (same samples, routing_step = t + s)", "",
-          "| preset | obj | s | routepack µs | joint µs | Δ makespan executed | Δ planned |",
-          "|---|---|---|---|---|---|---|"]
-    for r in rows2:
-        L.append(f"| {r['preset']} | {r['objective']} | {r['stale']} | {r['rp']:.4g} | {r['joint']:.4g} | "
-                 f"{r['d_mk']:+.2f}% | {r['d_plan']:+.2f}% |")
-    L += ["", f"## 3. Drifting sequence ({args.steps} steps; totals over steps 1..{args.steps - 1}, "
-          "placement in force = the strategy's previous one)", "",
-          "| preset | obj | strategy | Σ makespan µs | Σ migration µs | Σ (makespan + migration) µs | "
-          "vs routepack | experts moved | GB moved | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for (p, obj), acc in seq.items():
-        base = acc["routepack"]["mk"] + acc["routepack"]["mig"]
-        for s, a in acc.items():
-            tot = a["mk"] + a["mig"]
-            L.append(f"| {p} | {obj} | {s} | {a['mk']:.4g} | {a['mig']:.3g} | {tot:.4g} | "
-                     f"{pct(tot, base):+.2f}% | {a['moved']} | {a['bytes'] / 1e9:.1f} | {a['wall']:.1f} |")
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text("\n".join(L) + "\n")
-    print("\n".join(L))
+    cmd = "python experiments/joint_placement.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if "1" in parts:
+        t0 = time.perf_counter()
+        res["1"], res["2"] = part1_2(presets, args.samples, args.seed, joint_cfg, anneal_cfg, args.rounds, (1, 4))
+        res["meta"]["1-2"] = {"command": cmd, "seconds": time.perf_counter() - t0}
+    if "3" in parts:
+        t0 = time.perf_counter()
+        res["3"] = []
+        for p in [p for p in args.seq_presets.split(",") if p]:
+            for obj in OBJECTIVES:
+                acc = part3(p, args.samples, args.seed, args.steps, obj, joint_cfg, anneal_cfg, args.rounds)
+                res["3"].append({"preset": p, "objective": obj, "steps": args.steps, "acc": acc})
+        res["meta"]["3"] = {"command": cmd, "seconds": time.perf_counter() - t0}
+    if "4" in parts:
+        t0 = time.perf_counter()
+        res["4"] = part4(args.seed, args.gap_time_limit, anneal_cfg)
+        res["meta"]["4"] = {"command": cmd, "seconds": time.perf_counter() - t0}
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(res, indent=1, default=float))
+    text = render(res)
+    out_md.write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":
