@@ -16,6 +16,8 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, metavar="COST.toml")
     p.add_argument("--layers", type=int, default=2,
                    help="transformer layers the cost file describes (alpha, beta, row_overhead scale with it)")
+    p.add_argument("--experts-per-rank", type=int, default=4,
+                   help="local experts per EP rank (E/P of the plans to be measured; default 4)")
     p.add_argument("--quick", action="store_true", help="a smaller model and grid (seconds; for tests)")
     p.add_argument("--seed", type=int, default=0)
     add_json(p)
@@ -27,9 +29,12 @@ def run(args) -> None:
 
     if args.layers < 1:
         raise InputError(f"--layers must be ≥ 1, got {args.layers}")
+    if args.experts_per_rank < 1:
+        raise InputError(f"--experts-per-rank must be ≥ 1, got {args.experts_per_rank}")
     out = output_path(args.output)
     dev = resolve_device(args.device)
-    cfg = bench_config(dev.type, quick=args.quick, layers=args.layers, seed=args.seed)
+    cfg = bench_config(dev.type, quick=args.quick, layers=args.layers, seed=args.seed,
+                       experts_per_rank=args.experts_per_rank)
     cost, rep = calibrate(str(dev), cfg)
     save_cost(cost, out)
     rep["output"] = str(out)

@@ -50,6 +50,7 @@ class VerifyConfig:
     lr: float = 1e-2
     seed: int = 0
     timeout_s: float = 120.0  # whole distributed run, processes included
+    start_method: str = "forkserver"  # or "spawn" (see routepack_opt.runtime.dist.launch)
 
     def __post_init__(self):
         E = self.model.num_experts
@@ -63,6 +64,8 @@ class VerifyConfig:
         if self.num_samples < self.rows * self.dp:
             raise InputError(f"verify-runtime: {self.num_samples} samples cannot fill "
                              f"{self.rows}×{self.dp} cells")
+        if self.start_method not in ("forkserver", "spawn"):
+            raise InputError(f"verify-runtime: start_method must be forkserver or spawn, got {self.start_method!r}")
         if not 1 <= self.replace_after < self.steps:
             raise InputError("verify-runtime: need 1 ≤ replace_after < steps")
 
@@ -190,7 +193,8 @@ def run_distributed(cfg: VerifyConfig) -> dict:
     from routepack_opt.runtime.dist import launch
 
     with tempfile.TemporaryDirectory(prefix="routepack-verify-") as tmp:
-        launch(_dist_worker, cfg.dp, (cfg, tmp), timeout_s=cfg.timeout_s)
+        launch(_dist_worker, cfg.dp, (cfg, tmp), timeout_s=cfg.timeout_s,
+               start_method=cfg.start_method)
         per_rank = []
         for r in range(cfg.dp):
             raw = torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False)
