@@ -1,0 +1,263 @@
+"""Certified minimum rows R* (SPEC §3 step 2) and packing into a fixed number of bins.
+
+Any sample fits alone in a cell, so a layout with R rows on D slots exists iff the lengths fit in
+R·D bins of capacity C and R·D ≤ N (every cell nonempty). R* is the least R with
+R ≥ min_rows, R % row_multiple == 0 and binpack_optimum ≤ R·D ≤ N.
+
+Only the *decision* "do the lengths fit in K = R·D bins" is needed, for the least valid R with
+K ≥ the bin lower bound, so the certifier escalates and stops as soon as that is decided:
+
+1. bounds: L1, Martello–Toth L2, Fekete–Schepers DFF bounds vs. FFD/BFD, then MBS' with a few
+   seeded restarts (``method="bounds"``: a lower bound met by a constructive packing);
+2. an exact model (``auto``: arc-flow MILP in Pyomo/HiGHS when its graph is small, else
+   CP-SAT) on the decision; if it proves K bins impossible, the next valid R is tried.
+
+If the time limit runs out first, the result is the best known R (from the best packing) with
+status ``feasible`` and the proved lower bound on rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from routepack_opt.errors import InputError, RoutePackError
+from routepack_opt.heuristics.binpack import (best_packing, check_sizes, is_packing, lower_bound,
+                                              minimum_bin_slack)
+from routepack_opt.models.binpack import solve_bin_packing
+from routepack_opt.topology import Topology
+from routepack_opt.window import Window
+
+__all__ = ["Certificate", "certify_rows", "pack_into_bins", "spread_to_nonempty", "BinPackUndecided"]
+
+# Share of the time limit the MBS' restarts may use before the exact models run.
+_MBS_SHARE, _MBS_MAX_S = 0.15, 1.5
+
+
+class BinPackUndecided(RoutePackError):
+    """Neither a packing into the requested bins nor a proof of impossibility within the limit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Certificate:
+    """R* with how it is known.
+
+    ``rows``: R* if ``status == "optimal"`` (proved least), else the best known valid rows
+    (``status == "feasible"``) with ``lower_bound`` the proved least possible rows. ``method``:
+    ``bounds`` (a lower bound met by FFD/BFD/MBS'), ``cpsat`` or ``arcflow`` (the exact model
+    that decided). ``bins_lower_bound`` / ``bins_upper_bound`` are on the bin-packing optimum;
+    ``packing_N`` is a bin per sample into at most ``rows·D`` bins (see
+    :func:`spread_to_nonempty`); ``detail`` a human note (which bound, which packing).
+    """
+
+    rows: int
+    status: str
+    lower_bound: int
+    method: str
+    seconds: float
+    bins_lower_bound: int = 0
+    bins_upper_bound: int = 0
+    detail: str = ""
+    packing_N: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def as_dict(self) -> dict:
+        """The certificate as stored in a plan / printed by ``routepack certify --json``."""
+        return {"rows": int(self.rows), "status": self.status, "lower_bound": int(self.lower_bound),
+                "method": self.method, "seconds": round(float(self.seconds), 4)}
+
+
+def _lengths_of(window) -> np.ndarray:
+    if isinstance(window, Window):
+        return np.asarray(window.lengths, dtype=np.int64)
+    arr = np.asarray(window)
+    if arr.ndim != 1:
+        raise InputError(f"lengths: expected a 1-D array, got shape {arr.shape}")
+    if arr.size == 0:
+        raise InputError("lengths: the window holds no samples")
+    if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "f" and np.all(arr == np.round(arr))):
+        raise InputError(f"lengths: expected integers, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    bad = np.flatnonzero(arr < 1)
+    if bad.size:
+        raise InputError(f"lengths: every sample needs at least 1 token; samples {bad[:5].tolist()} "
+                         f"have {arr[bad[:5]].tolist()}")
+    return arr
+
+
+def _next_valid(r: int, topology: Topology) -> int:
+    """Least R ≥ max(r, min_rows) with R % row_multiple == 0."""
+    r = max(int(r), topology.min_rows)
+    k = topology.row_multiple
+    return -(-r // k) * k
+
+
+def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method: str = "auto",
+                 num_workers: int = 1) -> Certificate:
+    """R* for ``window`` (a :class:`Window` or a plain lengths array) on ``topology``.
+
+    Raises :class:`InputError` when a sample is longer than the capacity (naming the samples),
+    when N < D·min_rows, or when no valid R has R·D ≤ N. ``method`` picks the exact model
+    (``auto``, ``cpsat``, ``arcflow``) used where bounds and constructive packings do not close.
+    """
+    t0 = time.perf_counter()
+    lengths_N = _lengths_of(window)
+    N, D, C = lengths_N.size, topology.dp, topology.capacity
+    long_ = np.flatnonzero(lengths_N > C)
+    if long_.size:
+        more = f" (and {long_.size - 5} more)" if long_.size > 5 else ""
+        raise InputError(
+            f"samples {long_[:5].tolist()}{more} have lengths {lengths_N[long_[:5]].tolist()} > "
+            f"capacity {C}: they fit in no micro-batch (raise --capacity or drop them)"
+        )
+    if N < D * topology.min_rows:
+        raise InputError(
+            f"N={N} samples cannot fill D·min_rows = {D}·{topology.min_rows} = "
+            f"{D * topology.min_rows} cells (every cell needs a sample)"
+        )
+    r_max = (N // D) // topology.row_multiple * topology.row_multiple  # largest valid R·D ≤ N
+    if r_max < topology.min_rows:
+        raise InputError(
+            f"no valid rows: R must be ≥ min_rows={topology.min_rows}, a multiple of "
+            f"row_multiple={topology.row_multiple} and have R·D ≤ N (D={D}, N={N}); "
+            f"the largest R with R·D ≤ N is {N // D}"
+        )
+    sizes_N, _ = check_sizes(lengths_N, C)
+    elapsed = lambda: time.perf_counter() - t0  # noqa: E731
+
+    lb_bins, lb_name = lower_bound(sizes_N, C)
+    pack_N, ub_bins, ub_name = best_packing(sizes_N, C)
+
+    def cert(rows, status, lb_rows, how, detail, packing):
+        return Certificate(rows=int(rows), status=status, lower_bound=int(lb_rows), method=how,
+                           seconds=elapsed(), bins_lower_bound=int(lb_bins),
+                           bins_upper_bound=int(ub_bins), detail=detail, packing_N=packing)
+
+    def no_rows(lb):
+        raise InputError(
+            f"no valid rows: the lengths need at least {lb} micro-batches of capacity {C}, but "
+            f"the valid R ≤ {r_max} (min_rows={topology.min_rows}, row_multiple="
+            f"{topology.row_multiple}) give at most {r_max * D} ≤ N={N} cells"
+        )
+
+    r_lo = _next_valid(-(-lb_bins // D), topology)
+    if r_lo > r_max:
+        no_rows(lb_bins)
+    K = r_lo * D
+    if ub_bins <= K:
+        return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, {ub_name}={ub_bins} bins", pack_N)
+    # MBS' restarts: cheap and usually enough when the bound is tight.
+    mbs_N, mbs_bins = minimum_bin_slack(sizes_N, C, restarts=200, target=K,
+                                        time_limit=min(_MBS_MAX_S, _MBS_SHARE * time_limit))
+    if mbs_bins < ub_bins:
+        pack_N, ub_bins, ub_name = mbs_N, mbs_bins, "MBS'"
+    if ub_bins <= K:
+        return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, MBS'={ub_bins} bins", pack_N)
+    used = "bounds"
+    while True:
+        left = time_limit - elapsed()
+        if left <= 0.05:
+            break
+        res = solve_bin_packing(sizes_N, C, max_bins=K, method=method, time_limit=left,
+                                lower_bound_hint=lb_bins, hint=pack_N, decision=True,
+                                num_workers=num_workers)
+        used = res.method
+        if res.bins is not None and res.bins <= K:
+            if res.bins < ub_bins:
+                pack_N, ub_bins, ub_name = res.bin_N, res.bins, res.method
+            return cert(r_lo, "optimal", r_lo, res.method,
+                        f"{lb_name}={lb_bins} bins, {res.method} packing in {res.bins} ≤ {K} bins", pack_N)
+        if res.status != "infeasible":
+            lb_bins = max(lb_bins, res.lower_bound)
+            break
+        # K bins proved impossible: next valid R.
+        lb_bins, lb_name = max(lb_bins, K + 1, res.lower_bound), f"{res.method} proof"
+        r_lo = _next_valid(-(-lb_bins // D), topology)
+        if r_lo > r_max:
+            no_rows(lb_bins)
+        K = r_lo * D
+        if ub_bins <= K:
+            return cert(r_lo, "optimal", r_lo, res.method,
+                        f"{res.method} proved > {lb_bins - 1} bins, {ub_name}={ub_bins} bins", pack_N)
+    # Undecided within the limit: best known rows from the best packing.
+    r_ub = _next_valid(-(-ub_bins // D), topology)
+    if r_ub > r_max:  # neither a valid R proved impossible nor a packing that fits one
+        raise BinPackUndecided(
+            f"undecided in {time_limit:g}s: the best packing needs {ub_bins} bins > {r_max * D} "
+            f"valid cells and no proof rules them out (lower bound {lb_bins} bins)")
+    return cert(r_ub, "feasible", r_lo, used,
+                f"undecided in {time_limit:g}s: {lb_name} ≥ {lb_bins} bins, {ub_name}={ub_bins} bins", pack_N)
+
+
+def spread_to_nonempty(sizes, bin_N, num_bins: int) -> np.ndarray:
+    """Make a packing into ≤ ``num_bins`` bins use *every* bin (needs N ≥ num_bins).
+
+    Empty bins take one item each from bins holding two or more (a lone item always fits), so
+    capacity is kept. Returns a new ``bin_N`` with ids 0..num_bins-1.
+    """
+    sizes_N = np.asarray(sizes, dtype=np.int64)
+    bin_N = np.asarray(bin_N, dtype=np.int64).copy()
+    if sizes_N.size < num_bins:
+        raise InputError(f"{sizes_N.size} items cannot fill {num_bins} bins (one item each at least)")
+    _, bin_N = np.unique(bin_N, return_inverse=True)
+    bin_N = bin_N.astype(np.int64)
+    used = int(bin_N.max()) + 1 if bin_N.size else 0
+    if used > num_bins:
+        raise InputError(f"the packing uses {used} bins > {num_bins}")
+    counts = np.bincount(bin_N, minlength=num_bins)
+    # Take the smallest items of multi-item bins first (keeps big bins' structure).
+    for i in np.argsort(sizes_N, kind="stable"):
+        if used >= num_bins:
+            break
+        if counts[bin_N[i]] >= 2:
+            counts[bin_N[i]] -= 1
+            bin_N[i] = used
+            counts[used] = 1
+            used += 1
+    return bin_N
+
+
+def pack_into_bins(sizes, capacity, num_bins: int, time_limit: float = 10.0, *,
+                   method: str = "auto", num_workers: int = 1) -> np.ndarray | None:
+    """A bin id (0..num_bins-1) per item using at most ``num_bins`` bins of ``capacity``.
+
+    FFD/BFD first, then MBS', then an exact model (``method``). Returns None when proved
+    impossible (an item larger than the capacity, a lower bound above ``num_bins``, or the
+    exact model's proof); raises :class:`BinPackUndecided` when nothing is decided within
+    ``time_limit`` seconds. Bins may be left empty (see :func:`spread_to_nonempty`).
+    """
+    t0 = time.perf_counter()
+    sizes_N = np.asarray(sizes, dtype=np.int64)
+    if sizes_N.ndim == 1 and sizes_N.size and int(sizes_N.max()) > capacity:
+        return None
+    sizes_N, C = check_sizes(sizes_N, capacity)
+    num_bins = int(num_bins)
+    if sizes_N.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if num_bins < 1:
+        return None
+    lb, _ = lower_bound(sizes_N, C)
+    if lb > num_bins:
+        return None
+    pack_N, ub, _ = best_packing(sizes_N, C)
+    if ub <= num_bins:
+        return pack_N
+    mbs_N, mbs = minimum_bin_slack(sizes_N, C, restarts=200, target=num_bins,
+                                   time_limit=min(_MBS_MAX_S, _MBS_SHARE * time_limit))
+    if mbs <= num_bins:
+        return mbs_N
+    left = max(0.05, time_limit - (time.perf_counter() - t0))
+    res = solve_bin_packing(sizes_N, C, max_bins=num_bins, method=method, time_limit=left,
+                            lower_bound_hint=lb, hint=mbs_N if mbs < ub else pack_N,
+                            decision=True, num_workers=num_workers)
+    if res.bins is not None and res.bins <= num_bins:
+        assert is_packing(sizes_N, C, res.bin_N, num_bins)
+        return res.bin_N
+    if res.status == "infeasible":
+        return None
+    raise BinPackUndecided(
+        f"could not decide within {time_limit:g}s whether {sizes_N.size} items fit in "
+        f"{num_bins} bins of {C} (lower bound {max(lb, res.lower_bound)}, best packing {min(ub, mbs)})"
+    )

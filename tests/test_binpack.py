@@ -1,0 +1,129 @@
+"""Bin-packing bounds and constructive packings (routepack_opt.heuristics.binpack)."""
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from routepack_opt.errors import InputError
+from routepack_opt.heuristics.binpack import (best_fit_decreasing, best_packing, bins_used,
+                                              first_fit_decreasing, is_packing, lower_bound,
+                                              lower_bound_dff, lower_bound_l1, lower_bound_l2,
+                                              minimum_bin_slack)
+
+BPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "bpp"
+
+
+def brute_force_bins(sizes, capacity) -> int:
+    """Least bins by enumerating every set partition (items in decreasing order)."""
+    s = sorted((int(x) for x in sizes), reverse=True)
+    best = [len(s)]
+
+    def rec(i, loads):
+        if len(loads) >= best[0]:
+            return
+        if i == len(s):
+            best[0] = len(loads)
+            return
+        seen = set()
+        for b in range(len(loads)):
+            if loads[b] + s[i] <= capacity and loads[b] not in seen:
+                seen.add(loads[b])
+                loads[b] += s[i]
+                rec(i + 1, loads)
+                loads[b] -= s[i]
+        loads.append(s[i])
+        rec(i + 1, loads)
+        loads.pop()
+
+    rec(0, [])
+    return best[0] if s else 0
+
+
+instances = st.integers(5, 60).flatmap(
+    lambda C: st.tuples(st.just(C), st.lists(st.integers(1, C), min_size=1, max_size=8)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(instances)
+def test_bounds_below_optimum_below_packings(inst):
+    """L1 ≤ L2, every bound ≤ brute-force optimum ≤ FFD, BFD, MBS'; packings are valid."""
+    C, sizes = inst
+    opt = brute_force_bins(sizes, C)
+    l1, l2, dff = lower_bound_l1(sizes, C), lower_bound_l2(sizes, C), lower_bound_dff(sizes, C)
+    best, _ = lower_bound(sizes, C)
+    assert l1 <= l2 <= opt and dff <= opt and best == max(l1, l2, dff)
+    for fn in (first_fit_decreasing, best_fit_decreasing, minimum_bin_slack):
+        bin_N, used = fn(sizes, C)
+        assert is_packing(sizes, C, bin_N) and bins_used(bin_N) == used >= opt
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(10, 1000).flatmap(
+    lambda C: st.tuples(st.just(C), st.lists(st.integers(1, C), min_size=1, max_size=300))))
+def test_bounds_below_packings_larger(inst):
+    """On larger random data, the best bound never exceeds the best FFD/BFD/MBS' packing."""
+    C, sizes = inst
+    lb, _ = lower_bound(sizes, C)
+    _, ub, _ = best_packing(sizes, C)
+    mbs_N, mbs = minimum_bin_slack(sizes, C, restarts=3, seed=1)
+    assert is_packing(sizes, C, mbs_N)
+    assert lb <= min(ub, mbs)
+
+
+def test_bounds_and_ffd_bfd_match_benchmark_records():
+    """L1, L2, FFD and BFD equal the values stored with every BPP benchmark instance."""
+    checked = 0
+    for path in sorted(BPP.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            s, C = np.asarray(r["sizes"]), r["capacity"]
+            got = (lower_bound_l1(s, C), lower_bound_l2(s, C), first_fit_decreasing(s, C)[1],
+                   best_fit_decreasing(s, C)[1])
+            assert got == (r["lb_l1"], r["lb_l2"], r["ffd"], r["bfd"]), r["name"]
+            checked += 1
+    assert checked == 1615
+
+
+def test_ffd_and_bfd_hand_cases():
+    """FFD takes the first bin with room, BFD the fullest one; checked on hand-computed packings."""
+    # FFD, C=10, [6, 5, 4, 3]: 6 | 5 ; 4 → bin 0 (first with room 4) ; 3 → bin 1.
+    ffd, n_f = first_fit_decreasing([3, 6, 4, 5], 10)
+    assert ffd.tolist() == [1, 0, 0, 1] and n_f == 2
+    # BFD, C=10, [7, 5, 3, 2, 2]: 7 | 5 ; 3 → bin 0 (res 3, exact) ; 2 → bin 1 (res 5) ; 2 → bin 1.
+    bfd, n_b = best_fit_decreasing([7, 5, 3, 2, 2], 10)
+    assert bfd.tolist() == [0, 1, 0, 1, 1] and n_b == 2
+    # FFD, C=10, [6, 4, 4, 3, 3]: 6 | ; 4 → bin 0 ; 4 → bin 1 ; 3 → bin 1 ; 3 → bin 1.
+    assert first_fit_decreasing([6, 4, 4, 3, 3], 10)[0].tolist() == [0, 0, 1, 1, 1]
+
+
+def test_bfd_large_capacity_path_agrees():
+    """The linear-scan BFD (capacities above the Fenwick limit) gives the Fenwick one's bin loads."""
+    rng = np.random.default_rng(3)
+    s = rng.integers(1, 100, size=200)
+    a, na = best_fit_decreasing(s, 100)
+    b, nb = best_fit_decreasing(s * (1 << 17), 100 * (1 << 17))  # same instance, C > 2^22
+    # ties between equal residuals may pick different bins; the bin loads are the same multiset
+    loads_a = np.sort(np.bincount(a, weights=s))
+    loads_b = np.sort(np.bincount(b, weights=s))
+    assert na == nb and (loads_a == loads_b).all()
+
+
+def test_item_larger_than_capacity_is_input_error():
+    """Sizes above the capacity are refused with the offending items named."""
+    with pytest.raises(InputError, match=r"items \[1\].*larger than the capacity 10"):
+        lower_bound_l1([3, 11, 2], 10)
+
+
+def test_production_scale_is_fast():
+    """Bounds + FFD + BFD on N=4096 lengths run in well under a second (after JIT warm-up)."""
+    rng = np.random.default_rng(0)
+    s = np.minimum(rng.lognormal(7.0, 1.0, size=4096).astype(np.int64) + 1, 8192)
+    lower_bound(s[:10], 8192), best_packing(s[:10], 8192)  # warm-up
+    t0 = time.perf_counter()
+    lb, _ = lower_bound(s, 8192)
+    _, ub, _ = best_packing(s, 8192)
+    assert time.perf_counter() - t0 < 1.0 and lb <= ub
