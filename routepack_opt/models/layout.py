@@ -9,13 +9,16 @@ optimal makespan (never below the SPEC §2 bound).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from routepack_opt.cost import CostModel
 from routepack_opt.errors import InputError
 from routepack_opt.evaluate import Evaluator
 from routepack_opt.models.layout_common import (MAX_BINARIES, LayoutInstance, LayoutResult,
-                                                canonical_layout, is_canonical, symmetry_groups)
+                                                canonical_layout, gap_of, is_canonical,
+                                                symmetry_groups)
 from routepack_opt.topology import Topology
 from routepack_opt.window import Window
 
@@ -52,10 +55,29 @@ def solve_layout(window: Window, topology: Topology, cost: CostModel, placement,
     if solver == "cpsat":
         from routepack_opt.models.layout_cpsat import solve_cpsat
 
-        return solve_cpsat(inst, time_limit, warm_start, lexicographic, symmetry, num_workers)
-    from routepack_opt.models.layout_milp import solve_milp
+        res = solve_cpsat(inst, time_limit, warm_start, lexicographic, symmetry, num_workers)
+    else:
+        from routepack_opt.models.layout_milp import solve_milp
 
-    return solve_milp(inst, time_limit, warm_start, lexicographic, symmetry)
+        res = solve_milp(inst, time_limit, warm_start, lexicographic, symmetry)
+    return _never_worse_than_start(inst, res, warm_start)
+
+
+def _never_worse_than_start(inst: LayoutInstance, res: LayoutResult, warm_start) -> LayoutResult:
+    """Anytime guarantee: if the solver returns nothing, or a layout the evaluator scores worse
+    than the warm start (beyond the rounding error), return the warm start (status feasible)."""
+    if warm_start is None or res.status == "infeasible":
+        return res
+    start = inst.score(*warm_start)
+    if res.score is not None:
+        tol = 2 * res.rounding_error + 1e-9 * abs(res.score.makespan)
+        if start.makespan >= res.score.makespan - tol:
+            return res
+    info = dict(res.info, returned="warm start")
+    bound = min(res.bound, start.makespan)
+    return dataclasses.replace(res, status="feasible", objective=start.makespan, score=start,
+                               row=warm_start[0], slot=warm_start[1], bound=bound,
+                               gap=gap_of(start.makespan, bound), info=info)
 
 
 def _check_warm_start(inst: LayoutInstance, warm_start):
