@@ -353,19 +353,15 @@ def _deal(len_N, cell_N, R: int, D: int, deal: str) -> tuple[np.ndarray, np.ndar
 
 
 def _pack_exact(len_N, C: int, num_bins: int, time_limit: float) -> np.ndarray:
-    """A packing into at most ``num_bins`` bins, or InfeasibleError (the R* certifier's solver)."""
-    try:
-        from routepack_opt.certify import pack_into_bins
-    except ImportError:  # certifier not built: the bin-packing model directly
-        from routepack_opt.models.binpack import solve_bin_packing
+    """A packing into at most ``num_bins`` bins (the R* certifier's :func:`pack_into_bins`), or
+    InfeasibleError: proved impossible, or (said so in the message) undecided in time."""
+    from routepack_opt.certify import BinPackUndecided, pack_into_bins
 
-        res = solve_bin_packing(len_N, C, max_bins=num_bins, decision=True, time_limit=time_limit)
-        if res.bins is not None and res.bin_N is not None and res.bins <= num_bins:
-            return np.asarray(res.bin_N, dtype=np.int64)
-        if res.status == "infeasible":
-            raise InfeasibleError(f"the samples do not fit in {num_bins} bins of capacity {C} (proved)") from None
-        raise InfeasibleError(f"no packing into {num_bins} bins of capacity {C} found in {time_limit}s") from None
-    bins = pack_into_bins(len_N, C, num_bins, time_limit=time_limit)
+    try:
+        bins = pack_into_bins(len_N, C, num_bins, time_limit=time_limit)
+    except BinPackUndecided as exc:
+        raise InfeasibleError(f"no packing into {num_bins} bins of capacity {C} found within "
+                              f"{time_limit}s (undecided: {exc})") from None
     if bins is None:
         raise InfeasibleError(f"the samples do not fit in {num_bins} bins of capacity {C} (proved)")
     return np.asarray(bins, dtype=np.int64)
