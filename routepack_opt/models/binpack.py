@@ -200,14 +200,45 @@ def _arcflow_arcs(w, b, C):
     return tails[:n_arcs], types[:n_arcs], reach
 
 
-def arcflow_graph(sizes, capacity) -> dict:
+@numba.njit(cache=True)
+def _alive_loads(tail_A, head_A, reach, C, slack):
+    """Loads that can still end a bin with waste ≤ ``slack`` (backward pass, heads > tails)."""
+    alive = np.zeros(C + 1, dtype=np.bool_)
+    for d in range(C + 1):
+        alive[d] = reach[d] and C - d <= slack
+    order = np.argsort(-tail_A)
+    for a in order:
+        if alive[head_A[a]]:
+            alive[tail_A[a]] = True
+    return alive
+
+
+def arcflow_graph(sizes, capacity, max_bins: int | None = None) -> dict:
     """The reduced arc-flow graph: item arcs ``tail_A``, ``type_A`` (head = tail + w[type]),
-    reachable loads ``nodes`` (loss arcs go from each to the sink), ``w``, ``b``, ``type_N``."""
+    loads ``nodes`` (each with a loss arc to the sink), ``w``, ``b``, ``type_N``.
+
+    With ``max_bins`` = K, a bin can waste at most ``slack`` = K·C − Σ s, so loss arcs only
+    leave loads ≥ C − slack and loads that cannot reach one are dropped (for K = Σ s / C only
+    exactly full bins remain). ``alive_source`` False proves no packing into K bins exists.
+    """
     sizes_N, C = check_sizes(sizes, capacity)
     w, b, type_N = _types(sizes_N)
     tail_A, type_A, reach = _arcflow_arcs(w, b, C)
-    return {"tail_A": tail_A, "type_A": type_A, "nodes": np.flatnonzero(reach), "w": w, "b": b,
-            "type_N": type_N, "capacity": C}
+    slack = C if max_bins is None else int(max_bins) * C - int(sizes_N.sum())
+    alive_source = slack >= 0
+    loss_from = np.flatnonzero(reach)
+    if max_bins is not None and slack < C:
+        head_A = tail_A + w[type_A]
+        alive = _alive_loads(tail_A, head_A, reach, C, max(slack, -1))
+        keep = alive[tail_A] & alive[head_A]
+        tail_A, type_A = tail_A[keep], type_A[keep]
+        alive_source = bool(alive[0]) and slack >= 0
+        loss_from = np.flatnonzero(reach & alive & (C - np.arange(C + 1) <= slack))
+        nodes = np.flatnonzero(alive)
+    else:
+        nodes = np.flatnonzero(reach)
+    return {"tail_A": tail_A, "type_A": type_A, "nodes": nodes, "loss_from": loss_from, "w": w,
+            "b": b, "type_N": type_N, "capacity": C, "alive_source": alive_source}
 
 
 def _solve_arcflow(sizes_N, C, lb, max_bins, hint_N, time_limit, graph=None):
@@ -215,14 +246,16 @@ def _solve_arcflow(sizes_N, C, lb, max_bins, hint_N, time_limit, graph=None):
     from pyomo.contrib.appsi.solvers import Highs
 
     t0 = time.perf_counter()
-    g = graph if graph is not None else arcflow_graph(sizes_N, C)
+    g = graph if graph is not None else arcflow_graph(sizes_N, C, max_bins)
+    if not g["alive_source"]:  # no bin path wastes little enough: K bins are impossible
+        return "infeasible", None, max_bins + 1, None
     w, b, type_N = g["w"], g["b"], g["type_N"]
-    tail_A, type_A, nodes = g["tail_A"], g["type_A"], g["nodes"]
+    tail_A, type_A, nodes, loss_from = g["tail_A"], g["type_A"], g["nodes"], g["loss_from"]
     head_A = tail_A + w[type_A]
-    A, V = tail_A.size, nodes.size
+    A, V = tail_A.size, loss_from.size
     SINK = -1
-    # Loss arcs: node → sink (A .. A+V-1); node 0's loss arc is an empty bin (harmless).
-    tails = np.concatenate([tail_A, nodes])
+    # Loss arcs: load → sink (A .. A+V-1); node 0's loss arc is an empty bin (harmless).
+    tails = np.concatenate([tail_A, loss_from])
     heads = np.concatenate([head_A, np.full(V, SINK)])
     ub_A = np.concatenate([b[type_A], np.full(V, max_bins)])
 
@@ -254,7 +287,7 @@ def _solve_arcflow(sizes_N, C, lb, max_bins, hint_N, time_limit, graph=None):
     # Warm start: each heuristic bin is a path of decreasing items from load 0, then a loss arc.
     if hint_N is not None and int(hint_N.max()) < max_bins:
         arc_of = {(int(t), int(j)): a for a, (t, j) in enumerate(zip(tail_A, type_A))}
-        loss_of = {int(v): A + i for i, v in enumerate(nodes)}
+        loss_of = {int(v): A + i for i, v in enumerate(loss_from)}
         flow = np.zeros(A + V, dtype=np.int64)
         ok = True
         for k in np.unique(hint_N):
@@ -267,6 +300,9 @@ def _solve_arcflow(sizes_N, C, lb, max_bins, hint_N, time_limit, graph=None):
                 flow[a] += 1
                 d += int(w[j])
             if not ok:
+                break
+            if d not in loss_of:
+                ok = False
                 break
             flow[loss_of[d]] += 1
         if ok:
@@ -373,7 +409,7 @@ def solve_bin_packing(sizes, capacity, *, max_bins: int | None = None, method: s
     graph = None
     chosen = method
     if method in ("auto", "arcflow"):
-        graph = arcflow_graph(sizes_N, C)
+        graph = arcflow_graph(sizes_N, C, K)
         if method == "auto":
             chosen = "arcflow" if graph["tail_A"].size <= ARCFLOW_MAX_ARCS else "cpsat"
     hint_N = heur_N if heur_bins <= K else None
