@@ -34,9 +34,11 @@ def test_replacement_is_bitwise_invisible_with_4_gloo_processes():
 
 
 @pytest.mark.parametrize("args", [["--world-size", "3", "--ep", "2"], ["--world-size", "0"],
-                                  ["--world-size", "6", "--ep", "3"], ["--steps", "1"]])
+                                  ["--world-size", "6", "--ep", "3"], ["--steps", "1"],
+                                  ["--device", "cuda", "--world-size", "64"]])
 def test_verify_runtime_bad_input_exits_2(run_cli, args):
-    """World size not divisible by EP, E not divisible by EP, too few steps → error: + exit 2."""
+    """World size not divisible by EP, E not divisible by EP, too few steps, CUDA absent or too
+    few GPUs → error: + exit 2."""
     code, out, err = run_cli("verify-runtime", *args)
     assert code == 2 and err.startswith("error:") and "Traceback" not in err
 

@@ -18,6 +18,8 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, default=3, help="optimizer steps (re-placement after the first)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=180.0, help="seconds allowed for the distributed run")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu (gloo; default) or cuda (nccl, one GPU per rank)")
     p.add_argument("--start-method", choices=["forkserver", "spawn"], default="forkserver",
                    help="how ranks start (torch.multiprocessing; default forkserver: torch imported once)")
     add_json(p)
@@ -36,7 +38,8 @@ def run(args) -> None:
         raise InputError(f"--world-size {args.world_size} is not divisible by --ep {ep}"
                          if args.world_size >= 1 and ep >= 1 else "--world-size and --ep must be ≥ 1")
     cfg = dataclasses.replace(VerifyConfig(), steps=args.steps, seed=args.seed,
-                              timeout_s=args.timeout, start_method=args.start_method)
+                              timeout_s=args.timeout, start_method=args.start_method,
+                              device=args.device)
     rep = verify_runtime(cfg, world_size=args.world_size, ep=ep)
     lines = [f"verify-runtime: world_size={rep['world_size']} ep={rep['ep']} steps={rep['steps']} "
              f"(re-placed {rep['experts_replaced']} experts after step {rep['replace_after']})"]

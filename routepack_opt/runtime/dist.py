@@ -78,6 +78,8 @@ def ordered_all_reduce(tensors: list[torch.Tensor], group=None) -> None:
 def deterministic(seed: int = 0, threads: int | None = 1):
     """Deterministic torch settings for a block: deterministic algorithms, a fixed seed and (by
     default) one intra-op thread, so every elementwise kernel sees whole, aligned vectors."""
+    # cuBLAS needs a fixed workspace for deterministic GEMMs (read when its handle is created)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     prev_det = torch.are_deterministic_algorithms_enabled()
     prev_threads = torch.get_num_threads()
     torch.use_deterministic_algorithms(True)
@@ -109,8 +111,15 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, retr
         prev = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = "1"  # children: no thread pools fighting over cores
         try:
-            ctx = mp.start_processes(fn, args=(port,) + tuple(args), nprocs=world_size,
-                                     join=False, start_method=start_method)
+            try:
+                ctx = mp.start_processes(fn, args=(port,) + tuple(args), nprocs=world_size,
+                                         join=False, start_method=start_method)
+            except (OSError, ValueError):
+                if start_method == "spawn":
+                    raise
+                start_method = "spawn"  # no forkserver here (platform, socket path): spawn
+                ctx = mp.start_processes(fn, args=(port,) + tuple(args), nprocs=world_size,
+                                         join=False, start_method=start_method)
         finally:
             if prev is None:
                 os.environ.pop("OMP_NUM_THREADS", None)

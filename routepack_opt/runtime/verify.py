@@ -51,6 +51,7 @@ class VerifyConfig:
     seed: int = 0
     timeout_s: float = 120.0  # whole distributed run, processes included
     start_method: str = "forkserver"  # or "spawn" (see routepack_opt.runtime.dist.launch)
+    device: str = "cpu"  # "cuda": one GPU per rank, nccl (bitwise equality is only claimed on CPU)
 
     def __post_init__(self):
         E = self.model.num_experts
@@ -64,6 +65,10 @@ class VerifyConfig:
         if self.num_samples < self.rows * self.dp:
             raise InputError(f"verify-runtime: {self.num_samples} samples cannot fill "
                              f"{self.rows}×{self.dp} cells")
+        if self.device not in ("cpu", "cuda"):
+            raise InputError(f"verify-runtime: device must be cpu or cuda, got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise InputError("--device cuda: CUDA is not available on this machine")
         if self.start_method not in ("forkserver", "spawn"):
             raise InputError(f"verify-runtime: start_method must be forkserver or spawn, got {self.start_method!r}")
         if not 1 <= self.replace_after < self.steps:
@@ -119,13 +124,14 @@ def run_single(cfg: VerifyConfig, replace: bool, setup: Setup | None = None) -> 
     from routepack_opt.runtime.dist import deterministic
 
     setup = setup or make_setup(cfg)
+    dev = torch.device(cfg.device)
     with deterministic(cfg.seed):
-        model = TinyMoE(cfg.model)
+        model = TinyMoE(cfg.model).to(dev)
         opt = _optimizer(model, cfg.lr)
         losses, move = [], None
         for step in range(cfg.steps):
             batches = [build_microbatches(setup.plan, setup.window, d, setup.tokens_per_step[step],
-                                          setup.routes_TLK) for d in range(cfg.dp)]
+                                          setup.routes_TLK, device=dev) for d in range(cfg.dp)]
             step_losses = [[0.0] * cfg.rows for _ in range(cfg.dp)]
             for r in range(cfg.rows):  # row by row, as the slots would run them
                 for d in range(cfg.dp):
@@ -139,8 +145,8 @@ def run_single(cfg: VerifyConfig, replace: bool, setup: Setup | None = None) -> 
                 move = materialize(model.moe_layers, setup.new_placement_LE, opt).as_dict()
             if step + 1 < cfg.steps:
                 opt.zero_grad(set_to_none=True)
-        return RunResult(losses, {n: p.detach().clone() for n, p in model.dense_parameters()},
-                         logical_expert_tensors(model, opt), move)
+        return RunResult(losses, {n: p.detach().cpu() for n, p in model.dense_parameters()},
+                         _to_cpu(logical_expert_tensors(model, opt)), move)
 
 
 def _dist_worker(rank: int, port: int, cfg: VerifyConfig, outdir: str) -> None:
@@ -150,21 +156,26 @@ def _dist_worker(rank: int, port: int, cfg: VerifyConfig, outdir: str) -> None:
     from routepack_opt.runtime.dist import ParallelGroups, deterministic, init_group, ordered_all_reduce
 
     torch.set_num_threads(1)
-    init_group(rank, cfg.dp, port, "gloo", timeout_s=cfg.timeout_s)
+    if cfg.device == "cuda":
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+    else:
+        dev = torch.device("cpu")
+    init_group(rank, cfg.dp, port, "nccl" if dev.type == "cuda" else "gloo", timeout_s=cfg.timeout_s)
     try:
         groups = ParallelGroups(cfg.dp, cfg.ep)
         setup = make_setup(cfg)
         out = {}
         for replace in (False, True):
             with deterministic(cfg.seed):
-                model = TinyMoE(cfg.model, cfg.ep, groups.ep_rank, groups.ep_group)
+                model = TinyMoE(cfg.model, cfg.ep, groups.ep_rank, groups.ep_group).to(dev)
                 opt = _optimizer(model, cfg.lr)
                 dense = [p for _, p in model.dense_parameters()]
                 experts = model.expert_parameters()
                 losses, move = [], None
                 for step in range(cfg.steps):
                     rb = build_microbatches(setup.plan, setup.window, rank,
-                                            setup.tokens_per_step[step], setup.routes_TLK)
+                                            setup.tokens_per_step[step], setup.routes_TLK, device=dev)
                     step_losses = []
                     for mb in rb.microbatches:
                         loss = model.loss_sum(mb) / setup.denom
@@ -182,10 +193,18 @@ def _dist_worker(rank: int, port: int, cfg: VerifyConfig, outdir: str) -> None:
                 out["replaced" if replace else "reference"] = RunResult(
                     losses, {n: p.detach().clone() for n, p in model.dense_parameters()},
                     logical_expert_tensors(model, opt), move)
-        torch.save({k: dataclasses.asdict(v) for k, v in out.items()}, Path(outdir) / f"rank{rank}.pt")
+        torch.save({k: _to_cpu(dataclasses.asdict(v)) for k, v in out.items()}, Path(outdir) / f"rank{rank}.pt")
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _to_cpu(x):
+    if torch.is_tensor(x):
+        return x.cpu()
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    return x
 
 
 def run_distributed(cfg: VerifyConfig) -> dict:
@@ -260,7 +279,11 @@ def verify_runtime(cfg: VerifyConfig | None = None, world_size: int = 4, ep: int
     if world_size % ep:
         raise InputError(f"--world-size {world_size} is not divisible by --ep {ep}")
     base = cfg or VerifyConfig()
-    cfg = dataclasses.replace(base, dp=world_size, ep=ep)
+    if base.device == "cuda" and world_size > 1 and torch.cuda.device_count() < world_size:
+        raise InputError(f"--device cuda with --world-size {world_size} needs {world_size} GPUs "
+                         f"(nccl: one per rank); this machine has {torch.cuda.device_count()}")
+    cfg = dataclasses.replace(base, dp=world_size, ep=ep,
+                              num_samples=max(base.num_samples, 3 * base.rows * world_size))
     report: dict = {"world_size": world_size, "ep": ep, "dp": cfg.dp, "steps": cfg.steps,
                     "replace_after": cfg.replace_after, "tolerance": tol}
     setup = make_setup(cfg)
