@@ -896,9 +896,9 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
             row[j] = ra
             slot[j] = da
         else:
-            last = memb[a * cap + cnt[a] - 1]
-            memb[a * cap + pos[i]] = last
-            pos[last] = pos[i]
+            tail = memb[a * cap + cnt[a] - 1]
+            memb[a * cap + pos[i]] = tail
+            pos[tail] = pos[i]
             cnt[a] -= 1
             memb[bc * cap + cnt[bc]] = i
             pos[i] = cnt[bc]
