@@ -105,6 +105,7 @@ def _plot(window, topo, cost, plans, objective, path: Path) -> None:
         ax.set_title(f"{name}: J[row, shard] (ms); {objective} makespan {s.makespan / 1e3:,.1f} ms")
         ax.set_xlabel("row (micro-batch)")
         ax.set_ylabel("EDP shard")
+        ax.set_yticks(range(J.shape[1]))
         fig.colorbar(im, ax=ax)
     fig.suptitle("RoutePack demo: expert placement (top) and joint packing (bottom)")
     fig.savefig(path, dpi=90)
