@@ -73,7 +73,12 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=str(RESULTS / "runtime_check.md"))
+    ap.add_argument("--render", action="store_true", help="only re-render the .md from the .json")
     args = ap.parse_args(argv)
+    if args.render:
+        res = json.loads(Path(args.out).with_suffix(".json").read_text())
+        Path(args.out).write_text(report(res, args, RESULTS / f"runtime_check_cost_{args.device}.toml"))
+        return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     res: dict = {"env": {"python": platform.python_version(), "torch": torch.__version__,
@@ -128,6 +133,10 @@ def main(argv=None) -> int:
     return 0
 
 
+def _fmt(x) -> str:
+    return "—" if x is None else f"{x:.2g}"
+
+
 def report(res: dict, args, cost_path: Path) -> str:
     cmd = "python experiments/runtime_check.py" + (" --quick" if args.quick else "") + (
         f" --device {args.device}" if args.device != "cpu" else "")
@@ -149,7 +158,7 @@ def report(res: dict, args, cost_path: Path) -> str:
                 L.append(f"| {rep['world_size'] if mode == 'distributed' else 1} | {rep['ep'] if mode == 'distributed' else 1} "
                          f"| {mode.replace('_', ' ')} | {m['max_abs_diff']:.3g} | {m['bitwise_equal']} "
                          f"| {m.get('experts_moved', m.get('experts_moved_per_shard'))} | {m['bytes_moved']:,} "
-                         f"| {m.get('bytes_sent_cross_rank', 0):,} | {m.get('vs_single_process_loss_diff', float('nan')):.2g} "
+                         f"| {m.get('bytes_sent_cross_rank', 0):,} | {_fmt(m.get('vs_single_process_loss_diff'))} "
                          f"| {m['seconds']} |")
     cal = res["calibration"]
     a, e = cal["attention"], cal["expert"]

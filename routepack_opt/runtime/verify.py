@@ -112,6 +112,9 @@ class RunResult:
     dense: dict[str, torch.Tensor]
     experts: dict[tuple[int, int], dict[str, torch.Tensor]]
     move: dict | None = None
+    # the same, right after the step boundary where the re-placed run materializes (grads and
+    # Adam state still present): the moved state itself, before later steps use it
+    boundary: dict[tuple[int, int], dict[str, torch.Tensor]] | None = None
 
 
 def _optimizer(model: TinyMoE, lr: float):
@@ -128,7 +131,7 @@ def run_single(cfg: VerifyConfig, replace: bool, setup: Setup | None = None) -> 
     with deterministic(cfg.seed):
         model = TinyMoE(cfg.model).to(dev)
         opt = _optimizer(model, cfg.lr)
-        losses, move = [], None
+        losses, move, boundary = [], None, None
         for step in range(cfg.steps):
             batches = [build_microbatches(setup.plan, setup.window, d, setup.tokens_per_step[step],
                                           setup.routes_TLK, device=dev) for d in range(cfg.dp)]
@@ -143,10 +146,12 @@ def run_single(cfg: VerifyConfig, replace: bool, setup: Setup | None = None) -> 
             if replace and step + 1 == cfg.replace_after:
                 # at the step boundary, with gradients still present: they move too
                 move = materialize(model.moe_layers, setup.new_placement_LE, opt).as_dict()
+            if step + 1 == cfg.replace_after:
+                boundary = _to_cpu(logical_expert_tensors(model, opt))
             if step + 1 < cfg.steps:
                 opt.zero_grad(set_to_none=True)
         return RunResult(losses, {n: p.detach().cpu() for n, p in model.dense_parameters()},
-                         _to_cpu(logical_expert_tensors(model, opt)), move)
+                         _to_cpu(logical_expert_tensors(model, opt)), move, boundary)
 
 
 def _dist_worker(rank: int, port: int, cfg: VerifyConfig, outdir: str) -> None:
@@ -172,7 +177,7 @@ def _dist_worker(rank: int, port: int, cfg: VerifyConfig, outdir: str) -> None:
                 opt = _optimizer(model, cfg.lr)
                 dense = [p for _, p in model.dense_parameters()]
                 experts = model.expert_parameters()
-                losses, move = [], None
+                losses, move, boundary = [], None, None
                 for step in range(cfg.steps):
                     rb = build_microbatches(setup.plan, setup.window, rank,
                                             setup.tokens_per_step[step], setup.routes_TLK, device=dev)
@@ -188,11 +193,13 @@ def _dist_worker(rank: int, port: int, cfg: VerifyConfig, outdir: str) -> None:
                     if replace and step + 1 == cfg.replace_after:
                         move = materialize(model.moe_layers, setup.new_placement_LE, opt,
                                            groups.ep_group).as_dict()
+                    if step + 1 == cfg.replace_after:
+                        boundary = logical_expert_tensors(model, opt)
                     if step + 1 < cfg.steps:
                         opt.zero_grad(set_to_none=True)
                 out["replaced" if replace else "reference"] = RunResult(
                     losses, {n: p.detach().clone() for n, p in model.dense_parameters()},
-                    logical_expert_tensors(model, opt), move)
+                    logical_expert_tensors(model, opt), move, boundary)
         torch.save({k: _to_cpu(dataclasses.asdict(v)) for k, v in out.items()}, Path(outdir) / f"rank{rank}.pt")
         dist.barrier()
     finally:
@@ -229,42 +236,58 @@ def compare_runs(ref: RunResult, new: RunResult) -> dict:
     """Largest absolute differences between two runs, by kind, and whether all are bitwise equal."""
     loss = max(abs(x - y) for a, b in zip(ref.losses, new.losses) for x, y in zip(a, b))
     dense = max(_max_diff(ref.dense[n], new.dense[n]) for n in ref.dense)
-    if set(ref.experts) != set(new.experts):
+    identical = ref.losses == new.losses and all(torch.equal(ref.dense[n], new.dense[n]) for n in ref.dense)
+    expert, same = _compare_experts(ref.experts, new.experts)
+    identical &= same
+    out = {"loss": loss, "dense": dense, "expert": expert}
+    if ref.boundary is not None and new.boundary is not None:
+        out["expert_at_replacement"], same = _compare_experts(ref.boundary, new.boundary)
+        identical &= same
+    out["max_abs_diff"] = max(out.values())
+    out["bitwise_equal"] = bool(identical)
+    return out
+
+
+def _compare_experts(a: dict, b: dict) -> tuple[float, bool]:
+    if set(a) != set(b):
         raise RuntimeError("the runs hold different logical experts")
-    expert = 0.0
-    identical = True
-    for key, d in ref.experts.items():
-        if set(d) != set(new.experts[key]):
-            raise RuntimeError(f"expert {key}: different state kinds {sorted(d)} vs {sorted(new.experts[key])}")
+    worst, identical = 0.0, True
+    for key, d in a.items():
+        if set(d) != set(b[key]):
+            raise RuntimeError(f"expert {key}: different state kinds {sorted(d)} vs {sorted(b[key])}")
         for name, t in d.items():
-            expert = max(expert, _max_diff(t, new.experts[key][name]))
-            identical &= torch.equal(t, new.experts[key][name])
-    identical &= all(torch.equal(ref.dense[n], new.dense[n]) for n in ref.dense)
-    identical &= ref.losses == new.losses
-    return {"loss": loss, "dense": dense, "expert": expert,
-            "max_abs_diff": max(loss, dense, expert), "bitwise_equal": bool(identical)}
+            worst = max(worst, _max_diff(t, b[key][name]))
+            identical &= torch.equal(t, b[key][name])
+    return worst, identical
 
 
 def _merge_ranks(per_rank: list[RunResult], cfg: VerifyConfig) -> tuple[RunResult, float]:
-    """One logical view of a distributed run (experts from shard 0, losses of all ranks in rank
-    order) and the largest difference between replicas (EDP shards, dense copies)."""
-    P = cfg.ep
-    experts: dict = {}
+    """One logical view of a distributed run (each expert from the first rank holding it, losses
+    of all ranks in rank order) and the largest difference between replicas (EDP shards, dense
+    copies)."""
     replica = 0.0
-    for rank, res in enumerate(per_rank):
-        for key, d in res.experts.items():
-            if key not in experts:
-                experts[key] = d
-            else:
-                replica = max(replica, max(_max_diff(t, experts[key][n]) for n, t in d.items()))
+
+    def merge(dicts):
+        nonlocal replica
+        merged: dict = {}
+        for d_rank in dicts:
+            for key, d in d_rank.items():
+                if key not in merged:
+                    merged[key] = d
+                else:
+                    replica = max(replica, max(_max_diff(t, merged[key][n]) for n, t in d.items()))
+        if len(merged) != cfg.model.num_experts * cfg.model.num_layers:
+            raise RuntimeError(f"ranks hold {len(merged)} logical experts, expected "
+                               f"{cfg.model.num_experts * cfg.model.num_layers}")
+        return merged
+
+    experts = merge([r.experts for r in per_rank])
+    boundary = merge([r.boundary for r in per_rank]) if per_rank[0].boundary is not None else None
+    for res in per_rank:
         for n, t in res.dense.items():
             replica = max(replica, _max_diff(t, per_rank[0].dense[n]))
-    E, L = cfg.model.num_experts, cfg.model.num_layers
-    if len(experts) != E * L:
-        raise RuntimeError(f"ranks hold {len(experts)} logical experts, expected {E * L}")
     losses = [[x for res in per_rank for x in res.losses[s]] for s in range(cfg.steps)]
-    assert P >= 1
-    return RunResult(losses, per_rank[0].dense, experts), replica
+    return RunResult(losses, per_rank[0].dense, experts, None, boundary), replica
 
 
 def verify_runtime(cfg: VerifyConfig | None = None, world_size: int = 4, ep: int = 2,
