@@ -23,15 +23,14 @@ same scaled window comes from :mod:`routepack_opt.evaluate` with the calibrated 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
-import contextlib
 import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from routepack_opt.cost import CostModel, Stage
 from routepack_opt.errors import InputError
@@ -391,8 +390,7 @@ def measure_plan(window: Window, plan: Plan, cost: CostModel | None = None, devi
     J_meas = A_RD[:, slots_GP].max(axis=2) + X_RGLP.max(axis=3).sum(axis=2)
     # prediction: the one evaluator, same scaled window, same layers
     b_NLP = rank_loads(counts_s, plan.placement[:Lm], P)
-    J_pred, A_pred_SRG, M_pred_RGL = row_shard_costs(len_s, b_NLP, plan.row, plan.slot, R, topo,
-                                                     cost, parts=True)
+    J_pred = row_shard_costs(len_s, b_NLP, plan.row, plan.slot, R, topo, cost)
     # per-kernel agreement: attention per cell and expert per workload, intercepts included
     a_cost = cost.stages[0]
     c_attn = 0.0
