@@ -32,11 +32,11 @@ def load_config(args):
 
 
 def placement_arg(value: str, window):
-    if value in ("lpt", "identity", "joint"):
+    if value in ("lpt", "lpt-plain", "identity", "joint"):
         return value
     if value.endswith(".json") or Path(value).exists():
         return load_plan(value).placement
-    raise InputError(f"--placement must be lpt, identity, joint or a PLAN.json, got {value!r}")
+    raise InputError(f"--placement must be lpt, lpt-plain, identity, joint or a PLAN.json, got {value!r}")
 
 
 @contextlib.contextmanager
@@ -59,7 +59,8 @@ def register(sub) -> None:
     add_topology(p)
     add_cost(p)
     add_objective(p)
-    p.add_argument("--placement", default="lpt", help="lpt (default), identity, joint, or PLAN.json to keep its placement")
+    p.add_argument("--placement", default="lpt", help="lpt (default: LPT + swap refinement), lpt-plain (Graham's LPT alone), identity, "
+                   "joint (row-aware, searched with the packing), or PLAN.json to keep its placement")
     p.add_argument("--placement-from", metavar="PLAN.json",
                    help="the placement currently materialized: joint placement pays migration cost against it")
     add_search_args(p)
