@@ -23,6 +23,7 @@ interchangeable units ``u_0, u_1, ...``, the smallest sample of ``u_{j-1}`` is b
 Levels nest (coarse to fine), and each level's key (a unit's smallest sample) is invariant under
 the permutations of the finer levels, so the orderings can be imposed together: every layout has
 exactly one representative (:func:`canonical_layout`) with the same score (cells are nonempty).
+"Smallest" is taken in a fixed order of the samples, heaviest first (``LayoutInstance.order_N``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class LayoutInstance:
     b_NLP: np.ndarray  # per-rank loads under the placement
     coef_SN: np.ndarray  # α_s·len + β_s·len² (µs) per stage and sample
     slots_GP: np.ndarray
+    order_N: np.ndarray  # sample ids, heaviest first: the order of the min-index symmetry breaking
 
     @classmethod
     def build(cls, window: Window, topology: Topology, cost: CostModel, placement, rows: int,
@@ -73,8 +75,12 @@ class LayoutInstance:
         lengths = window.lengths.astype(np.float64)
         coef_SN = (np.asarray(cost.alphas)[:, None] * lengths[None]
                    + np.asarray(cost.betas)[:, None] * lengths[None] ** 2)
+        # Heaviest samples first (standalone cost), so the symmetry breaking pins the samples
+        # that matter most (largest-item-first, as in bin-packing symmetry breaking).
+        weight_N = coef_SN.sum(axis=0) + cost.gamma * b_NLP.max(axis=2).sum(axis=1)
+        order_N = np.lexsort((np.arange(window.num_samples), -weight_N)).astype(np.int64)
         return cls(window, topology, cost, placement, int(rows), objective, evaluator, b_NLP,
-                   coef_SN, topology.slots_of_shard())
+                   coef_SN, topology.slots_of_shard(), order_N)
 
     @property
     def num_samples(self) -> int:
@@ -212,10 +218,11 @@ def symmetry_groups(topology: Topology, rows: int, objective: str) -> list[list[
     return groups
 
 
-def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: str
+def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: str, order=None
                      ) -> tuple[np.ndarray, np.ndarray]:
     """The orbit representative of a layout under the objective's symmetries (same score):
-    units ordered by smallest sample at every level (see the module docstring)."""
+    units ordered by smallest sample at every level (see the module docstring). ``order``: the
+    sample ids in the order that defines "smallest" (default 0..N-1)."""
     check_objective(objective)
     row_N = np.asarray(row_N, dtype=np.int64)
     slot_N = np.asarray(slot_N, dtype=np.int64)
@@ -226,11 +233,12 @@ def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: st
     pos_D = np.empty(D, dtype=np.int64)  # position of slot d inside its shard
     pos_D[S.ravel()] = np.tile(np.arange(P), G)
     g_N, j_N = shard_D[slot_N], pos_D[slot_N]
-    ids = np.arange(N)
+    rank_N = np.empty(N, dtype=np.int64)
+    rank_N[np.arange(N) if order is None else np.asarray(order, dtype=np.int64)] = np.arange(N)
 
     def first(mask):
-        sel = ids[mask]
-        return int(sel[0]) if sel.size else N  # empty units sort last
+        sel = rank_N[mask]
+        return int(sel.min()) if sel.size else N  # empty units sort last
 
     new_r, new_g = np.empty(N, np.int64), np.empty(N, np.int64)
     if objective == "max-sum":
@@ -259,16 +267,7 @@ def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: st
     return new_r, S[new_g, new_j]
 
 
-def is_canonical(row_N, slot_N, topology: Topology, rows: int, objective: str) -> bool:
+def is_canonical(row_N, slot_N, topology: Topology, rows: int, objective: str, order=None) -> bool:
     """Does the layout satisfy the symmetry-breaking constraints of both models?"""
-    r2, s2 = canonical_layout(row_N, slot_N, topology, rows, objective)
+    r2, s2 = canonical_layout(row_N, slot_N, topology, rows, objective, order)
     return bool(np.array_equal(r2, row_N) and np.array_equal(s2, slot_N))
-
-
-def symmetry_rows(groups, num_samples: int):
-    """The min-index constraints as (i, unit_j, unit_{j-1}) triples: sample i may sit in unit_j
-    only if some sample i' < i sits in unit_{j-1}."""
-    for units in groups:
-        for j in range(1, len(units)):
-            for i in range(num_samples):
-                yield i, units[j], units[j - 1]

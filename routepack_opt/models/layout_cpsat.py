@@ -7,6 +7,8 @@ Model (one constraint family per function below):
     x[i,c] ∈ {0,1}                   sample i in cell c
     coverage  Σ_c x[i,c] = 1;  capacity  Σ_i len_i x[i,c] ≤ C;  nonempty  Σ_i x[i,c] ≥ 1
     attention A[s,r,g] ≥ Σ_i a_si x[i,(r,d)]            for d in shard g   (stage max, epigraph)
+              A[s,r,g] ≥ a_si Σ_{d∈g} x[i,(r,d)]        for every sample i (a sample in the block
+                                                         bounds its max; not implied by the LP)
     experts   M[r,g,l] ≥ Σ_i b[i,l,p] Σ_{d∈g} x[i,(r,d)]  for every rank p (rank max, epigraph)
     J[r,g]  = Σ_s A[s,r,g] + γ Σ_l M[r,g,l]              (+ row_overhead, a constant)
     max-sum   Z ≥ Σ_r J[r,g]  ∀g;  minimise Z
@@ -40,6 +42,9 @@ from routepack_opt.models.layout_common import (LayoutInstance, LayoutResult, ca
 __all__ = ["solve_cpsat", "CpsatScaling", "scaling_for"]
 
 
+_FIXED_SEARCH = type(cp_model.CpSolver().parameters.search_branching).FIXED_SEARCH
+
+
 class CpsatScaling:
     """Integer scaling of the costs (see the module docstring)."""
 
@@ -68,9 +73,13 @@ class CpsatScaling:
 
 def solve_cpsat(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
                 lexicographic: bool = False, symmetry: bool = True, num_workers: int = 2,
-                seed: int = 0, rel_error: float = 1e-7, params: dict | None = None) -> LayoutResult:
+                seed: int = 0, rel_error: float = 1e-7, params: dict | None = None,
+                branching: bool = True) -> LayoutResult:
     """Solve the layout model with CP-SAT. ``warm_start`` = (row_N, slot_N) becomes a full hint
-    (canonicalised when symmetry breaking is on). ``params``: extra CP-SAT parameters by name."""
+    (canonicalised when symmetry breaking is on). ``params``: extra CP-SAT parameters by name.
+    ``branching``: a decision strategy, heaviest samples first into their lowest cell (with one
+    worker, CP-SAT follows it strictly: fixed search) — it proved a 16-sample window where the
+    default search stalled at a 2 % gap for 60 s, in 11 s."""
     t0 = time.perf_counter()
     reason = prefeasibility(inst)
     if reason is not None:
@@ -81,12 +90,17 @@ def solve_cpsat(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
     if symmetry:
         m.add_symmetry_breaking()
     m.minimise_makespan()
+    if branching:
+        m.add_branching()
     if warm_start is not None:
         row_N, slot_N = (np.asarray(a, dtype=np.int64) for a in warm_start)
         if symmetry:
-            row_N, slot_N = canonical_layout(row_N, slot_N, inst.topology, inst.rows, inst.objective)
+            row_N, slot_N = canonical_layout(row_N, slot_N, inst.topology, inst.rows, inst.objective,
+                                             inst.order_N)
         m.hint(row_N, slot_N)
 
+    if branching and num_workers == 1:
+        params = {"search_branching": _FIXED_SEARCH, **(params or {})}
     solver = _solver(time_limit, num_workers, seed, params)
     status = solver.Solve(m.model)
     info = {"stage1_status": solver.StatusName(status), "scale_unit_us": sc.unit,
@@ -210,8 +224,14 @@ class _Model:
             for r in range(R):
                 for g in range(G):
                     a = self.model.NewIntVar(0, ub, f"A[{s},{r},{g}]")
-                    for c in self.cells_RGP[r, g]:
+                    cells = self.cells_RGP[r, g]
+                    for c in cells:
                         self.model.Add(a >= cp_model.LinearExpr.WeightedSum(self.x[:, c].tolist(), coefs))
+                    if len(cells) > 1:  # single-sample cuts: valid, not implied by the LP
+                        for i in range(len(coefs)):
+                            if coefs[i]:
+                                self.model.Add(a >= coefs[i] * cp_model.LinearExpr.Sum(
+                                    [self.x[i, c] for c in cells]))
                     A[s, r, g] = a
         return A
 
@@ -248,18 +268,24 @@ class _Model:
     def add_symmetry_breaking(self):
         """Min-index ordering of interchangeable units (valid for the objective, see
         :mod:`routepack_opt.models.layout_common`)."""
-        N = self.x.shape[0]
+        order = self.inst.order_N.tolist()
         for units in symmetry_groups(self.inst.topology, self.inst.rows, self.inst.objective):
             for j in range(1, len(units)):
                 cur, prev = units[j], units[j - 1]
-                for i in range(N):
+                for n, i in enumerate(order):
                     lhs = [self.x[i, c] for c in cur]
-                    rhs = [self.x[k, c] for c in prev for k in range(i)]
+                    rhs = [self.x[k, c] for c in prev for k in order[:n]]
                     if not rhs:
                         for v in lhs:
                             self.model.Add(v == 0)
                     else:
                         self.model.Add(cp_model.LinearExpr.Sum(lhs) <= cp_model.LinearExpr.Sum(rhs))
+
+    def add_branching(self):
+        """Search heaviest samples first, each into its lowest feasible cell (the order the
+        symmetry breaking uses)."""
+        xs = [self.x[i, c] for i in self.inst.order_N for c in range(self.x.shape[1])]
+        self.model.AddDecisionStrategy(xs, cp_model.CHOOSE_FIRST, cp_model.SELECT_MAX_VALUE)
 
     def minimise_makespan(self):
         R, G = self.cells_RGP.shape[:2]

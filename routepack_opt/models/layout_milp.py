@@ -4,7 +4,7 @@ Legend: N samples, L layers, P EP ranks, D DP slots, G shards, R rows, S stages,
 
 The same model as :mod:`routepack_opt.models.layout_cpsat`, with continuous costs (no integer
 scaling): binaries ``x[i,c]``; coverage, capacity, nonempty; epigraph variables for the attention
-stage maxima ``A[s,r,g]`` and the per-layer EP-rank maxima ``M[r,g,l]``; ``max-sum`` minimises
+stage maxima ``A[s,r,g]`` (with the single-sample cuts ``A[s,r,g] ≥ a_si Σ_{d∈g} x[i,(r,d)]``) and the per-layer EP-rank maxima ``M[r,g,l]``; ``max-sum`` minimises
 ``Z ≥ Σ_r J[r,g]``, ``sum-max`` minimises ``Σ_r K[r]`` with ``K[r] ≥ J[r,g]``; an optional
 lexicographic second stage fixes the makespan and minimises ``Σ J``; min-index symmetry breaking
 (:mod:`routepack_opt.models.layout_common`).
@@ -79,8 +79,12 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True) -> tuple[pyo.Concret
         cs = coef_SN[s].tolist()
         for r in range(R):
             for g in range(G):
-                for c in cells_RGP[r][g]:
+                cells = cells_RGP[r][g]
+                for c in cells:
                     m.attention.add(m.A[s, r, g] >= sum(cs[i] * x[i, c] for i in range(N)))
+                if len(cells) > 1:  # single-sample cuts: valid, not implied by the LP relaxation
+                    for i in range(N):
+                        m.attention.add(m.A[s, r, g] >= cs[i] * sum(x[i, c] for c in cells))
 
     # Experts: M[r,g,l] ≥ tokens the (row, shard) block sends to each EP rank at layer l.
     layers = [l for l in range(L) if gamma > 0 and b_NLP[:, l, :].any()]
@@ -116,15 +120,16 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True) -> tuple[pyo.Concret
     # Symmetry breaking: min-index ordering of interchangeable units.
     m.symmetry = pyo.ConstraintList()
     if symmetry:
+        order = inst.order_N.tolist()
         for units in symmetry_groups(topo, R, inst.objective):
             for j in range(1, len(units)):
                 cur, prev = units[j], units[j - 1]
-                for i in range(N):
+                for n, i in enumerate(order):
                     lhs = sum(x[i, c] for c in cur)
-                    if i == 0:
+                    if n == 0:
                         m.symmetry.add(lhs <= 0)
                     else:
-                        m.symmetry.add(lhs <= sum(x[k, c] for c in prev for k in range(i)))
+                        m.symmetry.add(lhs <= sum(x[k, c] for c in prev for k in order[:n]))
     m._unit = unit
     m._stages, m._layers, m._cells_RGP = stages, layers, cells_RGP
     m._coef_SN, m._gamma = coef_SN, gamma
@@ -200,7 +205,8 @@ def solve_milp(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
     if warm_start is not None:
         row_N, slot_N = (np.asarray(a, dtype=np.int64) for a in warm_start)
         if symmetry:
-            row_N, slot_N = canonical_layout(row_N, slot_N, inst.topology, inst.rows, inst.objective)
+            row_N, slot_N = canonical_layout(row_N, slot_N, inst.topology, inst.rows, inst.objective,
+                                             inst.order_N)
         _set_start(m, inst, row_N, slot_N)
     presolve = warm_start is None  # see the module docstring: HiGHS presolve + MIP start is unsafe
     opt = _highs(time_limit - build_s, threads, presolve)
