@@ -80,8 +80,8 @@ class AnnealConfig:
 
     population: int = 16  # replicas K
     temperatures: int = 24  # rungs of the geometric ladder
-    sweeps: int = 48  # sweeps per replica over the whole ladder (one sweep = N proposals)
-    p_swap: float = 0.5  # probability a proposal is a swap (else a relocation)
+    sweeps: int = 200  # sweeps per replica over the whole ladder (one sweep = N proposals)
+    p_swap: float = 0.7  # probability a proposal is a swap (else a relocation)
     p_guide: float = 0.3  # probability the moved sample is drawn from the bottleneck
     p_near: float = 0.75  # probability a swap partner is a length-neighbour (within swap_window)
     swap_window: int = 16  # length-order neighbourhood (samples each side) of near swaps
@@ -94,6 +94,7 @@ class AnnealConfig:
     tie_eps: float = 1e-9  # η: relative weight of the tie-break terms (see module docstring)
     chunk_sweeps: int = 2  # sweeps per compiled call (clock checks in between)
     resample: bool = True  # systematic resampling between temperatures
+    fill_time: bool = False  # with a time limit and no max_sweeps: use all of it (else ≤ sweeps)
 
     def __post_init__(self):
         ints = {"population": 1, "temperatures": 1, "sweeps": 1, "calibration_moves": 16,
@@ -123,7 +124,7 @@ class AnnealConfig:
         if not 0.0 < v <= 1e-3:
             raise InputError(f"anneal: tie_eps must be in (0, 1e-3], got {v}")
         object.__setattr__(self, "tie_eps", v)
-        for name in ("greedy_seed", "resample"):
+        for name in ("greedy_seed", "resample", "fill_time"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"anneal: {name} must be true or false, got {getattr(self, name)!r}")
 
@@ -1216,8 +1217,11 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
 
     ``seeds``: feasible layouts ``(row_N, slot_N)`` from constructive heuristics (validated);
     the joint-cost greedy is added when ``config.greedy_seed``. Budget: ``max_sweeps`` sweeps
-    per replica over the ladder (default ``config.sweeps``); with ``time_limit`` (seconds) the
-    search stops when it runs out, and, without ``max_sweeps``, it sizes the ladder to fill it.
+    per replica over the ladder (default ``config.sweeps``). ``time_limit`` (seconds, counted
+    from the call) is a hard stop that returns the best so far; without ``max_sweeps`` the rungs
+    are also shrunk to the measured rate so the whole ladder (hot → cold) fits in the limit
+    (``config.fill_time`` stretches them to use all of it). Only ``max_sweeps``/the config
+    budget without a time limit is bit-identical for a seed.
     ``progress(fraction)`` is called after each temperature. The result is never worse (by the
     evaluator's lexicographic score) than the best seed.
     """
@@ -1235,6 +1239,8 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     N = pb.N
 
     # --- seeds ----------------------------------------------------------------------------------
+    timings = {}
+    tt = time.perf_counter()
     seed_layouts = [pb.check_layout(r, s, f"seed {n}") for n, (r, s) in enumerate(seeds)]
     if cfg.greedy_seed:
         g = _greedy_pb(pb)
@@ -1248,6 +1254,8 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     seed_energy = seeds_pop.energy.copy()
     best_seed = int(np.argmin(seed_energy))
 
+    timings["seeds"] = time.perf_counter() - tt
+    tt = time.perf_counter()
     # --- ladder: scale from |ΔE| of random proposals around the seeds ---------------------------
     probe = np.zeros((S, cfg.calibration_moves))
     seeds_pop.rng[:] = _rng_states(seed, -1, S)
@@ -1290,29 +1298,30 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     trace = []
     sweeps_done = 0.0
     stopped = False
+    timings["setup"] = time.perf_counter() - tt
     t_run = time.perf_counter()
     for k in range(nT):
-        if timed:  # size the remaining rungs from the measured rate
-            now = time.perf_counter()
-            left = deadline - now
-            if left <= 0:
-                break
-            if k == 0:
-                per_temp[k] = chunk  # pilot chunk
-            else:
-                rate = sweeps_done * N / max(now - t_run, 1e-9)  # proposals per replica-second
-                per_temp[k] = max(N // 4, int(0.9 * left * rate / (nT - k)))
         pop.rng[:] = _rng_states(seed, k, K)
         pop.best_e[:] = best_e
         temp = float(temps[k])
         done = 0
-        while done < per_temp[k]:
+        if timed:  # fit the remaining rungs into the time left, at the measured rate
+            if k == 0:  # pilot chunk
+                done = min(chunk, per_temp[0])
+                pop.run(pb, done, temp, cfg)
+            now = time.perf_counter()
+            left = deadline - now
+            if left <= 0:
+                stopped = True
+            rate = (sweeps_done * N + done) / max(now - t_run, 1e-9)  # proposals per replica-second
+            fit = done + int(0.9 * max(left, 0.0) * rate / (nT - k))
+            per_temp[k] = max(done, fit if cfg.fill_time else min(per_temp[k], fit))
+        while done < per_temp[k] and not stopped:
             n = min(chunk, per_temp[k] - done)
             pop.run(pb, n, temp, cfg)
             done += n
             if deadline is not None and time.perf_counter() >= deadline:
                 stopped = True
-                break
         sweeps_done += done / N
         j = int(np.argmin(pop.best_e))
         if pop.best_e[j] < best_e:
@@ -1356,6 +1365,7 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
         "t_hot": t_hot, "t_cold": t_cold, "seeds": S, "best_seed": best_seed,
         "seed_energies": seed_energy.tolist(), "improved": bool(improved),
         "stopped_by_time": stopped or (timed and len(trace) < nT), "trace": trace,
+        "timings": timings,
     }
     return AnnealResult(row=row, slot=slot, energy=float(a[3]),
                         score=(float(a[0]), float(a[1]), float(a[2])), objective=objective,
