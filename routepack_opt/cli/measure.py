@@ -54,4 +54,5 @@ def run(args) -> None:
     if rep.get("calibration"):
         c = rep["calibration"]
         lines.append(f"  calibrated now: attention R² {c['attention_r2']:.4f}, experts R² {c['expert_r2']:.4f}")
+    lines += [f"  note: {n}" for n in rep["notes"]]
     emit(args, rep, "\n".join(lines))

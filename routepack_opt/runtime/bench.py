@@ -412,7 +412,14 @@ def measure_plan(window: Window, plan: Plan, cost: CostModel | None = None, devi
         m = score_from_J(J_meas, obj).makespan
         p_ = score_from_J(J_pred, obj).makespan
         objectives[obj] = {"measured_us": m, "predicted_us": p_, "ratio": m / p_ if p_ > 0 else float("inf")}
+    notes = []
+    med = float(np.median(len_s))
+    if med < 64:
+        notes.append(f"scaled samples are short (median {med:.0f} tokens): fixed per-sample and "
+                     "per-kernel costs, which the cost model has no term for, dominate; use a smaller "
+                     "--scale or a smaller window for a faithful check")
     return {
+        "notes": notes,
         "device": str(dev), "scale": float(scale), "layers": Lm, "rows": R, "dp": D, "ep": P,
         "shards": G, "cells": R * D, "expert_workloads": int(R * G * Lm * P),
         "scaled_tokens": int(len_s.sum()), "objectives": objectives,
