@@ -648,6 +648,58 @@ def _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2):
 
 
 @njit(cache=True)
+def _update_aggregates(J, colsum, rowmax, agg, ra, ga, rb, gb, dtot, R, G, objective, eps1, eps2):
+    """After blocks (ra, ga) and (rb, gb) (rb < 0: none) changed by dtot in total: recompute the
+    touched shard sums and row maxima exactly (same summation order as :func:`_aggregates`),
+    the makespan, the peak (a full scan only when the peak block went down) and the energy.
+    The total is carried incrementally (a tie-break term; the reported score is recomputed)."""
+    X = R * G
+    for g in (ga, gb):
+        if g >= 0:
+            s = J[g]
+            for r in range(1, R):
+                s += J[r * G + g]
+            colsum[g] = s
+    for r in (ra, rb):
+        if r >= 0:
+            o = r * G
+            m = J[o]
+            for g in range(1, G):
+                m = max(m, J[o + g])
+            rowmax[r] = m
+    if objective == 0:
+        ms = colsum[0]
+        for g in range(1, G):
+            ms = max(ms, colsum[g])
+    else:
+        ms = _pairwise_sum(rowmax, 0, R)
+    total = agg[1] + dtot
+    A = ra * G + ga
+    B = rb * G + gb if rb >= 0 else -1
+    peak = agg[2]
+    pidx = np.int64(agg[4])
+    c = J[A]
+    ci = A
+    if B >= 0 and J[B] > c:
+        c = J[B]
+        ci = B
+    if c > peak or (c == peak and ci < pidx):
+        peak = c
+        pidx = ci
+    elif pidx == A or pidx == B:
+        peak = -np.inf
+        for x in range(X):
+            if J[x] > peak:
+                peak = J[x]
+                pidx = x
+    agg[0] = ms
+    agg[1] = total
+    agg[2] = peak
+    agg[3] = ms + eps1 * total + eps2 * peak
+    agg[4] = pidx
+
+
+@njit(cache=True)
 def _delta(J, colsum, rowmax, agg, ra, ga, JA, rb, gb, JB, G, objective):
     """(Δmakespan, Δtotal, Δpeak) when block A = (ra, ga) costs JA and B = (rb, gb) costs JB
     (rb < 0: only A changes). Row and shard come in explicitly: no integer division here."""
@@ -798,6 +850,7 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
     nprobe = probe.shape[0]
     nb = P // 8
     m = np.empty(2 * L, dtype=W.dtype)
+    at_best = False  # the current state is the best seen and not yet copied out
     for _ in range(n_moves):
         counters[3] += 1
         i = -1
@@ -887,6 +940,11 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
             continue
         # --- accept -------------------------------------------------------------------------
         counters[1] += 1
+        if at_best and not dE < -1e-12 * abs(agg[3]):
+            # leaving the best state seen (or not clearly improving on it): save it now
+            best_row[:] = row
+            best_slot[:] = slot
+            at_best = False
         if swap:
             pi = pos[i]
             pj = pos[j]
@@ -919,11 +977,17 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
             Msum[A] = MA
             Msum[B] = MB
             J[B] = JB
-        _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
+            _update_aggregates(J, colsum, rowmax, agg, ra, ga, rb, gb, dtot, R, G, objective,
+                               eps1, eps2)
+        else:
+            _update_aggregates(J, colsum, rowmax, agg, ra, ga, -1, -1, dtot, R, G, objective,
+                               eps1, eps2)
         if agg[3] < best_e[0]:
             best_e[0] = agg[3]
-            best_row[:] = row
-            best_slot[:] = slot
+            at_best = True  # copied lazily: when the walk leaves this state, or at the end
+    if at_best:
+        best_row[:] = row
+        best_slot[:] = slot
 
 
 @njit(cache=True, parallel=True)
