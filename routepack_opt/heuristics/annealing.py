@@ -261,6 +261,32 @@ def _rand_unit(s):
     return (np.float64(_next(s) >> _U64(11)) + 1.0) * (1.0 / 9007199254740992.0)
 
 
+@njit(cache=True)
+def _xo(s0, s1, s2, s3):
+    """One xoshiro256** step on a state held in registers: (output, new state)."""
+    result = _rotl(s1 * _U64(5), 7) * _U64(9)
+    t = s1 << _U64(17)
+    s2 ^= s0
+    s3 ^= s1
+    s1 ^= s2
+    s0 ^= s3
+    s2 ^= t
+    s3 = _rotl(s3, 45)
+    return result, s0, s1, s2, s3
+
+
+@njit(cache=True)
+def _below(x, n):
+    """Integer in [0, n) from one output (as :func:`_rand_int`)."""
+    return np.int64(((x >> _U64(32)) * _U64(n)) >> _U64(32))
+
+
+@njit(cache=True)
+def _unit(x):
+    """Double in (0, 1] from one output (as :func:`_rand_unit`)."""
+    return (np.float64(x >> _U64(11)) + 1.0) * (1.0 / 9007199254740992.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # compiled cost kernels
 # ---------------------------------------------------------------------------------------------
@@ -783,8 +809,8 @@ def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gam
 
 
 @njit(cache=True)
-def _guided_pick(s, J, colsum, rowmax, cnt, memb, slots_GP, R, D, G, cap, objective):
-    """A sample of the bottleneck (see module docstring); −1 if none."""
+def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, cnt, memb, slots_GP, R, D, G, cap, objective):
+    """A sample of the bottleneck (see module docstring), −1 if none; and the new RNG state."""
     P = slots_GP.shape[1]
     if objective == 0:
         gs = 0
@@ -794,7 +820,8 @@ def _guided_pick(s, J, colsum, rowmax, cnt, memb, slots_GP, R, D, G, cap, object
         tot = 0.0
         for r in range(R):
             tot += J[r * G + gs]
-        u = _rand_unit(s) * tot
+        x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+        u = _unit(x) * tot
         rs = R - 1
         acc = 0.0
         for r in range(R):
@@ -806,7 +833,8 @@ def _guided_pick(s, J, colsum, rowmax, cnt, memb, slots_GP, R, D, G, cap, object
         tot = 0.0
         for r in range(R):
             tot += rowmax[r]
-        u = _rand_unit(s) * tot
+        x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+        u = _unit(x) * tot
         rs = R - 1
         acc = 0.0
         for r in range(R):
@@ -822,14 +850,15 @@ def _guided_pick(s, J, colsum, rowmax, cnt, memb, slots_GP, R, D, G, cap, object
     for jj in range(P):
         n += cnt[rs * D + slots_GP[gs, jj]]
     if n == 0:
-        return -1
-    t = _rand_int(s, n)
+        return -1, s0, s1, s2, s3
+    x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+    t = _below(x, n)
     for jj in range(P):
         c = rs * D + slots_GP[gs, jj]
         if t < cnt[c]:
-            return memb[c * cap + t]
+            return np.int64(memb[c * cap + t]), s0, s1, s2, s3
         t -= cnt[c]
-    return -1
+    return -1, s0, s1, s2, s3
 
 
 @njit(cache=True)
@@ -851,22 +880,45 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
     nb = P // 8
     m = np.empty(2 * L, dtype=W.dtype)
     at_best = False  # the current state is the best seen and not yet copied out
+    # RNG state, counters and the last deltas live in locals (stores to arrays would force
+    # reloads: numba gives LLVM no aliasing information); written back at the end.
+    s0 = s[0]
+    s1 = s[1]
+    s2 = s[2]
+    s3 = s[3]
+    n_eval = counters[0]
+    n_acc = counters[1]
+    n_probe = counters[2]
+    n_prop = counters[3]
+    l0 = last[0]
+    l1 = last[1]
+    l2 = last[2]
     for _ in range(n_moves):
-        counters[3] += 1
+        n_prop += 1
         i = -1
-        if p_guide > 0.0 and _rand_unit(s) <= p_guide:
-            i = _guided_pick(s, J, colsum, rowmax, cnt, memb, slots_GP, R, D, G, cap, objective)
+        if p_guide > 0.0:
+            x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+            if _unit(x) <= p_guide:
+                i, s0, s1, s2, s3 = _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, cnt, memb,
+                                                 slots_GP, R, D, G, cap, objective)
         if i < 0:
-            i = _rand_int(s, N)
+            x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+            i = _below(x, N)
         ra = np.int64(row[i])
         da = np.int64(slot[i])
         a = ra * D + da
         li = lengths[i]
-        swap = _rand_unit(s) <= p_swap
+        x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+        swap = _unit(x) <= p_swap
         j = -1
         if swap:
-            if p_near > 0.0 and _rand_unit(s) <= p_near:
-                k = _rand_int(s, 2 * window) - window
+            near = False
+            if p_near > 0.0:
+                x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+                near = _unit(x) <= p_near
+            if near:
+                x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+                k = _below(x, 2 * window) - window
                 if k >= 0:
                     k += 1
                 k += rank_of[i]
@@ -874,7 +926,8 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
                     continue
                 j = by_len[k]
             else:
-                j = _rand_int(s, N)
+                x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+                j = _below(x, N)
             rb = np.int64(row[j])
             db = np.int64(slot[j])
             bc = rb * D + db
@@ -892,7 +945,8 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
                 continue
             bc = -1
             for _t in range(8):
-                c = _rand_int(s, n_cells)
+                x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+                c = _below(x, n_cells)
                 if c != a and T[c] + li <= C:
                     bc = c
                     break
@@ -908,7 +962,7 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         gb = np.int64(shard_D[db])
         A = ra * G + ga
         B = rb * G + gb
-        counters[0] += 1
+        n_eval += 1
         if A == B:
             attA = _attn(T, Q, ra, ga, slots_GP, alpha, beta, D, a, Ta, Qa, bc, Tb, Qb)
             JA = (attA + gamma * np.float64(Msum[A])) + ovh
@@ -927,19 +981,20 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
             JB = (attB + gamma * np.float64(MB)) + ovh
             dms, dtot, dpk = _delta(J, colsum, rowmax, agg, ra, ga, JA, rb, gb, JB, G, objective)
         dE = dms + eps1 * dtot + eps2 * dpk
-        last[0] = dms
-        last[1] = dtot
-        last[2] = dpk
+        l0 = dms
+        l1 = dtot
+        l2 = dpk
         if nprobe > 0:
-            k = counters[2]
-            if k < nprobe:
-                probe[k] = abs(dE)
-                counters[2] = k + 1
+            if n_probe < nprobe:
+                probe[n_probe] = abs(dE)
+                n_probe += 1
             continue
-        if dE > 0.0 and dE > -temp * math.log(_rand_unit(s)):
-            continue
+        if dE > 0.0:
+            x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+            if dE > -temp * math.log(_unit(x)):
+                continue
         # --- accept -------------------------------------------------------------------------
-        counters[1] += 1
+        n_acc += 1
         if at_best and not dE < -1e-12 * abs(agg[3]):
             # leaving the best state seen (or not clearly improving on it): save it now
             best_row[:] = row
@@ -988,6 +1043,17 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
     if at_best:
         best_row[:] = row
         best_slot[:] = slot
+    s[0] = s0
+    s[1] = s1
+    s[2] = s2
+    s[3] = s3
+    counters[0] = n_eval
+    counters[1] = n_acc
+    counters[2] = n_probe
+    counters[3] = n_prop
+    last[0] = l0
+    last[1] = l1
+    last[2] = l2
 
 
 @njit(cache=True, parallel=True)
