@@ -230,6 +230,7 @@ def joint_search(window: Window, topology: Topology, cost: CostModel, rows: int,
              "rounds": len(starts[name][4]) - 1,
              "lower_bound": ev.lower_bound(placement, rows),
              "lower_bound_start": ev.lower_bound(placement0, rows),
-             "migration_optimised": current is not None}
+             "migration_optimised": current is not None, "migration": mig.as_dict(),
+             "objective_value": value}
     return JointResult(placement=placement, row=row, slot=slot, score=score, migration=mig,
                        objective_value=value, stats=stats)
