@@ -154,11 +154,16 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
     if pl_kind == "lpt" and placement == "joint":
         t0 = time.perf_counter()
         try:
-            from routepack_opt.heuristics.joint import joint_search
+            from routepack_opt.heuristics.joint import JointConfig, joint_search
+            from routepack_opt.heuristics.refine_placement import RefineConfig
 
             remaining = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - t_start))
+            # Default budget: 3 rounds of (4 refinement passes + annealing): deterministic, and
+            # most of the gain of longer runs (experiments/results/joint_placement.md).
             jr = joint_search(window, topology, cost, R, objective, pl, (row, slot), time_limit=remaining,
-                              seed=seed, current_placement=current_placement)
+                              seed=seed, max_rounds=3, current_placement=current_placement,
+                              config=JointConfig(refine=RefineConfig(max_passes=4),
+                                                 anneal_sweeps=max_sweeps))
             cand = Plan(topology, R, jr.placement, jr.row, jr.slot, objective=objective)
             if not cand.validate(window):
                 pl, row, slot, pl_kind = jr.placement, jr.row, jr.slot, "joint"

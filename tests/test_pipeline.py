@@ -106,3 +106,18 @@ def test_async_planner_returns_by_deadline(window):
     ap.submit(window.lengths, window.counts, deadline=0.5, dp_size=8, ep_size=4, max_tokens=4096, cost=COST)
     mb = ap.result()
     assert mb.plan.validate(window) == []
+
+
+def test_joint_placement_plan_and_sticky(window):
+    """--placement joint returns a valid plan no worse than routepack; with the current placement
+    given it reports migration and may keep it."""
+    from routepack_opt.heuristics.placement import identity_placement
+
+    topo = Topology(dp=8, ep=4, capacity=4096)
+    rp = plan(window, topo, COST, "max-sum", max_sweeps=10, seed=0)
+    jp = plan(window, topo, COST, "max-sum", "joint", max_sweeps=10, seed=0)
+    assert jp.validate(window) == [] and "fallback" not in jp.info
+    assert jp.score["makespan"] <= rp.score["makespan"] * (1 + 1e-9)
+    sticky = plan(window, topo, COST, "max-sum", "joint", max_sweeps=10, seed=0,
+                  current_placement=identity_placement(window.num_layers, window.num_experts))
+    assert sticky.validate(window) == [] and "joint" in sticky.info
