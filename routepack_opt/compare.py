@@ -105,6 +105,10 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, objective
         m["name"] = name
         if name == "exact":
             m["status"] = p.info.get("status")
+        mig = p.info.get("joint", {}).get("migration")
+        if mig:
+            m["experts_moved"] = mig.get("experts_moved")
+            m["bytes_moved"] = mig.get("bytes_total")
         table.append(m)
     return table, plans
 

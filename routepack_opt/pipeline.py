@@ -194,4 +194,6 @@ def _stats_dict(stats) -> dict:
             out[k] = v
         elif isinstance(v, (np.integer, np.floating)):
             out[k] = v.item()
+        elif isinstance(v, dict) or hasattr(v, "__dataclass_fields__"):
+            out[k] = _stats_dict(v)
     return out
