@@ -809,7 +809,8 @@ def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gam
 
 
 @njit(cache=True)
-def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, cnt, memb, slots_GP, R, D, G, cap, objective):
+def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, makespan, cnt, memb, slots_GP, R, D, G, cap,
+                 objective):
     """A sample of the bottleneck (see module docstring), −1 if none; and the new RNG state."""
     P = slots_GP.shape[1]
     if objective == 0:
@@ -817,9 +818,7 @@ def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, cnt, memb, slots_GP, R, D, G
         for g in range(1, G):
             if colsum[g] > colsum[gs]:
                 gs = g
-        tot = 0.0
-        for r in range(R):
-            tot += J[r * G + gs]
+        tot = colsum[gs]  # = Σ_r J[r, gs]
         x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
         u = _unit(x) * tot
         rs = R - 1
@@ -830,9 +829,7 @@ def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, cnt, memb, slots_GP, R, D, G
                 rs = r
                 break
     else:
-        tot = 0.0
-        for r in range(R):
-            tot += rowmax[r]
+        tot = makespan  # = Σ_r rowmax[r]
         x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
         u = _unit(x) * tot
         rs = R - 1
@@ -899,8 +896,8 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         if p_guide > 0.0:
             x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
             if _unit(x) <= p_guide:
-                i, s0, s1, s2, s3 = _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, cnt, memb,
-                                                 slots_GP, R, D, G, cap, objective)
+                i, s0, s1, s2, s3 = _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, agg[0], cnt,
+                                                 memb, slots_GP, R, D, G, cap, objective)
         if i < 0:
             x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
             i = _below(x, N)
