@@ -8,11 +8,17 @@ ladder of temperatures from hot to cold. At each temperature every replica runs 
 sweeps (one sweep = N proposals) of moves that keep every constraint:
 
 - *relocate* sample i to another cell (only if i's cell keeps ≥ 1 sample and the target stays
-  ≤ capacity);
-- *swap* two samples of different cells (both cells stay ≤ capacity; counts unchanged);
+  ≤ capacity; up to 8 random targets are tried for one with room);
+- *swap* two samples of different cells (both cells stay ≤ capacity; counts unchanged). With
+  probability ``p_near`` the partner is one of the ``swap_window`` samples on either side of i in
+  length order — near-equal lengths, so the swap usually fits even in tightly packed cells;
 - *guided*: with probability ``p_guide`` the moved sample comes from the bottleneck — for
   ``max-sum`` the shard with the largest Σ_r J (its rows weighted by J[r, g*]); for ``sum-max``
   a row drawn with probability ∝ max_g J[r, g], then that row's argmax shard.
+
+Seeds: the caller's constructive layouts (e.g. length-balanced baselines), a joint-cost greedy
+(samples by decreasing standalone cost, each into the cell that least increases the
+lexicographic score, capacity and nonempty kept) and random walks (moves at T = ∞) off them.
 
 Between temperatures the population is resampled systematically (Carpenter, Clifford & Fearnhead
 1999) with weights ``exp(-(1/T_{k+1} - 1/T_k)·E)`` and every replica gets a fresh random stream.
@@ -23,22 +29,27 @@ Energy (mirrors the lexicographic score of SPEC §2; ``η = tie_eps``)::
 
     E = makespan + η/(2G) · total + η/2 · peak
 
-For any layout, total ≤ G·makespan (max-sum: Σ_g Σ_r J ≤ G·max_g Σ_r J; sum-max: Σ_r Σ_g J ≤
-G·Σ_r max_g J) and peak ≤ makespan, so the two tie-break terms together stay below η·makespan:
-a makespan difference larger than η (default 1e-9) relative can never be overridden by them, and
-1e-9 is ~10⁷ ulps of float64 — far above the rounding noise of summing R·G costs.
+Since J ≥ 0, total ≤ G·makespan (max-sum: Σ_g Σ_r J ≤ G·max_g Σ_r J; sum-max: Σ_r Σ_g J ≤
+G·Σ_r max_g J) and peak ≤ makespan, so the two tie-break terms together stay within [0,
+η·makespan]: a makespan difference larger than η·makespan (default 1e-9 relative) can never be
+overridden by them, while 1e-9 is ~10⁶ float64 ulps — far above the rounding noise of summing
+R·G costs. Moves are compared by ΔE = Δmakespan + η/(2G)·Δtotal + η/2·Δpeak computed from the
+component deltas (not as a difference of two large energies), so ties on the makespan are still
+broken by total, then peak.
 
 Incremental cost: each replica keeps T[c], Q[c] (int64), W[x, p·L + l] (int32 per-rank expert
-loads), Msum[x] = Σ_l max_p W (int64), J[x] (float64) and the aggregates (shard sums for max-sum,
-row maxima for sum-max, total, peak). A move touches at most two blocks; its delta costs
-O(S·P + L·P + G) (+O(X) when it lowers the peak block). J of a touched block is recomputed from
-the integer state exactly as :func:`routepack_opt.evaluate.row_shard_costs` does, so J never
-drifts; aggregates are recomputed from J after every accepted move.
+loads, rank-major, ranks zero-padded to a multiple of 8), Msum[x] = Σ_l max_p W (int64), J[x]
+(float64) and the aggregates (shard sums, row maxima, total, peak). A move touches at most two
+blocks; its delta costs O(S·P + L·P + G) (+O(X) when it lowers the peak block). J of a touched
+block is recomputed from the integer state exactly as
+:func:`routepack_opt.evaluate.row_shard_costs` does, so J never drifts; on acceptance the
+touched shard sums / row maxima are re-summed from J in numpy's order (the total is carried).
 
 Determinism: replicas run in parallel (numba ``prange``), each with its own xoshiro256**
 stream seeded by splitmix64 from (seed, temperature, replica); resampling draws from
 (seed, temperature). With ``max_sweeps`` (or the config's budget) and a seed the result is
-bit-identical whatever the thread count. ``time_limit`` makes the search anytime (best so far).
+bit-identical whatever the thread count. ``time_limit`` makes the search anytime (best so far),
+and without ``max_sweeps`` the rungs are shortened so the ladder finishes in time.
 """
 
 from __future__ import annotations
