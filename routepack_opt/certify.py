@@ -8,7 +8,8 @@ Only the *decision* "do the lengths fit in K = R·D bins" is needed, for the lea
 K ≥ the bin lower bound, so the certifier escalates and stops as soon as that is decided:
 
 1. bounds: L1, Martello–Toth L2, Fekete–Schepers DFF bounds vs. FFD/BFD, then MBS' with a few
-   seeded restarts (``method="bounds"``: a lower bound met by a constructive packing);
+   seeded restarts, then an overflow tabu search on exactly K bins (``method="bounds"``: a lower
+   bound met by a heuristic packing);
 2. an exact model (``auto``: arc-flow MILP in Pyomo/HiGHS when its graph is small, else
    CP-SAT) on the decision; if it proves K bins impossible, the next valid R is tried.
 
@@ -25,7 +26,8 @@ import time
 import numpy as np
 
 from routepack_opt.errors import InputError, RoutePackError
-from routepack_opt.heuristics.binpack import (best_packing, check_sizes, is_packing, lower_bound,
+from routepack_opt.heuristics.binpack import (best_packing, check_sizes, fixed_bins_search, is_packing,
+                                              lower_bound, lower_bound_l1, lower_bound_l2,
                                               minimum_bin_slack)
 from routepack_opt.models.binpack import solve_bin_packing
 from routepack_opt.topology import Topology
@@ -35,6 +37,13 @@ __all__ = ["Certificate", "certify_rows", "pack_into_bins", "spread_to_nonempty"
 
 # Share of the time limit the MBS' restarts may use before the exact models run.
 _MBS_SHARE, _MBS_MAX_S = 0.15, 1.5
+# ... and the overflow tabu search on exactly K bins after them.
+_TABU_SHARE, _TABU_MAX_S = 0.2, 2.0
+
+
+def _mbs_nodes(n: int) -> int:
+    """Search nodes per MBS' bin: 20k on benchmark sizes, fewer on production windows (N·nodes ≈ 4M)."""
+    return int(min(20_000, max(500, 4_000_000 // max(n, 1))))
 
 
 class BinPackUndecided(RoutePackError):
@@ -47,7 +56,7 @@ class Certificate:
 
     ``rows``: R* if ``status == "optimal"`` (proved least), else the best known valid rows
     (``status == "feasible"``) with ``lower_bound`` the proved least possible rows. ``method``:
-    ``bounds`` (a lower bound met by FFD/BFD/MBS'), ``cpsat`` or ``arcflow`` (the exact model
+    ``bounds`` (a lower bound met by FFD/BFD/MBS'/tabu search), ``cpsat`` or ``arcflow`` (the exact model
     that decided). ``bins_lower_bound`` / ``bins_upper_bound`` are on the bin-packing optimum;
     ``packing_N`` is a bin per sample into at most ``rows·D`` bins (see
     :func:`spread_to_nonempty`); ``detail`` a human note (which bound, which packing).
@@ -127,7 +136,10 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     sizes_N, _ = check_sizes(lengths_N, C)
     elapsed = lambda: time.perf_counter() - t0  # noqa: E731
 
-    lb_bins, lb_name = lower_bound(sizes_N, C)
+    # Cheap bounds first (L1, L2 are O(N log N) and usually close with FFD/BFD); the DFF
+    # family only when they do not.
+    l1, l2 = lower_bound_l1(sizes_N, C), lower_bound_l2(sizes_N, C)
+    lb_bins, lb_name = (l1, "L1") if l1 >= l2 else (l2, "L2")
     pack_N, ub_bins, ub_name = best_packing(sizes_N, C)
 
     def cert(rows, status, lb_rows, how, detail, packing):
@@ -146,15 +158,29 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     if r_lo > r_max:
         no_rows(lb_bins)
     K = r_lo * D
+    if ub_bins > K:
+        full_lb, full_name = lower_bound(sizes_N, C)
+        if full_lb > lb_bins:
+            lb_bins, lb_name = full_lb, full_name
+            r_lo = _next_valid(-(-lb_bins // D), topology)
+            if r_lo > r_max:
+                no_rows(lb_bins)
+            K = r_lo * D
     if ub_bins <= K:
         return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, {ub_name}={ub_bins} bins", pack_N)
     # MBS' restarts: cheap and usually enough when the bound is tight.
-    mbs_N, mbs_bins = minimum_bin_slack(sizes_N, C, restarts=200, target=K,
+    mbs_N, mbs_bins = minimum_bin_slack(sizes_N, C, restarts=200, target=K, node_limit=_mbs_nodes(N),
                                         time_limit=min(_MBS_MAX_S, _MBS_SHARE * time_limit))
     if mbs_bins < ub_bins:
         pack_N, ub_bins, ub_name = mbs_N, mbs_bins, "MBS'"
     if ub_bins <= K:
         return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, MBS'={ub_bins} bins", pack_N)
+    # Overflow tabu search on exactly K bins, from the best packing.
+    ts_N = fixed_bins_search(sizes_N, C, K, start=pack_N,
+                             time_limit=min(_TABU_MAX_S, _TABU_SHARE * time_limit))
+    if ts_N is not None:
+        pack_N, ub_bins, ub_name = ts_N, int(np.unique(ts_N).size), "tabu"
+        return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, tabu search={ub_bins} bins", pack_N)
     used = "bounds"
     while True:
         left = time_limit - elapsed()
@@ -223,7 +249,7 @@ def pack_into_bins(sizes, capacity, num_bins: int, time_limit: float = 10.0, *,
                    method: str = "auto", num_workers: int = 1) -> np.ndarray | None:
     """A bin id (0..num_bins-1) per item using at most ``num_bins`` bins of ``capacity``.
 
-    FFD/BFD first, then MBS', then an exact model (``method``). Returns None when proved
+    FFD/BFD first, then MBS', the overflow tabu search, then an exact model (``method``). Returns None when proved
     impossible (an item larger than the capacity, a lower bound above ``num_bins``, or the
     exact model's proof); raises :class:`BinPackUndecided` when nothing is decided within
     ``time_limit`` seconds. Bins may be left empty (see :func:`spread_to_nonempty`).
@@ -245,9 +271,14 @@ def pack_into_bins(sizes, capacity, num_bins: int, time_limit: float = 10.0, *,
     if ub <= num_bins:
         return pack_N
     mbs_N, mbs = minimum_bin_slack(sizes_N, C, restarts=200, target=num_bins,
+                                   node_limit=_mbs_nodes(sizes_N.size),
                                    time_limit=min(_MBS_MAX_S, _MBS_SHARE * time_limit))
     if mbs <= num_bins:
         return mbs_N
+    ts_N = fixed_bins_search(sizes_N, C, num_bins, start=mbs_N if mbs < ub else pack_N,
+                             time_limit=min(_TABU_MAX_S, _TABU_SHARE * time_limit))
+    if ts_N is not None:
+        return ts_N
     left = max(0.05, time_limit - (time.perf_counter() - t0))
     res = solve_bin_packing(sizes_N, C, max_bins=num_bins, method=method, time_limit=left,
                             lower_bound_hint=lb, hint=mbs_N if mbs < ub else pack_N,

@@ -12,7 +12,7 @@ from routepack_opt.errors import InputError
 from routepack_opt.heuristics.binpack import (best_fit_decreasing, best_packing, bins_used,
                                               first_fit_decreasing, is_packing, lower_bound,
                                               lower_bound_dff, lower_bound_l1, lower_bound_l2,
-                                              minimum_bin_slack)
+                                              fixed_bins_search, minimum_bin_slack)
 
 BPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "bpp"
 
@@ -127,3 +127,25 @@ def test_production_scale_is_fast():
     lb, _ = lower_bound(s, 8192)
     _, ub, _ = best_packing(s, 8192)
     assert time.perf_counter() - t0 < 1.0 and lb <= ub
+
+
+def test_fixed_bins_search_reaches_the_optimum_where_ffd_does_not():
+    """The overflow tabu search packs Falkenauer-U instances into their optimum (FFD uses one more)."""
+    recs = [json.loads(x) for x in (BPP / "falkenauer_u.jsonl").read_text().splitlines()]
+    done = 0
+    for r in recs:
+        if r["ffd"] == r["optimum"] or r["n"] > 250:
+            continue
+        bin_N = fixed_bins_search(r["sizes"], r["capacity"], r["optimum"], time_limit=5.0)
+        assert bin_N is not None and is_packing(r["sizes"], r["capacity"], bin_N, r["optimum"])
+        done += 1
+        if done == 5:
+            break
+    assert done == 5
+
+
+def test_fixed_bins_search_refuses_too_few_bins():
+    """With less room than volume it returns None at once; with enough bins it returns a packing."""
+    assert fixed_bins_search([6, 6, 6], 10, 1) is None
+    got = fixed_bins_search([6, 4, 6, 4], 10, 2)
+    assert got is not None and is_packing([6, 4, 6, 4], 10, got, 2)

@@ -29,7 +29,7 @@ from routepack_opt.errors import InputError
 __all__ = [
     "check_sizes", "lower_bound_l1", "lower_bound_l2", "lower_bound_dff", "lower_bound",
     "first_fit_decreasing", "best_fit_decreasing", "best_packing", "minimum_bin_slack",
-    "bins_used", "is_packing",
+    "fixed_bins_search", "bins_used", "is_packing",
 ]
 
 
@@ -435,3 +435,195 @@ def minimum_bin_slack(sizes, capacity, restarts: int = 0, seed: int = 0,
         if time_limit is not None and time.perf_counter() - t0 > time_limit:
             break
     return best_N, best_bins
+
+
+# ---------------------------------------------------------------- overflow tabu search at fixed K
+
+
+@numba.njit(cache=True)
+def _ov(load, C):
+    return load - C if load > C else 0
+
+
+@numba.njit(cache=True)
+def _overflow_tabu(s, C, K, bin_init, max_iters, seed, tenure):
+    """Tabu search on K bins minimising total overflow Σ max(0, load − C).
+
+    Each iteration takes a random overflowing bin a and the best exchange with another bin b:
+    shift (1-0), swap (1-1), (2-1) and (1-2), scored by the change of overflow of a and b (ties
+    broken at random). Moved items are tabu for ``tenure`` (+ random) iterations unless the move
+    reaches a new best overflow. Returns (bin_N, overflow).
+    """
+    np.random.seed(seed)
+    n = s.size
+    bin_of = bin_init.copy()
+    load = np.zeros(K, dtype=np.int64)
+    for i in range(n):
+        load[bin_of[i]] += s[i]
+    F = 0
+    for b in range(K):
+        F += _ov(load[b], C)
+    best_F = F
+    best_bin = bin_of.copy()
+    tabu = np.zeros(n, dtype=np.int64)
+    start = np.zeros(K + 1, dtype=np.int64)
+    members = np.empty(n, dtype=np.int64)
+    cnt = np.zeros(K, dtype=np.int64)
+    for it in range(max_iters):
+        if F == 0:
+            break
+        # bins → members (counting sort)
+        cnt[:] = 0
+        for i in range(n):
+            cnt[bin_of[i]] += 1
+        start[0] = 0
+        for b in range(K):
+            start[b + 1] = start[b] + cnt[b]
+        cnt[:] = 0
+        for i in range(n):
+            b = bin_of[i]
+            members[start[b] + cnt[b]] = i
+            cnt[b] += 1
+        # a random overflowing bin
+        n_over = 0
+        for b in range(K):
+            if load[b] > C:
+                n_over += 1
+        pick = np.random.randint(n_over)
+        a = -1
+        for b in range(K):
+            if load[b] > C:
+                if pick == 0:
+                    a = b
+                    break
+                pick -= 1
+        best_d = 1 << 60
+        ties = 0
+        mv = np.full(5, -1, dtype=np.int64)  # i1, i2, j1, j2, b
+        for b in range(K):
+            if b == a:
+                continue
+            before = _ov(load[a], C) + _ov(load[b], C)
+            for p in range(start[a], start[a + 1]):
+                i1 = members[p]
+                # (1-0) and (1-1) and (1-2)
+                for q in range(start[b] - 1, start[b + 1]):
+                    j1 = -1 if q < start[b] else members[q]
+                    for r in range(q, start[b + 1]):
+                        j2 = -1
+                        if r > q:
+                            j2 = members[r]
+                        elif r == q and q >= start[b]:
+                            j2 = -1
+                        if j1 < 0 and j2 >= 0:
+                            continue
+                        moved_b = (s[j1] if j1 >= 0 else 0) + (s[j2] if j2 >= 0 else 0)
+                        diff = s[i1] - moved_b
+                        if diff == 0:
+                            continue
+                        d = _ov(load[a] - diff, C) + _ov(load[b] + diff, C) - before
+                        is_tabu = tabu[i1] > it or (j1 >= 0 and tabu[j1] > it) or (j2 >= 0 and tabu[j2] > it)
+                        if is_tabu and F + d >= best_F:
+                            continue
+                        if d < best_d:
+                            best_d = d
+                            ties = 1
+                            mv[0], mv[1], mv[2], mv[3], mv[4] = i1, -1, j1, j2, b
+                        elif d == best_d:
+                            ties += 1
+                            if np.random.randint(ties) == 0:
+                                mv[0], mv[1], mv[2], mv[3], mv[4] = i1, -1, j1, j2, b
+                        if j1 < 0:
+                            break
+                # (2-1)
+                for p2 in range(p + 1, start[a + 1]):
+                    i2 = members[p2]
+                    for q in range(start[b], start[b + 1]):
+                        j1 = members[q]
+                        diff = s[i1] + s[i2] - s[j1]
+                        if diff == 0:
+                            continue
+                        d = _ov(load[a] - diff, C) + _ov(load[b] + diff, C) - before
+                        is_tabu = tabu[i1] > it or tabu[i2] > it or tabu[j1] > it
+                        if is_tabu and F + d >= best_F:
+                            continue
+                        if d < best_d:
+                            best_d = d
+                            ties = 1
+                            mv[0], mv[1], mv[2], mv[3], mv[4] = i1, i2, j1, -1, b
+                        elif d == best_d:
+                            ties += 1
+                            if np.random.randint(ties) == 0:
+                                mv[0], mv[1], mv[2], mv[3], mv[4] = i1, i2, j1, -1, b
+        if mv[4] < 0:
+            continue
+        b = mv[4]
+        for k in range(2):
+            i = mv[k]
+            if i >= 0:
+                bin_of[i] = b
+                load[a] -= s[i]
+                load[b] += s[i]
+                tabu[i] = it + tenure + np.random.randint(tenure + 1)
+        for k in range(2, 4):
+            j = mv[k]
+            if j >= 0:
+                bin_of[j] = a
+                load[b] -= s[j]
+                load[a] += s[j]
+                tabu[j] = it + tenure + np.random.randint(tenure + 1)
+        F += best_d
+        if F < best_F:
+            best_F = F
+            best_bin[:] = bin_of
+    return best_bin, best_F
+
+
+def fixed_bins_search(sizes, capacity, num_bins: int, start=None, *, max_iters: int = 20_000,
+                      seed: int = 0, time_limit: float | None = None) -> np.ndarray | None:
+    """Look for a packing into exactly ``num_bins`` bins by tabu search on total overflow.
+
+    Starts from ``start`` (a packing, default the better of FFD/BFD) with its lightest bins
+    dissolved into the rest (worst fit), then runs the exchange search of
+    :func:`_overflow_tabu` (shifts and 1-1/2-1/1-2 swaps between an overflowing bin and any other,
+    after Alvim et al. 2004, "A hybrid improvement heuristic for the one-dimensional bin packing
+    problem", J. Heuristics 10:205–229). Seeded restarts until ``time_limit``. Returns a packing
+    (``bin_N``) or None if none was found; deterministic for a seed and iteration budget.
+    """
+    import time
+
+    sizes_N, C = check_sizes(sizes, capacity)
+    K = int(num_bins)
+    if sizes_N.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if K < 1 or int(sizes_N.sum()) > K * C:
+        return None
+    if start is None:
+        start, _, _ = best_packing(sizes_N, C)
+    _, bin_N = np.unique(np.asarray(start, dtype=np.int64), return_inverse=True)
+    bin_N = bin_N.astype(np.int64)
+    used = int(bin_N.max()) + 1
+    if used <= K:
+        return bin_N
+    loads = np.bincount(bin_N, weights=sizes_N, minlength=used)
+    order = np.argsort(loads, kind="stable")           # lightest bins dissolve
+    keep = np.sort(order[used - K:])
+    new_id = np.full(used, -1, dtype=np.int64)
+    new_id[keep] = np.arange(K)
+    init = new_id[bin_N]
+    load = np.zeros(K, dtype=np.int64)
+    np.add.at(load, init[init >= 0], sizes_N[init >= 0])
+    for i in np.flatnonzero(init < 0)[np.argsort(-sizes_N[init < 0], kind="stable")]:
+        b = int(np.argmin(load))                        # worst fit spreads the overflow
+        init[i] = b
+        load[b] += sizes_N[i]
+    t0 = time.perf_counter()
+    tenure = max(3, min(20, sizes_N.size // 10))
+    r = 0
+    while True:
+        found, F = _overflow_tabu(sizes_N, C, K, init, max_iters, seed + r, tenure)
+        if F == 0:
+            return found
+        r += 1
+        if time_limit is None or time.perf_counter() - t0 > time_limit:
+            return None

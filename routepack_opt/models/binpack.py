@@ -34,7 +34,7 @@ __all__ = ["BinPackResult", "solve_bin_packing", "arcflow_graph", "METHODS"]
 
 METHODS = ("auto", "cpsat", "arcflow")
 # "auto" uses arc-flow while its graph stays this small, else CP-SAT.
-ARCFLOW_MAX_ARCS = 250_000
+ARCFLOW_MAX_ARCS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,6 +279,8 @@ def _solve_arcflow(sizes_N, C, lb, max_bins, hint_N, time_limit, graph=None):
     by_type = [[] for _ in range(w.size)]
     for a in range(A):
         by_type[int(type_A[a])].append(a)
+    if any(not arcs for arcs in by_type):  # some item fits in no bin wasting ≤ slack
+        return "infeasible", None, max_bins + 1, None
     mdl.demand = pyo.Constraint(range(w.size), rule=lambda _m, j: pyo.quicksum(x[a] for a in by_type[j])
                                 >= int(b[j]))
     mdl.obj = pyo.Objective(expr=mdl.z, sense=pyo.minimize)
@@ -313,9 +315,12 @@ def _solve_arcflow(sizes_N, C, lb, max_bins, hint_N, time_limit, graph=None):
     opt.config.load_solution = False
     opt.config.mip_gap = 0.0
     opt.highs_options = {"threads": 1, "random_seed": 0, "mip_abs_gap": 1 - 1e-6}
-    # appsi copies the model into HiGHS inside solve() (about as long as building it took)
+    # appsi copies the model into HiGHS inside solve() (about as long as building it took) and
+    # loading the solution costs as much again: keep the whole call within the time limit.
     built = time.perf_counter() - t0
-    opt.config.time_limit = max(0.05, float(time_limit - 2.0 * built))
+    if 3.0 * built > time_limit:
+        return "unknown", None, lb, None
+    opt.config.time_limit = max(0.05, float(time_limit - 3.0 * built))
     res = opt.solve(mdl)
     tc = res.termination_condition.name
     if tc in ("infeasible", "infeasibleOrUnbounded"):

@@ -1,0 +1,237 @@
+"""R* certifier: row rules, errors, BPP benchmark optima, pack_into_bins and `routepack certify`."""
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from routepack_opt.certify import (BinPackUndecided, Certificate, certify_rows, pack_into_bins,
+                                   spread_to_nonempty)
+from routepack_opt.cli import main
+from routepack_opt.errors import InputError
+from routepack_opt.heuristics.binpack import is_packing, lower_bound
+from routepack_opt.testing import random_window
+from routepack_opt.topology import Topology
+from routepack_opt.window import save_window
+
+BPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "bpp"
+
+
+def brute_force_bins(sizes, capacity) -> int:
+    """Least bins by enumerating every set partition (items in decreasing order)."""
+    s = sorted((int(x) for x in sizes), reverse=True)
+    best = [len(s)]
+
+    def rec(i, loads):
+        if len(loads) >= best[0]:
+            return
+        if i == len(s):
+            best[0] = len(loads)
+            return
+        seen = set()
+        for b in range(len(loads)):
+            if loads[b] + s[i] <= capacity and loads[b] not in seen:
+                seen.add(loads[b])
+                loads[b] += s[i]
+                rec(i + 1, loads)
+                loads[b] -= s[i]
+        loads.append(s[i])
+        rec(i + 1, loads)
+        loads.pop()
+
+    rec(0, [])
+    return best[0]
+
+
+def expected_rows(sizes, C, D, min_rows, multiple):
+    """Least R ≥ min_rows, R % multiple == 0, with opt ≤ R·D ≤ N (None if none)."""
+    opt = brute_force_bins(sizes, C)
+    for R in range(1, len(sizes) // D + 1):
+        if R >= min_rows and R % multiple == 0 and opt <= R * D:
+            return R
+    return None
+
+
+def test_row_rules_match_brute_force():
+    """R* obeys min_rows, row_multiple and D>1 exactly as the brute-force definition says."""
+    rng = np.random.default_rng(5)
+    checked = 0
+    for trial in range(200):
+        n = int(rng.integers(4, 9))
+        C = int(rng.integers(10, 30))
+        sizes = rng.integers(1, C + 1, size=n)
+        D = int(rng.integers(1, 4))
+        min_rows = int(rng.integers(1, 3))
+        mult = int(rng.integers(1, 3))
+        want = expected_rows(sizes, C, D, min_rows, mult)
+        if want is None or n < D * min_rows:
+            continue
+        cert = certify_rows(sizes, Topology(dp=D, ep=1, capacity=C, min_rows=min_rows, row_multiple=mult),
+                            time_limit=10)
+        assert cert.status == "optimal" and cert.rows == cert.lower_bound == want, (sizes, C, D, min_rows, mult)
+        assert cert.rows * D <= n and cert.packing_N is not None
+        assert is_packing(sizes, C, cert.packing_N, cert.rows * D)
+        checked += 1
+        if checked >= 40:
+            break
+    assert checked >= 40
+
+
+def test_window_and_lengths_give_the_same_certificate():
+    """A Window and its plain lengths array certify to the same rows, status and method."""
+    w = random_window(num_samples=40, max_len=60, seed=3)
+    topo = Topology(dp=4, ep=2, capacity=100, row_multiple=2)
+    a, b = certify_rows(w, topo), certify_rows(np.asarray(w.lengths), topo)
+    assert (a.rows, a.status, a.method, a.lower_bound) == (b.rows, b.status, b.method, b.lower_bound)
+    assert a.rows % 2 == 0
+
+
+def test_certificate_as_dict_has_exactly_the_contract_keys():
+    """as_dict gives exactly rows, status, lower_bound, method, seconds (JSON-serialisable)."""
+    cert = certify_rows([3, 4, 5, 6], Topology(dp=2, ep=1, capacity=10))
+    d = cert.as_dict()
+    assert set(d) == {"rows", "status", "lower_bound", "method", "seconds"}
+    assert json.loads(json.dumps(d)) == d and isinstance(cert, Certificate)
+    with pytest.raises(Exception):
+        cert.rows = 3  # frozen
+
+
+def test_sample_longer_than_capacity_names_the_samples():
+    """Samples above the token cap are an InputError that names them."""
+    with pytest.raises(InputError, match=r"samples \[1, 3\].*> capacity 10"):
+        certify_rows([5, 11, 2, 12], Topology(dp=1, ep=1, capacity=10))
+
+
+def test_too_few_samples_for_min_rows():
+    """N < D·min_rows is an InputError (a cell would be empty)."""
+    with pytest.raises(InputError, match=r"N=5 samples cannot fill D·min_rows = 2·3 = 6"):
+        certify_rows([1, 2, 3, 4, 5], Topology(dp=2, ep=1, capacity=10, min_rows=3))
+
+
+def test_impossible_row_rule():
+    """No multiple of row_multiple with R·D ≤ N is an InputError."""
+    with pytest.raises(InputError, match="no valid rows"):
+        certify_rows(np.ones(10, int), Topology(dp=3, ep=1, capacity=10, row_multiple=4))
+
+
+def test_lengths_need_more_cells_than_valid_rows_allow():
+    """When the packing needs more bins than the largest valid R·D, the error says how many."""
+    with pytest.raises(InputError, match="need at least 5 micro-batches"):
+        certify_rows([10] * 5, Topology(dp=2, ep=1, capacity=10))
+
+
+def test_undecided_certificate_is_feasible_with_a_valid_bound():
+    """A hard instance with a tiny limit returns status feasible, rows ≥ optimum ≥ lower bound."""
+    rec = _records("hard28")[0]
+    cert = certify_rows(rec["sizes"], Topology(dp=1, ep=1, capacity=rec["capacity"]),
+                        time_limit=1.0, method="cpsat")
+    if cert.status == "feasible":
+        assert cert.lower_bound <= rec["optimum"] <= cert.rows
+    else:
+        assert cert.rows == rec["optimum"]
+    assert cert.lower_bound <= rec["optimum"]
+
+
+# ---------------------------------------------------------------- BPP benchmark sample
+
+
+def _records(name):
+    return [json.loads(x) for x in (BPP / f"{name}.jsonl").read_text().splitlines() if x.strip()]
+
+
+def _bpp_sample():
+    """≥ 40 instances that bounds + FFD/BFD do not close, many with optimum > L2 (hard)."""
+    picks = []
+
+    def take(name, k, pred):
+        got = [r for r in _records(name) if not r["optimum_certified_by_bounds"] and pred(r)][:k]
+        picks.extend((name, r) for r in got)
+
+    take("scholl_1", 19, lambda r: r["optimum"] > r["lb_l2"] and r["n"] <= 100)
+    take("scholl_1", 6, lambda r: r["optimum"] == r["lb_l2"] and r["n"] <= 100)
+    take("scholl_2", 6, lambda r: r["n"] <= 50)
+    take("falkenauer_t", 4, lambda r: r["n"] == 60)
+    take("falkenauer_u", 4, lambda r: r["n"] == 120)
+    take("schwerin_1", 2, lambda r: True)
+    return picks
+
+
+def test_bpp_sample_certified_to_the_known_optimum():
+    """With D=1 the certifier proves the known optimum on a 41-instance benchmark sample."""
+    sample = _bpp_sample()
+    assert len(sample) >= 40
+    assert sum(r["optimum"] > r["lb_l2"] for _, r in sample) >= 19
+    t0 = time.perf_counter()
+    for name, r in sample:
+        cert = certify_rows(r["sizes"], Topology(dp=1, ep=1, capacity=r["capacity"]), time_limit=10)
+        assert cert.status == "optimal" and cert.rows == r["optimum"], (name, r["name"], cert)
+    assert time.perf_counter() - t0 < 60
+
+
+# ---------------------------------------------------------------- pack_into_bins
+
+
+def test_pack_into_bins_against_brute_force():
+    """At K = optimum it returns a valid packing; below the optimum it returns None (proved)."""
+    rng = np.random.default_rng(9)
+    gaps = plain = 0
+    while gaps < 4 or plain < 20:
+        C = int(rng.integers(10, 30))
+        sizes = rng.integers(C // 4, C // 2 + 3, size=int(rng.integers(4, 9)))
+        opt = brute_force_bins(sizes, C)
+        gap = lower_bound(sizes, C)[0] < opt  # the exact models, not the bounds, decide these
+        if (gap and gaps >= 4) or (not gap and plain >= 20):
+            continue
+        gaps, plain = gaps + gap, plain + (not gap)
+        bins = pack_into_bins(sizes, C, opt, time_limit=10)
+        assert bins is not None and is_packing(sizes, C, bins, opt)
+        assert pack_into_bins(sizes, C, opt - 1, time_limit=10) is None
+
+
+def test_pack_into_bins_oversize_and_undecided():
+    """An item above the capacity gives None; a hard case with no time raises BinPackUndecided."""
+    assert pack_into_bins([3, 12], 10, 5) is None
+    rec = next(r for r in _records("hard28") if r["optimum"] > r["lb_l2"] or r["ffd"] > r["optimum"])
+    with pytest.raises(BinPackUndecided, match="could not decide"):
+        pack_into_bins(rec["sizes"], rec["capacity"], rec["optimum"], time_limit=0.2, method="cpsat")
+
+
+def test_spread_to_nonempty_fills_every_bin():
+    """Spreading a 2-bin packing onto 4 bins leaves no bin empty and keeps capacity."""
+    sizes = [4, 3, 3, 2, 2]
+    spread = spread_to_nonempty(sizes, [0, 0, 1, 1, 1], 4)
+    assert sorted(set(spread.tolist())) == [0, 1, 2, 3] and is_packing(sizes, 7, spread, 4)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_cli_certify_json_and_error(tmp_path, capsys):
+    """`routepack certify --json` prints exactly the contract keys; a sample over C exits 2."""
+    w = random_window(num_samples=32, max_len=50, seed=1)
+    path = tmp_path / "w.npz"
+    save_window(w, path)
+    rc = main(["certify", str(path), "--dp", "4", "--ep", "2", "--capacity", "80", "--min-rows", "2",
+               "--row-multiple", "2", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and set(out) == {"rows", "status", "lower_bound", "method", "seconds"}
+    assert out["status"] == "optimal" and out["rows"] % 2 == 0 and out["rows"] >= 2
+    rc = main(["certify", str(path), "--dp", "4", "--ep", "2", "--capacity", "80"])
+    assert rc == 0 and "R* =" in capsys.readouterr().out
+    rc = main(["certify", str(path), "--dp", "4", "--ep", "2", "--capacity", "10", "--json"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: samples") and err.count("\n") == 1
+
+
+def test_production_window_certified_fast():
+    """N=4096 lengths on D=64 slots: certified by bounds in well under a second (warm)."""
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(rng.lognormal(7.5, 1.0, size=4096).astype(np.int64) + 1, 16384)
+    topo = Topology(dp=64, ep=8, capacity=16384)
+    certify_rows(lengths[:256], Topology(dp=4, ep=1, capacity=16384))  # warm-up (JIT cache)
+    t0 = time.perf_counter()
+    cert = certify_rows(lengths, topo)
+    assert cert.method == "bounds" and cert.status == "optimal"
+    assert time.perf_counter() - t0 < 1.0
