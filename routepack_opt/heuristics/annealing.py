@@ -240,39 +240,6 @@ def _rotl(x, k):
 
 
 @njit(cache=True)
-def _next(s):
-    s0 = s[0]
-    s1 = s[1]
-    s2 = s[2]
-    s3 = s[3]
-    result = _rotl(s1 * _U64(5), 7) * _U64(9)
-    t = s1 << _U64(17)
-    s2 ^= s0
-    s3 ^= s1
-    s1 ^= s2
-    s0 ^= s3
-    s2 ^= t
-    s3 = _rotl(s3, 45)
-    s[0] = s0
-    s[1] = s1
-    s[2] = s2
-    s[3] = s3
-    return result
-
-
-@njit(cache=True)
-def _rand_int(s, n):
-    """Uniform integer in [0, n) for n < 2^32 (multiply-shift, Lemire 2019)."""
-    return np.int64(((_next(s) >> _U64(32)) * _U64(n)) >> _U64(32))
-
-
-@njit(cache=True)
-def _rand_unit(s):
-    """Uniform double in (0, 1]."""
-    return (np.float64(_next(s) >> _U64(11)) + 1.0) * (1.0 / 9007199254740992.0)
-
-
-@njit(cache=True)
 def _xo(s0, s1, s2, s3):
     """One xoshiro256** step on a state held in registers: (output, new state)."""
     result = _rotl(s1 * _U64(5), 7) * _U64(9)
@@ -288,13 +255,13 @@ def _xo(s0, s1, s2, s3):
 
 @njit(cache=True)
 def _below(x, n):
-    """Integer in [0, n) from one output (as :func:`_rand_int`)."""
+    """Integer in [0, n) from one output, n < 2^32 (multiply-shift, Lemire 2019)."""
     return np.int64(((x >> _U64(32)) * _U64(n)) >> _U64(32))
 
 
 @njit(cache=True)
 def _unit(x):
-    """Double in (0, 1] from one output (as :func:`_rand_unit`)."""
+    """Double in (0, 1] from one output."""
     return (np.float64(x >> _U64(11)) + 1.0) * (1.0 / 9007199254740992.0)
 
 
@@ -353,68 +320,6 @@ def _msum_add(W, x, b, i, L, nb, m):
                         max(w[q + 2 * L1] + c[q + 2 * L1], w[q + 3 * L1] + c[q + 3 * L1])),
                     max(max(w[q + 4 * L1] + c[q + 4 * L1], w[q + 5 * L1] + c[q + 5 * L1]),
                         max(w[q + 6 * L1] + c[q + 6 * L1], w[q + 7 * L1] + c[q + 7 * L1])))
-            if nb == 1:
-                s += v
-            elif k == 0:
-                m[l] = v
-            else:
-                m[l] = max(m[l], v)
-    if nb > 1:
-        for l in range(L):
-            s += m[l]
-    return s
-
-
-@njit(cache=True)
-def _msum_sub(W, x, b, i, L, nb, m):
-    """Σ_l max_p (W[x] − b[i])."""
-    w = W[x]
-    c = b[i]
-    L1 = np.uint64(L)
-    s = 0
-    for k in range(nb):
-        o = np.uint64(8 * k) * L1
-        for l in range(L):
-            q = o + np.uint64(l)
-            v = max(max(max(w[q] - c[q], w[q + L1] - c[q + L1]),
-                        max(w[q + 2 * L1] - c[q + 2 * L1], w[q + 3 * L1] - c[q + 3 * L1])),
-                    max(max(w[q + 4 * L1] - c[q + 4 * L1], w[q + 5 * L1] - c[q + 5 * L1]),
-                        max(w[q + 6 * L1] - c[q + 6 * L1], w[q + 7 * L1] - c[q + 7 * L1])))
-            if nb == 1:
-                s += v
-            elif k == 0:
-                m[l] = v
-            else:
-                m[l] = max(m[l], v)
-    if nb > 1:
-        for l in range(L):
-            s += m[l]
-    return s
-
-
-@njit(cache=True)
-def _msum_addsub(W, x, b, i, j, L, nb, m):
-    """Σ_l max_p (W[x] + b[i] − b[j])."""
-    w = W[x]
-    c = b[i]
-    e = b[j]
-    L1 = np.uint64(L)
-    s = 0
-    for k in range(nb):
-        o = np.uint64(8 * k) * L1
-        for l in range(L):
-            q0 = o + np.uint64(l)
-            q1 = q0 + L1
-            q2 = q1 + L1
-            q3 = q2 + L1
-            q4 = q3 + L1
-            q5 = q4 + L1
-            q6 = q5 + L1
-            q7 = q6 + L1
-            v = max(max(max(w[q0] + c[q0] - e[q0], w[q1] + c[q1] - e[q1]),
-                        max(w[q2] + c[q2] - e[q2], w[q3] + c[q3] - e[q3])),
-                    max(max(w[q4] + c[q4] - e[q4], w[q5] + c[q5] - e[q5]),
-                        max(w[q6] + c[q6] - e[q6], w[q7] + c[q7] - e[q7])))
             if nb == 1:
                 s += v
             elif k == 0:
