@@ -58,7 +58,7 @@ def summarize(rows_by_set: dict[str, list[dict]], time_limit: float, workers: in
         "`certify_rows` with D=1 (R* = bin-packing optimum), each instance against its known "
         "optimum (../shared/data/bpp/). *proved* = status `optimal`; *equal* = rows equal to the "
         "known optimum; *proved & equal* is the success criterion. Methods: `bounds` = L1/L2/DFF "
-        "lower bound met by FFD/BFD or MBS'; `arcflow` = arc-flow MILP (Pyomo + HiGHS); `cpsat` = "
+        "lower bound met by FFD/BFD, MBS' or the overflow tabu search; `arcflow` = arc-flow MILP (Pyomo + HiGHS); `cpsat` = "
         "CP-SAT. Seconds are wall time per instance on a shared 2-core machine.",
         "",
         "| set | instances | proved optimal | equal to known | proved & equal | by method | mean s | max s |",

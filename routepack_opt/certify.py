@@ -204,6 +204,11 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
         if r_lo > r_max:
             no_rows(lb_bins)
         K = r_lo * D
+        if ub_bins > K:  # the tabu search again, on the new K
+            ts_N = fixed_bins_search(sizes_N, C, K, start=pack_N, seed=1,
+                                     time_limit=min(_TABU_MAX_S, _TABU_SHARE * time_limit))
+            if ts_N is not None:
+                pack_N, ub_bins, ub_name = ts_N, int(np.unique(ts_N).size), "tabu search"
         if ub_bins <= K:
             return cert(r_lo, "optimal", r_lo, res.method,
                         f"{res.method} proved > {lb_bins - 1} bins, {ub_name}={ub_bins} bins", pack_N)

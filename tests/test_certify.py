@@ -167,7 +167,7 @@ def test_bpp_sample_certified_to_the_known_optimum():
     for name, r in sample:
         cert = certify_rows(r["sizes"], Topology(dp=1, ep=1, capacity=r["capacity"]), time_limit=10)
         assert cert.status == "optimal" and cert.rows == r["optimum"], (name, r["name"], cert)
-    assert time.perf_counter() - t0 < 60
+    assert time.perf_counter() - t0 < 120  # ~20 s on an idle 2-core machine
 
 
 # ---------------------------------------------------------------- pack_into_bins
@@ -185,9 +185,9 @@ def test_pack_into_bins_against_brute_force():
         if (gap and gaps >= 4) or (not gap and plain >= 20):
             continue
         gaps, plain = gaps + gap, plain + (not gap)
-        bins = pack_into_bins(sizes, C, opt, time_limit=10)
+        bins = pack_into_bins(sizes, C, opt, time_limit=3)
         assert bins is not None and is_packing(sizes, C, bins, opt)
-        assert pack_into_bins(sizes, C, opt - 1, time_limit=10) is None
+        assert pack_into_bins(sizes, C, opt - 1, time_limit=3) is None
 
 
 def test_pack_into_bins_oversize_and_undecided():
