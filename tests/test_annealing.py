@@ -319,3 +319,50 @@ def test_production_preset_cost_delta():
         assert pop.last[0, 0] == pytest.approx(now.makespan - prev.makespan, abs=1e-9 * now.makespan)
         np.testing.assert_array_equal(pop.J[0], J.ravel())
         prev = now
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def small_instances(draw):
+    ep = draw(st.sampled_from([1, 2, 3, 4, 9]))
+    G = draw(st.integers(1, 3))
+    dp = ep * G
+    R = draw(st.integers(1, 3))
+    n = draw(st.integers(R * dp, R * dp + 12))
+    E = ep * draw(st.integers(1, 2))
+    seed = draw(st.integers(0, 10_000))
+    objective = draw(st.sampled_from(["max-sum", "sum-max"]))
+    shuffle = draw(st.booleans())
+    return ep, dp, R, n, E, seed, objective, shuffle
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_instances())
+def test_property_anneal_returns_valid_layout_never_worse(inst):
+    """Hypothesis: on random small windows and topologies (custom shard maps, P up to 9, tight
+    and loose capacity) anneal returns a valid layout no worse than its seed, with a claimed
+    makespan equal to the evaluator's."""
+    ep, dp, R, n, E, seed, objective, shuffle = inst
+    rng = np.random.default_rng(seed)
+    w = random_window(n, 2, E, min(2, E), max_len=25, seed=seed)
+    sos = None
+    if shuffle:
+        sos = tuple(int(g) for g in rng.permutation(np.repeat(np.arange(dp // ep), ep)))
+    C = int(max(w.lengths.max(), np.ceil(rng.uniform(1.0, 2.0) * w.lengths.sum() / (R * dp))))
+    topo = Topology(dp=dp, ep=ep, capacity=C, shard_of_slot=sos)
+    try:
+        row, slot = feasible_layout(w.lengths, topo, R, rng)
+    except ValueError:  # first-fit found no room: skip this draw
+        return
+    pl = np.stack([rng.permutation(E) for _ in range(2)])
+    b = rank_loads(w.counts, pl, ep)
+    res = A.anneal(w.lengths, b, topo, COST, R, objective, [(row, slot)],
+                   config=A.AnnealConfig(population=3, temperatures=4, sweeps=6), seed=seed)
+    assert Plan(topo, R, pl, res.row, res.slot, objective=objective).validate(w) == []
+    ev = Evaluator(w, topo, COST)
+    got = ev.score(pl, res.row, res.slot, R, objective)
+    assert got.key <= ev.score(pl, row, slot, R, objective).key
+    assert res.score[0] == pytest.approx(got.makespan, rel=1e-12)
