@@ -88,17 +88,17 @@ def test_move_delta_equals_full_reevaluation(objective, mix, ti):
     checked = 0
     for _ in range(200):
         n_eval = pop.counters[0, 0]
-        pop.run(pb, 1, np.inf, cfg)  # T = ∞: every evaluated proposal is accepted
+        pop.run_one(pb, 1, np.inf, cfg)  # T = ∞: every evaluated proposal is accepted
         if pop.counters[0, 0] == n_eval:
             continue  # proposal was infeasible (capacity / nonempty / same cell)
-        after = full_score(w, b, topo, pop.row[0], pop.slot[0], R, objective)
+        J = row_shard_costs(w.lengths, b, pop.row[0], pop.slot[0], R, topo, COST)
+        after = score_from_J(J, objective)
         d = pop.last[0]
         scale = max(1.0, abs(before.makespan))
         assert d[0] == pytest.approx(after.makespan - before.makespan, abs=1e-9 * scale)
         assert d[1] == pytest.approx(after.total - before.total, abs=1e-9 * scale)
         assert d[2] == pytest.approx(after.peak - before.peak, abs=1e-9 * scale)
         # the maintained state is the evaluator's, to rounding
-        J = row_shard_costs(w.lengths, b, pop.row[0], pop.slot[0], R, topo, COST)
         np.testing.assert_array_equal(pop.J[0], J.ravel())
         assert pop.agg[0, 0] == pytest.approx(after.makespan, rel=1e-12)
         assert pop.agg[0, 1] == pytest.approx(after.total, rel=1e-12)
@@ -311,7 +311,7 @@ def test_production_preset_cost_delta():
     prev = score_from_J(row_shard_costs(w.lengths, b, row, slot, R, topo, cost), "sum-max")
     for _ in range(200):
         n = pop.counters[0, 0]
-        pop.run(pb, 1, np.inf, cfg)
+        pop.run_one(pb, 1, np.inf, cfg)
         if pop.counters[0, 0] == n:
             continue
         J = row_shard_costs(w.lengths, b, pop.row[0], pop.slot[0], R, topo, cost)

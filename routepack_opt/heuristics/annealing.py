@@ -1202,6 +1202,15 @@ class _Population:
                         *self.state(), self.rng, self.best_row, self.best_slot, self.best_e,
                         self.counters, self.last, self.no_probe if probe is None else probe)
 
+    def run_one(self, pb: _Problem, n_moves: int, temp: float, cfg: AnnealConfig, k: int = 0):
+        """Replica k alone, serially (no thread launch): for tests stepping one move at a time."""
+        _run_replica(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, cfg.swap_window,
+                     pb.obj, pb.eps1, pb.eps2, *pb.consts(), pb.by_len, pb.rank_of,
+                     pb.C, pb.R, pb.D, pb.G, pb.L, pb.Pp, pb.cap,
+                     *(a[k] for a in self.state()), self.rng[k], self.best_row[k],
+                     self.best_slot[k], self.best_e[k:k + 1], self.counters[k], self.last[k],
+                     self.no_probe[k])
+
     def take(self, parents: np.ndarray):
         for name in self._STATE:
             arr = getattr(self, name)
