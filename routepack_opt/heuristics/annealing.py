@@ -979,9 +979,9 @@ def _run_population(n_moves, temp, p_swap, p_guide, p_near, window, objective, e
     for k in prange(K):
         _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
                      lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, by_len, rank_of,
-                     C, R, D, G, L, P, cap, row[k], slot[k], cnt[k], memb[k], pos[k], T[k], Q[k], W[k], Msum[k], J[k],
-                     colsum[k], rowmax[k], agg[k], rng[k], best_row[k], best_slot[k], best_e[k:k + 1],
-                     counters[k], last[k], probe[k])
+                     C, R, D, G, L, P, cap, row[k], slot[k], cnt[k], memb[k], pos[k], T[k], Q[k],
+                     W[k], Msum[k], J[k], colsum[k], rowmax[k], agg[k], rng[k], best_row[k],
+                     best_slot[k], best_e[k:k + 1], counters[k], last[k], probe[k])
 
 
 @njit(cache=True, parallel=True)
@@ -1094,7 +1094,8 @@ class _Problem:
             raise InputError(f"anneal: rows must be a positive integer, got {rows!r}")
         R = int(rows)
         if R * D > N:
-            raise InputError(f"anneal: {R} rows × {D} slots = {R * D} cells > {N} samples (cells must be nonempty)")
+            raise InputError(f"anneal: {R} rows × {D} slots = {R * D} cells > {N} samples "
+                             "(cells must be nonempty)")
         C = topology.capacity
         if lengths.min() < 1 or lengths.max() > C:
             raise InputError("anneal: every length must be in 1..capacity")
@@ -1283,7 +1284,8 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
         raise InputError("anneal: config must be an AnnealConfig")
     if time_limit is not None and not (isinstance(time_limit, (int, float)) and time_limit > 0):
         raise InputError(f"anneal: time_limit must be a positive number of seconds, got {time_limit!r}")
-    if max_sweeps is not None and (isinstance(max_sweeps, bool) or not isinstance(max_sweeps, (int, np.integer))
+    if max_sweeps is not None and (isinstance(max_sweeps, bool)
+                                   or not isinstance(max_sweeps, (int, np.integer))
                                    or max_sweeps < 1):
         raise InputError(f"anneal: max_sweeps must be a positive integer, got {max_sweeps!r}")
     seed = int(seed)
@@ -1411,7 +1413,8 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     proposed = int(pop.counters[:, 3].sum())
     stats = {
         "sweeps": sweeps_done, "replicas": K, "temperatures_done": len(trace),
-        "temperatures": nT, "moves_proposed": proposed, "moves_evaluated": evaluated, "moves_accepted": int(pop.counters[:, 1].sum()),
+        "temperatures": nT, "moves_proposed": proposed, "moves_evaluated": evaluated,
+        "moves_accepted": int(pop.counters[:, 1].sum()),
         "seconds": seconds, "search_seconds": run_seconds,
         "moves_per_second": evaluated / run_seconds if run_seconds > 0 else 0.0,
         "t_hot": t_hot, "t_cold": t_cold, "seeds": S, "best_seed": best_seed,
