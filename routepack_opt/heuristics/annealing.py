@@ -1344,7 +1344,13 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     best_slot = seed_layouts[best_seed][1].copy()
 
     # --- schedule ---------------------------------------------------------------------------
-    deadline = None if time_limit is None else t0 + float(time_limit)
+    # the best seed's evaluator score (needed at the end); its cost sizes the time kept in hand
+    te = time.perf_counter()
+    seed_row = seed_layouts[best_seed][0].astype(np.int64)
+    seed_slot = seed_layouts[best_seed][1].astype(np.int64)
+    seed_key = pb.evaluator_key(seed_row, seed_slot)
+    reserve = 2.0 * (time.perf_counter() - te) + 0.005
+    deadline = None if time_limit is None else t0 + float(time_limit) - reserve
     timed = deadline is not None and max_sweeps is None
     total_moves = (max_sweeps if max_sweeps is not None else cfg.sweeps) * N
     per_temp = [total_moves // nT + (1 if k < total_moves % nT else 0) for k in range(nT)]
@@ -1399,9 +1405,7 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     final.init(pb, best_row[None], best_slot[None])
     row = best_row.astype(np.int64)
     slot = best_slot.astype(np.int64)
-    seed_row = seed_layouts[best_seed][0].astype(np.int64)
-    seed_slot = seed_layouts[best_seed][1].astype(np.int64)
-    improved = pb.evaluator_key(row, slot) < pb.evaluator_key(seed_row, seed_slot)
+    improved = pb.evaluator_key(row, slot) < seed_key
     if not improved and not (np.array_equal(row, seed_row) and np.array_equal(slot, seed_slot)):
         # the search's best is no better than the best seed by the evaluator: return the seed
         row, slot = seed_row, seed_slot
