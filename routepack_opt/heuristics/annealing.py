@@ -271,24 +271,27 @@ def _unit(x):
 
 
 @njit(cache=True)
-def _attn(T, Q, r, g, slots_GP, alpha, beta, D, cx, Tx, Qx, cy, Ty, Qy):
-    """Σ_s max_{d∈g} (α_s·T[r,d] + β_s·Q[r,d]) with cells cx, cy overridden (−1: none)."""
-    P = slots_GP.shape[1]
-    base = np.uint64(r * D)
-    gu = np.uint64(g)
+def _attn(T, Q, r, g, P, alpha, beta, D, cx, Tx, Qx, cy, Ty, Qy):
+    """Σ_s max_{d∈g} (α_s·T[r,d] + β_s·Q[r,d]) with cells cx, cy overridden (−1: none).
+
+    The search works in shard-major slot order (internal slot g·P + j is the j-th slot of shard
+    g; :class:`_Problem` maps user slots in and out), so a shard's cells are contiguous and the
+    loop vectorises (the overrides are selects)."""
+    base = np.uint64(r * D + g * P)
     tot = 0.0
     for s in range(alpha.shape[0]):
         a = alpha[s]
         bb = beta[s]
         m = -np.inf
         for jj in range(P):
-            c = base + np.uint64(slots_GP[gu, np.uint64(jj)])
+            c = base + np.uint64(jj)
+            ci = np.int64(c)
             t = T[c]
             q = Q[c]
-            if c == cx:
+            if ci == cx:
                 t = Tx
                 q = Qx
-            elif c == cy:
+            if ci == cy:
                 t = Ty
                 q = Qy
             m = max(m, a * np.float64(t) + bb * np.float64(q))
@@ -719,7 +722,7 @@ def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gam
         for g in range(G):
             x = r * G + g
             Msum[x] = _msum(W, x, L, P, m)
-            J[x] = (_attn(T, Q, r, g, slots_GP, alpha, beta, D, -1, 0, 0, -1, 0, 0)
+            J[x] = (_attn(T, Q, r, g, slots_GP.shape[1], alpha, beta, D, -1, 0, 0, -1, 0, 0)
                     + gamma * np.float64(Msum[x])) + ovh
     _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
 
@@ -791,6 +794,7 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
     n_cells = R * D
     nprobe = probe.shape[0]
     nb = P // 8
+    Ps = slots_GP.shape[1]
     m = np.empty(2 * L, dtype=W.dtype)
     at_best = False  # the current state is the best seen and not yet copied out
     # RNG state, counters and the last deltas live in locals (stores to arrays would force
@@ -877,15 +881,15 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         B = rb * G + gb
         n_eval += 1
         if A == B:
-            attA = _attn(T, Q, ra, ga, slots_GP, alpha, beta, D, a, Ta, Qa, bc, Tb, Qb)
+            attA = _attn(T, Q, ra, ga, Ps, alpha, beta, D, a, Ta, Qa, bc, Tb, Qb)
             JA = (attA + gamma * np.float64(Msum[A])) + ovh
             JB = 0.0
             MA = Msum[A]
             MB = Msum[A]
             dms, dtot, dpk = _delta(J, colsum, rowmax, agg, ra, ga, JA, -1, -1, 0.0, G, objective)
         else:
-            attA = _attn(T, Q, ra, ga, slots_GP, alpha, beta, D, a, Ta, Qa, -1, 0, 0)
-            attB = _attn(T, Q, rb, gb, slots_GP, alpha, beta, D, bc, Tb, Qb, -1, 0, 0)
+            attA = _attn(T, Q, ra, ga, Ps, alpha, beta, D, a, Ta, Qa, -1, 0, 0)
+            attB = _attn(T, Q, rb, gb, Ps, alpha, beta, D, bc, Tb, Qb, -1, 0, 0)
             if swap:
                 MA, MB = _msum_swap(W, A, B, b, i, j, L, nb, m)
             else:
@@ -1015,7 +1019,7 @@ def _greedy(order, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
     rowmax = np.empty(R)
     agg = np.empty(5)
     for x in range(X):
-        J[x] = (_attn(T, Q, x // G, x % G, slots_GP, alpha, beta, D, -1, 0, 0, -1, 0, 0) + 0.0) + ovh
+        J[x] = (_attn(T, Q, x // G, x % G, slots_GP.shape[1], alpha, beta, D, -1, 0, 0, -1, 0, 0) + 0.0) + ovh
     _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
     empty = n_cells
     Mnew = np.empty(X, dtype=np.int64)
@@ -1039,7 +1043,8 @@ def _greedy(order, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
             d = c - r * D
             g = shard_D[d]
             x = r * G + g
-            att = _attn(T, Q, r, g, slots_GP, alpha, beta, D, c, T[c] + li, Q[c] + len2[i], -1, 0, 0)
+            att = _attn(T, Q, r, g, slots_GP.shape[1], alpha, beta, D, c, T[c] + li, Q[c] + len2[i], -1, 0,
+                         0)
             Jx = (att + gamma * np.float64(Mnew[x])) + ovh
             dms, dtot, dpk = _delta(J, colsum, rowmax, agg, r, g, Jx, -1, -1, 0.0, G, objective)
             if dms < b0 or (dms == b0 and (dtot < b1 or (dtot == b1 and dpk < b2))):
@@ -1061,7 +1066,7 @@ def _greedy(order, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
         for o in range(L * P):
             W[x, o] += b[i, o]
         Msum[x] = Mnew[x]
-        J[x] = (_attn(T, Q, r, shard_D[d], slots_GP, alpha, beta, D, -1, 0, 0, -1, 0, 0)
+        J[x] = (_attn(T, Q, r, shard_D[d], slots_GP.shape[1], alpha, beta, D, -1, 0, 0, -1, 0, 0)
                 + gamma * np.float64(Msum[x])) + ovh
         _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
         row[i] = r
@@ -1112,8 +1117,12 @@ class _Problem:
         self.Pp = Pp
         self.lengths = lengths
         self.len2 = lengths * lengths
-        self.shard_D = np.ascontiguousarray(topology.shard_array(), dtype=np.int64)
-        self.slots_GP = np.ascontiguousarray(topology.slots_of_shard(), dtype=np.int64)
+        # internal slot order is shard-major: internal slot g·P + j = user slot slots_of_shard[g, j]
+        self.ext_D = np.ascontiguousarray(topology.slots_of_shard().ravel(), dtype=np.int64)
+        self.int_D = np.empty(D, dtype=np.int64)
+        self.int_D[self.ext_D] = np.arange(D)
+        self.shard_D = np.arange(D, dtype=np.int64) // P
+        self.slots_GP = np.arange(D, dtype=np.int64).reshape(G, P)
         self.alpha = np.asarray(cost.alphas, dtype=np.float64)
         self.beta = np.asarray(cost.betas, dtype=np.float64)
         self.gamma = float(cost.gamma)
@@ -1149,11 +1158,16 @@ class _Problem:
             raise InputError(f"anneal: {what} leaves a cell empty")
         if np.bincount(cell, weights=self.lengths, minlength=R * D).max() > self.C:
             raise InputError(f"anneal: {what} overfills a cell (capacity {self.C})")
-        return row.astype(np.int32), slot.astype(np.int32)
+        return row.astype(np.int32), self.int_D[slot].astype(np.int32)
+
+    def external(self, slot) -> np.ndarray:
+        """User slots (int64) from internal (shard-major) slots."""
+        return self.ext_D[np.asarray(slot, dtype=np.int64)]
 
     def evaluator_key(self, row, slot) -> tuple[float, float, float]:
-        J = row_shard_costs(self.lengths, self.b_NLP(), row, slot,
-                            self.R, self.topology, self.cost)
+        """The evaluator's lexicographic key of a layout in internal slots."""
+        J = row_shard_costs(self.lengths, self.b_NLP(), np.asarray(row, dtype=np.int64),
+                            self.external(slot), self.R, self.topology, self.cost)
         return score_from_J(J, self.objective).key
 
 
@@ -1236,10 +1250,12 @@ def greedy_layout(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: i
     """Joint-cost greedy layout (samples by decreasing standalone cost, each into the cell that
     least increases the lexicographic score); ``None`` if capacity blocks it."""
     pb = _Problem(lengths_N, b_NLP, topology, cost, rows, objective, tie_eps)
-    return _greedy_pb(pb)
+    g = _greedy_pb(pb)
+    return None if g is None else (g[0], pb.external(g[1]))
 
 
 def _greedy_pb(pb: _Problem):
+    """The greedy layout in internal slots, or None."""
     own = (pb.alpha[None, :] * pb.lengths[:, None] + pb.beta[None, :] * pb.len2[:, None]).sum(axis=1)
     own = own + pb.gamma * pb.b_NLP().max(axis=2).sum(axis=1)
     order = np.lexsort((np.arange(pb.N), -pb.lengths, -own)).astype(np.int64)
@@ -1410,6 +1426,7 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
         # the search's best is no better than the best seed by the evaluator: return the seed
         row, slot = seed_row, seed_slot
         final.init(pb, row[None].astype(np.int32), slot[None].astype(np.int32))
+    slot = pb.external(slot)
     a = final.agg[0]
     seconds = time.perf_counter() - t0
     run_seconds = time.perf_counter() - t_run
