@@ -7,7 +7,8 @@ the population annealer is from the proved optimum (SPEC §3 step 4).
 Windows: synthetic RL traces (`routepack_opt.trace.generate_window`) of N = 12..32 samples from
 four presets, shrunk to L = 4 MoE layers, E = 8 experts, top-2 (so the models stay small; the
 cost coefficients are the presets' own), on five topologies (D, P) = (4,2), (4,4), (6,2), (2,2),
-(8,4) at the certified minimum rows R*, LPT placement, objectives alternating. Per window:
+(8,4) at the certified minimum rows R*, plain Graham LPT placement (``lpt_placement``; the
+pipeline's "lpt" adds a swap refinement), objectives alternating. Per window:
 
 - the annealer as shipped (default config, 200 sweeps, seed 0, seeded by the length-only
   baselines), and a 5× budget (1000 sweeps);
