@@ -47,7 +47,7 @@ from routepack_opt.cost import CostModel, Stage, get_preset
 from routepack_opt.evaluate import Evaluator
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement import identity_placement, lpt_placement, rank_load_cv
-from routepack_opt.pipeline import layout_plan, plan, resolve_placement, resolve_rows
+from routepack_opt.pipeline import plan, resolve_placement, resolve_rows
 from routepack_opt.topology import Topology
 from routepack_opt.trace import generate_window
 
