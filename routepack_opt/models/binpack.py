@@ -148,9 +148,8 @@ def _solve_cpsat(sizes_N, C, lb, max_bins, hint_N, time_limit, num_workers, deci
         counts = np.array([[solver.value(y[j, kk]) for kk in range(K)] for j in range(m)])
         bin_N = _compact(_unpack(counts, type_N))
         nb = int(bin_N.max()) + 1 if bin_N.size else 0
-        if decision:
-            proved = lb if nb <= lb else lb
-            return ("optimal" if nb <= lb else "feasible"), nb, proved, bin_N
+        if decision:  # no objective: only the bound we came with is proved
+            return ("optimal" if nb <= lb else "feasible"), nb, min(lb, nb), bin_N
         bound = max(lb, int(math.ceil(solver.best_objective_bound - 1e-6)))
         return ("optimal" if st == cp_model.OPTIMAL or bound >= nb else "feasible"), nb, min(bound, nb), bin_N
     if st == cp_model.INFEASIBLE:
