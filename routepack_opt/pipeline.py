@@ -174,7 +174,7 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
         info["placement_kind"] = pl_kind
     timings["total"] = time.perf_counter() - t_start
     info["timings"] = timings
-    return layout_plan(window, topology, cost, pl, row, slot, R, objective, info, cert)
+    return layout_plan(window, topology, cost, pl, row, slot, R, objective, info, cert, ev)
 
 
 def _stats_dict(stats) -> dict:
