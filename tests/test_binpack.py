@@ -13,34 +13,9 @@ from routepack_opt.heuristics.binpack import (best_fit_decreasing, best_packing,
                                               first_fit_decreasing, is_packing, lower_bound,
                                               lower_bound_dff, lower_bound_l1, lower_bound_l2,
                                               fixed_bins_search, minimum_bin_slack)
+from routepack_opt.models.brute import brute_force_bins
 
 BPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "bpp"
-
-
-def brute_force_bins(sizes, capacity) -> int:
-    """Least bins by enumerating every set partition (items in decreasing order)."""
-    s = sorted((int(x) for x in sizes), reverse=True)
-    best = [len(s)]
-
-    def rec(i, loads):
-        if len(loads) >= best[0]:
-            return
-        if i == len(s):
-            best[0] = len(loads)
-            return
-        seen = set()
-        for b in range(len(loads)):
-            if loads[b] + s[i] <= capacity and loads[b] not in seen:
-                seen.add(loads[b])
-                loads[b] += s[i]
-                rec(i + 1, loads)
-                loads[b] -= s[i]
-        loads.append(s[i])
-        rec(i + 1, loads)
-        loads.pop()
-
-    rec(0, [])
-    return best[0] if s else 0
 
 
 instances = st.integers(5, 60).flatmap(

@@ -15,34 +15,9 @@ from routepack_opt.heuristics.binpack import is_packing, lower_bound
 from routepack_opt.testing import random_window
 from routepack_opt.topology import Topology
 from routepack_opt.window import save_window
+from routepack_opt.models.brute import brute_force_bins
 
 BPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "bpp"
-
-
-def brute_force_bins(sizes, capacity) -> int:
-    """Least bins by enumerating every set partition (items in decreasing order)."""
-    s = sorted((int(x) for x in sizes), reverse=True)
-    best = [len(s)]
-
-    def rec(i, loads):
-        if len(loads) >= best[0]:
-            return
-        if i == len(s):
-            best[0] = len(loads)
-            return
-        seen = set()
-        for b in range(len(loads)):
-            if loads[b] + s[i] <= capacity and loads[b] not in seen:
-                seen.add(loads[b])
-                loads[b] += s[i]
-                rec(i + 1, loads)
-                loads[b] -= s[i]
-        loads.append(s[i])
-        rec(i + 1, loads)
-        loads.pop()
-
-    rec(0, [])
-    return best[0]
 
 
 def expected_rows(sizes, C, D, min_rows, multiple):

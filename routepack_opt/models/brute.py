@@ -21,7 +21,7 @@ from routepack_opt.errors import InputError
 from routepack_opt.evaluate import Score
 from routepack_opt.models.layout_common import LayoutInstance, prefeasibility
 
-__all__ = ["brute_force_layout", "BruteResult", "set_partitions"]
+__all__ = ["brute_force_layout", "BruteResult", "set_partitions", "brute_force_bins"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,3 +108,31 @@ def brute_force_layout(inst: LayoutInstance, max_samples: int = 8, max_layouts: 
     if best is None:
         return BruteResult(None, None, None, count)
     return BruteResult(best[0], best[1], best[2], count)
+
+
+def brute_force_bins(sizes, capacity) -> int:
+    """Least number of bins of ``capacity`` holding ``sizes``, by enumerating set partitions
+    (items in decreasing order, equal bin loads tried once): the oracle for tiny bin-packing
+    instances in tests."""
+    s = sorted((int(x) for x in sizes), reverse=True)
+    best = [len(s)]
+
+    def rec(i, loads):
+        if len(loads) >= best[0]:
+            return
+        if i == len(s):
+            best[0] = len(loads)
+            return
+        seen = set()
+        for b in range(len(loads)):
+            if loads[b] + s[i] <= capacity and loads[b] not in seen:
+                seen.add(loads[b])
+                loads[b] += s[i]
+                rec(i + 1, loads)
+                loads[b] -= s[i]
+        loads.append(s[i])
+        rec(i + 1, loads)
+        loads.pop()
+
+    rec(0, [])
+    return best[0] if s else 0
