@@ -60,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, UsageError) as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like: not a failure
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
