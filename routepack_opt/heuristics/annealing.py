@@ -62,7 +62,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from routepack_opt.cost import CostModel
 from routepack_opt.errors import InputError
@@ -299,6 +300,18 @@ def _attn(T, Q, r, g, P, alpha, beta, D, cx, Tx, Qx, cy, Ty, Qy):
     return tot
 
 
+def _narrow(x, w):
+    """x (an int64 from numba's scalar promotion) cast to the element type of array w."""
+    return x
+
+
+@overload(_narrow)
+def _narrow_impl(x, w):
+    if w.dtype == types.int32:
+        return lambda x, w: np.int32(x)
+    return lambda x, w: np.int64(x)
+
+
 # The expert kernels below run twice per proposal and dominate the search. W and b are stored
 # rank-major (index p·L + l) with the ranks zero-padded to a multiple of 8 (``nb`` blocks of 8;
 # zero ranks never change a maximum because every W + Δ is ≥ 0). For one block (P ≤ 8, the usual
@@ -364,10 +377,14 @@ def _msum_move(W, A, B, b, i, L, nb, m):
             c5 = c[q5]
             c6 = c[q6]
             c7 = c[q7]
-            va = max(max(max(wa[q0] - c0, wa[q1] - c1), max(wa[q2] - c2, wa[q3] - c3)),
-                     max(max(wa[q4] - c4, wa[q5] - c5), max(wa[q6] - c6, wa[q7] - c7)))
-            vb = max(max(max(wb[q0] + c0, wb[q1] + c1), max(wb[q2] + c2, wb[q3] + c3)),
-                     max(max(wb[q4] + c4, wb[q5] + c5), max(wb[q6] + c6, wb[q7] + c7)))
+            va = max(max(max(_narrow(wa[q0] - c0, wa), _narrow(wa[q1] - c1, wa)),
+                         max(_narrow(wa[q2] - c2, wa), _narrow(wa[q3] - c3, wa))),
+                     max(max(_narrow(wa[q4] - c4, wa), _narrow(wa[q5] - c5, wa)),
+                         max(_narrow(wa[q6] - c6, wa), _narrow(wa[q7] - c7, wa))))
+            vb = max(max(max(_narrow(wb[q0] + c0, wa), _narrow(wb[q1] + c1, wa)),
+                         max(_narrow(wb[q2] + c2, wa), _narrow(wb[q3] + c3, wa))),
+                     max(max(_narrow(wb[q4] + c4, wa), _narrow(wb[q5] + c5, wa)),
+                         max(_narrow(wb[q6] + c6, wa), _narrow(wb[q7] + c7, wa))))
             if nb == 1:
                 sa += va
                 sb += vb
@@ -406,18 +423,22 @@ def _msum_swap(W, A, B, b, i, j, L, nb, m):
             q5 = q4 + L1
             q6 = q5 + L1
             q7 = q6 + L1
-            d0 = c[q0] - e[q0]
-            d1 = c[q1] - e[q1]
-            d2 = c[q2] - e[q2]
-            d3 = c[q3] - e[q3]
-            d4 = c[q4] - e[q4]
-            d5 = c[q5] - e[q5]
-            d6 = c[q6] - e[q6]
-            d7 = c[q7] - e[q7]
-            va = max(max(max(wa[q0] - d0, wa[q1] - d1), max(wa[q2] - d2, wa[q3] - d3)),
-                     max(max(wa[q4] - d4, wa[q5] - d5), max(wa[q6] - d6, wa[q7] - d7)))
-            vb = max(max(max(wb[q0] + d0, wb[q1] + d1), max(wb[q2] + d2, wb[q3] + d3)),
-                     max(max(wb[q4] + d4, wb[q5] + d5), max(wb[q6] + d6, wb[q7] + d7)))
+            d0 = _narrow(c[q0] - e[q0], wa)
+            d1 = _narrow(c[q1] - e[q1], wa)
+            d2 = _narrow(c[q2] - e[q2], wa)
+            d3 = _narrow(c[q3] - e[q3], wa)
+            d4 = _narrow(c[q4] - e[q4], wa)
+            d5 = _narrow(c[q5] - e[q5], wa)
+            d6 = _narrow(c[q6] - e[q6], wa)
+            d7 = _narrow(c[q7] - e[q7], wa)
+            va = max(max(max(_narrow(wa[q0] - d0, wa), _narrow(wa[q1] - d1, wa)),
+                         max(_narrow(wa[q2] - d2, wa), _narrow(wa[q3] - d3, wa))),
+                     max(max(_narrow(wa[q4] - d4, wa), _narrow(wa[q5] - d5, wa)),
+                         max(_narrow(wa[q6] - d6, wa), _narrow(wa[q7] - d7, wa))))
+            vb = max(max(max(_narrow(wb[q0] + d0, wa), _narrow(wb[q1] + d1, wa)),
+                         max(_narrow(wb[q2] + d2, wa), _narrow(wb[q3] + d3, wa))),
+                     max(max(_narrow(wb[q4] + d4, wa), _narrow(wb[q5] + d5, wa)),
+                         max(_narrow(wb[q6] + d6, wa), _narrow(wb[q7] + d7, wa))))
             if nb == 1:
                 sa += va
                 sb += vb
@@ -1012,7 +1033,7 @@ def _greedy(order, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
     T = np.zeros(n_cells, dtype=np.int64)
     Q = np.zeros(n_cells, dtype=np.int64)
     cnt = np.zeros(n_cells, dtype=np.int64)
-    W[:, :] = 0  # [X, L·P] work array of b's dtype (allocated by the caller)
+    W[:, :] = 0  # [X, L·P] work array of the search's W dtype (allocated by the caller)
     Msum = np.zeros(X, dtype=np.int64)
     J = np.empty(X)
     colsum = np.empty(G)
@@ -1105,9 +1126,14 @@ class _Problem:
         if lengths.min() < 1 or lengths.max() > C:
             raise InputError("anneal: every length must be in 1..capacity")
         L = b_NLP.shape[1]
-        # W never exceeds the window's per-(l, p) column sums; int32 when they fit.
+        # W never exceeds the window's per-(l, p) column sums; int32 when they fit. b is int16
+        # when its entries fit (half the memory traffic of the expert kernels, whose rows of b
+        # are random reads; the kernels widen it to W's type).
         wmax = int(b_NLP.sum(axis=0).max(initial=0)) if N else 0
-        dtype = np.int32 if 2 * wmax < 2**31 else np.int64
+        self.wdtype = np.int32 if 2 * wmax < 2**31 else np.int64
+        bmax = int(b_NLP.max(initial=0))
+        dtype = np.int16 if (self.wdtype == np.int32 and bmax < 2**15
+                             and int(b_NLP.min(initial=0)) >= 0) else self.wdtype
         # rank-major rows b[i, p·L + l] (see the expert kernels)
         # ranks zero-padded to Pp = 8·⌈P/8⌉ (see the expert kernels)
         Pp = 8 * ((P + 7) // 8)
@@ -1184,7 +1210,7 @@ class _Population:
         self.pos = np.zeros((K, N), dtype=np.int32)
         self.T = np.zeros((K, R * D), dtype=np.int64)
         self.Q = np.zeros((K, R * D), dtype=np.int64)
-        self.W = np.zeros((K, R * G, L * P), dtype=pb.b.dtype)
+        self.W = np.zeros((K, R * G, L * P), dtype=pb.wdtype)
         self.Msum = np.zeros((K, R * G), dtype=np.int64)
         self.J = np.zeros((K, R * G))
         self.colsum = np.zeros((K, G))
@@ -1261,7 +1287,7 @@ def _greedy_pb(pb: _Problem):
     order = np.lexsort((np.arange(pb.N), -pb.lengths, -own)).astype(np.int64)
     row = np.zeros(pb.N, dtype=np.int32)
     slot = np.zeros(pb.N, dtype=np.int32)
-    W = np.zeros((pb.R * pb.G, pb.L * pb.Pp), dtype=pb.b.dtype)
+    W = np.zeros((pb.R * pb.G, pb.L * pb.Pp), dtype=pb.wdtype)
     ok = _greedy(order, *pb.consts(), pb.C, pb.R, pb.D, pb.G, pb.L, pb.Pp, pb.obj, pb.eps1,
                  pb.eps2, row, slot, W)
     return (row.astype(np.int64), slot.astype(np.int64)) if ok else None
