@@ -108,6 +108,36 @@ def test_move_delta_equals_full_reevaluation(objective, mix, ti):
     assert checked >= 40
 
 
+@pytest.mark.parametrize("scale", [1, 5000])
+def test_move_delta_exact_for_int16_and_int32_loads(scale):
+    """Expert loads stored as int16 (small) and int32 (≥ 2^15, scaled up) both give deltas
+    equal to a full re-evaluation."""
+    w, topo, pl, b, R = instance(TOPOLOGIES[1], seed=2)
+    b = b.astype(np.int64) * scale
+    cfg = A.AnnealConfig(p_swap=0.5, p_guide=0.5, p_near=0.5, swap_window=3)
+    pb = A._Problem(w.lengths, b, topo, COST, R, "max-sum", cfg.tie_eps)
+    assert pb.b.dtype == (np.int16 if b.max() < 2**15 else np.int32)
+    row, slot = feasible_layout(w.lengths, topo, R, np.random.default_rng(2))
+    pop = A._Population(pb, 1)
+    r32, s32 = pb.check_layout(row, slot, "layout")
+    pop.init(pb, r32[None], s32[None])
+    pop.rng[:] = A._rng_states(2, 0, 1)
+    before = full_score(w, b, topo, row, slot, R, "max-sum")
+    checked = 0
+    for _ in range(100):
+        n_eval = pop.counters[0, 0]
+        pop.run_one(pb, 1, np.inf, cfg)
+        if pop.counters[0, 0] == n_eval:
+            continue
+        after = full_score(w, b, topo, pop.row[0], pb.external(pop.slot[0]), R, "max-sum")
+        scale_ = max(1.0, abs(before.makespan))
+        assert pop.last[0, 0] == pytest.approx(after.makespan - before.makespan, abs=1e-9 * scale_)
+        assert pop.last[0, 1] == pytest.approx(after.total - before.total, abs=1e-9 * scale_)
+        before = after
+        checked += 1
+    assert checked >= 20
+
+
 @pytest.mark.parametrize("objective", ["max-sum", "sum-max"])
 def test_moves_keep_every_constraint(objective):
     """Long random walks at T = ∞ keep capacity, nonempty cells and coverage, and the cell
