@@ -235,12 +235,12 @@ def _uniform(seed: int, *parts: int) -> float:
     return (_splitmix64(_stream_key(seed, *parts))[1] >> 11) * 2.0**-53
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _rotl(x, k):
     return (x << _U64(k)) | (x >> _U64(64 - k))
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _xo(s0, s1, s2, s3):
     """One xoshiro256** step on a state held in registers: (output, new state)."""
     result = _rotl(s1 * _U64(5), 7) * _U64(9)
@@ -254,13 +254,13 @@ def _xo(s0, s1, s2, s3):
     return result, s0, s1, s2, s3
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _below(x, n):
     """Integer in [0, n) from one output, n < 2^32 (multiply-shift, Lemire 2019)."""
     return np.int64(((x >> _U64(32)) * _U64(n)) >> _U64(32))
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _unit(x):
     """Double in (0, 1] from one output."""
     return (np.float64(x >> _U64(11)) + 1.0) * (1.0 / 9007199254740992.0)
@@ -271,7 +271,7 @@ def _unit(x):
 # ---------------------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _attn(T, Q, r, g, P, alpha, beta, D, cx, Tx, Qx, cy, Ty, Qy):
     """Σ_s max_{d∈g} (α_s·T[r,d] + β_s·Q[r,d]) with cells cx, cy overridden (−1: none).
 
@@ -324,18 +324,25 @@ def _narrow_impl(x, w):
 @njit(cache=True)
 def _msum_add(W, x, b, i, L, nb, m):
     """Σ_l max_p (W[x] + b[i])."""
-    w = W[x]
-    c = b[i]
+    xu = np.uint64(x)
+    iu = np.uint64(i)
     L1 = np.uint64(L)
     s = 0
     for k in range(nb):
         o = np.uint64(8 * k) * L1
         for l in range(L):
-            q = o + np.uint64(l)
-            v = max(max(max(w[q] + c[q], w[q + L1] + c[q + L1]),
-                        max(w[q + 2 * L1] + c[q + 2 * L1], w[q + 3 * L1] + c[q + 3 * L1])),
-                    max(max(w[q + 4 * L1] + c[q + 4 * L1], w[q + 5 * L1] + c[q + 5 * L1]),
-                        max(w[q + 6 * L1] + c[q + 6 * L1], w[q + 7 * L1] + c[q + 7 * L1])))
+            q0 = o + np.uint64(l)
+            q1 = q0 + L1
+            q2 = q1 + L1
+            q3 = q2 + L1
+            q4 = q3 + L1
+            q5 = q4 + L1
+            q6 = q5 + L1
+            q7 = q6 + L1
+            v = max(max(max(_narrow(W[xu, q0] + b[iu, q0], W), _narrow(W[xu, q1] + b[iu, q1], W)),
+                        max(_narrow(W[xu, q2] + b[iu, q2], W), _narrow(W[xu, q3] + b[iu, q3], W))),
+                    max(max(_narrow(W[xu, q4] + b[iu, q4], W), _narrow(W[xu, q5] + b[iu, q5], W)),
+                        max(_narrow(W[xu, q6] + b[iu, q6], W), _narrow(W[xu, q7] + b[iu, q7], W))))
             if nb == 1:
                 s += v
             elif k == 0:
@@ -348,13 +355,13 @@ def _msum_add(W, x, b, i, L, nb, m):
     return s
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _msum_move(W, A, B, b, i, L, nb, m):
     """(Σ_l max_p (W[A] − b[i]), Σ_l max_p (W[B] + b[i])) in one pass (relocation A → B);
     ``m`` holds 2L scratch entries."""
-    wa = W[A]
-    wb = W[B]
-    c = b[i]
+    au = np.uint64(A)
+    bu = np.uint64(B)
+    iu = np.uint64(i)
     L1 = np.uint64(L)
     sa = 0
     sb = 0
@@ -369,22 +376,22 @@ def _msum_move(W, A, B, b, i, L, nb, m):
             q5 = q4 + L1
             q6 = q5 + L1
             q7 = q6 + L1
-            c0 = c[q0]
-            c1 = c[q1]
-            c2 = c[q2]
-            c3 = c[q3]
-            c4 = c[q4]
-            c5 = c[q5]
-            c6 = c[q6]
-            c7 = c[q7]
-            va = max(max(max(_narrow(wa[q0] - c0, wa), _narrow(wa[q1] - c1, wa)),
-                         max(_narrow(wa[q2] - c2, wa), _narrow(wa[q3] - c3, wa))),
-                     max(max(_narrow(wa[q4] - c4, wa), _narrow(wa[q5] - c5, wa)),
-                         max(_narrow(wa[q6] - c6, wa), _narrow(wa[q7] - c7, wa))))
-            vb = max(max(max(_narrow(wb[q0] + c0, wa), _narrow(wb[q1] + c1, wa)),
-                         max(_narrow(wb[q2] + c2, wa), _narrow(wb[q3] + c3, wa))),
-                     max(max(_narrow(wb[q4] + c4, wa), _narrow(wb[q5] + c5, wa)),
-                         max(_narrow(wb[q6] + c6, wa), _narrow(wb[q7] + c7, wa))))
+            c0 = b[iu, q0]
+            c1 = b[iu, q1]
+            c2 = b[iu, q2]
+            c3 = b[iu, q3]
+            c4 = b[iu, q4]
+            c5 = b[iu, q5]
+            c6 = b[iu, q6]
+            c7 = b[iu, q7]
+            va = max(max(max(_narrow(W[au, q0] - c0, W), _narrow(W[au, q1] - c1, W)),
+                         max(_narrow(W[au, q2] - c2, W), _narrow(W[au, q3] - c3, W))),
+                     max(max(_narrow(W[au, q4] - c4, W), _narrow(W[au, q5] - c5, W)),
+                         max(_narrow(W[au, q6] - c6, W), _narrow(W[au, q7] - c7, W))))
+            vb = max(max(max(_narrow(W[bu, q0] + c0, W), _narrow(W[bu, q1] + c1, W)),
+                         max(_narrow(W[bu, q2] + c2, W), _narrow(W[bu, q3] + c3, W))),
+                     max(max(_narrow(W[bu, q4] + c4, W), _narrow(W[bu, q5] + c5, W)),
+                         max(_narrow(W[bu, q6] + c6, W), _narrow(W[bu, q7] + c7, W))))
             if nb == 1:
                 sa += va
                 sb += vb
@@ -401,14 +408,14 @@ def _msum_move(W, A, B, b, i, L, nb, m):
     return sa, sb
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _msum_swap(W, A, B, b, i, j, L, nb, m):
     """(Σ_l max_p (W[A] − b[i] + b[j]), Σ_l max_p (W[B] + b[i] − b[j])) in one pass (i in A
     swaps with j in B); ``m`` holds 2L scratch entries."""
-    wa = W[A]
-    wb = W[B]
-    c = b[i]
-    e = b[j]
+    au = np.uint64(A)
+    bu = np.uint64(B)
+    iu = np.uint64(i)
+    ju = np.uint64(j)
     L1 = np.uint64(L)
     sa = 0
     sb = 0
@@ -423,22 +430,22 @@ def _msum_swap(W, A, B, b, i, j, L, nb, m):
             q5 = q4 + L1
             q6 = q5 + L1
             q7 = q6 + L1
-            d0 = _narrow(c[q0] - e[q0], wa)
-            d1 = _narrow(c[q1] - e[q1], wa)
-            d2 = _narrow(c[q2] - e[q2], wa)
-            d3 = _narrow(c[q3] - e[q3], wa)
-            d4 = _narrow(c[q4] - e[q4], wa)
-            d5 = _narrow(c[q5] - e[q5], wa)
-            d6 = _narrow(c[q6] - e[q6], wa)
-            d7 = _narrow(c[q7] - e[q7], wa)
-            va = max(max(max(_narrow(wa[q0] - d0, wa), _narrow(wa[q1] - d1, wa)),
-                         max(_narrow(wa[q2] - d2, wa), _narrow(wa[q3] - d3, wa))),
-                     max(max(_narrow(wa[q4] - d4, wa), _narrow(wa[q5] - d5, wa)),
-                         max(_narrow(wa[q6] - d6, wa), _narrow(wa[q7] - d7, wa))))
-            vb = max(max(max(_narrow(wb[q0] + d0, wa), _narrow(wb[q1] + d1, wa)),
-                         max(_narrow(wb[q2] + d2, wa), _narrow(wb[q3] + d3, wa))),
-                     max(max(_narrow(wb[q4] + d4, wa), _narrow(wb[q5] + d5, wa)),
-                         max(_narrow(wb[q6] + d6, wa), _narrow(wb[q7] + d7, wa))))
+            d0 = _narrow(b[iu, q0] - b[ju, q0], W)
+            d1 = _narrow(b[iu, q1] - b[ju, q1], W)
+            d2 = _narrow(b[iu, q2] - b[ju, q2], W)
+            d3 = _narrow(b[iu, q3] - b[ju, q3], W)
+            d4 = _narrow(b[iu, q4] - b[ju, q4], W)
+            d5 = _narrow(b[iu, q5] - b[ju, q5], W)
+            d6 = _narrow(b[iu, q6] - b[ju, q6], W)
+            d7 = _narrow(b[iu, q7] - b[ju, q7], W)
+            va = max(max(max(_narrow(W[au, q0] - d0, W), _narrow(W[au, q1] - d1, W)),
+                         max(_narrow(W[au, q2] - d2, W), _narrow(W[au, q3] - d3, W))),
+                     max(max(_narrow(W[au, q4] - d4, W), _narrow(W[au, q5] - d5, W)),
+                         max(_narrow(W[au, q6] - d6, W), _narrow(W[au, q7] - d7, W))))
+            vb = max(max(max(_narrow(W[bu, q0] + d0, W), _narrow(W[bu, q1] + d1, W)),
+                         max(_narrow(W[bu, q2] + d2, W), _narrow(W[bu, q3] + d3, W))),
+                     max(max(_narrow(W[bu, q4] + d4, W), _narrow(W[bu, q5] + d5, W)),
+                         max(_narrow(W[bu, q6] + d6, W), _narrow(W[bu, q7] + d7, W))))
             if nb == 1:
                 sa += va
                 sb += vb
@@ -470,7 +477,7 @@ def _msum(W, x, L, P, m):
     return s
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _w_move(W, A, B, b, i, n):
     """W[A] −= b[i]; W[B] += b[i]."""
     au = np.uint64(A)
@@ -482,7 +489,7 @@ def _w_move(W, A, B, b, i, n):
         W[bu, q] += b[iu, q]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _w_swap(W, A, B, b, i, j, n):
     """W[A] += b[j] − b[i]; W[B] += b[i] − b[j]."""
     au = np.uint64(A)
@@ -496,7 +503,7 @@ def _w_swap(W, A, B, b, i, j, n):
         W[bu, q] += d
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _pairwise_block(a, lo, n):
     """numpy's pairwise-sum leaf (n ≤ 128): 8 accumulators, then the remainder."""
     if n < 8:
@@ -535,45 +542,50 @@ def _pairwise_sum(a, lo, n):
     in two halves (first half a multiple of 8). Iterative: numba's cache mishandles recursion."""
     if n <= 128:
         return _pairwise_block(a, lo, n)
-    # explicit post-order walk of the split tree; depth ≤ 64
-    st_lo = np.empty(64, dtype=np.int64)
-    st_n = np.empty(64, dtype=np.int64)
-    st_state = np.empty(64, dtype=np.int64)  # 0: left pending, 1: right pending
-    st_left = np.empty(64)
+    return _pairwise_sum_ws(a, lo, n, np.empty((3, 64), dtype=np.int64), np.empty(64))
+
+
+@njit(cache=True, _nrt=False)
+def _pairwise_sum_ws(a, lo, n, st_i, st_left):
+    """:func:`_pairwise_sum` with its walk stack in caller-provided scratch (st_i [3, 64]
+    int64: range start, length, state; st_left [64]): allocation-free, for the move loop."""
+    if n <= 128:
+        return _pairwise_block(a, lo, n)
+    # explicit post-order walk of the split tree; depth ≤ 64; state 0: left pending, 1: right
     top = 0
-    st_lo[0] = lo
-    st_n[0] = n
-    st_state[0] = 0
+    st_i[0, 0] = lo
+    st_i[1, 0] = n
+    st_i[2, 0] = 0
     result = 0.0
     have = False
     while top >= 0:
         if have:  # a child just finished with `result`
-            if st_state[top] == 0:
+            if st_i[2, top] == 0:
                 st_left[top] = result
-                st_state[top] = 1
+                st_i[2, top] = 1
                 have = False
-                n2 = st_n[top] // 2
+                n2 = st_i[1, top] // 2
                 n2 -= n2 % 8
-                clo = st_lo[top] + n2
-                cn = st_n[top] - n2
+                clo = st_i[0, top] + n2
+                cn = st_i[1, top] - n2
             else:
                 result = st_left[top] + result
                 top -= 1
                 continue
         else:
-            cn = st_n[top]
+            cn = st_i[1, top]
             n2 = cn // 2
             n2 -= n2 % 8
-            clo = st_lo[top]
+            clo = st_i[0, top]
             cn = n2
         if cn <= 128:
             result = _pairwise_block(a, clo, cn)
             have = True
         else:
             top += 1
-            st_lo[top] = clo
-            st_n[top] = cn
-            st_state[top] = 0
+            st_i[0, top] = clo
+            st_i[1, top] = cn
+            st_i[2, top] = 0
     return result
 
 
@@ -613,12 +625,14 @@ def _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2):
     agg[4] = pidx
 
 
-@njit(cache=True)
-def _update_aggregates(J, colsum, rowmax, agg, ra, ga, rb, gb, dtot, R, G, objective, eps1, eps2):
+@njit(cache=True, _nrt=False)
+def _update_aggregates(J, colsum, rowmax, agg, ra, ga, rb, gb, dtot, R, G, objective, eps1, eps2,
+                       st_i, st_left):
     """After blocks (ra, ga) and (rb, gb) (rb < 0: none) changed by dtot in total: recompute the
     touched shard sums and row maxima exactly (same summation order as :func:`_aggregates`),
     the makespan, the peak (a full scan only when the peak block went down) and the energy.
-    The total is carried incrementally (a tie-break term; the reported score is recomputed)."""
+    The total is carried incrementally (a tie-break term; the reported score is recomputed).
+    st_i, st_left: scratch of :func:`_pairwise_sum_ws`."""
     X = R * G
     for g in (ga, gb):
         if g >= 0:
@@ -638,7 +652,7 @@ def _update_aggregates(J, colsum, rowmax, agg, ra, ga, rb, gb, dtot, R, G, objec
         for g in range(1, G):
             ms = max(ms, colsum[g])
     else:
-        ms = _pairwise_sum(rowmax, 0, R)
+        ms = _pairwise_sum_ws(rowmax, 0, R, st_i, st_left)
     total = agg[1] + dtot
     A = ra * G + ga
     B = rb * G + gb if rb >= 0 else -1
@@ -665,7 +679,7 @@ def _update_aggregates(J, colsum, rowmax, agg, ra, ga, rb, gb, dtot, R, G, objec
     agg[4] = pidx
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _delta(J, colsum, rowmax, agg, ra, ga, JA, rb, gb, JB, G, objective):
     """(Δmakespan, Δtotal, Δpeak) when block A = (ra, ga) costs JA and B = (rb, gb) costs JB
     (rb < 0: only A changes). Row and shard come in explicitly: no integer division here."""
@@ -748,7 +762,7 @@ def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gam
     _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, makespan, cnt, memb, slots_GP, R, D, G, cap,
                  objective):
     """A sample of the bottleneck (see module docstring), −1 if none; and the new RNG state."""
@@ -798,11 +812,12 @@ def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, makespan, cnt, memb, slots_G
     return -1, s0, s1, s2, s3
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
                  lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, by_len, rank_of,
                  C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum, J, colsum,
-                 rowmax, agg, s, best_row, best_slot, best_e, counters, last, probe):
+                 rowmax, agg, s, best_row, best_slot, best_e, counters, last, probe, m, st_i,
+                 st_left):
     """``n_moves`` Metropolis proposals at temperature ``temp`` for one replica.
 
     Swap partners come, with probability ``p_near``, from the ``window`` samples on either side
@@ -810,13 +825,17 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
     relocation tries up to 8 random target cells for one with room.
     ``probe`` (length > 0): record |ΔE| of each evaluated proposal there and accept nothing
     (used to scale the ladder). counters = [evaluated, accepted, recorded probes, proposals];
-    last = (Δmakespan, Δtotal, Δpeak) of the last evaluated proposal (checked by the tests)."""
+    last = (Δmakespan, Δtotal, Δpeak) of the last evaluated proposal (checked by the tests).
+    m [2L] (W's dtype), st_i [3, 64] (int64), st_left [64]: scratch (see :func:`_scratch`).
+
+    Compiled without numba's reference counting (``_nrt=False``, as are its callees): the
+    atomic increments and decrements of array arguments crossing the inlined helpers took about
+    a quarter of the time per move. Hence no allocation or array slicing here."""
     N = lengths.shape[0]
     n_cells = R * D
     nprobe = probe.shape[0]
     nb = P // 8
     Ps = slots_GP.shape[1]
-    m = np.empty(2 * L, dtype=W.dtype)
     at_best = False  # the current state is the best seen and not yet copied out
     # RNG state, counters and the last deltas live in locals (stores to arrays would force
     # reloads: numba gives LLVM no aliasing information); written back at the end.
@@ -935,8 +954,9 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         n_acc += 1
         if at_best and not dE < -1e-12 * abs(agg[3]):
             # leaving the best state seen (or not clearly improving on it): save it now
-            best_row[:] = row
-            best_slot[:] = slot
+            for t in range(N):
+                best_row[t] = row[t]
+                best_slot[t] = slot[t]
             at_best = False
         if swap:
             pi = pos[i]
@@ -971,16 +991,17 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
             Msum[B] = MB
             J[B] = JB
             _update_aggregates(J, colsum, rowmax, agg, ra, ga, rb, gb, dtot, R, G, objective,
-                               eps1, eps2)
+                               eps1, eps2, st_i, st_left)
         else:
             _update_aggregates(J, colsum, rowmax, agg, ra, ga, -1, -1, dtot, R, G, objective,
-                               eps1, eps2)
+                               eps1, eps2, st_i, st_left)
         if agg[3] < best_e[0]:
             best_e[0] = agg[3]
             at_best = True  # copied lazily: when the walk leaves this state, or at the end
     if at_best:
-        best_row[:] = row
-        best_slot[:] = slot
+        for t in range(N):
+            best_row[t] = row[t]
+            best_slot[t] = slot[t]
     s[0] = s0
     s[1] = s1
     s[2] = s2
@@ -994,6 +1015,12 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
     last[2] = l2
 
 
+@njit(cache=True)
+def _scratch(L, W):
+    """Scratch arrays of :func:`_run_replica`: m [2L] of W's dtype, st_i [3, 64], st_left [64]."""
+    return np.empty(2 * L, dtype=W.dtype), np.empty((3, 64), dtype=np.int64), np.empty(64)
+
+
 @njit(cache=True, parallel=True)
 def _run_population(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
                     lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, by_len, rank_of,
@@ -1002,11 +1029,13 @@ def _run_population(n_moves, temp, p_swap, p_guide, p_near, window, objective, e
     """All replicas in parallel (each one's stream and state are its own)."""
     K = row.shape[0]
     for k in prange(K):
+        m, st_i, st_left = _scratch(L, W[k])
         _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
                      lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, by_len, rank_of,
                      C, R, D, G, L, P, cap, row[k], slot[k], cnt[k], memb[k], pos[k], T[k], Q[k],
                      W[k], Msum[k], J[k], colsum[k], rowmax[k], agg[k], rng[k], best_row[k],
-                     best_slot[k], best_e[k:k + 1], counters[k], last[k], probe[k])
+                     best_slot[k], best_e[k:k + 1], counters[k], last[k], probe[k], m, st_i,
+                     st_left)
 
 
 @njit(cache=True, parallel=True)
@@ -1250,7 +1279,7 @@ class _Population:
                      pb.C, pb.R, pb.D, pb.G, pb.L, pb.Pp, pb.cap,
                      *(a[k] for a in self.state()), self.rng[k], self.best_row[k],
                      self.best_slot[k], self.best_e[k:k + 1], self.counters[k], self.last[k],
-                     self.no_probe[k])
+                     self.no_probe[k], *_scratch(pb.L, self.W[k]))
 
     def take(self, parents: np.ndarray):
         for name in self._STATE:
