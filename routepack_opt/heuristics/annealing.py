@@ -235,12 +235,12 @@ def _uniform(seed: int, *parts: int) -> float:
     return (_splitmix64(_stream_key(seed, *parts))[1] >> 11) * 2.0**-53
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline='always')
 def _rotl(x, k):
     return (x << _U64(k)) | (x >> _U64(64 - k))
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline='always')
 def _xo(s0, s1, s2, s3):
     """One xoshiro256** step on a state held in registers: (output, new state)."""
     result = _rotl(s1 * _U64(5), 7) * _U64(9)
@@ -254,13 +254,13 @@ def _xo(s0, s1, s2, s3):
     return result, s0, s1, s2, s3
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline='always')
 def _below(x, n):
     """Integer in [0, n) from one output, n < 2^32 (multiply-shift, Lemire 2019)."""
     return np.int64(((x >> _U64(32)) * _U64(n)) >> _U64(32))
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline='always')
 def _unit(x):
     """Double in (0, 1] from one output."""
     return (np.float64(x >> _U64(11)) + 1.0) * (1.0 / 9007199254740992.0)
@@ -271,7 +271,7 @@ def _unit(x):
 # ---------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline='always')
 def _attn(T, Q, r, g, P, alpha, beta, D, cx, Tx, Qx, cy, Ty, Qy):
     """Σ_s max_{d∈g} (α_s·T[r,d] + β_s·Q[r,d]) with cells cx, cy overridden (−1: none).
 
@@ -625,7 +625,7 @@ def _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2):
     agg[4] = pidx
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline='always')
 def _update_aggregates(J, colsum, rowmax, agg, ra, ga, rb, gb, dtot, R, G, objective, eps1, eps2,
                        st_i, st_left):
     """After blocks (ra, ga) and (rb, gb) (rb < 0: none) changed by dtot in total: recompute the
@@ -679,7 +679,7 @@ def _update_aggregates(J, colsum, rowmax, agg, ra, ga, rb, gb, dtot, R, G, objec
     agg[4] = pidx
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline='always')
 def _delta(J, colsum, rowmax, agg, ra, ga, JA, rb, gb, JB, G, objective):
     """(Δmakespan, Δtotal, Δpeak) when block A = (ra, ga) costs JA and B = (rb, gb) costs JB
     (rb < 0: only A changes). Row and shard come in explicitly: no integer division here."""
@@ -762,7 +762,7 @@ def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gam
     _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline='always')
 def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, makespan, cnt, memb, slots_GP, R, D, G, cap,
                  objective):
     """A sample of the bottleneck (see module docstring), −1 if none; and the new RNG state."""
@@ -829,8 +829,10 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
     m [2L] (W's dtype), st_i [3, 64] (int64), st_left [64]: scratch (see :func:`_scratch`).
 
     Compiled without numba's reference counting (``_nrt=False``, as are its callees): the
-    atomic increments and decrements of array arguments crossing the inlined helpers took about
-    a quarter of the time per move. Hence no allocation or array slicing here."""
+    atomic increments and decrements of array arguments crossing the helpers took about a
+    quarter of the time per move. Hence no allocation or array slicing here. The small helpers
+    are inlined by numba (``inline='always'``; LLVM left them as calls, each passing every array
+    argument as a 7-word struct); the expert kernels stay calls (inlining them was slower)."""
     N = lengths.shape[0]
     n_cells = R * D
     nprobe = probe.shape[0]
