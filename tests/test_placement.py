@@ -1,6 +1,5 @@
 """Expert placement heuristics: identity, cardinality-constrained LPT, balance metrics."""
 
-import time
 
 import numpy as np
 import pytest
@@ -133,10 +132,8 @@ def test_bad_inputs_raise():
 
 
 def test_lpt_is_fast_at_production_size():
-    """LPT at L=58, E=256, P=8 (DeepSeek-V3 size) takes milliseconds, deterministically."""
+    """LPT at L=58, E=256, P=8 (DeepSeek-V3 size) is deterministic (timing: experiments/placement_gap.py)."""
     load = _skewed_loads(58, 256, 0.8, 0)
     first = lpt_placement(load, 8)
-    t0 = time.perf_counter()
     again = lpt_placement(load, 8)
-    assert time.perf_counter() - t0 < 0.05
     assert np.array_equal(first, again)

@@ -43,13 +43,12 @@ def test_fit_recovers_known_coefficients():
     assert f2["coef"]["g"] == 0.0
 
 
-def test_calibrate_quick_cpu_fits_and_is_short():
+def test_calibrate_quick_cpu_fits():
     """Quick CPU calibration: a valid cost model, every coefficient ≥ 0, the expert fit tracks
-    (R² > 0.9), attention fit reported, seconds bounded."""
+    (R² > 0.9), attention fit reported."""
     cost, rep = calibrate("cpu", bench_config("cpu", quick=True))
     assert cost.gamma > 0 and cost.stages[0].alpha > 0 and cost.row_overhead >= 0
     assert rep["expert"]["r2"] > 0.9 and rep["attention"]["r2"] > 0.3
-    assert rep["seconds"] < 30
 
 
 def _window_plan(tmp_path, dp=4, ep=2, rows=2):
