@@ -797,15 +797,17 @@ def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, makespan, cnt, memb, slots_G
         for g in range(1, G):
             if J[rs * G + g] > J[rs * G + gs]:
                 gs = g
+    # internal slots are shard-major (slots_GP[g, j] = g·P + j): the shard's cells are contiguous
+    base = rs * D + gs * P
     n = 0
     for jj in range(P):
-        n += cnt[rs * D + slots_GP[gs, jj]]
+        n += cnt[base + jj]
     if n == 0:
         return -1, s0, s1, s2, s3
     x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
     t = _below(x, n)
     for jj in range(P):
-        c = rs * D + slots_GP[gs, jj]
+        c = base + jj
         if t < cnt[c]:
             return np.int64(memb[c * cap + t]), s0, s1, s2, s3
         t -= cnt[c]
