@@ -20,7 +20,6 @@ status ``feasible`` and the proved lower bound on rows.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 
 import numpy as np

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 
 from routepack_opt.cost import CostModel
 from routepack_opt.evaluate import Evaluator

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 from routepack_opt.cli.common import add_json, add_objective, emit
 from routepack_opt.cli.plan import progress_bar

@@ -38,7 +38,7 @@ from routepack_opt.evaluate import Evaluator, Score, check_objective
 from routepack_opt.topology import Topology
 from routepack_opt.window import Window
 
-__all__ = ["LayoutInstance", "LayoutResult", "STATUSES", "symmetry_groups", "canonical_layout",
+__all__ = ["LayoutInstance", "LayoutResult", "STATUSES", "solver_result", "symmetry_groups", "canonical_layout",
            "is_canonical", "prefeasibility", "MAX_BINARIES"]
 
 STATUSES = ("optimal", "feasible", "infeasible", "unknown")
@@ -271,3 +271,28 @@ def is_canonical(row_N, slot_N, topology: Topology, rows: int, objective: str, o
     """Does the layout satisfy the symmetry-breaking constraints of both models?"""
     r2, s2 = canonical_layout(row_N, slot_N, topology, rows, objective, order)
     return bool(np.array_equal(r2, row_N) and np.array_equal(s2, slot_N))
+
+
+def solver_result(inst: "LayoutInstance", solver: str, status: str, layout, bound: float, t0: float,
+                  claimed, rounding_error: float, lexicographic: bool, info: dict) -> "LayoutResult":
+    """A :class:`LayoutResult` whose objective is the evaluator's score of the solver's layout
+    (never the solver's own claim); a layout that breaks a plan rule is an internal bug."""
+    import time
+
+    score = None
+    row = slot = None
+    if layout is not None:
+        row, slot = layout
+        errs = inst.violations(row, slot)
+        if errs:  # the model and the plan rules disagree: an internal bug, never a user error
+            raise RuntimeError(f"{solver} returned an infeasible layout: " + "; ".join(errs[:3]))
+        score = inst.score(row, slot)
+    objective = None if score is None else score.makespan
+    if objective is not None:
+        # rounding (CP-SAT) or solver tolerances (HiGHS) can push a bound a hair past the optimum
+        bound = min(bound, objective)
+    return LayoutResult(status=status, objective=objective, bound=bound, gap=gap_of(objective, bound),
+                        seconds=time.perf_counter() - t0, row=row, slot=slot, score=score,
+                        solver=solver, objective_name=inst.objective, rows=inst.rows,
+                        claimed=claimed, rounding_error=rounding_error, lexicographic=lexicographic,
+                        info=info)

@@ -37,9 +37,9 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from routepack_opt.models.layout_common import (LayoutInstance, LayoutResult, canonical_layout,
-                                                gap_of, lex_better, prefeasibility, symmetry_groups)
+                                                lex_better, solver_result, prefeasibility, symmetry_groups)
 
-__all__ = ["solve_cpsat", "CpsatScaling", "scaling_for"]
+__all__ = ["solve_cpsat", "CpsatScaling"]
 
 
 _FIXED_SEARCH = type(cp_model.CpSolver().parameters.search_branching).FIXED_SEARCH
@@ -153,22 +153,7 @@ def _bound(inst: LayoutInstance, sc: CpsatScaling, scaled_bound: float) -> float
 
 
 def _result(inst, status, layout, bound, t0, claimed, error, lexicographic, info) -> LayoutResult:
-    score = None
-    row = slot = None
-    if layout is not None:
-        row, slot = layout
-        errs = inst.violations(row, slot)
-        if errs:  # the model and the plan rules disagree: an internal bug, never a user error
-            raise RuntimeError("CP-SAT returned an infeasible layout: " + "; ".join(errs[:3]))
-        score = inst.score(row, slot)
-    objective = None if score is None else score.makespan
-    if objective is not None:
-        bound = min(bound, objective)  # rounding can only push the bound past the true optimum
-    return LayoutResult(status=status, objective=objective, bound=bound, gap=gap_of(objective, bound),
-                        seconds=time.perf_counter() - t0, row=row, slot=slot, score=score,
-                        solver="cpsat", objective_name=inst.objective, rows=inst.rows,
-                        claimed=claimed, rounding_error=error, lexicographic=lexicographic,
-                        info=info)
+    return solver_result(inst, "cpsat", status, layout, bound, t0, claimed, error, lexicographic, info)
 
 
 class _Model:

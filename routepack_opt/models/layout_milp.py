@@ -34,7 +34,7 @@ from pyomo.contrib.appsi.base import TerminationCondition
 from pyomo.contrib.appsi.solvers import Highs
 
 from routepack_opt.models.layout_common import (LayoutInstance, LayoutResult, canonical_layout,
-                                                gap_of, lex_better, prefeasibility, symmetry_groups)
+                                                lex_better, solver_result, prefeasibility, symmetry_groups)
 
 __all__ = ["solve_milp", "build_milp"]
 
@@ -259,18 +259,4 @@ def _bound(inst: LayoutInstance, unit: float, model_bound) -> float:
 
 
 def _result(inst, status, layout, bound, t0, claimed, lexicographic, info) -> LayoutResult:
-    score = None
-    row = slot = None
-    if layout is not None:
-        row, slot = layout
-        errs = inst.violations(row, slot)
-        if errs:
-            raise RuntimeError("HiGHS returned an infeasible layout: " + "; ".join(errs[:3]))
-        score = inst.score(row, slot)
-    objective = None if score is None else score.makespan
-    if objective is not None:
-        bound = min(bound, objective)  # solver tolerances can push the dual bound a hair past
-    return LayoutResult(status=status, objective=objective, bound=bound, gap=gap_of(objective, bound),
-                        seconds=time.perf_counter() - t0, row=row, slot=slot, score=score,
-                        solver="highs", objective_name=inst.objective, rows=inst.rows,
-                        claimed=claimed, rounding_error=0.0, lexicographic=lexicographic, info=info)
+    return solver_result(inst, "highs", status, layout, bound, t0, claimed, 0.0, lexicographic, info)
