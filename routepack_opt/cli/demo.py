@@ -68,6 +68,8 @@ def run(args) -> None:
         table, plans = compare_plans(window, topo, cost, args.objective, time_limit=args.time_limit,
                                      seed=args.seed, exact=False, progress=cb)
     console.print(format_table(table, args.objective))
+    console.print("[dim]plan times include one-off numba compilation on a machine's first run "
+                  "(cached afterwards: run the demo again for steady-state times)[/]")
     plans["routepack"].save(out / "plan.json")
     png = out / "routepack-demo.png"
     _plot(window, topo, cost, plans, args.objective, png)
