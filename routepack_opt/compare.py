@@ -42,7 +42,7 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, objective
                   rows: int | None = None, time_limit: float | None = None, seed: int = 0,
                   max_sweeps: int | None = None, exact: bool | None = None,
                   exact_time_limit: float = 30.0, joint: bool = True, current_placement=None,
-                  progress=None) -> tuple[list[dict], dict[str, Plan]]:
+                  progress=None, config=None) -> tuple[list[dict], dict[str, Plan]]:
     """Plans for every row of the comparison and their metrics (first row = baseline)."""
     from routepack_opt.heuristics.baselines import BASELINES
     from routepack_opt.pipeline import layout_plan, plan, resolve_placement, resolve_rows
@@ -63,7 +63,7 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, objective
         secs[name] = time.perf_counter() - t0 + t_cert
     t0 = time.perf_counter()
     plans["routepack"] = plan(window, topology, cost, objective, "lpt", R, time_limit, max_sweeps,
-                              seed, progress=progress)
+                              seed, config, progress=progress)
     secs["routepack"] = time.perf_counter() - t0 + t_cert
     if joint:
         try:
@@ -72,12 +72,12 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, objective
             joint = False
     if joint:
         t0 = time.perf_counter()
-        plans["joint"] = plan(window, topology, cost, objective, "joint", R, time_limit, max_sweeps, seed)
+        plans["joint"] = plan(window, topology, cost, objective, "joint", R, time_limit, max_sweeps, seed, config)
         secs["joint"] = time.perf_counter() - t0 + t_cert
         if current_placement is not None:
             t0 = time.perf_counter()
             plans["joint-sticky"] = plan(window, topology, cost, objective, "joint", R, time_limit,
-                                         max_sweeps, seed, current_placement=current_placement)
+                                         max_sweeps, seed, config, current_placement=current_placement)
             secs["joint-sticky"] = time.perf_counter() - t0 + t_cert
     if exact is None:
         exact = window.num_samples <= EXACT_MAX_SAMPLES

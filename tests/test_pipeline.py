@@ -9,6 +9,7 @@ from routepack_opt.api import AsyncPlanner, plan_micro_batches
 from routepack_opt.cost import PRESETS
 from routepack_opt.errors import InputError
 from routepack_opt.evaluate import evaluate_plan
+from routepack_opt.heuristics.annealing import AnnealConfig
 from routepack_opt.pipeline import plan
 from routepack_opt.plan import load_plan
 from routepack_opt.topology import Topology
@@ -121,3 +122,21 @@ def test_joint_placement_plan_and_sticky(window):
     sticky = plan(window, topo, COST, "max-sum", "joint", max_sweeps=10, seed=0,
                   current_placement=identity_placement(window.num_layers, window.num_experts))
     assert sticky.validate(window) == [] and "joint" in sticky.info
+
+
+def test_compare_cli_uses_anneal_config(run_cli, tmp_path, window):
+    """compare --config passes the annealing parameters to the search (regression: it was only
+    validated); a bad config is one error: line, exit 2."""
+    save_window(window, tmp_path / "w.npz")
+    (tmp_path / "a.toml").write_text("population = 4\nsweeps = 5\n")
+    args = ["compare", tmp_path / "w.npz", "--dp", 8, "--ep", 4, "--capacity", 4096, "--cost", "olmoe-1b-7b",
+            "--exact", "no", "--json"]
+    code, out, err = run_cli(*args, "--config", tmp_path / "a.toml")
+    assert code == 0, err
+    rows = {r["name"]: r for r in json.loads(out)["rows"]}
+    p = plan(window, Topology(dp=8, ep=4, capacity=4096), COST, "max-sum", rows=rows["routepack"]["rows"],
+             config=AnnealConfig.from_toml(tmp_path / "a.toml"))
+    assert rows["routepack"]["makespan"] == pytest.approx(p.score["makespan"])
+    (tmp_path / "b.toml").write_text("bogus = 1\n")
+    code, _, err = run_cli(*args, "--config", tmp_path / "b.toml")
+    assert code == 2 and err.startswith("error:") and "bogus" in err

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from routepack_opt.cli.common import (add_cost, add_json, add_objective, add_topology, add_window,
-                                      cost_from_args, emit, topology_from_args)
-from routepack_opt.cli.plan import add_search_args, load_config, progress_bar
-from routepack_opt.plan import load_plan
-from routepack_opt.window import load_window
+from routepack_opt.cli.common import add_cost, add_json, add_objective, add_topology, add_window, emit
+from routepack_opt.cli.plan import add_search_args, planning_inputs, progress_bar
 
 
 def register(sub) -> None:
@@ -31,17 +28,12 @@ def run(args) -> None:
 
     from routepack_opt.compare import compare_plans, format_table
 
-    window = load_window(args.window)
-    topo = topology_from_args(args)
-    cost = cost_from_args(args)
-    current = load_plan(args.placement_from).placement if args.placement_from else None
+    window, topo, cost, current, cfg = planning_inputs(args)
     exact = {"auto": None, "yes": True, "no": False}[args.exact]
-    if args.config:
-        load_config(args)  # validate early
     with progress_bar(sys.stderr.isatty() and not args.json, "planning") as cb:
         table, _ = compare_plans(window, topo, cost, args.objective, args.rows, args.time_limit,
                                  args.seed, args.max_sweeps, exact, args.exact_time_limit,
-                                 current_placement=current, progress=cb)
+                                 current_placement=current, progress=cb, config=cfg)
     if args.json:
         emit(args, {"objective": args.objective, "rows": table})
     else:

@@ -39,6 +39,16 @@ def placement_arg(value: str, window):
     raise InputError(f"--placement must be lpt, lpt-plain, identity, joint or a PLAN.json, got {value!r}")
 
 
+def planning_inputs(args):
+    """(window, topology, cost, materialized placement or None, anneal config or None) from the
+    flags shared by ``plan`` and ``compare``."""
+    window = load_window(args.window)
+    topo = topology_from_args(args)
+    cost = cost_from_args(args)
+    current = load_plan(args.placement_from).placement if args.placement_from else None
+    return window, topo, cost, current, load_config(args)
+
+
 @contextlib.contextmanager
 def progress_bar(enabled: bool, label: str = "annealing"):
     """A rich progress bar on a terminal; a no-op callback otherwise."""
@@ -72,13 +82,9 @@ def register(sub) -> None:
 def run(args) -> None:
     from routepack_opt.pipeline import plan
 
-    window = load_window(args.window)
-    topo = topology_from_args(args)
-    cost = cost_from_args(args)
+    window, topo, cost, current, cfg = planning_inputs(args)
     out = output_path(args.output)
     placement = placement_arg(args.placement, window)
-    current = load_plan(args.placement_from).placement if args.placement_from else None
-    cfg = load_config(args)
     with progress_bar(sys.stderr.isatty() and not args.json) as cb:
         p = plan(window, topo, cost, args.objective, placement, args.rows, args.time_limit,
                  args.max_sweeps, args.seed, cfg, progress=cb, current_placement=current)
