@@ -118,8 +118,9 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     if long_.size:
         more = f" (and {long_.size - 5} more)" if long_.size > 5 else ""
         raise InputError(
-            f"samples {long_[:5].tolist()}{more} have lengths {lengths_N[long_[:5]].tolist()} > "
-            f"capacity {C}: they fit in no micro-batch (raise --capacity or drop them)"
+            f"samples {long_[:5].tolist()}{more} are longer than the capacity: lengths "
+            f"{lengths_N[long_[:5]].tolist()} > capacity {C}; they fit in no micro-batch "
+            "(raise --capacity or drop them)"
         )
     if N < D * topology.min_rows:
         raise InputError(

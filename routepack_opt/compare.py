@@ -63,7 +63,7 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, objective
         secs[name] = time.perf_counter() - t0 + t_cert
     t0 = time.perf_counter()
     plans["routepack"] = plan(window, topology, cost, objective, "lpt", R, time_limit, max_sweeps,
-                              seed, config, progress=progress)
+                              seed, config, progress=progress, certificate=cert)
     secs["routepack"] = time.perf_counter() - t0 + t_cert
     if joint:
         try:
@@ -72,12 +72,14 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, objective
             joint = False
     if joint:
         t0 = time.perf_counter()
-        plans["joint"] = plan(window, topology, cost, objective, "joint", R, time_limit, max_sweeps, seed, config)
+        plans["joint"] = plan(window, topology, cost, objective, "joint", R, time_limit, max_sweeps, seed, config,
+                              certificate=cert)
         secs["joint"] = time.perf_counter() - t0 + t_cert
         if current_placement is not None:
             t0 = time.perf_counter()
             plans["joint-sticky"] = plan(window, topology, cost, objective, "joint", R, time_limit,
-                                         max_sweeps, seed, config, current_placement=current_placement)
+                                         max_sweeps, seed, config, current_placement=current_placement,
+                                         certificate=cert)
             secs["joint-sticky"] = time.perf_counter() - t0 + t_cert
     if exact is None:
         exact = window.num_samples <= EXACT_MAX_SAMPLES

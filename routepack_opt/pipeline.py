@@ -57,9 +57,6 @@ def resolve_rows(window: Window, topology: Topology, rows: int | None, time_limi
     the row rules are checked and R* is still certified for the report."""
     from routepack_opt.certify import certify_rows
 
-    if window.lengths.max() > topology.capacity:
-        too_long = np.flatnonzero(window.lengths > topology.capacity)
-        raise InputError(f"samples {too_long[:8].tolist()} are longer than the capacity {topology.capacity}")
     cert = certify_rows(window, topology, time_limit=time_limit)
     cdict = cert.as_dict()
     if rows is None:
@@ -111,10 +108,12 @@ def layout_plan(window, topology, cost, placement, row, slot, rows, objective, i
 def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "max-sum",
          placement="lpt", rows: int | None = None, time_limit: float | None = None,
          max_sweeps: int | None = None, seed: int = 0, config=None, certify_time_limit: float = 10.0,
-         progress: Callable[[float], None] | None = None, current_placement=None) -> Plan:
+         progress: Callable[[float], None] | None = None, current_placement=None,
+         certificate: dict | None = None) -> Plan:
     """The full pipeline. ``time_limit`` bounds the search (anytime); ``max_sweeps`` + ``seed``
     make it bit-identical. ``placement="joint"`` refines the placement against row-local peaks
-    together with the packing (and, with ``current_placement``, against migration cost)."""
+    together with the packing (and, with ``current_placement``, against migration cost).
+    ``certificate`` (with ``rows``) reuses an R* certificate the caller already has."""
     from routepack_opt.heuristics.annealing import AnnealConfig, anneal
 
     check_objective(objective)
@@ -124,7 +123,10 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
     pl, pl_kind = resolve_placement(window, topology, placement)
     timings["placement"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    R, cert = resolve_rows(window, topology, rows, certify_time_limit)
+    if certificate is not None and rows is not None:  # rows already checked by the caller
+        R, cert = int(rows), certificate
+    else:
+        R, cert = resolve_rows(window, topology, rows, certify_time_limit)
     timings["certify"] = time.perf_counter() - t0
     ev = Evaluator(window, topology, cost)
     t0 = time.perf_counter()
