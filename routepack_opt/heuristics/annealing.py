@@ -8,13 +8,17 @@ ladder of temperatures from hot to cold. At each temperature every replica runs 
 sweeps (one sweep = N proposals) of moves that keep every constraint:
 
 - *relocate* sample i to another cell (only if i's cell keeps ≥ 1 sample and the target stays
-  ≤ capacity; up to 8 random targets are tried for one with room);
+  ≤ capacity). Target first: a uniform cell c, then i uniform among the samples no longer than
+  c's free capacity (a table of counts by length), so nearly every proposal is feasible;
 - *swap* two samples of different cells (both cells stay ≤ capacity; counts unchanged). With
   probability ``p_near`` the partner is one of the ``swap_window`` samples on either side of i in
-  length order — near-equal lengths, so the swap usually fits even in tightly packed cells;
+  length order (near-equal lengths); otherwise it is uniform among the samples with length in
+  [l_i, l_i + free capacity of i's cell] — exactly the swaps that fit, each pair one way round;
 - *guided*: with probability ``p_guide`` the moved sample comes from the bottleneck — for
   ``max-sum`` the shard with the largest Σ_r J (its rows weighted by J[r, g*]); for ``sum-max``
-  a row drawn with probability ∝ max_g J[r, g], then that row's argmax shard.
+  a row drawn with probability ∝ max_g J[r, g], then that row's argmax shard; then a uniform
+  cell of that block and a uniform member of it. A guided relocation tries up to 8 random
+  targets with room.
 
 Seeds: the caller's constructive layouts (e.g. length-balanced baselines), a joint-cost greedy
 (samples by decreasing standalone cost, each into the cell that least increases the
@@ -39,8 +43,10 @@ broken by total, then peak.
 
 Incremental cost: each replica keeps T[c], Q[c] (int64), W[x, p·L + l] (int32 per-rank expert
 loads, rank-major, ranks zero-padded to a multiple of 8), Msum[x] = Σ_l max_p W (int64), J[x]
-(float64) and the aggregates (shard sums, row maxima, total, peak). A move touches at most two
-blocks; its delta costs O(S·P + L·P + G) (+O(X) when it lowers the peak block). J of a touched
+(float64), per block and stage the two largest cell attention costs (so a move's attention is
+O(S)), and the aggregates (shard sums, row maxima, total, the two largest blocks). A move
+touches at most two blocks; its delta costs O(S + L·P + G) (O(S·P) more when it stays inside
+one block, or on acceptance; O(X) when it lowers both top blocks). J of a touched
 block is recomputed from the integer state exactly as
 :func:`routepack_opt.evaluate.row_shard_costs` does, so J never drifts; on acceptance the
 touched shard sums / row maxima are re-summed from J in numpy's order (the total is carried).
@@ -297,6 +303,45 @@ def _attn(T, Q, r, g, P, alpha, beta, D, cx, Tx, Qx, cy, Ty, Qy):
                 q = Qy
             m = max(m, a * np.float64(t) + bb * np.float64(q))
         tot += m
+    return tot
+
+
+@njit(cache=True, _nrt=False, inline='always')
+def _attn_top2(T, Q, r, g, P, alpha, beta, D, At, x):
+    """Per stage s of block x = (r, g): the largest cell cost α_s·T + β_s·Q, its cell and the
+    largest cost over the block's other cells, into At[(x·S + s)·3 + (0, 1, 2)]."""
+    base = r * D + g * P
+    S = alpha.shape[0]
+    for s in range(S):
+        a = alpha[s]
+        bb = beta[s]
+        m1 = -np.inf
+        i1 = -1
+        m2 = -np.inf
+        for jj in range(P):
+            c = base + jj
+            v = a * np.float64(T[c]) + bb * np.float64(Q[c])
+            # branch-free (selects): the data-dependent branches mispredicted half the time
+            m2 = max(m2, min(m1, v))
+            i1 = c if v > m1 else i1
+            m1 = max(m1, v)
+        o = (x * S + s) * 3
+        At[o] = m1
+        At[o + 1] = i1
+        At[o + 2] = m2
+
+
+@njit(cache=True, _nrt=False, inline='always')
+def _attn_one(At, x, c, Tc, Qc, alpha, beta):
+    """:func:`_attn` of block x with the one cell c at (Tc, Qc), in O(S) from the top two of
+    :func:`_attn_top2` (the same maxima and the same stage sum, so bit-identical)."""
+    S = alpha.shape[0]
+    tot = 0.0
+    for s in range(S):
+        o = (x * S + s) * 3
+        v = alpha[s] * np.float64(Tc) + beta[s] * np.float64(Qc)
+        rest = At[o + 2] if At[o + 1] == c else At[o]
+        tot += max(v, rest)
     return tot
 
 
@@ -589,18 +634,40 @@ def _pairwise_sum_ws(a, lo, n, st_i, st_left):
     return result
 
 
+@njit(cache=True, _nrt=False, inline='always')
+def _top2(J, X, agg):
+    """agg[2], agg[4] = the largest J and its block; agg[5], agg[6] = the largest J over the
+    other blocks and its block (−inf, −1 when X = 1)."""
+    p1 = -np.inf
+    i1 = 0
+    p2 = -np.inf
+    i2 = -1
+    for x in range(X):
+        v = J[x]
+        if v > p1:
+            p2 = p1
+            i2 = i1 if x > 0 else -1
+            p1 = v
+            i1 = x
+        elif v > p2:
+            p2 = v
+            i2 = x
+    agg[2] = p1
+    agg[4] = i1
+    agg[5] = p2
+    agg[6] = i2
+
+
 @njit(cache=True)
 def _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2):
     """Recompute shard sums, row maxima, makespan, total, peak and energy from J (exact).
 
-    agg = [makespan, total, peak, energy, peak_block]."""
+    agg = [makespan, total, peak, energy, peak_block, second_peak, second_block]: the second
+    peak is the largest J over the blocks other than peak_block, so that a move touching the
+    peak block gets the new peak in O(1) (see :func:`_delta`)."""
     X = R * G
-    peak = -np.inf
-    pidx = 0
-    for x in range(X):
-        if J[x] > peak:
-            peak = J[x]
-            pidx = x
+    _top2(J, X, agg)
+    peak = agg[2]
     total = _pairwise_sum(J, 0, X)
     for g in range(G):
         s = J[g]
@@ -620,9 +687,7 @@ def _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2):
         ms = _pairwise_sum(rowmax, 0, R)
     agg[0] = ms
     agg[1] = total
-    agg[2] = peak
     agg[3] = ms + eps1 * total + eps2 * peak
-    agg[4] = pidx
 
 
 @njit(cache=True, _nrt=False, inline='always')
@@ -656,27 +721,25 @@ def _update_aggregates(J, colsum, rowmax, agg, ra, ga, rb, gb, dtot, R, G, objec
     total = agg[1] + dtot
     A = ra * G + ga
     B = rb * G + gb if rb >= 0 else -1
-    peak = agg[2]
-    pidx = np.int64(agg[4])
-    c = J[A]
-    ci = A
-    if B >= 0 and J[B] > c:
-        c = J[B]
-        ci = B
-    if c > peak or (c == peak and ci < pidx):
-        peak = c
-        pidx = ci
-    elif pidx == A or pidx == B:
-        peak = -np.inf
-        for x in range(X):
-            if J[x] > peak:
-                peak = J[x]
-                pidx = x
+    i1 = np.int64(agg[4])
+    i2 = np.int64(agg[6])
+    if i1 == A or i1 == B or i2 == A or i2 == B:
+        _top2(J, X, agg)  # a top block changed: rescan
+    else:  # the top two stand; A and B may join them
+        for x in (A, B):
+            if x >= 0:
+                v = J[x]
+                if v > agg[2]:
+                    agg[5] = agg[2]
+                    agg[6] = agg[4]
+                    agg[2] = v
+                    agg[4] = x
+                elif v > agg[5]:
+                    agg[5] = v
+                    agg[6] = x
     agg[0] = ms
     agg[1] = total
-    agg[2] = peak
-    agg[3] = ms + eps1 * total + eps2 * peak
-    agg[4] = pidx
+    agg[3] = ms + eps1 * total + agg[2] * eps2
 
 
 @njit(cache=True, _nrt=False, inline='always')
@@ -691,14 +754,18 @@ def _delta(J, colsum, rowmax, agg, ra, ga, JA, rb, gb, JB, G, objective):
     pk = JA
     if B >= 0 and JB > pk:
         pk = JB
-    if pk < peak:
-        pidx = np.int64(agg[4])
-        if pidx == A or pidx == B:
+    # the new peak: max(JA, JB, max over the untouched blocks), the last from the top two
+    i1 = np.int64(agg[4])
+    if i1 != A and i1 != B:
+        pk = max(pk, peak)
+    else:
+        i2 = np.int64(agg[6])
+        if i2 != A and i2 != B:
+            pk = max(pk, agg[5])
+        else:  # both top blocks touched: scan the rest
             for x in range(J.shape[0]):
                 if x != A and x != B and J[x] > pk:
                     pk = J[x]
-        else:
-            pk = peak
     if objective == 0:
         ms = -np.inf
         for g in range(G):
@@ -735,7 +802,7 @@ def _delta(J, colsum, rowmax, agg, ra, ga, JA, rb, gb, JB, G, objective):
 @njit(cache=True)
 def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
                 R, D, G, L, P, cap, objective, eps1, eps2,
-                cnt, memb, pos, T, Q, W, Msum, J, colsum, rowmax, agg):
+                cnt, memb, pos, T, Q, W, Msum, J, colsum, rowmax, agg, At):
     """Build one replica's incremental state from a layout (row, slot)."""
     N = row.shape[0]
     m = np.empty(L, dtype=W.dtype)
@@ -757,6 +824,7 @@ def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gam
         for g in range(G):
             x = r * G + g
             Msum[x] = _msum(W, x, L, P, m)
+            _attn_top2(T, Q, r, g, slots_GP.shape[1], alpha, beta, D, At, x)
             J[x] = (_attn(T, Q, r, g, slots_GP.shape[1], alpha, beta, D, -1, 0, 0, -1, 0, 0)
                     + gamma * np.float64(Msum[x])) + ovh
     _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
@@ -765,7 +833,8 @@ def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gam
 @njit(cache=True, _nrt=False, inline='always')
 def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, makespan, cnt, memb, slots_GP, R, D, G, cap,
                  objective):
-    """A sample of the bottleneck (see module docstring), −1 if none; and the new RNG state."""
+    """A sample of the bottleneck block (see module docstring; cells are never empty) and the
+    new RNG state."""
     P = slots_GP.shape[1]
     if objective == 0:
         gs = 0
@@ -798,33 +867,23 @@ def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, makespan, cnt, memb, slots_G
             if J[rs * G + g] > J[rs * G + gs]:
                 gs = g
     # internal slots are shard-major (slots_GP[g, j] = g·P + j): the shard's cells are contiguous
-    base = rs * D + gs * P
-    n = 0
-    for jj in range(P):
-        n += cnt[base + jj]
-    if n == 0:
-        return -1, s0, s1, s2, s3
     x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-    t = _below(x, n)
-    for jj in range(P):
-        c = base + jj
-        if t < cnt[c]:
-            return np.int64(memb[c * cap + t]), s0, s1, s2, s3
-        t -= cnt[c]
-    return -1, s0, s1, s2, s3
+    c = rs * D + gs * P + _below(x, P)
+    x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+    return np.int64(memb[c * cap + _below(x, cnt[c])]), s0, s1, s2, s3
 
 
 @njit(cache=True, _nrt=False)
 def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
                  lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, by_len, rank_of,
-                 C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum, J, colsum,
-                 rowmax, agg, s, best_row, best_slot, best_e, counters, last, probe, m, st_i,
+                 n_le, C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum,
+                 J, colsum,
+                 rowmax, agg, At, s, best_row, best_slot, best_e, counters, last, probe, m, st_i,
                  st_left):
     """``n_moves`` Metropolis proposals at temperature ``temp`` for one replica.
 
-    Swap partners come, with probability ``p_near``, from the ``window`` samples on either side
-    of i in length order (such swaps nearly always fit the capacity), else uniformly; a
-    relocation tries up to 8 random target cells for one with room.
+    Proposals as in the module docstring (``window``: the near-swap neighbourhood; ``n_le``:
+    samples per length bound, for the capacity-aware picks).
     ``probe`` (length > 0): record |ΔE| of each evaluated proposal there and accept nothing
     (used to scale the ladder). counters = [evaluated, accepted, recorded probes, proposals];
     last = (Δmakespan, Δtotal, Δpeak) of the last evaluated proposal (checked by the tests).
@@ -862,15 +921,26 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
             if _unit(x) <= p_guide:
                 i, s0, s1, s2, s3 = _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, agg[0], cnt,
                                                  memb, slots_GP, R, D, G, cap, objective)
+        x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+        swap = _unit(x) <= p_swap
+        bc = -1
         if i < 0:
             x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-            i = _below(x, N)
+            if swap:
+                i = _below(x, N)
+            else:
+                # unguided relocation, target first: a uniform cell, then a uniform sample among
+                # those that fit its free capacity (n_le[s] = #samples of length ≤ s)
+                bc = _below(x, n_cells)
+                nfit = n_le[C - T[bc]]
+                if nfit == 0:
+                    continue
+                x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+                i = by_len[_below(x, nfit)]
         ra = np.int64(row[i])
         da = np.int64(slot[i])
         a = ra * D + da
         li = lengths[i]
-        x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-        swap = _unit(x) <= p_swap
         j = -1
         if swap:
             near = False
@@ -887,8 +957,16 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
                     continue
                 j = by_len[k]
             else:
+                # a partner that always fits: length in [l_i, l_i + free(a)] (a receives l_j,
+                # j's cell gets no longer); every feasible swap is such a pair one way round
+                lo = np.int64(n_le[li - 1])
+                hi = np.int64(n_le[min(li + C - T[a], C)])
+                if hi - lo < 2:
+                    continue
                 x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-                j = _below(x, N)
+                j = by_len[lo + _below(x, hi - lo)]
+                if j == i:
+                    continue
             rb = np.int64(row[j])
             db = np.int64(slot[j])
             bc = rb * D + db
@@ -902,17 +980,17 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
             Qa = Q[a] - len2[i] + len2[j]
             Qb = Q[bc] - len2[j] + len2[i]
         else:
-            if cnt[a] < 2:
+            if cnt[a] < 2 or bc == a:
                 continue
-            bc = -1
-            for _t in range(8):
-                x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-                c = _below(x, n_cells)
-                if c != a and T[c] + li <= C:
-                    bc = c
-                    break
-            if bc < 0:
-                continue
+            if bc < 0:  # guided relocation: up to 8 random targets with room
+                for _t in range(8):
+                    x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+                    c = _below(x, n_cells)
+                    if c != a and T[c] + li <= C:
+                        bc = c
+                        break
+                if bc < 0:
+                    continue
             Tb = T[bc] + li
             rb = bc // D
             db = bc - rb * D
@@ -932,8 +1010,8 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
             MB = Msum[A]
             dms, dtot, dpk = _delta(J, colsum, rowmax, agg, ra, ga, JA, -1, -1, 0.0, G, objective)
         else:
-            attA = _attn(T, Q, ra, ga, Ps, alpha, beta, D, a, Ta, Qa, -1, 0, 0)
-            attB = _attn(T, Q, rb, gb, Ps, alpha, beta, D, bc, Tb, Qb, -1, 0, 0)
+            attA = _attn_one(At, A, a, Ta, Qa, alpha, beta)
+            attB = _attn_one(At, B, bc, Tb, Qb, alpha, beta)
             if swap:
                 MA, MB = _msum_swap(W, A, B, b, i, j, L, nb, m)
             else:
@@ -986,7 +1064,9 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         T[bc] = Tb
         Q[bc] = Qb
         J[A] = JA
+        _attn_top2(T, Q, ra, ga, Ps, alpha, beta, D, At, A)
         if A != B:
+            _attn_top2(T, Q, rb, gb, Ps, alpha, beta, D, At, B)
             if swap:
                 _w_swap(W, A, B, b, i, j, L * P)
             else:
@@ -1028,16 +1108,17 @@ def _scratch(L, W):
 @njit(cache=True, parallel=True)
 def _run_population(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
                     lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, by_len, rank_of,
-                    C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum, J, colsum,
-                    rowmax, agg, rng, best_row, best_slot, best_e, counters, last, probe):
+                    n_le, C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum,
+                    J, colsum,
+                    rowmax, agg, At, rng, best_row, best_slot, best_e, counters, last, probe):
     """All replicas in parallel (each one's stream and state are its own)."""
     K = row.shape[0]
     for k in prange(K):
         m, st_i, st_left = _scratch(L, W[k])
         _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
                      lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, by_len, rank_of,
-                     C, R, D, G, L, P, cap, row[k], slot[k], cnt[k], memb[k], pos[k], T[k], Q[k],
-                     W[k], Msum[k], J[k], colsum[k], rowmax[k], agg[k], rng[k], best_row[k],
+                     n_le, C, R, D, G, L, P, cap, row[k], slot[k], cnt[k], memb[k], pos[k], T[k], Q[k],
+                     W[k], Msum[k], J[k], colsum[k], rowmax[k], agg[k], At[k], rng[k], best_row[k],
                      best_slot[k], best_e[k:k + 1], counters[k], last[k], probe[k], m, st_i,
                      st_left)
 
@@ -1045,13 +1126,13 @@ def _run_population(n_moves, temp, p_swap, p_guide, p_near, window, objective, e
 @njit(cache=True, parallel=True)
 def _init_population(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
                      R, D, G, L, P, cap, objective, eps1, eps2,
-                     cnt, memb, pos, T, Q, W, Msum, J, colsum, rowmax, agg):
+                     cnt, memb, pos, T, Q, W, Msum, J, colsum, rowmax, agg, At):
     K = row.shape[0]
     for k in prange(K):
         _init_state(row[k], slot[k], lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
                     R, D, G, L, P, cap, objective, eps1, eps2,
                     cnt[k], memb[k], pos[k], T[k], Q[k], W[k], Msum[k], J[k], colsum[k], rowmax[k],
-                    agg[k])
+                    agg[k], At[k])
 
 
 @njit(cache=True)
@@ -1071,7 +1152,7 @@ def _greedy(order, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
     J = np.empty(X)
     colsum = np.empty(G)
     rowmax = np.empty(R)
-    agg = np.empty(5)
+    agg = np.empty(7)
     for x in range(X):
         J[x] = (_attn(T, Q, x // G, x % G, slots_GP.shape[1], alpha, beta, D, -1, 0, 0, -1, 0, 0) + 0.0) + ovh
     _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
@@ -1196,6 +1277,9 @@ class _Problem:
         self.by_len = np.argsort(lengths, kind="stable").astype(np.int64)
         self.rank_of = np.empty(N, dtype=np.int64)
         self.rank_of[self.by_len] = np.arange(N)
+        # n_le[s] = number of samples of length ≤ s, s = 0..C (target-first relocations)
+        self.n_le = np.searchsorted(lengths[self.by_len], np.arange(C + 1),
+                                    side="right").astype(np.int32)
 
     def b_NLP(self) -> np.ndarray:
         return self.b.reshape(self.N, self.Pp, self.L)[:, :self.P, :].transpose(0, 2, 1)
@@ -1248,7 +1332,8 @@ class _Population:
         self.J = np.zeros((K, R * G))
         self.colsum = np.zeros((K, G))
         self.rowmax = np.zeros((K, R))
-        self.agg = np.zeros((K, 5))
+        self.agg = np.zeros((K, 7))
+        self.At = np.zeros((K, R * G * len(pb.alpha) * 3))  # see _attn_top2
         self.rng = np.ones((K, 4), dtype=np.uint64)
         self.best_row = np.zeros((K, N), dtype=np.int32)
         self.best_slot = np.zeros((K, N), dtype=np.int32)
@@ -1258,7 +1343,7 @@ class _Population:
         self.no_probe = np.zeros((K, 0))
 
     _STATE = ("row", "slot", "cnt", "memb", "pos", "T", "Q", "W", "Msum", "J", "colsum",
-              "rowmax", "agg")
+              "rowmax", "agg", "At")
 
     def state(self):
         return tuple(getattr(self, name) for name in self._STATE)
@@ -1272,6 +1357,7 @@ class _Population:
     def run(self, pb: _Problem, n_moves: int, temp: float, cfg: AnnealConfig, probe=None):
         _run_population(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, cfg.swap_window,
                         pb.obj, pb.eps1, pb.eps2, *pb.consts(), pb.by_len, pb.rank_of,
+                        pb.n_le,
                         pb.C, pb.R, pb.D, pb.G, pb.L, pb.Pp, pb.cap,
                         *self.state(), self.rng, self.best_row, self.best_slot, self.best_e,
                         self.counters, self.last, self.no_probe if probe is None else probe)
@@ -1280,6 +1366,7 @@ class _Population:
         """Replica k alone, serially (no thread launch): for tests stepping one move at a time."""
         _run_replica(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, cfg.swap_window,
                      pb.obj, pb.eps1, pb.eps2, *pb.consts(), pb.by_len, pb.rank_of,
+                        pb.n_le,
                      pb.C, pb.R, pb.D, pb.G, pb.L, pb.Pp, pb.cap,
                      *(a[k] for a in self.state()), self.rng[k], self.best_row[k],
                      self.best_slot[k], self.best_e[k:k + 1], self.counters[k], self.last[k],
