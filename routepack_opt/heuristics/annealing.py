@@ -751,29 +751,25 @@ def _delta(J, colsum, rowmax, agg, ra, ga, JA, rb, gb, JB, G, objective):
     dA = JA - J[A]
     dB = JB - J[B] if B >= 0 else 0.0
     peak = agg[2]
-    pk = JA
-    if B >= 0 and JB > pk:
-        pk = JB
-    # the new peak: max(JA, JB, max over the untouched blocks), the last from the top two
+    # the new peak: max(JA, JB, max over the untouched blocks), the last from the top two.
+    # Written with selects: these comparisons are data-dependent and mispredicted as branches.
+    pk = max(JA, JB) if B >= 0 else JA
     i1 = np.int64(agg[4])
-    if i1 != A and i1 != B:
-        pk = max(pk, peak)
-    else:
-        i2 = np.int64(agg[6])
-        if i2 != A and i2 != B:
-            pk = max(pk, agg[5])
-        else:  # both top blocks touched: scan the rest
-            for x in range(J.shape[0]):
-                if x != A and x != B and J[x] > pk:
-                    pk = J[x]
+    i2 = np.int64(agg[6])
+    hit1 = (i1 == A) | (i1 == B)
+    hit2 = (i2 == A) | (i2 == B)
+    rest = agg[5] if hit1 else peak
+    if hit1 & hit2:  # both top blocks touched (rare): scan the rest
+        rest = -np.inf
+        for x in range(J.shape[0]):
+            if x != A and x != B:
+                rest = max(rest, J[x])
+    pk = max(pk, rest)
     if objective == 0:
         ms = -np.inf
         for g in range(G):
-            v = colsum[g]
-            if g == ga:
-                v += dA
-            if g == gb:
-                v += dB
+            v = colsum[g] + (dA if g == ga else 0.0)
+            v = v + (dB if g == gb else 0.0)
             ms = max(ms, v)
         dms = ms - agg[0]
     else:
@@ -836,36 +832,40 @@ def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, makespan, cnt, memb, slots_G
     """A sample of the bottleneck block (see module docstring; cells are never empty) and the
     new RNG state."""
     P = slots_GP.shape[1]
+    # Branch-free (selects and counts): argmaxes and a weighted draw are data-dependent, and
+    # as branches they mispredicted. The row drawn is the first r whose prefix sum reaches
+    # u (prefix sums are nondecreasing, so it is the number of prefixes below u), else R − 1.
     if objective == 0:
         gs = 0
+        best = colsum[0]
         for g in range(1, G):
-            if colsum[g] > colsum[gs]:
-                gs = g
-        tot = colsum[gs]  # = Σ_r J[r, gs]
+            v = colsum[g]
+            gs = g if v > best else gs
+            best = max(best, v)
         x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-        u = _unit(x) * tot
-        rs = R - 1
+        u = _unit(x) * best  # best = colsum[gs] = Σ_r J[r, gs]
+        rs = 0
         acc = 0.0
         for r in range(R):
             acc += J[r * G + gs]
-            if u <= acc:
-                rs = r
-                break
+            rs += 1 if acc < u else 0
+        rs = min(rs, R - 1)
     else:
-        tot = makespan  # = Σ_r rowmax[r]
         x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-        u = _unit(x) * tot
-        rs = R - 1
+        u = _unit(x) * makespan  # = Σ_r rowmax[r]
+        rs = 0
         acc = 0.0
         for r in range(R):
             acc += rowmax[r]
-            if u <= acc:
-                rs = r
-                break
+            rs += 1 if acc < u else 0
+        rs = min(rs, R - 1)
+        o = rs * G
         gs = 0
+        best = J[o]
         for g in range(1, G):
-            if J[rs * G + g] > J[rs * G + gs]:
-                gs = g
+            v = J[o + g]
+            gs = g if v > best else gs
+            best = max(best, v)
     # internal slots are shard-major (slots_GP[g, j] = g·P + j): the shard's cells are contiguous
     x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
     c = rs * D + gs * P + _below(x, P)
