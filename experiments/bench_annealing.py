@@ -52,8 +52,9 @@ def move_rate(pb, seeds, objective, threads: int, K: int, n_moves: int, cfg):
     numba.set_num_threads(threads)
     pop = A._Population(pb, K)
     lay = list(seeds.values())
-    pop.init(pb, np.stack([lay[k % len(lay)][0] for k in range(K)]).astype(np.int32),
-             np.stack([lay[k % len(lay)][1] for k in range(K)]).astype(np.int32))
+    lay = [pb.check_layout(r, sl, 'seed') for r, sl in lay]
+    pop.init(pb, np.stack([lay[k % len(lay)][0] for k in range(K)]),
+             np.stack([lay[k % len(lay)][1] for k in range(K)]))
     pop.rng[:] = A._rng_states(0, 0, K)
     # a mid-ladder temperature: 1% of the makespan scale of a single move
     temp = 1e-3 * float(pop.energy.mean()) / pb.R

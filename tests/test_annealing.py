@@ -91,7 +91,7 @@ def test_move_delta_equals_full_reevaluation(objective, mix, ti):
         pop.run_one(pb, 1, np.inf, cfg)  # T = ∞: every evaluated proposal is accepted
         if pop.counters[0, 0] == n_eval:
             continue  # proposal was infeasible (capacity / nonempty / same cell)
-        J = row_shard_costs(w.lengths, b, pop.row[0], pb.external(pop.slot[0]), R, topo, COST)
+        J = row_shard_costs(w.lengths, b, *pb.external(pop.row[0], pop.slot[0]), R, topo, COST)
         after = score_from_J(J, objective)
         d = pop.last[0]
         scale = max(1.0, abs(before.makespan))
@@ -129,7 +129,7 @@ def test_move_delta_exact_for_int16_and_int32_loads(scale):
         pop.run_one(pb, 1, np.inf, cfg)
         if pop.counters[0, 0] == n_eval:
             continue
-        after = full_score(w, b, topo, pop.row[0], pb.external(pop.slot[0]), R, "max-sum")
+        after = full_score(w, b, topo, *pb.external(pop.row[0], pop.slot[0]), R, "max-sum")
         scale_ = max(1.0, abs(before.makespan))
         assert pop.last[0, 0] == pytest.approx(after.makespan - before.makespan, abs=1e-9 * scale_)
         assert pop.last[0, 1] == pytest.approx(after.total - before.total, abs=1e-9 * scale_)
@@ -153,7 +153,7 @@ def test_moves_keep_every_constraint(objective):
     for _ in range(5):
         pop.run(pb, 2000, np.inf, cfg)
         for k in range(2):
-            plan = Plan(topo, R, pl, pop.row[k], pb.external(pop.slot[k]), objective=objective)
+            plan = Plan(topo, R, pl, *pb.external(pop.row[k], pop.slot[k]), objective=objective)
             assert plan.validate(w) == []
             cell = pop.row[k].astype(np.int64) * topo.dp + pop.slot[k]  # internal slot order
             np.testing.assert_array_equal(pop.cnt[k], np.bincount(cell, minlength=R * topo.dp))
@@ -344,7 +344,7 @@ def test_production_preset_cost_delta():
         pop.run_one(pb, 1, np.inf, cfg)
         if pop.counters[0, 0] == n:
             continue
-        J = row_shard_costs(w.lengths, b, pop.row[0], pb.external(pop.slot[0]), R, topo, cost)
+        J = row_shard_costs(w.lengths, b, *pb.external(pop.row[0], pop.slot[0]), R, topo, cost)
         now = score_from_J(J, "sum-max")
         assert pop.last[0, 0] == pytest.approx(now.makespan - prev.makespan, abs=1e-9 * now.makespan)
         np.testing.assert_array_equal(pop.J[0], J.ravel())

@@ -875,9 +875,8 @@ def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, makespan, cnt, memb, slots_G
 
 @njit(cache=True, _nrt=False)
 def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
-                 lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, by_len, rank_of,
-                 n_le, C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum,
-                 J, colsum,
+                 lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, n_le,
+                 C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum, J, colsum,
                  rowmax, agg, At, s, best_row, best_slot, best_e, counters, last, probe, m, st_i,
                  st_left):
     """``n_moves`` Metropolis proposals at temperature ``temp`` for one replica.
@@ -936,7 +935,7 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
                 if nfit == 0:
                     continue
                 x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-                i = by_len[_below(x, nfit)]
+                i = _below(x, nfit)
         ra = np.int64(row[i])
         da = np.int64(slot[i])
         a = ra * D + da
@@ -952,10 +951,9 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
                 k = _below(x, 2 * window) - window
                 if k >= 0:
                     k += 1
-                k += rank_of[i]
-                if k < 0 or k >= N:
+                j = i + k
+                if j < 0 or j >= N:
                     continue
-                j = by_len[k]
             else:
                 # a partner that always fits: length in [l_i, l_i + free(a)] (a receives l_j,
                 # j's cell gets no longer); every feasible swap is such a pair one way round
@@ -964,7 +962,7 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
                 if hi - lo < 2:
                     continue
                 x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-                j = by_len[lo + _below(x, hi - lo)]
+                j = lo + _below(x, hi - lo)
                 if j == i:
                     continue
             rb = np.int64(row[j])
@@ -1107,17 +1105,16 @@ def _scratch(L, W):
 
 @njit(cache=True, parallel=True)
 def _run_population(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
-                    lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, by_len, rank_of,
-                    n_le, C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum,
-                    J, colsum,
+                    lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, n_le,
+                    C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum, J, colsum,
                     rowmax, agg, At, rng, best_row, best_slot, best_e, counters, last, probe):
     """All replicas in parallel (each one's stream and state are its own)."""
     K = row.shape[0]
     for k in prange(K):
         m, st_i, st_left = _scratch(L, W[k])
         _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
-                     lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, by_len, rank_of,
-                     n_le, C, R, D, G, L, P, cap, row[k], slot[k], cnt[k], memb[k], pos[k], T[k], Q[k],
+                     lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, n_le,
+                     C, R, D, G, L, P, cap, row[k], slot[k], cnt[k], memb[k], pos[k], T[k], Q[k],
                      W[k], Msum[k], J[k], colsum[k], rowmax[k], agg[k], At[k], rng[k], best_row[k],
                      best_slot[k], best_e[k:k + 1], counters[k], last[k], probe[k], m, st_i,
                      st_left)
@@ -1240,6 +1237,12 @@ class _Problem:
         if lengths.min() < 1 or lengths.max() > C:
             raise InputError("anneal: every length must be in 1..capacity")
         L = b_NLP.shape[1]
+        # Internally the samples are numbered by length (stable): internal sample i is the
+        # caller's sample perm[i]. Length neighbours are index neighbours (near swaps need no
+        # lookup table) and the samples that fit a free capacity s are 0 .. n_le[s] − 1.
+        self.perm = np.argsort(lengths, kind="stable")
+        lengths = lengths[self.perm]
+        b_NLP = b_NLP[self.perm]
         # W never exceeds the window's per-(l, p) column sums; int32 when they fit. b is int16
         # when its entries fit (half the memory traffic of the expert kernels, whose rows of b
         # are random reads; the kernels widen it to W's type).
@@ -1274,12 +1277,8 @@ class _Problem:
         fit = int(np.searchsorted(np.cumsum(np.sort(lengths)), C, side="right"))
         self.cap = max(1, min(N - R * D + 1, fit))
         self.topology, self.cost = topology, cost
-        self.by_len = np.argsort(lengths, kind="stable").astype(np.int64)
-        self.rank_of = np.empty(N, dtype=np.int64)
-        self.rank_of[self.by_len] = np.arange(N)
-        # n_le[s] = number of samples of length ≤ s, s = 0..C (target-first relocations)
-        self.n_le = np.searchsorted(lengths[self.by_len], np.arange(C + 1),
-                                    side="right").astype(np.int32)
+        # n_le[s] = number of samples of length ≤ s, s = 0..C (capacity-aware proposals)
+        self.n_le = np.searchsorted(lengths, np.arange(C + 1), side="right").astype(np.int32)
 
     def b_NLP(self) -> np.ndarray:
         return self.b.reshape(self.N, self.Pp, self.L)[:, :self.P, :].transpose(0, 2, 1)
@@ -1289,8 +1288,9 @@ class _Problem:
                 self.beta, self.gamma, self.ovh)
 
     def check_layout(self, row, slot, what: str) -> tuple[np.ndarray, np.ndarray]:
-        row = np.asarray(row, dtype=np.int64)
-        slot = np.asarray(slot, dtype=np.int64)
+        """A caller's layout (row_N, slot_N), validated, as internal (row, slot) int32 arrays."""
+        row = np.asarray(row, dtype=np.int64)[self.perm]
+        slot = np.asarray(slot, dtype=np.int64)[self.perm]
         N, R, D = self.N, self.R, self.D
         if row.shape != (N,) or slot.shape != (N,):
             raise InputError(f"anneal: {what} must give a row and a slot for each of {N} samples")
@@ -1303,14 +1303,20 @@ class _Problem:
             raise InputError(f"anneal: {what} overfills a cell (capacity {self.C})")
         return row.astype(np.int32), self.int_D[slot].astype(np.int32)
 
-    def external(self, slot) -> np.ndarray:
-        """User slots (int64) from internal (shard-major) slots."""
-        return self.ext_D[np.asarray(slot, dtype=np.int64)]
+    def external(self, row, slot) -> tuple[np.ndarray, np.ndarray]:
+        """The caller's layout (row_N, slot_N) (int64) from an internal one (samples numbered
+        by length, shard-major slots)."""
+        row_N = np.empty(self.N, dtype=np.int64)
+        slot_N = np.empty(self.N, dtype=np.int64)
+        row_N[self.perm] = np.asarray(row, dtype=np.int64)
+        slot_N[self.perm] = self.ext_D[np.asarray(slot, dtype=np.int64)]
+        return row_N, slot_N
 
     def evaluator_key(self, row, slot) -> tuple[float, float, float]:
-        """The evaluator's lexicographic key of a layout in internal slots."""
+        """The evaluator's lexicographic key of an internal layout."""
         J = row_shard_costs(self.lengths, self.b_NLP(), np.asarray(row, dtype=np.int64),
-                            self.external(slot), self.R, self.topology, self.cost)
+                            self.ext_D[np.asarray(slot, dtype=np.int64)], self.R,
+                            self.topology, self.cost)
         return score_from_J(J, self.objective).key
 
 
@@ -1356,8 +1362,7 @@ class _Population:
 
     def run(self, pb: _Problem, n_moves: int, temp: float, cfg: AnnealConfig, probe=None):
         _run_population(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, cfg.swap_window,
-                        pb.obj, pb.eps1, pb.eps2, *pb.consts(), pb.by_len, pb.rank_of,
-                        pb.n_le,
+                        pb.obj, pb.eps1, pb.eps2, *pb.consts(), pb.n_le,
                         pb.C, pb.R, pb.D, pb.G, pb.L, pb.Pp, pb.cap,
                         *self.state(), self.rng, self.best_row, self.best_slot, self.best_e,
                         self.counters, self.last, self.no_probe if probe is None else probe)
@@ -1365,8 +1370,7 @@ class _Population:
     def run_one(self, pb: _Problem, n_moves: int, temp: float, cfg: AnnealConfig, k: int = 0):
         """Replica k alone, serially (no thread launch): for tests stepping one move at a time."""
         _run_replica(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, cfg.swap_window,
-                     pb.obj, pb.eps1, pb.eps2, *pb.consts(), pb.by_len, pb.rank_of,
-                        pb.n_le,
+                     pb.obj, pb.eps1, pb.eps2, *pb.consts(), pb.n_le,
                      pb.C, pb.R, pb.D, pb.G, pb.L, pb.Pp, pb.cap,
                      *(a[k] for a in self.state()), self.rng[k], self.best_row[k],
                      self.best_slot[k], self.best_e[k:k + 1], self.counters[k], self.last[k],
@@ -1397,14 +1401,14 @@ def greedy_layout(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: i
     least increases the lexicographic score); ``None`` if capacity blocks it."""
     pb = _Problem(lengths_N, b_NLP, topology, cost, rows, objective, tie_eps)
     g = _greedy_pb(pb)
-    return None if g is None else (g[0], pb.external(g[1]))
+    return None if g is None else pb.external(*g)
 
 
 def _greedy_pb(pb: _Problem):
     """The greedy layout in internal slots, or None."""
     own = (pb.alpha[None, :] * pb.lengths[:, None] + pb.beta[None, :] * pb.len2[:, None]).sum(axis=1)
     own = own + pb.gamma * pb.b_NLP().max(axis=2).sum(axis=1)
-    order = np.lexsort((np.arange(pb.N), -pb.lengths, -own)).astype(np.int64)
+    order = np.lexsort((pb.perm, -pb.lengths, -own)).astype(np.int64)  # ties: caller's order
     row = np.zeros(pb.N, dtype=np.int32)
     slot = np.zeros(pb.N, dtype=np.int32)
     W = np.zeros((pb.R * pb.G, pb.L * pb.Pp), dtype=pb.wdtype)
@@ -1572,7 +1576,7 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
         # the search's best is no better than the best seed by the evaluator: return the seed
         row, slot = seed_row, seed_slot
         final.init(pb, row[None].astype(np.int32), slot[None].astype(np.int32))
-    slot = pb.external(slot)
+    row, slot = pb.external(row, slot)
     a = final.agg[0]
     seconds = time.perf_counter() - t0
     run_seconds = time.perf_counter() - t_run
