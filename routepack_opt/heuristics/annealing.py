@@ -642,16 +642,14 @@ def _top2(J, X, agg):
     i1 = 0
     p2 = -np.inf
     i2 = -1
-    for x in range(X):
+    for x in range(X):  # selects, not branches (see _attn_top2)
         v = J[x]
-        if v > p1:
-            p2 = p1
-            i2 = i1 if x > 0 else -1
-            p1 = v
-            i1 = x
-        elif v > p2:
-            p2 = v
-            i2 = x
+        up = v > p1
+        down = (not up) & (v > p2)
+        i2 = (i1 if x > 0 else -1) if up else (x if down else i2)
+        p2 = max(p2, min(p1, v))
+        i1 = x if up else i1
+        p1 = max(p1, v)
     agg[2] = p1
     agg[4] = i1
     agg[5] = p2
@@ -693,30 +691,31 @@ def _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2):
 @njit(cache=True, _nrt=False, inline='always')
 def _update_aggregates(J, colsum, rowmax, agg, ra, ga, rb, gb, dtot, R, G, objective, eps1, eps2,
                        st_i, st_left):
-    """After blocks (ra, ga) and (rb, gb) (rb < 0: none) changed by dtot in total: recompute the
-    touched shard sums and row maxima exactly (same summation order as :func:`_aggregates`),
-    the makespan, the peak (a full scan only when the peak block went down) and the energy.
+    """After blocks (ra, ga) and (rb, gb) (rb < 0: none) changed by dtot in total: recompute
+    the objective's own aggregate exactly (max-sum: the touched shard sums; sum-max: the touched
+    row maxima; same summation order as :func:`_aggregates`; the other one is not used by the
+    search and goes stale), the makespan, the top two blocks and the energy.
     The total is carried incrementally (a tie-break term; the reported score is recomputed).
     st_i, st_left: scratch of :func:`_pairwise_sum_ws`."""
     X = R * G
-    for g in (ga, gb):
-        if g >= 0:
-            s = J[g]
-            for r in range(1, R):
-                s += J[r * G + g]
-            colsum[g] = s
-    for r in (ra, rb):
-        if r >= 0:
-            o = r * G
-            m = J[o]
-            for g in range(1, G):
-                m = max(m, J[o + g])
-            rowmax[r] = m
     if objective == 0:
+        for g in (ga, gb if gb != ga else -1):
+            if g >= 0:
+                s = J[g]
+                for r in range(1, R):
+                    s += J[r * G + g]
+                colsum[g] = s
         ms = colsum[0]
         for g in range(1, G):
             ms = max(ms, colsum[g])
     else:
+        for r in (ra, rb if rb != ra else -1):
+            if r >= 0:
+                o = r * G
+                m = J[o]
+                for g in range(1, G):
+                    m = max(m, J[o + g])
+                rowmax[r] = m
         ms = _pairwise_sum_ws(rowmax, 0, R, st_i, st_left)
     total = agg[1] + dtot
     A = ra * G + ga
