@@ -720,22 +720,47 @@ def _update_aggregates(J, colsum, rowmax, agg, ra, ga, rb, gb, dtot, R, G, objec
     total = agg[1] + dtot
     A = ra * G + ga
     B = rb * G + gb if rb >= 0 else -1
+    # The top two blocks. Every block other than the old top two costs ≤ the old second
+    # value; so the new top two are the two best of {A, B, the untouched old top blocks}
+    # whenever both reach that value (ties: any order). Otherwise (a top block went below
+    # the old second value and nothing replaces it) rescan.
+    v1 = agg[2]
     i1 = np.int64(agg[4])
+    v2 = agg[5]
     i2 = np.int64(agg[6])
-    if i1 == A or i1 == B or i2 == A or i2 == B:
-        _top2(J, X, agg)  # a top block changed: rescan
-    else:  # the top two stand; A and B may join them
-        for x in (A, B):
-            if x >= 0:
-                v = J[x]
-                if v > agg[2]:
-                    agg[5] = agg[2]
-                    agg[6] = agg[4]
-                    agg[2] = v
-                    agg[4] = x
-                elif v > agg[5]:
-                    agg[5] = v
-                    agg[6] = x
+    hit1 = (i1 == A) | (i1 == B)
+    hit2 = (i2 == A) | (i2 == B)
+    # candidates: (value, block); an untouched old top keeps its value, a touched one is
+    # dropped (A and B enter with their new values)
+    c1v = -np.inf if hit1 else v1
+    c1i = -1 if hit1 else i1
+    c2v = -np.inf if hit2 else v2
+    c2i = -1 if hit2 else i2
+    bv = -np.inf
+    bi = -1
+    av = J[A]
+    if B >= 0:
+        bv = J[B]
+        bi = B
+    # the two best of the four candidates
+    t1v = -np.inf
+    t1i = -1
+    t2v = -np.inf
+    t2i = -1
+    for cv, ci in ((c1v, c1i), (c2v, c2i), (av, A), (bv, bi)):
+        up = cv > t1v
+        down = (not up) & (cv > t2v)
+        t2i = t1i if up else (ci if down else t2i)
+        t2v = max(t2v, min(t1v, cv))
+        t1i = ci if up else t1i
+        t1v = max(t1v, cv)
+    if t2v >= v2 and t2i >= 0:
+        agg[2] = t1v
+        agg[4] = t1i
+        agg[5] = t2v
+        agg[6] = t2i
+    else:
+        _top2(J, X, agg)
     agg[0] = ms
     agg[1] = total
     agg[3] = ms + eps1 * total + agg[2] * eps2
