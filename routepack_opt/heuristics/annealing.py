@@ -10,10 +10,12 @@ sweeps (one sweep = N proposals) of moves that keep every constraint:
 - *relocate* sample i to another cell (only if i's cell keeps ≥ 1 sample and the target stays
   ≤ capacity). Target first: a uniform cell c, then i uniform among the samples no longer than
   c's free capacity (a table of counts by length), so nearly every proposal is feasible;
-- *swap* two samples of different cells (both cells stay ≤ capacity; counts unchanged). With
-  probability ``p_near`` the partner is one of the ``swap_window`` samples on either side of i in
-  length order (near-equal lengths); otherwise it is uniform among the samples with length in
-  [l_i, l_i + free capacity of i's cell] — exactly the swaps that fit, each pair one way round;
+- *swap* two samples of different cells (both cells stay ≤ capacity; counts unchanged). The
+  partner j is uniform among the samples with length in [l_i, l_i + free capacity of i's cell]
+  — exactly the swaps that fit, each pair one way round — and, with probability ``p_near``,
+  also among the ``swap_window`` nearest in length order (a near swap). A guided sample's near
+  partner is any of the ``swap_window`` neighbours either side (shorter ones too), capacity
+  checked;
 - *guided*: with probability ``p_guide`` the moved sample comes from the bottleneck — for
   ``max-sum`` the shard with the largest Σ_r J (its rows weighted by J[r, g*]); for ``sum-max``
   a row drawn with probability ∝ max_g J[r, g], then that row's argmax shard; then a uniform
@@ -939,9 +941,11 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
     for _ in range(n_moves):
         n_prop += 1
         i = -1
+        guided = False
         if p_guide > 0.0:
             x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-            if _unit(x) <= p_guide:
+            guided = _unit(x) <= p_guide
+            if guided:
                 i, s0, s1, s2, s3 = _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, agg[0], cnt,
                                                  memb, slots_GP, R, D, G, cap, objective)
         x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
@@ -970,7 +974,9 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
             if p_near > 0.0:
                 x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
                 near = _unit(x) <= p_near
-            if near:
+            if near and guided:
+                # a length neighbour either way (a bottleneck sample may swap with a shorter
+                # one); capacity checked below
                 x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
                 k = _below(x, 2 * window) - window
                 if k >= 0:
@@ -980,15 +986,18 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
                     continue
             else:
                 # a partner that always fits: length in [l_i, l_i + free(a)] (a receives l_j,
-                # j's cell gets no longer); every feasible swap is such a pair one way round
+                # j's cell gets no longer; every feasible swap is such a pair one way round),
+                # for a near swap also within ``window`` of i in length order; never i itself
                 lo = np.int64(n_le[li - 1])
                 hi = np.int64(n_le[min(li + C - T[a], C)])
+                if near:
+                    lo = max(lo, i - window)
+                    hi = min(hi, i + window + 1)
                 if hi - lo < 2:
                     continue
                 x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-                j = lo + _below(x, hi - lo)
-                if j == i:
-                    continue
+                j = lo + _below(x, hi - lo - 1)
+                j += 1 if j >= i else 0
             rb = np.int64(row[j])
             db = np.int64(slot[j])
             bc = rb * D + db
@@ -1550,6 +1559,7 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     stopped = False
     timings["setup"] = time.perf_counter() - tt
     t_run = time.perf_counter()
+    c_run = time.process_time()
     for k in range(nT):
         pop.rng[:] = _rng_states(seed, k, K)
         pop.best_e[:] = best_e
@@ -1604,14 +1614,17 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     a = final.agg[0]
     seconds = time.perf_counter() - t0
     run_seconds = time.perf_counter() - t_run
+    run_cpu = time.process_time() - c_run
     evaluated = int(pop.counters[:, 0].sum())
     proposed = int(pop.counters[:, 3].sum())
     stats = {
         "sweeps": sweeps_done, "replicas": K, "temperatures_done": len(trace),
         "temperatures": nT, "moves_proposed": proposed, "moves_evaluated": evaluated,
         "moves_accepted": int(pop.counters[:, 1].sum()),
-        "seconds": seconds, "search_seconds": run_seconds,
+        "seconds": seconds, "search_seconds": run_seconds, "search_cpu_seconds": run_cpu,
         "moves_per_second": evaluated / run_seconds if run_seconds > 0 else 0.0,
+        # per core: CPU time of the process over the ladder, all threads together
+        "moves_per_cpu_second": evaluated / run_cpu if run_cpu > 0 else 0.0,
         "t_hot": t_hot, "t_cold": t_cold, "seeds": S, "best_seed": best_seed,
         "seed_energies": seed_energy.tolist(), "improved": bool(improved),
         "stopped_by_time": stopped or (timed and len(trace) < nT), "trace": trace,
