@@ -159,6 +159,13 @@ def test_moves_keep_every_constraint(objective):
             np.testing.assert_array_equal(pop.cnt[k], np.bincount(cell, minlength=R * topo.dp))
             for i in range(w.num_samples):
                 assert pop.memb[k, cell[i] * pb.cap + pop.pos[k, i]] == i
+            # the open-cell set is exactly the cells with room for the shortest sample
+            n_cells = R * topo.dp
+            n_open = pop.opn[k, 2 * n_cells]
+            is_open = topo.capacity - pop.T[k] >= w.lengths.min()
+            assert sorted(pop.opn[k, :n_open]) == list(np.flatnonzero(is_open))
+            for q in range(n_open):
+                assert pop.opn[k, n_cells + pop.opn[k, q]] == q
     assert pop.counters[:, 1].sum() > 1000
 
 

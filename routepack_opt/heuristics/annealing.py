@@ -8,8 +8,9 @@ ladder of temperatures from hot to cold. At each temperature every replica runs 
 sweeps (one sweep = N proposals) of moves that keep every constraint:
 
 - *relocate* sample i to another cell (only if i's cell keeps ≥ 1 sample and the target stays
-  ≤ capacity). Target first: a uniform cell c, then i uniform among the samples no longer than
-  c's free capacity (a table of counts by length), so nearly every proposal is feasible;
+  ≤ capacity). Target first: a uniform *open* cell c (one with room for the shortest sample;
+  the open cells are kept in a set updated in O(1) per accepted move), then i uniform among
+  the samples no longer than c's free capacity (a table of counts by length);
 - *swap* two samples of different cells (both cells stay ≤ capacity; counts unchanged). The
   partner j is uniform among the samples with length in [l_i, l_i + free capacity of i's cell]
   — exactly the swaps that fit, each pair one way round — and, with probability ``p_near``,
@@ -345,6 +346,26 @@ def _attn_one(At, x, c, Tc, Qc, alpha, beta):
         rest = At[o + 2] if At[o + 1] == c else At[o]
         tot += max(v, rest)
     return tot
+
+
+@njit(cache=True, _nrt=False, inline='always')
+def _set_open(opn, c, is_open, n_cells):
+    """Keep cell c in (or out of) the open-cell set ``opn`` = [list of open cells (n_cells),
+    position of each cell in the list or −1 (n_cells), size]; open: room for the shortest
+    sample. O(1), swap-with-last removal."""
+    p = opn[n_cells + c]
+    if is_open and p < 0:
+        n = opn[2 * n_cells]
+        opn[n] = c
+        opn[n_cells + c] = n
+        opn[2 * n_cells] = n + 1
+    elif not is_open and p >= 0:
+        n = opn[2 * n_cells] - 1
+        last = opn[n]
+        opn[p] = last
+        opn[n_cells + last] = p
+        opn[n_cells + c] = -1
+        opn[2 * n_cells] = n
 
 
 def _narrow(x, w):
@@ -823,8 +844,8 @@ def _delta(J, colsum, rowmax, agg, ra, ga, JA, rb, gb, JB, G, objective):
 
 @njit(cache=True)
 def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
-                R, D, G, L, P, cap, objective, eps1, eps2,
-                cnt, memb, pos, T, Q, W, Msum, J, colsum, rowmax, agg, At):
+                R, D, G, L, P, cap, C, objective, eps1, eps2,
+                cnt, memb, pos, T, Q, W, Msum, J, colsum, rowmax, agg, At, opn):
     """Build one replica's incremental state from a layout (row, slot)."""
     N = row.shape[0]
     m = np.empty(L, dtype=W.dtype)
@@ -850,6 +871,11 @@ def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gam
             J[x] = (_attn(T, Q, r, g, slots_GP.shape[1], alpha, beta, D, -1, 0, 0, -1, 0, 0)
                     + gamma * np.float64(Msum[x])) + ovh
     _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
+    n_cells = R * D
+    opn[:] = -1
+    opn[2 * n_cells] = 0
+    for c in range(n_cells):  # samples are numbered by length: lengths[0] is the shortest
+        _set_open(opn, c, C - T[c] >= lengths[0], n_cells)
 
 
 @njit(cache=True, _nrt=False, inline='always')
@@ -903,7 +929,7 @@ def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, makespan, cnt, memb, slots_G
 def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
                  lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, n_le,
                  C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum, J, colsum,
-                 rowmax, agg, At, s, best_row, best_slot, best_e, counters, last, probe, m, st_i,
+                 rowmax, agg, At, opn, s, best_row, best_slot, best_e, counters, last, probe, m, st_i,
                  st_left):
     """``n_moves`` Metropolis proposals at temperature ``temp`` for one replica.
 
@@ -956,12 +982,14 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
             if swap:
                 i = _below(x, N)
             else:
-                # unguided relocation, target first: a uniform cell, then a uniform sample among
-                # those that fit its free capacity (n_le[s] = #samples of length ≤ s)
-                bc = _below(x, n_cells)
-                nfit = n_le[C - T[bc]]
-                if nfit == 0:
+                # unguided relocation, target first: a uniform open cell (room for the shortest
+                # sample), then a uniform sample among those that fit its free capacity
+                # (n_le[s] = #samples of length ≤ s)
+                n_open = opn[2 * n_cells]
+                if n_open == 0:
                     continue
+                bc = np.int64(opn[_below(x, n_open)])
+                nfit = n_le[C - T[bc]]  # ≥ 1: bc is open
                 x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
                 i = _below(x, nfit)
         ra = np.int64(row[i])
@@ -1013,10 +1041,13 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         else:
             if cnt[a] < 2 or bc == a:
                 continue
-            if bc < 0:  # guided relocation: up to 8 random targets with room
+            if bc < 0:  # guided relocation: up to 8 random open targets with room
+                n_open = opn[2 * n_cells]
+                if n_open == 0:
+                    continue
                 for _t in range(8):
                     x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-                    c = _below(x, n_cells)
+                    c = np.int64(opn[_below(x, n_open)])
                     if c != a and T[c] + li <= C:
                         bc = c
                         break
@@ -1094,6 +1125,8 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         Q[a] = Qa
         T[bc] = Tb
         Q[bc] = Qb
+        _set_open(opn, a, C - Ta >= lengths[0], n_cells)
+        _set_open(opn, bc, C - Tb >= lengths[0], n_cells)
         J[A] = JA
         _attn_top2(T, Q, ra, ga, Ps, alpha, beta, D, At, A)
         if A != B:
@@ -1140,7 +1173,7 @@ def _scratch(L, W):
 def _run_population(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
                     lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, n_le,
                     C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum, J, colsum,
-                    rowmax, agg, At, rng, best_row, best_slot, best_e, counters, last, probe):
+                    rowmax, agg, At, opn, rng, best_row, best_slot, best_e, counters, last, probe):
     """All replicas in parallel (each one's stream and state are its own)."""
     K = row.shape[0]
     for k in prange(K):
@@ -1148,21 +1181,22 @@ def _run_population(n_moves, temp, p_swap, p_guide, p_near, window, objective, e
         _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
                      lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, n_le,
                      C, R, D, G, L, P, cap, row[k], slot[k], cnt[k], memb[k], pos[k], T[k], Q[k],
-                     W[k], Msum[k], J[k], colsum[k], rowmax[k], agg[k], At[k], rng[k], best_row[k],
+                     W[k], Msum[k], J[k], colsum[k], rowmax[k], agg[k], At[k], opn[k], rng[k],
+                     best_row[k],
                      best_slot[k], best_e[k:k + 1], counters[k], last[k], probe[k], m, st_i,
                      st_left)
 
 
 @njit(cache=True, parallel=True)
 def _init_population(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
-                     R, D, G, L, P, cap, objective, eps1, eps2,
-                     cnt, memb, pos, T, Q, W, Msum, J, colsum, rowmax, agg, At):
+                     R, D, G, L, P, cap, C, objective, eps1, eps2,
+                     cnt, memb, pos, T, Q, W, Msum, J, colsum, rowmax, agg, At, opn):
     K = row.shape[0]
     for k in prange(K):
         _init_state(row[k], slot[k], lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
-                    R, D, G, L, P, cap, objective, eps1, eps2,
+                    R, D, G, L, P, cap, C, objective, eps1, eps2,
                     cnt[k], memb[k], pos[k], T[k], Q[k], W[k], Msum[k], J[k], colsum[k], rowmax[k],
-                    agg[k], At[k])
+                    agg[k], At[k], opn[k])
 
 
 @njit(cache=True)
@@ -1373,6 +1407,7 @@ class _Population:
         self.rowmax = np.zeros((K, R))
         self.agg = np.zeros((K, 7))
         self.At = np.zeros((K, R * G * len(pb.alpha) * 3))  # see _attn_top2
+        self.opn = np.zeros((K, 2 * R * D + 1), dtype=np.int32)  # see _set_open
         self.rng = np.ones((K, 4), dtype=np.uint64)
         self.best_row = np.zeros((K, N), dtype=np.int32)
         self.best_slot = np.zeros((K, N), dtype=np.int32)
@@ -1382,7 +1417,7 @@ class _Population:
         self.no_probe = np.zeros((K, 0))
 
     _STATE = ("row", "slot", "cnt", "memb", "pos", "T", "Q", "W", "Msum", "J", "colsum",
-              "rowmax", "agg", "At")
+              "rowmax", "agg", "At", "opn")
 
     def state(self):
         return tuple(getattr(self, name) for name in self._STATE)
@@ -1391,7 +1426,7 @@ class _Population:
         self.row[:] = rows_KN
         self.slot[:] = slots_KN
         _init_population(self.row, self.slot, *pb.consts(), pb.R, pb.D, pb.G, pb.L, pb.Pp, pb.cap,
-                         pb.obj, pb.eps1, pb.eps2, *self.state()[2:])
+                         pb.C, pb.obj, pb.eps1, pb.eps2, *self.state()[2:])
 
     def run(self, pb: _Problem, n_moves: int, temp: float, cfg: AnnealConfig, probe=None):
         _run_population(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, cfg.swap_window,
