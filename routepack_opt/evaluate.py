@@ -6,7 +6,7 @@ The evaluator works from per-rank loads ``b_NLP[i, l, p]`` — the window's coun
 the placement once (:func:`rank_loads`). Scoring a layout is then a few dense reductions:
 
     T[r,d], Q[r,d]        tokens and squared lengths per cell           (bincount)
-    W[r,g,l,p]            shard-row expert load per rank                (one-hot matmul)
+    W[r,g,l,p]            shard-row expert load per rank                (np.add.at, int64)
     J[r,g] = Σ_s max_{d∈g}(α_s T + β_s Q) + γ Σ_l max_p W + row_overhead
 
 Objectives are lexicographic: ``max-sum`` (max_g Σ_r J, Σ J, max J) and ``sum-max``
@@ -43,15 +43,12 @@ def rank_loads(counts_NLE: np.ndarray, placement_LE: np.ndarray, ep: int) -> np.
     placement_LE = np.asarray(placement_LE, dtype=np.int64)
     if placement_LE.shape != (L, E):
         raise InputError(f"placement: expected shape [{L}, {E}], got {list(placement_LE.shape)}")
-    # One-hot [L, E, P] of each expert's rank, then a batched matmul per layer. float32 is exact
-    # while every partial sum stays below 2^24; otherwise use float64.
-    rank_LE = placement_LE // (E // ep)
-    onehot_LEP = np.zeros((L, E, ep), dtype=np.float64)
-    onehot_LEP[np.arange(L)[:, None], np.arange(E)[None, :], rank_LE] = 1.0
-    exact32 = N == 0 or int(counts_NLE.max(initial=0)) * E < 2**24
-    dtype = np.float32 if exact32 else np.float64
-    b_LNP = np.matmul(counts_NLE.astype(dtype).transpose(1, 0, 2), onehot_LEP.astype(dtype))
-    return np.rint(b_LNP.transpose(1, 0, 2)).astype(np.int64)
+    if placement_LE.size and (placement_LE.min() < 0 or placement_LE.max() >= E):
+        raise InputError(f"placement: slots must be in 0..{E - 1}")
+    from routepack_opt.projection import project_counts  # numba, imported on first use
+
+    rank_LE = np.ascontiguousarray(placement_LE // (E // ep))
+    return project_counts(np.ascontiguousarray(counts_NLE), rank_LE, int(ep))
 
 
 def expert_rank_loads(load_LE: np.ndarray, placement_LE: np.ndarray, ep: int) -> np.ndarray:
@@ -103,13 +100,12 @@ def row_shard_costs(lengths_N, b_NLP, row_N, slot_N, rows: int, topology: Topolo
     beta_S = np.asarray(cost.betas)[:, None, None, None]
     A_SRGP = alpha_S * T_RD[None][:, :, slots_GP] + beta_S * Q_RD[None][:, :, slots_GP]
     A_SRG = A_SRGP.max(axis=3)
-    # W[r,g,l,p]: one-hot (row, shard) of every sample times its per-rank loads.
+    # W[r,g,l,p]: every sample's per-rank loads added into its (row, shard) block (int64, exact).
     N, L, _ = b_NLP.shape
     rg_N = np.asarray(row_N, dtype=np.int64) * G + topology.shard_array()[np.asarray(slot_N)]
-    onehot = np.zeros((rows * G, N))
-    onehot[rg_N, np.arange(N)] = 1.0
-    W_RGLP = (onehot @ b_NLP.reshape(N, L * P).astype(np.float64)).reshape(rows, G, L, P)
-    M_RGL = W_RGLP.max(axis=3)
+    W = np.zeros((rows * G, L * P), dtype=np.int64)
+    np.add.at(W, rg_N, np.asarray(b_NLP, dtype=np.int64).reshape(N, L * P))
+    M_RGL = W.reshape(rows, G, L, P).max(axis=3).astype(np.float64)
     J_RG = A_SRG.sum(axis=0) + cost.gamma * M_RGL.sum(axis=2) + cost.row_overhead
     if parts:
         return J_RG, A_SRG, M_RGL
