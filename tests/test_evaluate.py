@@ -1,9 +1,11 @@
 """The one evaluator: hand-computed cases, the referee's example, bounds, projection."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from routepack_opt.cost import CostModel, Stage, PRESETS
+from routepack_opt.errors import InputError
 from routepack_opt.evaluate import Evaluator, rank_loads, row_shard_costs, score_from_J
 from routepack_opt.testing import random_layout, random_window
 from routepack_opt.topology import Topology
@@ -68,6 +70,15 @@ def test_projection_equals_direct_loop(rng):
             for e in range(8):
                 direct[i, l, pl[l, e] // 2] += w.counts[i, l, e]
     assert np.array_equal(b, direct)
+
+
+def test_projection_rejects_out_of_range_slots():
+    """A placement slot outside 0..E-1 is an input error, not an index error."""
+    w = random_window(4, 2, 8, 2, seed=1)
+    pl = np.tile(np.arange(8), (2, 1))
+    pl[1, 3] = 8
+    with pytest.raises(InputError, match="slots"):
+        rank_loads(w.counts, pl, 4)
 
 
 @settings(max_examples=40, deadline=None)
