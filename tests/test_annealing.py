@@ -158,7 +158,7 @@ def test_moves_keep_every_constraint(objective):
             cell = pop.row[k].astype(np.int64) * topo.dp + pop.slot[k]  # internal slot order
             np.testing.assert_array_equal(pop.cnt[k], np.bincount(cell, minlength=R * topo.dp))
             for i in range(w.num_samples):
-                assert pop.memb[k, cell[i] * pb.cap + pop.pos[k, i]] == i
+                assert pop.memb[k, pop.pos[k, i] * R * topo.dp + cell[i]] == i
             # the open-cell set is exactly the cells with room for the shortest sample
             n_cells = R * topo.dp
             n_open = pop.opn[k, 2 * n_cells]

@@ -848,6 +848,7 @@ def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gam
                 cnt, memb, pos, T, Q, W, Msum, J, colsum, rowmax, agg, At, opn):
     """Build one replica's incremental state from a layout (row, slot)."""
     N = row.shape[0]
+    n_cells = R * D
     m = np.empty(L, dtype=W.dtype)
     T[:] = 0
     Q[:] = 0
@@ -855,7 +856,7 @@ def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gam
     W[:, :] = 0
     for i in range(N):
         c = row[i] * D + slot[i]
-        memb[c * cap + cnt[c]] = i
+        memb[cnt[c] * n_cells + c] = i
         pos[i] = cnt[c]
         cnt[c] += 1
         T[c] += lengths[i]
@@ -871,7 +872,6 @@ def _init_state(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta, gam
             J[x] = (_attn(T, Q, r, g, slots_GP.shape[1], alpha, beta, D, -1, 0, 0, -1, 0, 0)
                     + gamma * np.float64(Msum[x])) + ovh
     _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
-    n_cells = R * D
     opn[:] = -1
     opn[2 * n_cells] = 0
     for c in range(n_cells):  # samples are numbered by length: lengths[0] is the shortest
@@ -922,7 +922,7 @@ def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, makespan, cnt, memb, slots_G
     x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
     c = rs * D + gs * P + _below(x, P)
     x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-    return np.int64(memb[c * cap + _below(x, cnt[c])]), s0, s1, s2, s3
+    return np.int64(memb[_below(x, cnt[c]) * (R * D) + c]), s0, s1, s2, s3
 
 
 @njit(cache=True, _nrt=False)
@@ -1105,18 +1105,18 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         if swap:
             pi = pos[i]
             pj = pos[j]
-            memb[a * cap + pi] = j
-            memb[bc * cap + pj] = i
+            memb[pi * n_cells + a] = j
+            memb[pj * n_cells + bc] = i
             pos[i] = pj
             pos[j] = pi
             row[j] = ra
             slot[j] = da
         else:
-            tail = memb[a * cap + cnt[a] - 1]
-            memb[a * cap + pos[i]] = tail
+            tail = memb[(cnt[a] - 1) * n_cells + a]
+            memb[pos[i] * n_cells + a] = tail
             pos[tail] = pos[i]
             cnt[a] -= 1
-            memb[bc * cap + cnt[bc]] = i
+            memb[cnt[bc] * n_cells + bc] = i
             pos[i] = cnt[bc]
             cnt[bc] += 1
         row[i] = rb
@@ -1396,6 +1396,8 @@ class _Population:
         self.row = np.zeros((K, N), dtype=np.int32)
         self.slot = np.zeros((K, N), dtype=np.int32)
         self.cnt = np.zeros((K, R * D), dtype=np.int64)
+        # member-major: memb[t·(R·D) + c] is the t-th sample of cell c, so the few members most
+        # cells have lie in a few KB (cell-major rows of ``cap`` entries were cache misses)
         self.memb = np.zeros((K, R * D * pb.cap), dtype=np.int32)
         self.pos = np.zeros((K, N), dtype=np.int32)
         self.T = np.zeros((K, R * D), dtype=np.int64)
