@@ -87,7 +87,7 @@ def main():
     args = ap.parse_args()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = ["# Population annealing benchmark", "",
-             "`python experiments/bench_annealing.py` (" + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "o") + ")", "",
+             "`python experiments/bench_annealing.py` (" + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "o") + ")", "",
              f"cores: {os.cpu_count()}, numba threads: {numba.config.NUMBA_NUM_THREADS}, "
              f"load average at start: {load:.1f}", ""]
     window, topo, cost, pl, b, R, seeds = production_instance(0)
