@@ -30,6 +30,7 @@ by the evaluator.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -41,6 +42,12 @@ from routepack_opt.models.layout_common import (LayoutInstance, LayoutResult, ca
 
 __all__ = ["solve_cpsat", "CpsatScaling"]
 
+
+# Share of the time limit the block decomposition may use before CP-SAT takes over, and share of
+# what is left that one CP-SAT worker spends on the fixed heaviest-first search before the
+# multi-worker portfolio (only when num_workers > 1).
+DECOMPOSE_SHARE = 0.75
+FIXED_SHARE = 1 / 3
 
 _FIXED_SEARCH = type(cp_model.CpSolver().parameters.search_branching).FIXED_SEARCH
 
@@ -74,17 +81,90 @@ class CpsatScaling:
 def solve_cpsat(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
                 lexicographic: bool = False, symmetry: bool = True, num_workers: int = 2,
                 seed: int = 0, rel_error: float = 1e-7, params: dict | None = None,
-                branching: bool = True) -> LayoutResult:
+                branching: bool = True, decompose: bool = True) -> LayoutResult:
     """Solve the layout model with CP-SAT. ``warm_start`` = (row_N, slot_N) becomes a full hint
     (canonicalised when symmetry breaking is on). ``params``: extra CP-SAT parameters by name.
     ``branching``: a decision strategy, heaviest samples first into their lowest cell (with one
     worker, CP-SAT follows it strictly: fixed search) — it proved a 16-sample window where the
-    default search stalled at a 2 % gap for 60 s, in 11 s."""
+    default search stalled at a 2 % gap for 60 s, in 11 s.
+
+    The default procedure (one call, ``time_limit`` in all):
+    1. ``decompose``: where the block decomposition applies (P ≤ 2, every block enumerable, a
+       warm start given, makespan only), it runs first for at most ``DECOMPOSE_SHARE`` of the
+       limit (:func:`routepack_opt.models.layout_blocks.solve_blocks`); a proof ends the call.
+    2. With ``num_workers`` > 1 (and ``branching``, makespan only): one worker on the fixed
+       heaviest-first search for ``FIXED_SHARE`` of the time left; a proof ends the call.
+    3. The ``num_workers`` portfolio for the rest, hinted with the best layout so far.
+    The answer is the best layout of all phases, its bound the best of all phases' bounds
+    (optimal when they meet); ``info["method"]`` names the phases that ran.
+    """
     t0 = time.perf_counter()
     reason = prefeasibility(inst)
     if reason is not None:
         return _result(inst, "infeasible", None, float("inf"), t0, None, 0.0, lexicographic,
                        {"reason": reason})
+    done: list[dict] = []  # earlier phases: layout, bound, info
+    if decompose and warm_start is not None and not lexicographic:
+        from routepack_opt.models import layout_blocks
+
+        if layout_blocks.applicable(inst):
+            pre = layout_blocks.solve_blocks(inst, DECOMPOSE_SHARE * time_limit, warm_start)
+            if pre["status"] == "optimal":
+                return _result(inst, "optimal", pre["layout"], pre["bound"], t0, None, 0.0,
+                               lexicographic, {"method": "blocks", "decomposition": pre["info"]})
+            done.append({"phase": "blocks", "layout": pre["layout"], "bound": pre["bound"],
+                         "info": pre["info"]})
+            warm_start = pre["layout"]
+    args = (symmetry, seed, rel_error, params, branching)
+    if num_workers > 1 and branching and not lexicographic and FIXED_SHARE > 0:
+        # one worker strictly following the heaviest-first strategy, then the portfolio
+        left = time_limit - (time.perf_counter() - t0)
+        res = _solve_model(inst, t0, FIXED_SHARE * left, warm_start, False, 1, *args)
+        if res.status == "optimal" or res.status == "infeasible":
+            return _combine(inst, res, done, t0, "fixed")
+        if res.layout is not None:
+            done.append({"phase": "fixed", "layout": res.layout, "bound": res.bound,
+                         "info": {"status": res.status, "seconds": res.seconds}})
+            warm_start = _better(inst, res.layout, warm_start)
+    left = max(time_limit - (time.perf_counter() - t0), 0.05 * time_limit)
+    res = _solve_model(inst, t0, left, warm_start, lexicographic, num_workers, *args)
+    return _combine(inst, res, done, t0, "portfolio")
+
+
+def _better(inst: LayoutInstance, a, b):
+    """The layout with the smaller makespan (``a`` on ties; either may be None)."""
+    if b is None:
+        return a
+    if a is None:
+        return b
+    return a if inst.score(*a).makespan <= inst.score(*b).makespan else b
+
+
+def _combine(inst: LayoutInstance, res: LayoutResult, done: list[dict], t0: float,
+             last: str) -> LayoutResult:
+    """The last CP-SAT phase's answer with the earlier phases': the best layout, the best bound;
+    optimal when they meet (within CP-SAT's rounding error)."""
+    if not done or res.status == "infeasible":
+        return dataclasses.replace(res, info=dict(res.info, method="+".join([d["phase"] for d in done] + [last])))
+    info = dict(res.info, method="+".join([d["phase"] for d in done] + [last]))
+    for d in done:
+        info[d["phase"]] = d["info"]
+    layout = res.layout
+    for d in done:
+        layout = _better(inst, layout, d["layout"])
+    bound = max([res.bound] + [d["bound"] for d in done])
+    objective = inst.score(*layout).makespan
+    tol = 2 * res.rounding_error + 1e-9 * abs(objective)
+    status = res.status
+    if status != "optimal":
+        status = "optimal" if bound >= objective - tol else "feasible"
+    return solver_result(inst, "cpsat", status, layout, bound, t0, res.claimed, res.rounding_error,
+                         res.lexicographic, info)
+
+
+def _solve_model(inst, t0, time_limit, warm_start, lexicographic, num_workers, symmetry, seed,
+                 rel_error, params, branching) -> LayoutResult:
+    """The CP-SAT model itself (module docstring)."""
     sc = CpsatScaling(inst, rel_error)
     m = _Model(inst, sc)
     if symmetry:
@@ -141,7 +221,10 @@ def _solver(time_limit, num_workers, seed, params) -> cp_model.CpSolver:
     solver.parameters.num_workers = int(num_workers)
     solver.parameters.random_seed = int(seed)
     for key, value in (params or {}).items():
-        setattr(solver.parameters, key, value)
+        if isinstance(value, (list, tuple)):  # repeated fields (e.g. subsolvers)
+            getattr(solver.parameters, key).extend(value)
+        else:
+            setattr(solver.parameters, key, value)
     return solver
 
 

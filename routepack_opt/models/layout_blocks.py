@@ -1,0 +1,582 @@
+"""Block decomposition of the exact layout problem (SPEC §3 step 4): exact cover by (row, shard)
+blocks, with reduced-cost filtering from the set-partitioning LP, for windows small enough to
+enumerate every block (P ≤ 2).
+
+Legend: N samples, L layers, P EP ranks (= cells per block), D DP slots, G shards, R rows,
+S stages; a *block* is the set of samples of one (row, shard) pair, split into its P cells.
+
+Why. ``J[r,g]`` depends only on the samples of block (r, g) and on how they are split into the
+block's P cells (SPEC §2). So a layout is: R·G disjoint blocks covering the samples, each at its
+cheapest split, arranged into rows × shards. The cell-level models (CP-SAT, HiGHS) relax the
+stage and rank maxima to averages and stall a fraction of a percent above their bound; here
+every block cost is exact, and the search runs over whole blocks.
+
+Method (exact; every step keeps every layout that could beat the incumbent):
+1. Enumerate every feasible block B (numba): ``P ≤ |B| ≤ N − (R·G−1)·P``, tokens within
+   ``[Σlen − (R·G−1)·P·C, P·C]``, and a split into P nonempty cells of ≤ C tokens. Its cost
+   ``c(B) = min over splits Σ_s max_cell (α_s T + β_s Q) + γ Σ_l max_p W_B[l,p]`` (P = 1: the
+   block is one cell; P = 2: every split is tried). Row overheads are a constant (R·overhead).
+2. LP relaxation ``min Σ c_B λ_B`` s.t. every sample covered once, ``Σ λ_B = R·G``, solved by
+   HiGHS with column generation over the enumerated blocks; duals π, μ.
+3. For *any* π, μ and any layout, ``Σ_blocks c_B = dual + Σ_blocks rc_B`` with
+   ``dual = Σ_i π_i + μ·R·G`` and ``rc_B = c_B − Σ_{i∈B} π_i − μ``. Both objectives' makespans
+   are at least ``Σ c_B / G`` (a max, or a sum of maxima, over G shards), so a layout of
+   makespan ≤ T has ``Σ rc ≤ G·T − dual``; the LP bound is ``(dual + R·G·min(0, min rc)) / G``.
+4. For a target T: keep the blocks with ``c_B ≤ T`` and ``rc_B ≤ G·T − dual − (R·G−1)·min rc``
+   and enumerate every exact cover of the samples by R·G kept blocks with ``Σ rc ≤ G·T − dual``
+   (depth-first, the sample with fewest candidates first, candidates by increasing rc so the
+   rc test cuts a whole tail; the last block is looked up, not searched). Each cover is valued
+   at its best arrangement: ``G = 1``: Σ c (both objectives); ``sum-max`` or ``R = 1``: costs
+   sorted descending, G per row (optimal for a sum of row maxima); ``max-sum``: the min-max
+   grouping into G shards of R blocks. The best cover ≤ T, if any, is the optimum; if none,
+   T is a proved lower bound.
+5. Targets climb from the LP bound to the incumbent UB (an eighth of the gap, then doubling),
+   so the first searches keep few blocks; the last target is UB itself (the warm start).
+The reported objective is always the evaluator's score of the returned layout.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numba as nb
+import numpy as np
+
+from routepack_opt.models.layout_common import LayoutInstance, prefeasibility
+
+__all__ = ["solve_blocks", "enumerate_blocks", "block_bounds", "applicable", "BlockSet"]
+
+# Enumeration limits: blocks kept, and DFS nodes visited (work), before giving up.
+MAX_BLOCKS = 4_000_000
+MAX_NODES = 60_000_000
+# Candidates scanned per second of time limit granted to the exact cover search.
+NODES_PER_SECOND = 20_000_000
+
+
+@nb.njit(cache=True)
+def _enumerate(lengths, coef_SN, b_NLP, gamma, C, P, lo, hi, kmax, max_blocks, max_nodes):
+    """DFS over subsets in index order. Returns (count, masks, costs, split masks, nodes);
+    count = -1 when a limit was hit."""
+    N = lengths.shape[0]
+    S = coef_SN.shape[0]
+    L = b_NLP.shape[1]
+    masks = np.empty(max_blocks, dtype=np.int64)
+    costs = np.empty(max_blocks, dtype=np.float64)
+    splits = np.empty(max_blocks, dtype=np.int64)
+    # per-depth state
+    items = np.empty(N + 1, dtype=np.int64)
+    tok = np.zeros(N + 1, dtype=np.int64)
+    W = np.zeros((N + 1, L, P), dtype=np.int64)
+    A = np.zeros((N + 1, S), dtype=np.float64)
+    nxt = np.empty(N + 1, dtype=np.int64)
+    cnt = 0
+    nodes = 0
+    depth = 0
+    nxt[0] = 0
+    a_cell = np.empty(S, dtype=np.float64)
+    while depth >= 0:
+        i = nxt[depth]
+        if i >= N or depth >= kmax:
+            depth -= 1
+            continue
+        nxt[depth] = i + 1
+        t = tok[depth] + lengths[i]
+        if t > hi:
+            continue
+        nodes += 1
+        if nodes > max_nodes:
+            return -1, masks, costs, splits, nodes
+        d1 = depth + 1
+        items[depth] = i
+        tok[d1] = t
+        for l in range(L):
+            for p in range(P):
+                W[d1, l, p] = W[depth, l, p] + b_NLP[i, l, p]
+        for s in range(S):
+            A[d1, s] = A[depth, s] + coef_SN[s, i]
+        nxt[d1] = i + 1
+        depth = d1
+        k = d1
+        if k < P or t < lo:
+            continue
+        # a candidate block: items[0..k-1]
+        best = np.inf
+        best_split = 0
+        if P == 1:
+            if t <= C:
+                best = 0.0
+                for s in range(S):
+                    best += A[k, s]
+                best_split = 0
+        else:  # P == 2: item 0 in cell 0, every subset of the others too (Gray code)
+            t0 = lengths[items[0]]
+            for s in range(S):
+                a_cell[s] = coef_SN[s, items[0]]
+            sub = 0  # bits over items[1..k-1] that are in cell 0
+            ncomb = 1 << (k - 1)
+            for step in range(ncomb):
+                if step > 0:
+                    j = 0
+                    g = step
+                    while (g & 1) == 0:
+                        g >>= 1
+                        j += 1
+                    it = items[j + 1]
+                    if (sub >> j) & 1:
+                        sub &= ~(1 << j)
+                        t0 -= lengths[it]
+                        for s in range(S):
+                            a_cell[s] -= coef_SN[s, it]
+                    else:
+                        sub |= 1 << j
+                        t0 += lengths[it]
+                        for s in range(S):
+                            a_cell[s] += coef_SN[s, it]
+                if sub == ncomb - 1:  # cell 1 empty
+                    continue
+                if t0 > C or t - t0 > C:
+                    continue
+                v = 0.0
+                for s in range(S):
+                    o = A[k, s] - a_cell[s]
+                    v += a_cell[s] if a_cell[s] >= o else o
+                if v < best:
+                    best = v
+                    best_split = sub
+        if best == np.inf:
+            continue
+        ex = 0
+        for l in range(L):
+            m = 0
+            for p in range(P):
+                if W[k, l, p] > m:
+                    m = W[k, l, p]
+            ex += m
+        mask = 0
+        cell0 = 1 << items[0]
+        for j in range(k):
+            mask |= 1 << items[j]
+            if j >= 1 and (best_split >> (j - 1)) & 1:
+                cell0 |= 1 << items[j]
+        if cnt >= max_blocks:
+            return -1, masks, costs, splits, nodes
+        masks[cnt] = mask
+        costs[cnt] = best + gamma * ex
+        splits[cnt] = cell0 if P == 2 else mask
+        cnt += 1
+    return cnt, masks, costs, splits, nodes
+
+
+class BlockSet:
+    """Every feasible block of an instance: bitmasks, exact costs (µs, without row overhead)
+    and the cheapest split (bitmask of cell 0)."""
+
+    def __init__(self, masks, costs, splits, nodes, seconds):
+        self.masks, self.costs, self.splits = masks, costs, splits
+        self.nodes, self.seconds = nodes, seconds
+
+    def __len__(self):
+        return self.masks.size
+
+
+def applicable(inst: LayoutInstance) -> bool:
+    """The decomposition handles P ≤ 2 and N ≤ 30 (bitmask blocks)."""
+    return inst.topology.ep <= 2 and inst.num_samples <= 30 and prefeasibility(inst) is None
+
+
+def block_bounds(inst: LayoutInstance) -> tuple[int, int, int]:
+    """(least tokens, most tokens, most samples) of one block in any feasible layout."""
+    N, R, G, P, C = inst.num_samples, inst.rows, inst.topology.num_shards, inst.topology.ep, inst.topology.capacity
+    total = int(inst.window.lengths.sum())
+    others = R * G - 1
+    return max(0, total - others * P * C), P * C, N - others * P
+
+
+def enumerate_blocks(inst: LayoutInstance, max_blocks: int = MAX_BLOCKS,
+                     max_nodes: int = MAX_NODES) -> BlockSet | None:
+    """All feasible blocks, or None when the enumeration exceeds its limits."""
+    t0 = time.perf_counter()
+    lo, hi, kmax = block_bounds(inst)
+    P = inst.topology.ep
+    cnt, masks, costs, splits, nodes = _enumerate(
+        inst.window.lengths.astype(np.int64), np.ascontiguousarray(inst.coef_SN, dtype=np.float64),
+        np.ascontiguousarray(inst.b_NLP, dtype=np.int64), float(inst.cost.gamma),
+        int(inst.topology.capacity), int(P), int(lo), int(hi), int(kmax), int(max_blocks), int(max_nodes))
+    if cnt < 0:
+        return None
+    return BlockSet(masks[:cnt].copy(), costs[:cnt].copy(), splits[:cnt].copy(), nodes,
+                    time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------------------------
+# LP, reduced-cost filtering, integer program
+# --------------------------------------------------------------------------------------------
+
+
+def _bits(masks: np.ndarray, N: int) -> np.ndarray:
+    """[m, N] 0/1 membership of each sample in each block."""
+    return ((masks[:, None] >> np.arange(N, dtype=np.int64)[None, :]) & 1).astype(np.int8)
+
+
+class _Lp:
+    """A HiGHS model built column-wise: rows first (bounds), then columns with sparse entries."""
+
+    def __init__(self, row_lo, row_hi, time_limit: float):
+        import highspy
+
+        self.h = h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", 1)
+        h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
+        row_lo = np.asarray(row_lo, dtype=np.float64)
+        h.addRows(row_lo.size, row_lo, np.asarray(row_hi, dtype=np.float64), 0,
+                  np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float64))
+        self.num_col = 0
+
+    def add_cols(self, cost, lower, upper, cols: list[tuple[np.ndarray, np.ndarray]]):
+        starts = np.zeros(len(cols), dtype=np.int32)
+        idx, val = [], []
+        n = 0
+        for k, (ri, rv) in enumerate(cols):
+            starts[k] = n
+            idx.append(ri)
+            val.append(rv)
+            n += len(ri)
+        idx = np.concatenate(idx).astype(np.int32) if idx else np.zeros(0, np.int32)
+        val = np.concatenate(val).astype(np.float64) if val else np.zeros(0, np.float64)
+        self.h.addCols(len(cols), np.asarray(cost, np.float64), np.asarray(lower, np.float64),
+                       np.asarray(upper, np.float64), n, starts, idx, val)
+        first = self.num_col
+        self.num_col += len(cols)
+        return np.arange(first, self.num_col)
+
+
+def _lp_duals(bits: np.ndarray, cost: np.ndarray, num_blocks: int, t_end: float):
+    """Column generation for min Σ c λ, cover = 1, Σ λ = num_blocks, λ ≥ 0. Returns (π, μ,
+    LP value) — the duals of the last restricted master (valid for the filter whatever they are)."""
+    m, N = bits.shape
+    big = 10.0 * (float(np.abs(cost).max(initial=1.0)) * num_blocks + 1.0)
+    lp = _Lp(np.r_[np.ones(N), num_blocks], np.r_[np.ones(N), num_blocks], t_end - time.perf_counter())
+    # artificial columns: one per row, so every restricted master is feasible
+    lp.add_cols(np.full(N + 1, big), np.zeros(N + 1), np.full(N + 1, np.inf),
+                [(np.array([r]), np.array([1.0])) for r in range(N + 1)])
+    in_master = np.zeros(m, dtype=bool)
+    lp.h.run()
+    y = np.asarray(lp.h.getSolution().row_dual, dtype=np.float64)
+    pi, mu = y[:N], float(y[N])
+    value = math.inf
+    for _ in range(200):
+        rc = cost - bits @ pi - mu
+        rc[in_master] = np.inf
+        cand = np.flatnonzero(rc < -1e-9 * (1.0 + abs(value) if math.isfinite(value) else 1.0))
+        if cand.size == 0:
+            break
+        if cand.size > 3000:
+            cand = cand[np.argpartition(rc[cand], 3000)[:3000]]
+        in_master[cand] = True
+        cols = [(np.r_[np.flatnonzero(bits[j]), N], np.ones(int(bits[j].sum()) + 1)) for j in cand]
+        lp.add_cols(cost[cand], np.zeros(cand.size), np.full(cand.size, np.inf), cols)
+        lp.h.setOptionValue("time_limit", float(max(t_end - time.perf_counter(), 0.01)))
+        lp.h.run()
+        sol = lp.h.getSolution()
+        y = np.asarray(sol.row_dual, dtype=np.float64)
+        pi, mu = y[:N], float(y[N])
+        value = lp.h.getInfo().objective_function_value
+        if time.perf_counter() > t_end:
+            break
+    return pi, mu
+
+
+def solve_blocks(inst: LayoutInstance, time_limit: float, start, blocks: BlockSet | None = None):
+    """The block decomposition (module docstring). ``start``: a feasible layout (row_N, slot_N),
+    the first upper bound UB. Targets T between the LP bound and UB are tried in turn (step 5 of
+    the module docstring). Returns a dict: ``layout`` (the best layout found, or None),
+    ``status`` ("optimal" when the optimum — the returned layout or ``start`` — is proved,
+    "unknown" otherwise), ``bound`` (µs, valid for every layout), ``info``."""
+    t0 = time.perf_counter()
+    t_end = t0 + time_limit
+    if blocks is None:
+        blocks = enumerate_blocks(inst)
+    info = {"blocks": None if blocks is None else len(blocks)}
+    if blocks is None or len(blocks) == 0:
+        return {"status": "unknown", "layout": None, "bound": -math.inf, "info": info}
+    topo = inst.topology
+    N, R, G = inst.num_samples, inst.rows, topo.num_shards
+    const = inst.constant()
+    unit = max(inst.lower_bound() - const, 1e-9) / 1000.0  # costs O(10³): HiGHS tolerances are absolute
+    cost = blocks.costs / unit
+    bits = _bits(blocks.masks, N)
+    nb_ = R * G
+    pi, mu = _lp_duals(bits, cost, nb_, t_end)
+    rc = cost - bits @ pi - mu
+    dual = float(pi.sum() + mu * nb_)
+    rc_min = min(0.0, float(rc.min()))
+    # Σ c ≥ dual + Σ rc over the R·G blocks of any layout; makespan ≥ Σ c / G
+    lo = (dual + nb_ * rc_min) / G
+    best_layout = tuple(np.asarray(a, dtype=np.int64) for a in start)
+    upper = inst.score(*best_layout).makespan
+    ub = (upper - const) / unit
+    tol = 1e-9 * (1.0 + abs(ub))
+    info.update(lp_bound_us=lo * unit + const, enumerate_s=blocks.seconds, targets=[])
+    status = "unknown"
+    frac = 0.125
+    while time.perf_counter() < t_end:
+        if lo >= ub - tol:
+            status = "optimal"
+            break
+        final = frac >= 1.0
+        T = ub if final else lo + frac * (ub - lo)
+        # blocks a layout of makespan ≤ T can use: rc small enough, and no block above T
+        keep = np.flatnonzero((rc <= G * T - dual - (nb_ - 1) * rc_min + tol) & (cost <= T + tol))
+        if keep.size == 0:  # no block fits: no layout of makespan ≤ T
+            lo, frac = max(lo, T), min(1.0, 2 * frac)
+            continue
+        budget = max(t_end - time.perf_counter(), 0.0)
+        res = _solve_cover(inst, bits[keep], blocks.masks[keep], cost[keep], rc[keep], dual, rc_min,
+                           T, int(NODES_PER_SECOND * budget) + 1000)
+        info["targets"].append((round(T * unit + const, 3), int(keep.size), res["complete"],
+                                res["found"], res["nodes"], round(res["seconds"], 2)))
+        if res["found"]:
+            lay = _layout(inst, blocks, keep[res["chosen"]], cost[keep[res["chosen"]]])
+            v = inst.score(*lay).makespan
+            if v < upper:
+                best_layout, upper = lay, v
+                ub = min(ub, (v - const) / unit)
+        if not res["complete"]:  # out of time: the bound stays at the last target ruled out
+            break
+        if res["found"]:  # the best layout of makespan ≤ T, hence the optimum
+            status = "optimal"
+            break
+        lo, frac = max(lo, T), min(1.0, 2 * frac)  # no layout of makespan ≤ T
+    bound = (ub if status == "optimal" else lo) * unit + const - 1e-9 * abs(upper)
+    if status == "optimal":
+        bound = upper - 1e-9 * abs(upper)
+    return {"status": status, "layout": best_layout, "bound": min(bound, upper), "info": info}
+
+
+def _kind(inst: LayoutInstance) -> str:
+    """The master's form: "sum" (G = 1: both objectives are Σ_r J[r]), "row" (sum-max, or any
+    objective with R = 1: the makespan is Σ_r max over the row's blocks), "shard" (max-sum)."""
+    if inst.topology.num_shards == 1:
+        return "sum"
+    if inst.objective == "sum-max" or inst.rows == 1:
+        return "row"
+    return "shard"
+
+
+def _arrange(inst: LayoutInstance, costs: np.ndarray) -> list[tuple[int, int]]:
+    """(row, shard) of each chosen block, arranged as ``_group_value`` values them."""
+    R, G = inst.rows, inst.topology.num_shards
+    kind = _kind(inst)
+    order = np.argsort(-costs, kind="stable")
+    cells = [None] * costs.size
+    if kind == "sum":
+        for r, k in enumerate(order):
+            cells[k] = (r, 0)
+    elif kind == "row":  # descending, G consecutive blocks per row
+        for n, k in enumerate(order):
+            cells[k] = (n // G, n % G)
+    else:  # shards of R blocks: min-max grouping by enumeration (R·G is small)
+        import itertools
+
+        best, best_groups = math.inf, None
+        idx = list(range(costs.size))
+
+        def groups(rest):
+            if not rest:
+                yield []
+                return
+            first = rest[0]
+            for comb in itertools.combinations(rest[1:], R - 1):
+                grp = (first,) + comb
+                for tail in groups([i for i in rest if i not in grp]):
+                    yield [grp] + tail
+        for gs in groups(idx):
+            v = max(costs[list(g)].sum() for g in gs)
+            if v < best:
+                best, best_groups = v, gs
+        for g, grp in enumerate(best_groups):
+            for r, k in enumerate(grp):
+                cells[k] = (r, g)
+    return cells
+
+
+def _layout(inst: LayoutInstance, blocks: BlockSet, chosen: np.ndarray, costs: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Row and slot of every sample from the chosen blocks (ids into ``blocks``)."""
+    topo = inst.topology
+    N, P = inst.num_samples, topo.ep
+    S = topo.slots_of_shard()
+    row_N = np.full(N, -1, dtype=np.int64)
+    slot_N = np.full(N, -1, dtype=np.int64)
+    for (r, g), b in zip(_arrange(inst, costs), chosen):
+        mask, cell0 = int(blocks.masks[b]), int(blocks.splits[b])
+        for i in range(N):
+            if (mask >> i) & 1:
+                row_N[i] = r
+                slot_N[i] = S[g, 0 if (P == 1 or (cell0 >> i) & 1) else 1]
+    return row_N, slot_N
+
+
+@nb.njit(cache=True)
+def _popcount(x):
+    c = 0
+    while x:
+        x &= x - 1
+        c += 1
+    return c
+
+
+@nb.njit(cache=True)
+def _group_value(vals, kind, G, R, best_cut):
+    """Makespan of R·G block costs arranged at best: kind 0 = Σ (G = 1); 1 = Σ_r max over rows of
+    G (sorted descending, consecutive chunks: optimal for a sum of group maxima); 2 = max over G
+    shards of R (min-max grouping by DFS)."""
+    n = vals.shape[0]
+    if kind == 0:
+        return vals.sum()
+    v = np.sort(vals)[::-1]
+    if kind == 1:
+        tot = 0.0
+        for r in range(n // G):
+            tot += v[r * G]
+        return tot
+    # kind 2: shards of R blocks each, minimise the largest shard sum (DFS, largest first)
+    load = np.zeros(G)
+    cnt = np.zeros(G, dtype=np.int64)
+    assign = np.full(n, -1, dtype=np.int64)
+    best = best_cut
+    k = 0
+    while k >= 0:
+        if k == n:
+            m = load.max()
+            if m < best:
+                best = m
+            k -= 1
+            continue
+        g = assign[k]
+        if g >= 0:  # undo
+            load[g] -= v[k]
+            cnt[g] -= 1
+        g += 1
+        placed = False
+        while g < G:
+            # symmetry: an empty shard only if it is the first empty one
+            if cnt[g] < R and load[g] + v[k] < best and (cnt[g] > 0 or g == 0 or cnt[g - 1] > 0):
+                placed = True
+                break
+            g += 1
+        if not placed:
+            assign[k] = -1
+            k -= 1
+            continue
+        assign[k] = g
+        load[g] += v[k]
+        cnt[g] += 1
+        k += 1
+    return best
+
+
+@nb.njit(cache=True)
+def _cover_dfs(masks, cost, rc, sorted_masks, sorted_ids, lists_start, lists_idx, pick_order,
+               full, nblocks, P, kmax,
+               slack0, dual, rc_min, G, R, kind, cutoff, node_limit):
+    """Every exact cover of the samples by ``nblocks`` kept blocks with Σ rc ≤ slack (each
+    sample's candidate list sorted by rc), arranged at best by ``_group_value``. Returns (best
+    value, chosen block ids, nodes, complete)."""
+    N = pick_order.shape[0]
+    chosen = np.empty(nblocks, dtype=np.int64)
+    ptr = np.zeros(nblocks + 1, dtype=np.int64)
+    sample_at = np.empty(nblocks + 1, dtype=np.int64)
+    covered = np.zeros(nblocks + 1, dtype=np.int64)
+    rcsum = np.zeros(nblocks + 1)
+    best = cutoff
+    best_chosen = np.full(nblocks, -1, dtype=np.int64)
+    vals = np.empty(nblocks)
+    slack = slack0
+    nodes = 0
+    d = 0
+    # first uncovered sample at depth 0
+    sample_at[0] = pick_order[0]
+    ptr[0] = lists_start[pick_order[0]]
+    while d >= 0:
+        i = sample_at[d]
+        end = lists_start[i + 1]
+        advanced = False
+        while ptr[d] < end:
+            j = lists_idx[ptr[d]]
+            ptr[d] += 1
+            nodes += 1
+            if nodes > node_limit:
+                return best, best_chosen, nodes, False
+            if rcsum[d] + rc[j] + (nblocks - d - 1) * rc_min > slack:
+                ptr[d] = end
+                break
+            mj = masks[j]
+            if mj & covered[d]:
+                continue
+            cov = covered[d] | mj
+            left = nblocks - d - 1
+            rem = _popcount(full & ~cov)
+            if rem < P * left or rem > kmax * left:
+                continue
+            chosen[d] = j
+            if left <= 1:
+                if left == 1:  # the last block is forced: the remaining samples, if a kept block
+                    rest = full & ~cov
+                    pos = np.searchsorted(sorted_masks, rest)
+                    if pos >= sorted_masks.shape[0] or sorted_masks[pos] != rest:
+                        continue
+                    j2 = sorted_ids[pos]
+                    if rcsum[d] + rc[j] + rc[j2] > slack:
+                        continue
+                    chosen[d + 1] = j2
+                for k in range(nblocks):
+                    vals[k] = cost[chosen[k]]
+                v = _group_value(vals, kind, G, R, best)
+                if v < best:
+                    best = v
+                    best_chosen[:] = chosen
+                    slack = min(slack, G * v - dual)
+                continue
+            covered[d + 1] = cov
+            rcsum[d + 1] = rcsum[d] + rc[j]
+            for n in range(N):
+                s = pick_order[n]
+                if not (cov >> s) & 1:
+                    sample_at[d + 1] = s
+                    break
+            ptr[d + 1] = lists_start[sample_at[d + 1]]
+            d += 1
+            advanced = True
+            break
+        if not advanced:
+            d -= 1
+    return best, best_chosen, nodes, True
+
+
+def _solve_cover(inst: LayoutInstance, bits, masks, cost, rc, dual, rc_min, T, node_limit):
+    """Exact search for the best layout of makespan ≤ T over the kept blocks (``_cover_dfs``)."""
+    t0 = time.perf_counter()
+    topo = inst.topology
+    N, R, G, P = inst.num_samples, inst.rows, topo.num_shards, topo.ep
+    kind = _kind(inst)
+    lists, start = [], [0]
+    for i in range(N):
+        idx = np.flatnonzero(bits[:, i])
+        idx = idx[np.argsort(rc[idx], kind="stable")]
+        lists.append(idx)
+        start.append(start[-1] + idx.size)
+    pick_order = np.argsort([len(x) for x in lists], kind="stable").astype(np.int64)
+    lo, hi, kmax = block_bounds(inst)
+    tol = 1e-9 * (1.0 + abs(G * T))
+    sorted_ids = np.argsort(masks, kind="stable").astype(np.int64)
+    best, chosen, nodes, complete = _cover_dfs(
+        masks, cost, rc, masks[sorted_ids], sorted_ids, np.array(start, dtype=np.int64),
+        np.concatenate(lists).astype(np.int64) if lists else np.zeros(0, np.int64), pick_order,
+        (1 << N) - 1, R * G, P, kmax, G * T - dual + tol, dual, rc_min, G, R,
+        {"sum": 0, "row": 1, "shard": 2}[kind], T + tol, node_limit)
+    found = bool(chosen[0] >= 0)
+    return {"found": found, "value": best if found else None, "chosen": chosen if found else None,
+            "complete": complete, "nodes": int(nodes), "seconds": time.perf_counter() - t0}
