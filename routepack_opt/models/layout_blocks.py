@@ -47,9 +47,10 @@ from routepack_opt.models.layout_common import LayoutInstance, prefeasibility
 
 __all__ = ["solve_blocks", "enumerate_blocks", "block_bounds", "applicable", "BlockSet"]
 
-# Enumeration limits: blocks kept, and DFS nodes visited (work), before giving up.
+# Enumeration limits: blocks kept, and work (subsets visited + splits tried) per second of the
+# time granted, before giving up.
 MAX_BLOCKS = 4_000_000
-MAX_NODES = 60_000_000
+WORK_PER_SECOND = 50_000_000
 # Candidates scanned per second of time limit granted to the exact cover search.
 NODES_PER_SECOND = 20_000_000
 
@@ -115,6 +116,9 @@ def _enumerate(lengths, coef_SN, b_NLP, gamma, C, P, lo, hi, kmax, max_blocks, m
                 a_cell[s] = coef_SN[s, items[0]]
             sub = 0  # bits over items[1..k-1] that are in cell 0
             ncomb = 1 << (k - 1)
+            nodes += ncomb
+            if nodes > max_nodes:
+                return -1, masks, costs, splits, nodes
             for step in range(ncomb):
                 if step > 0:
                     j = 0
@@ -193,9 +197,11 @@ def block_bounds(inst: LayoutInstance) -> tuple[int, int, int]:
     return max(0, total - others * P * C), P * C, N - others * P
 
 
-def enumerate_blocks(inst: LayoutInstance, max_blocks: int = MAX_BLOCKS,
-                     max_nodes: int = MAX_NODES) -> BlockSet | None:
-    """All feasible blocks, or None when the enumeration exceeds its limits."""
+def enumerate_blocks(inst: LayoutInstance, time_limit: float = 60.0, max_blocks: int = MAX_BLOCKS
+                     ) -> BlockSet | None:
+    """All feasible blocks, or None when the enumeration exceeds its limits (``max_blocks``
+    blocks, or ``WORK_PER_SECOND · time_limit`` subsets and splits)."""
+    max_nodes = int(WORK_PER_SECOND * time_limit) + 1000
     t0 = time.perf_counter()
     lo, hi, kmax = block_bounds(inst)
     P = inst.topology.ep
@@ -205,7 +211,7 @@ def enumerate_blocks(inst: LayoutInstance, max_blocks: int = MAX_BLOCKS,
         int(inst.topology.capacity), int(P), int(lo), int(hi), int(kmax), int(max_blocks), int(max_nodes))
     if cnt < 0:
         return None
-    return BlockSet(masks[:cnt].copy(), costs[:cnt].copy(), splits[:cnt].copy(), nodes,
+    return BlockSet(masks[:cnt].copy(), costs[:cnt].copy(), splits[:cnt].copy(), int(nodes),
                     time.perf_counter() - t0)
 
 
@@ -297,7 +303,7 @@ def solve_blocks(inst: LayoutInstance, time_limit: float, start, blocks: BlockSe
     t0 = time.perf_counter()
     t_end = t0 + time_limit
     if blocks is None:
-        blocks = enumerate_blocks(inst)
+        blocks = enumerate_blocks(inst, 0.5 * time_limit)
     info = {"blocks": None if blocks is None else len(blocks)}
     if blocks is None or len(blocks) == 0:
         return {"status": "unknown", "layout": None, "bound": -math.inf, "info": info}
