@@ -16,6 +16,9 @@ Model (one constraint family per function below):
     lexicographic stage 2: makespan ≤ stage-1 value; minimise Σ_{r,g} J[r,g]
 plus min-index symmetry breaking (:mod:`routepack_opt.models.layout_common`).
 
+:func:`solve_cpsat` runs this model inside a fixed sequence (block decomposition where it
+applies, then one fixed-search worker, then the portfolio; see its docstring).
+
 Integer scaling. CP-SAT needs integer coefficients. The unit is ``u = γ/K`` µs for an integer K
 (so the expert term ``K · M`` is exact: M counts tokens), chosen so that ``u`` ≤ the target
 ``2·rel_error·LB / (S·n)``; attention coefficients are rounded, ``a'_si = round(a_si/u)``.
