@@ -33,6 +33,11 @@ Method (exact; every step keeps every layout that could beat the incumbent):
 5. Targets climb from the LP bound to the incumbent UB (an eighth of the gap, then doubling),
    so the first searches keep few blocks; the last target is UB itself (the warm start).
 The reported objective is always the evaluator's score of the returned layout.
+
+Sources: the set-partitioning LP over enumerated columns is the Dantzig–Wolfe / Gilmore–Gomory
+master (column generation); enumerating every column whose reduced cost is below the gap
+between an upper bound and the dual bound, then solving over those columns only, is the exact
+scheme of Baldacci, Christofides & Mingozzi (2008, set-partitioning VRP).
 """
 
 from __future__ import annotations
@@ -191,7 +196,8 @@ def applicable(inst: LayoutInstance) -> bool:
 
 def block_bounds(inst: LayoutInstance) -> tuple[int, int, int]:
     """(least tokens, most tokens, most samples) of one block in any feasible layout."""
-    N, R, G, P, C = inst.num_samples, inst.rows, inst.topology.num_shards, inst.topology.ep, inst.topology.capacity
+    topo = inst.topology
+    N, R, G, P, C = inst.num_samples, inst.rows, topo.num_shards, topo.ep, topo.capacity
     total = int(inst.window.lengths.sum())
     others = R * G - 1
     return max(0, total - others * P * C), P * C, N - others * P

@@ -147,9 +147,9 @@ def _combine(inst: LayoutInstance, res: LayoutResult, done: list[dict], t0: floa
              last: str) -> LayoutResult:
     """The last CP-SAT phase's answer with the earlier phases': the best layout, the best bound;
     optimal when they meet (within CP-SAT's rounding error)."""
-    if not done or res.status == "infeasible":
-        return dataclasses.replace(res, info=dict(res.info, method="+".join([d["phase"] for d in done] + [last])))
     info = dict(res.info, method="+".join([d["phase"] for d in done] + [last]))
+    if not done or res.status == "infeasible":
+        return dataclasses.replace(res, info=info)
     for d in done:
         info[d["phase"]] = d["info"]
     layout = res.layout
