@@ -471,3 +471,36 @@ def test_default_procedure_blocks_then_cpsat(objective, brute, monkeypatch):
     assert res.status == "optimal" and res.info["method"].startswith("blocks+")
     assert abs(res.objective - ref.objective) <= _tol(res, ref.objective)
     assert res.bound <= ref.objective * (1 + 1e-9)
+
+
+def test_block_grouping_values_match_enumeration():
+    """The cover search values R·G block costs at their best arrangement: sum-max's sorted chunks
+    and max-sum's min-max grouping equal an enumeration of every arrangement."""
+    import itertools
+
+    from routepack_opt.models.layout_blocks import _group_value
+
+    rng = np.random.default_rng(0)
+    for R, G in [(2, 2), (3, 2), (2, 3), (1, 3), (4, 2)]:
+        for _ in range(5):
+            vals = rng.integers(1, 50, R * G).astype(np.float64)
+            best_rows = best_shards = np.inf
+            for perm in itertools.permutations(range(R * G)):
+                grid = vals[list(perm)].reshape(R, G)  # grid[r, g]
+                best_rows = min(best_rows, grid.max(axis=1).sum())
+                best_shards = min(best_shards, grid.sum(axis=0).max())
+            assert _group_value(vals, 1, G, R, np.inf) == pytest.approx(best_rows)
+            assert _group_value(vals, 2, G, R, np.inf) == pytest.approx(best_shards)
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_default_procedure_p4_fixed_then_portfolio(objective):
+    """P = 4 (no decomposition): the fixed-search worker, then the portfolio, prove the
+    brute-force optimum from a poor warm start."""
+    case = (8, 4, 4, 1, 40, 4)
+    inst = _instance(case, objective)
+    ref = brute_force_layout(inst)
+    res = _solve(inst, "cpsat", warm_start=_poor_start(inst, 2))
+    assert res.status == "optimal" and res.info["method"] in ("fixed", "fixed+portfolio")
+    assert abs(res.objective - ref.objective) <= _tol(res, ref.objective)
+    assert res.bound <= ref.objective * (1 + 1e-9)
