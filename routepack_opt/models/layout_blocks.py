@@ -222,7 +222,7 @@ def enumerate_blocks(inst: LayoutInstance, time_limit: float = 60.0, max_blocks:
 
 
 # --------------------------------------------------------------------------------------------
-# LP, reduced-cost filtering, integer program
+# LP duals, targets, and the exact cover search
 # --------------------------------------------------------------------------------------------
 
 
@@ -265,8 +265,9 @@ class _Lp:
 
 
 def _lp_duals(bits: np.ndarray, cost: np.ndarray, num_blocks: int, t_end: float):
-    """Column generation for min Σ c λ, cover = 1, Σ λ = num_blocks, λ ≥ 0. Returns (π, μ,
-    LP value) — the duals of the last restricted master (valid for the filter whatever they are)."""
+    """Column generation for min Σ c λ, cover = 1, Σ λ = num_blocks, λ ≥ 0, over the enumerated
+    blocks. Returns (π, μ), the duals of the last restricted master: the filter's identity holds
+    for any duals; converged ones make it tight."""
     m, N = bits.shape
     big = 10.0 * (float(np.abs(cost).max(initial=1.0)) * num_blocks + 1.0)
     lp = _Lp(np.r_[np.ones(N), num_blocks], np.r_[np.ones(N), num_blocks], t_end - time.perf_counter())
