@@ -190,8 +190,10 @@ class BlockSet:
 
 
 def applicable(inst: LayoutInstance) -> bool:
-    """The decomposition handles P ≤ 2 and N ≤ 30 (bitmask blocks)."""
-    return inst.topology.ep <= 2 and inst.num_samples <= 30 and prefeasibility(inst) is None
+    """The decomposition handles P ≤ 2 and N ≤ 30 (bitmask blocks), and for max-sum with R, G > 1
+    at most 12 blocks (each cover's min-max grouping into shards is searched exhaustively)."""
+    small = _kind(inst) != "shard" or inst.rows * inst.topology.num_shards <= 12
+    return inst.topology.ep <= 2 and inst.num_samples <= 30 and small and prefeasibility(inst) is None
 
 
 def block_bounds(inst: LayoutInstance) -> tuple[int, int, int]:
