@@ -299,6 +299,24 @@ def summarise(recs: list[dict], total: int, elapsed: float | None = None, shippe
     return "\n".join(lines) + "\n"
 
 
+def run_resumable(todo, jl: Path, md: Path, run, summary, describe) -> tuple[list[dict], float]:
+    """Run the windows of ``todo`` not yet in ``jl`` (one JSON line each, appended as they finish,
+    so an interrupted study resumes), rewriting ``md`` with ``summary(recs, seconds)`` after each."""
+    recs = load(jl)
+    done = {r["id"] for r in recs}
+    t0 = time.perf_counter()
+    for spec in todo:
+        if spec[0] in done:
+            continue
+        rec = run(spec)
+        recs.append(rec)
+        with jl.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        md.write_text(summary(recs, time.perf_counter() - t0))
+        print(describe(rec), flush=True)
+    return recs, time.perf_counter() - t0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -310,22 +328,17 @@ def main():
         stem = f"exact_study_n{args.max_n}"
         jl, md = RESULTS / f"{stem}.jsonl", RESULTS / f"{stem}.md"
         todo = [w for w in windows() if w[2] <= args.max_n]
-        recs = load(jl)
-        done = {r["id"] for r in recs}
-        t0 = time.perf_counter()
-        for spec in todo:
-            if spec[0] in done:
-                continue
-            rec = run_window(*spec, shipped=True)
-            recs.append(rec)
-            with jl.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
-            md.write_text(summarise(recs, len(todo), time.perf_counter() - t0, shipped=True))
+
+        def describe(rec):
             c = rec["cpsat"]
-            print(f"{rec['id']} N={rec['N']} {rec['D']}x{rec['P']} R={rec['R']} {rec['objective']}: "
-                  f"{c['status']} {c['seconds']:.1f}s {c['method']} gap {c['gap']:.2e}, "
-                  f"anneal gap {rec['anneal_gap']:.4%}", flush=True)
-        md.write_text(summarise(recs, len(todo), time.perf_counter() - t0, shipped=True) + crosscheck_md(recs))
+            return (f"{rec['id']} N={rec['N']} {rec['D']}x{rec['P']} R={rec['R']} {rec['objective']}: "
+                    f"{c['status']} {c['seconds']:.1f}s {c['method']} gap {c['gap']:.2e}, "
+                    f"anneal gap {rec['anneal_gap']:.4%}")
+
+        recs, secs = run_resumable(todo, jl, md, lambda spec: run_window(*spec, shipped=True),
+                                   lambda recs, t: summarise(recs, len(todo), t, shipped=True),
+                                   describe)
+        md.write_text(summarise(recs, len(todo), secs, shipped=True) + crosscheck_md(recs))
         return
     if args.addendum:
         recs = {r["id"]: r for r in load(RESULTS / "exact_study.jsonl")}
@@ -346,22 +359,16 @@ def main():
     stem = "exact_study_quick" if args.quick else "exact_study"
     jl, md = RESULTS / f"{stem}.jsonl", RESULTS / f"{stem}.md"
     todo = windows(args.quick)
-    recs = load(jl)
-    done = {r["id"] for r in recs}
-    t0 = time.perf_counter()
-    for spec in todo:
-        if spec[0] in done:
-            continue
-        rec = run_window(*spec, quick=args.quick)
-        recs.append(rec)
-        with jl.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
-        md.write_text(summarise(recs, len(todo), time.perf_counter() - t0))
+
+    def describe(rec):
         c, h = rec.get("cpsat", {}), rec.get("highs", {})
-        print(f"{rec['id']} {rec['preset']} N={rec['N']} D={rec['D']} P={rec['P']} R={rec['R']} {rec['objective']}: "
-              f"cpsat {c.get('status')} {c.get('seconds', 0):.1f}s, highs {h.get('status')} {h.get('seconds', 0):.1f}s, "
-              f"anneal gap {rec['anneal_gap']:.4%}", flush=True)
-    md.write_text(summarise(recs, len(todo), time.perf_counter() - t0))
+        return (f"{rec['id']} {rec['preset']} N={rec['N']} D={rec['D']} P={rec['P']} R={rec['R']} "
+                f"{rec['objective']}: cpsat {c.get('status')} {c.get('seconds', 0):.1f}s, highs "
+                f"{h.get('status')} {h.get('seconds', 0):.1f}s, anneal gap {rec['anneal_gap']:.4%}")
+
+    recs, secs = run_resumable(todo, jl, md, lambda spec: run_window(*spec, quick=args.quick),
+                               lambda recs, t: summarise(recs, len(todo), t), describe)
+    md.write_text(summarise(recs, len(todo), secs))
 
 
 if __name__ == "__main__":
