@@ -380,7 +380,8 @@ def _narrow_impl(x, w):
     return lambda x, w: np.int64(x)
 
 
-# The expert kernels below run twice per proposal and dominate the search. W and b are stored
+# The expert kernels below dominate the search (one per evaluated move between blocks; a
+# relocation is a swap with the zero row b[N], so one kernel serves both). W and b are stored
 # rank-major (index p·L + l) with the ranks zero-padded to a multiple of 8 (``nb`` blocks of 8;
 # zero ranks never change a maximum because every W + Δ is ≥ 0). For one block (P ≤ 8, the usual
 # case) each layer's maximum over the 8 ranks is one expression, so the loop over the L layers
@@ -424,62 +425,10 @@ def _msum_add(W, x, b, i, L, nb, m):
 
 
 @njit(cache=True, _nrt=False)
-def _msum_move(W, A, B, b, i, L, nb, m):
-    """(Σ_l max_p (W[A] − b[i]), Σ_l max_p (W[B] + b[i])) in one pass (relocation A → B);
-    ``m`` holds 2L scratch entries."""
-    au = np.uint64(A)
-    bu = np.uint64(B)
-    iu = np.uint64(i)
-    L1 = np.uint64(L)
-    sa = 0
-    sb = 0
-    for k in range(nb):
-        o = np.uint64(8 * k) * L1
-        for l in range(L):
-            q0 = o + np.uint64(l)
-            q1 = q0 + L1
-            q2 = q1 + L1
-            q3 = q2 + L1
-            q4 = q3 + L1
-            q5 = q4 + L1
-            q6 = q5 + L1
-            q7 = q6 + L1
-            c0 = b[iu, q0]
-            c1 = b[iu, q1]
-            c2 = b[iu, q2]
-            c3 = b[iu, q3]
-            c4 = b[iu, q4]
-            c5 = b[iu, q5]
-            c6 = b[iu, q6]
-            c7 = b[iu, q7]
-            va = max(max(max(_narrow(W[au, q0] - c0, W), _narrow(W[au, q1] - c1, W)),
-                         max(_narrow(W[au, q2] - c2, W), _narrow(W[au, q3] - c3, W))),
-                     max(max(_narrow(W[au, q4] - c4, W), _narrow(W[au, q5] - c5, W)),
-                         max(_narrow(W[au, q6] - c6, W), _narrow(W[au, q7] - c7, W))))
-            vb = max(max(max(_narrow(W[bu, q0] + c0, W), _narrow(W[bu, q1] + c1, W)),
-                         max(_narrow(W[bu, q2] + c2, W), _narrow(W[bu, q3] + c3, W))),
-                     max(max(_narrow(W[bu, q4] + c4, W), _narrow(W[bu, q5] + c5, W)),
-                         max(_narrow(W[bu, q6] + c6, W), _narrow(W[bu, q7] + c7, W))))
-            if nb == 1:
-                sa += va
-                sb += vb
-            elif k == 0:
-                m[l] = va
-                m[L + l] = vb
-            else:
-                m[l] = max(m[l], va)
-                m[L + l] = max(m[L + l], vb)
-    if nb > 1:
-        for l in range(L):
-            sa += m[l]
-            sb += m[L + l]
-    return sa, sb
-
-
-@njit(cache=True, _nrt=False)
 def _msum_swap(W, A, B, b, i, j, L, nb, m):
     """(Σ_l max_p (W[A] − b[i] + b[j]), Σ_l max_p (W[B] + b[i] − b[j])) in one pass (i in A
-    swaps with j in B); ``m`` holds 2L scratch entries."""
+    swaps with j in B; j = N, the zero row, relocates i from A to B); ``m`` holds 2L scratch
+    entries."""
     au = np.uint64(A)
     bu = np.uint64(B)
     iu = np.uint64(i)
@@ -543,18 +492,6 @@ def _msum(W, x, L, P, m):
     for l in range(L):
         s += m[l]
     return s
-
-
-@njit(cache=True, _nrt=False)
-def _w_move(W, A, B, b, i, n):
-    """W[A] −= b[i]; W[B] += b[i]."""
-    au = np.uint64(A)
-    bu = np.uint64(B)
-    iu = np.uint64(i)
-    for o in range(n):
-        q = np.uint64(o)
-        W[au, q] -= b[iu, q]
-        W[bu, q] += b[iu, q]
 
 
 @njit(cache=True, _nrt=False)
@@ -1074,10 +1011,8 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         else:
             attA = _attn_one(At, A, a, Ta, Qa, alpha, beta)
             attB = _attn_one(At, B, bc, Tb, Qb, alpha, beta)
-            if swap:
-                MA, MB = _msum_swap(W, A, B, b, i, j, L, nb, m)
-            else:
-                MA, MB = _msum_move(W, A, B, b, i, L, nb, m)
+            # a relocation is a swap with the zero row b[N] (see _Problem)
+            MA, MB = _msum_swap(W, A, B, b, i, j if swap else N, L, nb, m)
             JA = (attA + gamma * np.float64(MA)) + ovh
             JB = (attB + gamma * np.float64(MB)) + ovh
             dms, dtot, dpk = _delta(J, colsum, rowmax, agg, ra, ga, JA, rb, gb, JB, G, objective)
@@ -1131,10 +1066,7 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         _attn_top2(T, Q, ra, ga, Ps, alpha, beta, D, At, A)
         if A != B:
             _attn_top2(T, Q, rb, gb, Ps, alpha, beta, D, At, B)
-            if swap:
-                _w_swap(W, A, B, b, i, j, L * P)
-            else:
-                _w_move(W, A, B, b, i, L * P)
+            _w_swap(W, A, B, b, i, j if swap else N, L * P)
             Msum[A] = MA
             Msum[B] = MB
             J[B] = JB
@@ -1321,9 +1253,10 @@ class _Problem:
         # rank-major rows b[i, p·L + l] (see the expert kernels)
         # ranks zero-padded to Pp = 8·⌈P/8⌉ (see the expert kernels)
         Pp = 8 * ((P + 7) // 8)
-        b_NPL = np.zeros((N, Pp, L), dtype=dtype)
-        b_NPL[:, :P, :] = b_NLP.transpose(0, 2, 1)
-        self.b = b_NPL.reshape(N, Pp * L)
+        # one extra zero row b[N]: a relocation of i is evaluated as a swap of i with it
+        b_NPL = np.zeros((N + 1, Pp, L), dtype=dtype)
+        b_NPL[:N, :P, :] = b_NLP.transpose(0, 2, 1)
+        self.b = b_NPL.reshape(N + 1, Pp * L)
         self.Pp = Pp
         self.lengths = lengths
         self.len2 = lengths * lengths
@@ -1348,7 +1281,7 @@ class _Problem:
         self.n_le = np.searchsorted(lengths, np.arange(C + 1), side="right").astype(np.int32)
 
     def b_NLP(self) -> np.ndarray:
-        return self.b.reshape(self.N, self.Pp, self.L)[:, :self.P, :].transpose(0, 2, 1)
+        return self.b[:self.N].reshape(self.N, self.Pp, self.L)[:, :self.P, :].transpose(0, 2, 1)
 
     def consts(self):
         return (self.lengths, self.len2, self.b, self.shard_D, self.slots_GP, self.alpha,
