@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from pathlib import Path
 
-from routepack_opt.errors import InputError
+from routepack_opt.errors import InputError, load_document
 
 __all__ = ["Stage", "CostModel", "ModelConfig", "Preset", "PRESETS", "get_preset", "load_cost",
            "save_cost", "resolve_cost"]
@@ -130,17 +129,7 @@ def _toml_str(s: str) -> str:
 
 
 def load_cost(path: str | Path) -> CostModel:
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such cost file")
-    try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid TOML ({exc})") from None
-    try:
-        return CostModel.from_dict(data, name=path.stem)
-    except InputError as exc:
-        raise InputError(f"{path}: {exc}") from None
+    return load_document(path, "cost", "toml", lambda d: CostModel.from_dict(d, name=Path(path).stem))
 
 
 def save_cost(cost: CostModel, path: str | Path) -> None:

@@ -16,3 +16,27 @@ class InputError(RoutePackError, ValueError):
 
 class InfeasibleError(RoutePackError):
     """No feasible layout exists for the given window, topology and rows."""
+
+
+def load_document(path, what: str, fmt: str, build):
+    """``build(data)`` of the TOML (``fmt="toml"``) or JSON (``"json"``) file at ``path``. A
+    missing, unreadable or malformed file, or data ``build`` rejects, is one InputError that
+    names the file (``what``: the kind of file, for the message)."""
+    import json
+    import tomllib
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such {what} file")
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if fmt == "toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid {fmt.upper()} ({exc})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the {what} file ({exc.strerror})") from None
+    try:
+        return build(data)
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from routepack_opt.errors import InputError
+from routepack_opt.errors import InputError, load_document
 from routepack_opt.topology import Topology
 
 __all__ = ["Plan", "load_plan", "PLAN_FORMAT", "cells_from_assignment", "assignment_from_cells",
@@ -217,14 +217,4 @@ def _jsonable(x):
 
 
 def load_plan(path: str | Path, num_samples: int | None = None) -> Plan:
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such plan file")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from None
-    try:
-        return Plan.from_json(data, num_samples=num_samples)
-    except InputError as exc:
-        raise InputError(f"{path}: {exc}") from None
+    return load_document(path, "plan", "json", lambda d: Plan.from_json(d, num_samples=num_samples))

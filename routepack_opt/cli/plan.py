@@ -26,8 +26,6 @@ def load_config(args):
         return None
     from routepack_opt.heuristics.annealing import AnnealConfig
 
-    if not Path(args.config).exists():
-        raise InputError(f"{args.config}: no such config file")
     return AnnealConfig.from_toml(args.config)
 
 

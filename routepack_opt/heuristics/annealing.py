@@ -66,7 +66,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-import tomllib
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -75,7 +74,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from routepack_opt.cost import CostModel
-from routepack_opt.errors import InputError
+from routepack_opt.errors import InputError, load_document
 from routepack_opt.evaluate import check_objective, row_shard_costs, score_from_J
 from routepack_opt.topology import Topology
 
@@ -167,19 +166,8 @@ class AnnealConfig:
     @classmethod
     def from_toml(cls, path: str | Path) -> "AnnealConfig":
         """Read parameters from a TOML file: top-level keys or an ``[anneal]`` table."""
-        path = Path(path)
-        if not path.exists():
-            raise InputError(f"{path}: no such config file")
-        try:
-            data = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: not valid TOML ({exc})") from None
-        if "anneal" in data:
-            data = data["anneal"]
-        try:
-            return cls.from_dict(data)
-        except InputError as exc:
-            raise InputError(f"{path}: {exc}") from None
+        return load_document(path, "config", "toml",
+                             lambda d: cls.from_dict(d["anneal"] if "anneal" in d else d))
 
 
 def _float(name: str, v) -> float:
