@@ -378,40 +378,6 @@ def _narrow_impl(x, w):
 # ``m`` is an [L] scratch row (W's dtype) for nb > 1.
 
 
-@njit(cache=True)
-def _msum_add(W, x, b, i, L, nb, m):
-    """Σ_l max_p (W[x] + b[i])."""
-    xu = np.uint64(x)
-    iu = np.uint64(i)
-    L1 = np.uint64(L)
-    s = 0
-    for k in range(nb):
-        o = np.uint64(8 * k) * L1
-        for l in range(L):
-            q0 = o + np.uint64(l)
-            q1 = q0 + L1
-            q2 = q1 + L1
-            q3 = q2 + L1
-            q4 = q3 + L1
-            q5 = q4 + L1
-            q6 = q5 + L1
-            q7 = q6 + L1
-            v = max(max(max(_narrow(W[xu, q0] + b[iu, q0], W), _narrow(W[xu, q1] + b[iu, q1], W)),
-                        max(_narrow(W[xu, q2] + b[iu, q2], W), _narrow(W[xu, q3] + b[iu, q3], W))),
-                    max(max(_narrow(W[xu, q4] + b[iu, q4], W), _narrow(W[xu, q5] + b[iu, q5], W)),
-                        max(_narrow(W[xu, q6] + b[iu, q6], W), _narrow(W[xu, q7] + b[iu, q7], W))))
-            if nb == 1:
-                s += v
-            elif k == 0:
-                m[l] = v
-            else:
-                m[l] = max(m[l], v)
-    if nb > 1:
-        for l in range(L):
-            s += m[l]
-    return s
-
-
 @njit(cache=True, _nrt=False)
 def _msum_swap(W, A, B, b, i, j, L, nb, m):
     """(Σ_l max_p (W[A] − b[i] + b[j]), Σ_l max_p (W[B] + b[i] − b[j])) in one pass (i in A
@@ -1142,13 +1108,14 @@ def _greedy(order, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh,
     _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
     empty = n_cells
     Mnew = np.empty(X, dtype=np.int64)
-    m = np.empty(L, dtype=W.dtype)
+    m = np.empty(2 * L, dtype=W.dtype)
+    zero = b.shape[0] - 1  # the zero row: block x's side of a "swap" of the zero row with i adds b[i]
     for t in range(N):
         i = order[t]
         li = lengths[i]
         must_fill = (N - t) <= empty
         for x in range(X):
-            Mnew[x] = _msum_add(W, x, b, i, L, P // 8, m)
+            Mnew[x] = _msum_swap(W, x, x, b, zero, i, L, P // 8, m)[0]
         best_c = -1
         b0 = np.inf
         b1 = np.inf
