@@ -240,23 +240,21 @@ def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: st
         sel = rank_N[mask]
         return int(sel.min()) if sel.size else N  # empty units sort last
 
-    new_r, new_g = np.empty(N, np.int64), np.empty(N, np.int64)
-    if objective == "max-sum":
-        order_g = np.argsort([first(g_N == g) for g in range(G)], kind="stable")
-        for g2, g in enumerate(order_g):
-            in_g = g_N == g
-            new_g[in_g] = g2
-            order_r = np.argsort([first(in_g & (row_N == r)) for r in range(R)], kind="stable")
-            for r2, r in enumerate(order_r):
-                new_r[in_g & (row_N == r)] = r2
-    else:
-        order_r = np.argsort([first(row_N == r) for r in range(R)], kind="stable")
-        for r2, r in enumerate(order_r):
-            in_r = row_N == r
-            new_r[in_r] = r2
-            order_g = np.argsort([first(in_r & (g_N == g)) for g in range(G)], kind="stable")
-            for g2, g in enumerate(order_g):
-                new_g[in_r & (g_N == g)] = g2
+    def relabel(outer_N, n_outer, inner_N, n_inner):
+        """Outer units by smallest sample, then inner units inside each outer unit."""
+        new_out, new_in = np.empty(N, np.int64), np.empty(N, np.int64)
+        for o2, o in enumerate(np.argsort([first(outer_N == o) for o in range(n_outer)], kind="stable")):
+            in_o = outer_N == o
+            new_out[in_o] = o2
+            order_i = np.argsort([first(in_o & (inner_N == i)) for i in range(n_inner)], kind="stable")
+            for i2, i in enumerate(order_i):
+                new_in[in_o & (inner_N == i)] = i2
+        return new_out, new_in
+
+    if objective == "max-sum":  # whole shards, then rows inside a shard
+        new_g, new_r = relabel(g_N, G, row_N, R)
+    else:  # whole rows, then shards inside a row
+        new_r, new_g = relabel(row_N, R, g_N, G)
     new_j = np.empty(N, np.int64)
     for r in range(R):
         for g in range(G):
