@@ -1,4 +1,4 @@
-"""Benchmark the population annealer (SPEC §3 step 3) at production size.
+"""Benchmark the population annealer (docs/pipeline.md, step 3) at production size.
 
     python experiments/bench_annealing.py            # writes experiments/results/bench_annealing.md
 
@@ -170,7 +170,7 @@ def main():
     lines += ["", "Notes: `evals` counts feasible proposals whose ΔE was computed (infeasible ones — capacity,",
               "nonempty, same cell — are rejected before any cost work). Per-core rates are per CPU",
               "second, so they hold on a shared machine; wall times of the default budget are inflated",
-              "by the load average shown above. Gaps are makespan / lower bound (SPEC §2) with LPT",
+              "by the load average shown above. Gaps are makespan / lower bound (docs/model.md) with LPT",
               "placement; `best baseline` is the better of NeMo-FFD and verl-KK at the same rows."]
     Path(args.o).parent.mkdir(parents=True, exist_ok=True)
     Path(args.o).write_text("\n".join(lines) + "\n")

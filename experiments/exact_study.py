@@ -1,5 +1,5 @@
 """Heuristic vs exact: how often the exact layout models prove optimality, how fast, and how far
-the population annealer is from the proved optimum (SPEC §3 step 4).
+the population annealer is from the proved optimum (docs/pipeline.md, step 4).
 
     python experiments/exact_study.py            # resumes; writes experiments/results/exact_study.{jsonl,md}
     python experiments/exact_study.py --quick    # 4 windows, short limits (smoke test)

@@ -8,7 +8,7 @@ Per preset (its L, E, k, D, P, capacity and derived cost model) on ``trace.gener
 Part 1 — one window, both objectives. ``routepack`` = LPT placement + population annealing seeded
 with the length-only baselines (the pipeline's default budget). ``joint`` = ``joint_search`` from
 that plan (alternating row-aware placement refinement and annealing). Reported: makespans and
-their change, the expert part Σ γ·max_p W, the SPEC §2 lower bound for each placement (LPT is
+their change, the expert part Σ γ·max_p W, the docs/model.md lower bound for each placement (LPT is
 aggregate-optimal-ish; the joint placement trades aggregate balance for row-local balance, so its
 bound can rise), experts/bytes moved from the LPT placement, wall time. ``refine@kk``: the
 refinement alone on the length-only (verl-kk) packing — the setting of the issue's quick test.

@@ -6,7 +6,7 @@ For each preset (its own layers, experts, top-k, DP × EP and capacity), two tra
 samples, and both objectives: the length-only baseline (identity placement + verl-KK packing),
 reorder (LPT placement + the same packing), routepack (LPT placement + annealing, default budget)
 and routepack with 10× the sweeps. Reported: makespans (µs, predicted), gains vs baseline and vs
-reorder, the gap to the lower bound (SPEC §2), how much worse the default budget is than the
+reorder, the gap to the lower bound (docs/model.md), how much worse the default budget is than the
 10× run, and the planner's wall time. Same rows R* for every plan of a window.
 """
 

@@ -851,7 +851,7 @@ def study_peers(st: Setting, objective: str = "max-sum") -> Path:
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     pack_lines = ["", "## Packing: routepack vs the verl- and NeMo-style baselines", "",
                   f"LPT+swap placement, R = R*, objective {objective}; makespans relative to the lower "
-                  "bound (LB of SPEC §2, 1 = optimal); both objectives shown; time = wall time.", "",
+                  "bound (LB of docs/model.md, 1 = optimal); both objectives shown; time = wall time.", "",
                   "| preset | packing | max-sum / LB | sum-max / LB | gain over verl-kk (objective) | time s |",
                   "|---|---|---|---|---|---|"]
     records = []

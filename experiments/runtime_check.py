@@ -179,7 +179,7 @@ def report(res: dict, args, cost_path: Path) -> str:
           "## 3. Measured vs predicted step time", "",
           f"Windows from `routepack_opt.trace.generate_window('qwen3-30b-a3b', N={res['measure'][0]['N']}, seed, num_layers=2, "
           f"num_experts=16, top_k=4, capacity=C)` (window 'skewed': expert_skew=1.2, length_sigma=1.0); topology D=8, P=4 (G=2 shards); R = certified R*. Every cell's attention "
-          "and every (row, shard, layer, rank) expert workload run with torch (unscaled); J composed per SPEC §2 "
+          "and every (row, shard, layer, rank) expert workload run with torch (unscaled); J composed per docs/model.md "
           "with measured times; prediction = `routepack_opt.evaluate` with the calibrated cost. ratio = measured / predicted.", "",
           "| window | tokens | R | plan | max-sum measured µs | predicted µs | ratio | sum-max measured µs | predicted µs | ratio | J R² | mean abs rel. err J | corr² attn cells | corr² expert loads |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -221,7 +221,7 @@ def report(res: dict, args, cost_path: Path) -> str:
           "downscaling — `routepack gen-trace --preset qwen3-30b-a3b --samples 512 --seed 0`, "
           "`routepack plan … --cost qwen3-30b-a3b --time-limit 5`, `routepack measure W.npz PLAN.json` "
           "(auto scale 1/336, median scaled sample ≈ 16 tokens) — gave measured/predicted 1.26 and attention "
-          "corr² 0.10: at that scale fixed per-sample costs dominate, which the SPEC cost model does not "
+          "corr² 0.10: at that scale fixed per-sample costs dominate, which the cost model (docs/model.md) does not "
           "represent; `measure` now prints a note in that regime.", ""]
     return "\n".join(L)
 

@@ -1,4 +1,4 @@
-"""Certified minimum rows R* (SPEC §3 step 2) and packing into a fixed number of bins.
+"""Certified minimum rows R* (docs/pipeline.md, step 2) and packing into a fixed number of bins.
 
 Any sample fits alone in a cell, so a layout with R rows on D slots exists iff the lengths fit in
 R·D bins of capacity C and R·D ≤ N (every cell nonempty). R* is the least R with

@@ -1,4 +1,4 @@
-"""Cost model (SPEC §2): attention stages (alpha per token, beta per token²), gamma per routed token
+"""Cost model (docs/model.md): attention stages (alpha per token, beta per token²), gamma per routed token
 per MoE layer, row_overhead per micro-batch. Units: microseconds.
 
 Named presets are *derived* from public model configurations below: FLOPs per token from the
@@ -48,7 +48,7 @@ def _check_coef(name: str, value) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    """``J[r,g] = Σ_s max_{d∈g}(α_s T + β_s Q) + γ Σ_l max_p W + row_overhead`` (SPEC §2).
+    """``J[r,g] = Σ_s max_{d∈g}(α_s T + β_s Q) + γ Σ_l max_p W + row_overhead`` (docs/model.md).
 
     ``migration_bandwidth`` (bytes/µs, optional) converts bytes of moved expert state into time
     for migration-aware placement; ``expert_bytes`` is the state (weights + optimizer) of one expert.

@@ -1,4 +1,4 @@
-"""The one evaluator (SPEC §2): every layout in RoutePack is scored here.
+"""The one evaluator (docs/model.md): every layout in RoutePack is scored here.
 
 Legend: N samples, L layers, E experts, P EP ranks, D DP slots, G shards, R rows, S stages.
 
@@ -88,7 +88,7 @@ def score_from_J(J_RG: np.ndarray, objective: str) -> Score:
 
 def row_shard_costs(lengths_N, b_NLP, row_N, slot_N, rows: int, topology: Topology,
                     cost: CostModel, parts: bool = False):
-    """``J_RG[r, g]`` (SPEC §2). With ``parts=True`` also returns the attention part ``A_SRG``
+    """``J_RG[r, g]`` (docs/model.md). With ``parts=True`` also returns the attention part ``A_SRG``
     (per stage, max over the shard's cells) and the expert peaks ``M_RGL = max_p W``."""
     D, P, G = topology.dp, topology.ep, topology.num_shards
     lengths_N = np.asarray(lengths_N, dtype=np.float64)
@@ -113,7 +113,7 @@ def row_shard_costs(lengths_N, b_NLP, row_N, slot_N, rows: int, topology: Topolo
 
 
 def lower_bound(lengths_N, Lagg_LP, rows: int, topology: Topology, cost: CostModel) -> float:
-    """SPEC §2 bound for a given placement and R (valid for both objectives):
+    """docs/model.md bound for a given placement and R (valid for both objectives):
     (Σ_s(α_s Σlen + β_s Σlen²)/P + γ Σ_l max_p Lagg[l,p] + R·G·row_overhead) / G."""
     lengths_N = np.asarray(lengths_N, dtype=np.float64)
     attn = sum(s.alpha * lengths_N.sum() + s.beta * (lengths_N ** 2).sum() for s in cost.stages)

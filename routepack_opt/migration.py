@@ -1,4 +1,4 @@
-"""Migration cost of changing the materialized expert placement (SPEC §3 step 5).
+"""Migration cost of changing the materialized expert placement (docs/pipeline.md, step 5).
 
 Legend: L layers, E logical experts, P EP ranks, G shards.
 

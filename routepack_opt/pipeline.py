@@ -1,4 +1,4 @@
-"""The planning pipeline (SPEC §3): placement → R* → seeds → population annealing → validate.
+"""The planning pipeline (docs/pipeline.md): placement → R* → seeds → population annealing → validate.
 
 ``plan()`` always returns a valid :class:`Plan`: if a stage fails it falls back to the best valid
 length-only baseline and says so in ``plan.info["fallback"]``. Scores in the plan come from the one

@@ -1,4 +1,4 @@
-"""The plan: per-layer expert placement plus a packing of samples into R rows × D cells (SPEC §4).
+"""The plan: per-layer expert placement plus a packing of samples into R rows × D cells (docs/formats.md).
 
 Internally a layout is two arrays, ``row_N`` and ``slot_N`` (the cell of each sample); the JSON
 form lists cells as ``R × D`` lists of sample ids.

@@ -1,4 +1,4 @@
-"""Parallel topology: DP slots, EP size, EDP shards, micro-batch capacity and row rules (SPEC §1)."""
+"""Parallel topology: DP slots, EP size, EDP shards, micro-batch capacity and row rules (docs/model.md)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def _as_int_array(name: str, value, ndim: int, dtype=np.int64) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Window:
-    """Samples of one optimizer step (SPEC §1).
+    """Samples of one optimizer step (docs/model.md).
 
     ``lengths_N`` tokens per sample; ``counts_NLE[i, l, e]`` tokens of sample i routed to logical
     expert e at MoE layer l. Invariants (checked): lengths ≥ 1; counts ≥ 0;
@@ -146,7 +146,7 @@ class Window:
         return int(self.lengths.sum())
 
     def expert_loads(self) -> np.ndarray:
-        """Aggregate load ``load_LE[l, e] = Σ_i counts[i, l, e]`` (SPEC §3 step 1)."""
+        """Aggregate load ``load_LE[l, e] = Σ_i counts[i, l, e]`` (docs/pipeline.md, step 1)."""
         return self.counts.sum(axis=0, dtype=np.int64)
 
     def replace(self, **changes) -> "Window":
@@ -200,7 +200,7 @@ def _few(values, k: int = 5) -> str:
 
 
 def load_window(path: str | Path) -> Window:
-    """Read a window ``.npz`` (SPEC §4): ``lengths``, ``counts``, optional ``top_k``,
+    """Read a window ``.npz`` (docs/formats.md): ``lengths``, ``counts``, optional ``top_k``,
     ``group_ids``, ``step``; other arrays are ignored."""
     path = Path(path)
     if not path.exists():
@@ -230,7 +230,7 @@ def load_window(path: str | Path) -> Window:
 
 
 def save_window(window: Window, path: str | Path) -> None:
-    """Write a window ``.npz`` (SPEC §4); counts are stored in the smallest sufficient int dtype."""
+    """Write a window ``.npz`` (docs/formats.md); counts are stored in the smallest sufficient int dtype."""
     cmax = int(window.counts.max()) if window.counts.size else 0
     cdtype = np.int16 if cmax < 2**15 else (np.int32 if cmax < 2**31 else np.int64)
     arrays = dict(lengths=window.lengths.astype(np.int64), counts=window.counts.astype(cdtype),

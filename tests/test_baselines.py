@@ -25,7 +25,7 @@ def _window(lengths, ep):
 
 
 def _layout_exists(lengths, C, R, D):
-    """Ground truth (SPEC §3 step 2): a layout exists iff binpack_opt ≤ R·D ≤ N."""
+    """Ground truth (docs/pipeline.md, step 2): a layout exists iff binpack_opt ≤ R·D ≤ N."""
     if R * D > len(lengths) or max(lengths) > C:
         return False
     res = solve_bin_packing(np.asarray(lengths), C, max_bins=R * D, decision=True, time_limit=30.0)

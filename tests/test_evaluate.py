@@ -32,7 +32,7 @@ def _hand_case():
 
 
 def test_hand_computed_costs_and_bound():
-    """J, both objectives and the lower bound match a hand computation (SPEC §2)."""
+    """J, both objectives and the lower bound match a hand computation (docs/model.md)."""
     w, topo, cost = _hand_case()
     ev = Evaluator(w, topo, cost)
     pl = np.array([[0, 1]])

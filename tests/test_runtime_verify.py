@@ -1,4 +1,4 @@
-"""Re-placing experts mid-run changes no loss and no parameter (SPEC §3 step 5), in one process
+"""Re-placing experts mid-run changes no loss and no parameter (docs/pipeline.md, step 5), in one process
 and across 4 gloo processes (D=4, P=2) with real EP all-to-all dispatch."""
 
 from __future__ import annotations

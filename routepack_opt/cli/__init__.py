@@ -1,4 +1,4 @@
-"""``routepack`` command line (SPEC §5).
+"""``routepack`` command line (docs/cli.md).
 
 Each command lives in its own module under ``routepack_opt/cli/`` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` (called with the parsed

@@ -1,4 +1,4 @@
-"""``routepack certify``: the certified minimum rows R* of a window (SPEC §3 step 2)."""
+"""``routepack certify``: the certified minimum rows R* of a window (docs/pipeline.md, step 2)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 
 def add_window(p: argparse.ArgumentParser) -> None:
-    p.add_argument("window", metavar="W.npz", help="routing-replay window (.npz, SPEC §4)")
+    p.add_argument("window", metavar="W.npz", help="routing-replay window (.npz, docs/formats.md)")
 
 
 def add_topology(p: argparse.ArgumentParser, preset_flag: bool = True) -> None:

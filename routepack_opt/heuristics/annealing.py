@@ -1,4 +1,4 @@
-"""Population annealing over feasible layouts at fixed placement and rows (SPEC §3 step 3).
+"""Population annealing over feasible layouts at fixed placement and rows (docs/pipeline.md, step 3).
 
 Legend: N samples, L layers, P EP ranks, D DP slots, G = D/P shards, R rows, S attention stages,
 K replicas, C = R·D cells (cell c = r·D + d), X = R·G row-shard blocks (x = r·G + g).
@@ -32,7 +32,7 @@ Between temperatures the population is resampled systematically (Carpenter, Clif
 The ladder is scaled from the seeds: ``T_hot`` is the ``t_hot_quantile`` of |ΔE| over random
 moves sampled from the seed layouts, ``T_cold = t_cold_ratio · T_hot``.
 
-Energy (mirrors the lexicographic score of SPEC §2; ``η = tie_eps``)::
+Energy (mirrors the lexicographic score of docs/model.md; ``η = tie_eps``)::
 
     E = makespan + η/(2G) · total + η/2 · peak
 

@@ -1,4 +1,4 @@
-"""Length-only packing baselines at exactly R rows (SPEC §3 "Baselines").
+"""Length-only packing baselines at exactly R rows (docs/pipeline.md, "Baselines").
 
 Legend: N samples, D DP slots, R rows (micro-batches per slot), C token cap of a micro-batch,
 cell = (row, slot). A layout is ``(row_N, slot_N)``.

@@ -1,6 +1,6 @@
 """One-dimensional bin packing: lower bounds and constructive packings.
 
-Used by the R* certifier (SPEC §3 step 2): a layout with R rows exists iff the sample lengths
+Used by the R* certifier (docs/pipeline.md, step 2): a layout with R rows exists iff the sample lengths
 fit in R·D bins of capacity C, so bin-packing bounds bound the rows.
 
 Legend: ``sizes_N`` item sizes (ints, 1 ≤ s ≤ C), ``bin_N`` the bin of each item (0..B-1).

@@ -1,4 +1,4 @@
-"""Expert placement heuristics (SPEC §3 step 1) and load-balance metrics.
+"""Expert placement heuristics (docs/pipeline.md, step 1) and load-balance metrics.
 
 Legend: L MoE layers, E logical experts, P EP ranks, M = E / P expert slots per rank.
 
@@ -172,7 +172,7 @@ def _swap_kernel(load_LE, rank_LE, ep, max_rounds):
 def swap_refine(load_LE, placement_LE, ep: int, max_rounds: int = 10_000) -> np.ndarray:
     """Improve a placement by pairwise swaps off the busiest rank (a 2-exchange local search for
     multiway partitioning; keeps E/P experts per rank). Never raises any layer's busiest rank;
-    deterministic. Used as the exact model's hint; LPT alone is the SPEC's ``lpt`` placement."""
+    deterministic. Used as the exact model's hint; LPT alone is the bare ``lpt-plain`` rule."""
     load_LE = _check_loads(load_LE, ep)
     rank_LE = placement_ranks(placement_LE, ep).copy()
     rank_LE = _swap_kernel(np.ascontiguousarray(load_LE, dtype=np.float64), rank_LE, int(ep), int(max_rounds))
@@ -215,7 +215,7 @@ def rank_load_cv(load_LE, placement_LE, ep: int, per_layer: bool = False) -> flo
 def rank_peak_ratio(load_LE, placement_LE, ep: int, per_layer: bool = False) -> float:
     """Busiest-rank inflation of the expert tail: ``Σ_l max_p Lagg[l,p] / Σ_l mean_p Lagg[l,p]``.
 
-    This is the factor by which the placement's expert term of the SPEC §2 lower bound exceeds a
+    This is the factor by which the placement's expert term of the docs/model.md lower bound exceeds a
     perfectly balanced one (1.0 = perfect). ``per_layer=True`` returns the mean over layers of
     ``max_p / mean_p`` instead. Zero load gives 1.
     """

@@ -4,7 +4,7 @@ tested against.
 It enumerates every set partition of the samples into exactly R·D nonempty cells that respect
 the capacity (restricted-growth strings), then every assignment of those cells to the R × G
 (row, shard) blocks, P cells to a block. Only the order of cells *inside* a block is skipped: a
-block's attention cost is a max over its cells and its expert load a sum over them (SPEC §2), so
+block's attention cost is a max over its cells and its expert load a sum over them (docs/model.md), so
 that order never changes ``J`` — a symmetry common to both objectives and independent of the
 row/shard symmetry the models break. Every candidate is scored by the one evaluator; the best by
 the lexicographic key wins (first found on ties).

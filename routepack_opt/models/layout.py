@@ -1,10 +1,10 @@
-"""One entry point to the exact layout models (SPEC §3 step 4).
+"""One entry point to the exact layout models (docs/pipeline.md, step 4).
 
 ``solve_layout`` builds the instance (window, topology, cost, fixed placement, rows R, objective)
 and hands it to CP-SAT (:mod:`routepack_opt.models.layout_cpsat`) or to a Pyomo MILP solved by
 HiGHS (:mod:`routepack_opt.models.layout_milp`). Whatever the solver, the returned objective is
 the evaluator's makespan of the returned layout, and the bound is a proved lower bound on the
-optimal makespan (never below the SPEC §2 bound).
+optimal makespan (never below the docs/model.md bound).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Block decomposition of the exact layout problem (SPEC §3 step 4): exact cover by (row, shard)
+"""Block decomposition of the exact layout problem (docs/pipeline.md, step 4): exact cover by (row, shard)
 blocks, with reduced-cost filtering from the set-partitioning LP, for windows small enough to
 enumerate every block (P ≤ 2).
 
@@ -6,7 +6,7 @@ Legend: N samples, L layers, P EP ranks (= cells per block), D DP slots, G shard
 S stages; a *block* is the set of samples of one (row, shard) pair, split into its P cells.
 
 Why. ``J[r,g]`` depends only on the samples of block (r, g) and on how they are split into the
-block's P cells (SPEC §2). So a layout is: R·G disjoint blocks covering the samples, each at its
+block's P cells (docs/model.md). So a layout is: R·G disjoint blocks covering the samples, each at its
 cheapest split, arranged into rows × shards. The cell-level models (CP-SAT, HiGHS) relax the
 stage and rank maxima to averages and stall a fraction of a percent above their bound; here
 every block cost is exact, and the search runs over whole blocks.

@@ -1,10 +1,10 @@
-"""Shared pieces of the exact layout models (SPEC §3 step 4): the instance, the result, and the
+"""Shared pieces of the exact layout models (docs/pipeline.md, step 4): the instance, the result, and the
 symmetry structure both models break.
 
 Legend: N samples, L layers, E experts, P EP ranks, D DP slots, G shards, R rows, S stages,
 cell c = r·D + d.
 
-Symmetries of the layout problem at fixed placement and R (SPEC §2 cost):
+Symmetries of the layout problem at fixed placement and R (docs/model.md cost):
 - slots inside a shard: ``J[r,g]`` takes a max over the shard's cells (attention) and a sum over
   them (expert loads ``W``), so the P cells of one (row, shard) block may be permuted, row by row;
 - ``max-sum`` (``max_g Σ_r J[r,g]``): rows may be permuted *inside each shard* independently, and
@@ -94,7 +94,7 @@ class LayoutInstance:
         return r * self.topology.dp + d
 
     def lower_bound(self) -> float:
-        """SPEC §2 bound (valid for both objectives)."""
+        """docs/model.md bound (valid for both objectives)."""
         return self.evaluator.lower_bound(self.placement, self.rows)
 
     def constant(self) -> float:
@@ -131,7 +131,7 @@ class LayoutResult:
     ``objective`` is the makespan of ``(row, slot)`` *re-scored by the evaluator* (``score`` is the
     full lexicographic score); ``bound`` is a proved lower bound on the optimal makespan (the
     solver's bound, lowered by the worst-case rounding error where costs were integer-scaled, and
-    never below the SPEC §2 bound); ``gap = (objective - bound) / objective``.
+    never below the docs/model.md bound); ``gap = (objective - bound) / objective``.
     """
 
     status: str

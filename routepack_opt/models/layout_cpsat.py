@@ -1,4 +1,4 @@
-"""Exact layout model in CP-SAT (SPEC §3 step 4): the whole packing at fixed placement and rows R,
+"""Exact layout model in CP-SAT (docs/pipeline.md, step 4): the whole packing at fixed placement and rows R,
 for ``max-sum`` and ``sum-max``, with an optional lexicographic second stage.
 
 Legend: N samples, L layers, P EP ranks, D DP slots, G shards, R rows, S stages, c = r·D + d.
@@ -233,7 +233,7 @@ def _solver(time_limit, num_workers, seed, params) -> cp_model.CpSolver:
 
 def _bound(inst: LayoutInstance, sc: CpsatScaling, scaled_bound: float) -> float:
     """Proved bound on the true makespan: the solver's, less the rounding error, never below
-    the SPEC §2 bound."""
+    the docs/model.md bound."""
     solver_bound = sc.to_us(scaled_bound) + inst.constant() - sc.error
     return max(solver_bound, inst.lower_bound())
 
@@ -363,7 +363,7 @@ class _Model:
         ub = sum(int(_cell_max(self.sc.coef_SN[s], self.inst.window.lengths, self.inst.topology.capacity))
                  for s in range(self.sc.coef_SN.shape[0])) + self.sc.K * int(self.inst.b_NLP.sum())
         ub *= R
-        # The SPEC §2 bound in scaled units (valid for every layout up to the rounding error).
+        # The docs/model.md bound in scaled units (valid for every layout up to the rounding error).
         lb = self.inst.lower_bound() - self.inst.constant() - self.sc.error
         lb_scaled = max(0, int(math.floor(lb / self.sc.unit)))
         if self.inst.objective == "max-sum":

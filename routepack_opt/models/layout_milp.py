@@ -1,4 +1,4 @@
-"""Exact layout model as a MILP built in Pyomo and solved by HiGHS (SPEC §3 step 4).
+"""Exact layout model as a MILP built in Pyomo and solved by HiGHS (docs/pipeline.md, step 4).
 
 Legend: N samples, L layers, P EP ranks, D DP slots, G shards, R rows, S stages, c = r·D + d.
 
@@ -9,7 +9,7 @@ stage maxima ``A[s,r,g]`` (with the single-sample cuts ``A[s,r,g] ≥ a_si Σ_{d
 lexicographic second stage fixes the makespan and minimises ``Σ J``; min-index symmetry breaking
 (:mod:`routepack_opt.models.layout_common`).
 
-Costs are expressed in units of ``LB/1000`` (the SPEC §2 bound without the row overhead) so the
+Costs are expressed in units of ``LB/1000`` (the docs/model.md bound without the row overhead) so the
 objective is O(10³) whatever the preset: HiGHS's absolute tolerances then mean the same thing on
 every instance. ``mip_rel_gap`` is 1e-9 (HiGHS's default 1e-4 would call a 0.01 % gap optimal).
 The MIP start is the heuristic layout with every auxiliary variable at its implied value.
@@ -20,7 +20,7 @@ true objective), and then claims optimality below the true optimum — on about 
 tiny test windows. So presolve is switched off whenever a MIP start is given (every one of those
 windows then agrees with brute force), and every answer is checked: if HiGHS's objective differs
 from the makespan recomputed from its own solution, the claim is not trusted (status
-``feasible``, bound = SPEC §2 bound, ``info["highs_inconsistent"]``).
+``feasible``, bound = docs/model.md bound, ``info["highs_inconsistent"]``).
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def solve_milp(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
 
 
 def _bound(inst: LayoutInstance, unit: float, model_bound) -> float:
-    """Proved bound on the makespan: HiGHS's dual bound, never below the SPEC §2 bound."""
+    """Proved bound on the makespan: HiGHS's dual bound, never below the docs/model.md bound."""
     spec = inst.lower_bound()
     if model_bound is None or not np.isfinite(model_bound):
         return spec

@@ -1,4 +1,4 @@
-"""Exact per-layer expert placement (SPEC §3 step 1, optional): CP-SAT, with LPT as its hint.
+"""Exact per-layer expert placement (docs/pipeline.md, step 1, optional): CP-SAT, with LPT as its hint.
 
 Legend: L MoE layers, E logical experts, P EP ranks, M = E / P expert slots per rank,
 j = index of an expert in decreasing-load order.

@@ -1,4 +1,4 @@
-"""Torch runtime (SPEC §3 step 5): expert slots with logical→physical dispatch, in-place
+"""Torch runtime (docs/pipeline.md, step 5): expert slots with logical→physical dispatch, in-place
 materialization of a new placement (weights, gradients, optimizer state; across ranks with
 collectives), packed micro-batches from a plan, calibration of the cost model and measurement of
 plans with real kernels.

@@ -10,13 +10,13 @@ R rows, H hidden, F expert FFN width, M rows of an expert GEMM.
   tokens — time ≈ γ·W + c_e with W the rank's routed tokens.
 
 **Calibration** fits (α, β, c_a) and (γ, c_e) by non-negative least squares on relative error
-(timings span orders of magnitude; a plain fit would ignore the small points) and writes the SPEC
+(timings span orders of magnitude; a plain fit would ignore the small points) and writes the
 cost model for a model of ``layers`` layers: one stage with ``alpha = layers·α``,
 ``beta = layers·β``; ``gamma = γ``; ``row_overhead = layers·(c_a + c_e)``.
 
 **Measurement** runs, for a plan on a scaled-down window (lengths and counts divided by ``scale``
 so CPU time stays bounded), every cell's attention and every (row, shard, layer, rank) expert
-workload, and composes ``J[r,g] = layers·max_{d∈g} A[r,d] + Σ_l max_p X[r,g,l,p]`` — SPEC §2 with
+workload, and composes ``J[r,g] = layers·max_{d∈g} A[r,d] + Σ_l max_p X[r,g,l,p]`` — docs/model.md with
 measured times in place of the model — then both objectives' makespans. The prediction for the
 same scaled window comes from :mod:`routepack_opt.evaluate` with the calibrated cost.
 """

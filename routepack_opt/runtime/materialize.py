@@ -1,4 +1,4 @@
-"""Materialize a new expert placement at a step boundary (SPEC §3 step 5).
+"""Materialize a new expert placement at a step boundary (docs/pipeline.md, step 5).
 
 Every expert whose physical slot changes is moved, *in place*, into the existing slot tensors:
 its weights, its gradients if present, and its optimizer state (every tensor state of the slot
@@ -89,7 +89,7 @@ def _write_expert(tensors: list[torch.Tensor], s: int, raw: torch.Tensor) -> Non
 @torch.no_grad()
 def materialize(layers: list[MoELayer], new_placement_LE, optimizer=None, group=None) -> MoveReport:
     """Move every expert of ``layers`` whose slot changes to its slot under ``new_placement_LE``
-    (``[L, E]`` global slots, SPEC §1) — weights, grads, optimizer state — and switch dispatch.
+    (``[L, E]`` global slots, docs/model.md) — weights, grads, optimizer state — and switch dispatch.
 
     ``group``: the EP process group (None: one process holding all E slots). Every rank of the
     group must call this with the same placement.

@@ -4,12 +4,12 @@ Legend (shape suffixes): T tokens, H hidden, F expert FFN width, E logical exper
 S local expert slots (E/P on an EP rank of P), P EP ranks, M = T·K (token, choice) pairs.
 
 The router (or the replayed routes) speaks *logical* expert ids. ``placement_E[e]`` is the global
-physical slot of logical expert e (SPEC §1: slot in 0..E-1, rank = slot // S); this rank owns slots
+physical slot of logical expert e (docs/model.md: slot in 0..E-1, rank = slot // S); this rank owns slots
 ``rank·S .. rank·S + S - 1``, stored as ``w_gate_SHF``, ``w_up_SHF``, ``w_down_SFH``. Re-placing
 experts (:mod:`routepack_opt.runtime.materialize`) moves slices of these tensors and rewrites
 ``placement_E``; nothing else changes.
 
-Why results do not depend on the placement, bit for bit (SPEC §3 step 5):
+Why results do not depend on the placement, bit for bit (docs/pipeline.md, step 5):
 - every expert GEMM sees exactly the same rows in the same order wherever the expert lives
   (pairs sorted stably by slot keep token order inside an expert; with EP the receiver orders an
   expert's rows by (source rank, token order));
