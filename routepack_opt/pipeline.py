@@ -74,14 +74,16 @@ def resolve_rows(window: Window, topology: Topology, rows: int | None, time_limi
     return int(rows), cdict
 
 
-def baseline_layouts(window: Window, topology: Topology, rows: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Every length-only baseline layout at exactly ``rows`` rows (name → (row_N, slot_N))."""
+def baseline_layouts(window: Window, topology: Topology, rows: int,
+                     time_limit: float = 10.0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every length-only baseline layout at exactly ``rows`` rows (name → (row_N, slot_N)).
+    ``time_limit`` bounds each baseline's last resort (an exact packing on tight windows)."""
     from routepack_opt.heuristics.baselines import BASELINES
 
     out = {}
     for name, fn in BASELINES.items():
         try:
-            out[name] = fn(window.lengths, topology, rows)
+            out[name] = fn(window.lengths, topology, rows, time_limit=time_limit)
         except InfeasibleError:
             continue
     if not out:
@@ -118,6 +120,7 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
 
     check_objective(objective)
     t_start = time.perf_counter()
+    clock = _Clock(time_limit)
     timings = {}
     t0 = time.perf_counter()
     pl, pl_kind = resolve_placement(window, topology, placement)
@@ -126,13 +129,16 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
     if certificate is not None and rows is not None:  # rows already checked by the caller
         R, cert = int(rows), certificate
     else:
-        R, cert = resolve_rows(window, topology, rows, certify_time_limit)
+        R, cert = resolve_rows(window, topology, rows, clock.share(_CERTIFY_SHARE, certify_time_limit))
     timings["certify"] = time.perf_counter() - t0
     ev = Evaluator(window, topology, cost)
     t0 = time.perf_counter()
-    seeds = baseline_layouts(window, topology, R)
+    seeds = baseline_layouts(window, topology, R, clock.share(_SEEDS_SHARE, 10.0))
     b = ev.rank_loads(pl)
+    t_score = time.perf_counter()
     seed_scores = {name: ev.score(pl, r, s, R, objective).key for name, (r, s) in seeds.items()}
+    # what the final validation + scoring will cost, kept in hand (×3, with a floor)
+    clock.reserve = 3.0 * (time.perf_counter() - t_score) / max(len(seeds), 1) + 0.02
     best_seed = min(seed_scores, key=seed_scores.get)
     timings["seeds"] = time.perf_counter() - t0
     info = {"placement_kind": pl_kind, "seed_scores": {k: v[0] for k, v in seed_scores.items()}}
@@ -140,8 +146,10 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
     t0 = time.perf_counter()
     try:
         cfg = config if config is not None else AnnealConfig()
+        if clock.expired():
+            raise _OutOfTime(f"the {time_limit:g}s limit was spent before the search")
         res = anneal(window.lengths, b, topology, cost, R, objective, list(seeds.values()),
-                     config=cfg, seed=seed, time_limit=time_limit, max_sweeps=max_sweeps,
+                     config=cfg, seed=seed, time_limit=clock.left(), max_sweeps=max_sweeps,
                      progress=progress)
         cand = Plan(topology, R, pl, res.row, res.slot, objective=objective)
         errs = cand.validate(window)
@@ -150,16 +158,18 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
         if ev.score(pl, res.row, res.slot, R, objective).key <= seed_scores[best_seed]:
             row, slot = res.row, res.slot
         info["search"] = _stats_dict(res.stats)
+    except _OutOfTime as exc:
+        info["fallback"] = f"no search: {exc}; using baseline {best_seed}"
     except Exception as exc:  # fall back to the best valid baseline, and say so
         info["fallback"] = f"annealing failed ({exc.__class__.__name__}: {exc}); using baseline {best_seed}"
     timings["anneal"] = time.perf_counter() - t0
-    if pl_kind == "lpt" and placement == "joint":
+    if pl_kind == "lpt" and placement == "joint" and not clock.expired():
         t0 = time.perf_counter()
         try:
             from routepack_opt.heuristics.joint import JointConfig, joint_search
             from routepack_opt.heuristics.refine_placement import RefineConfig
 
-            remaining = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - t_start))
+            remaining = clock.left()
             # Default budget: 3 rounds of (4 refinement passes + annealing): deterministic, and
             # most of the gain of longer runs (experiments/results/joint_placement.md).
             jr = joint_search(window, topology, cost, R, objective, pl, (row, slot), time_limit=remaining,
@@ -177,6 +187,45 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
     timings["total"] = time.perf_counter() - t_start
     info["timings"] = timings
     return layout_plan(window, topology, cost, pl, row, slot, R, objective, info, cert, ev)
+
+
+# Shares of the whole time limit that the stages before the search may take at most (each also
+# keeps its own cap); the search gets what is left, less the reserve for the final scoring.
+_CERTIFY_SHARE = 0.2
+_SEEDS_SHARE = 0.2
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+class _Clock:
+    """The pipeline's one time limit, counted from :func:`plan`'s start: every stage draws on
+    it (R* certification and the seeds up to a share, the search the rest), and ``reserve``
+    seconds stay in hand for the final validation and scoring."""
+
+    def __init__(self, time_limit: float | None):
+        if time_limit is not None and not (isinstance(time_limit, (int, float))
+                                           and np.isfinite(time_limit) and time_limit > 0):
+            raise InputError(f"time limit must be a positive number of seconds, got {time_limit!r}")
+        self.limit = None if time_limit is None else float(time_limit)
+        self.end = None if time_limit is None else time.perf_counter() + float(time_limit)
+        self.reserve = 0.0
+
+    def left(self) -> float | None:
+        """Seconds left for the search (None: unlimited)."""
+        if self.end is None:
+            return None
+        return max(0.0, self.end - self.reserve - time.perf_counter())
+
+    def expired(self) -> bool:
+        return self.end is not None and self.left() <= 0.0
+
+    def share(self, fraction: float, cap: float) -> float:
+        """A stage's limit: ``cap``, and at most ``fraction`` of the whole limit or what is left."""
+        if self.end is None:
+            return cap
+        return max(0.01, min(cap, fraction * self.limit, self.left()))
 
 
 def _stats_dict(stats) -> dict:

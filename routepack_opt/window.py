@@ -16,7 +16,7 @@ import numpy as np
 
 from routepack_opt.errors import InputError
 
-__all__ = ["Window", "load_window", "save_window"]
+__all__ = ["Window", "load_window", "save_window", "check_window_memory", "available_memory"]
 
 
 def _as_int_array(name: str, value, ndim: int, dtype=np.int64) -> np.ndarray:
@@ -78,9 +78,11 @@ class Window:
         if counts_NLE.min() < 0:
             i, l, e = np.argwhere(counts_NLE < 0)[0]
             raise InputError(f"counts: negative count {counts_NLE[i, l, e]} at sample {i}, layer {l}, expert {e}")
-        over = counts_NLE > lengths_N[:, None, None]
-        if over.any():
-            i, l, e = np.argwhere(over)[0]
+        # counts ≤ len, checked on the per-(sample, layer) maxima: no [N, L, E] temporary
+        over_NL = counts_NLE.max(axis=2) > lengths_N[:, None]
+        if over_NL.any():
+            i, l = np.argwhere(over_NL)[0]
+            e = int(np.argmax(counts_NLE[i, l]))
             raise InputError(
                 f"counts: sample {i} sends {counts_NLE[i, l, e]} tokens to expert {e} at layer {l} "
                 f"but has only {lengths_N[i]} tokens (top-k experts of a token are distinct)"
@@ -199,9 +201,78 @@ def _few(values, k: int = 5) -> str:
     return ", ".join(vals) + (f" (+{more} more)" if more > 0 else "")
 
 
+# Memory of a loaded window, per (sample, layer, expert): the counts as stored in the file while
+# they are read, plus the window's own int32 copy. Planning adds O(N·L·P) on top (rank loads,
+# int64) and O(N) per replica, small beside it (docs/formats.md, "Memory").
+WINDOW_COPY_BYTES = 4
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate, by the tightest of: the address-space limit
+    (``RLIMIT_AS``) less what is mapped, the cgroup's limit less its usage, and the machine's
+    ``MemAvailable``; None when none of them can be read."""
+    limits = []
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/statm") as fh:
+                mapped = int(fh.read().split()[0]) * resource.getpagesize()
+            limits.append(soft - mapped)
+    except (ImportError, OSError, ValueError):
+        pass
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),):
+        try:
+            with open(limit_file) as fh:
+                raw = fh.read().strip()
+            if raw != "max":
+                with open(usage_file) as fh:
+                    limits.append(int(raw) - int(fh.read().strip()))
+        except (OSError, ValueError):
+            pass
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+        pass
+    return max(0, min(limits)) if limits else None
+
+
+def _npz_member_shape(data, key: str) -> tuple[tuple[int, ...], np.dtype] | None:
+    """Shape and dtype of an ``.npz`` member from its ``.npy`` header, without reading the data."""
+    try:
+        with data.zip.open(f"{key}.npy") as fh:
+            version = np.lib.format.read_magic(fh)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(fh)
+        return tuple(shape), np.dtype(dtype)
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile, AttributeError):
+        return None
+
+
+def check_window_memory(shape_NLE: tuple[int, ...], stored: np.dtype, path: str = "window") -> None:
+    """Raise an :class:`InputError` up front when a window of ``shape_NLE`` (stored as
+    ``stored``) cannot be loaded in the memory left, instead of dying in the middle."""
+    if len(shape_NLE) != 3:
+        return
+    N, L, E = (int(x) for x in shape_NLE)
+    per_sample = L * E * (stored.itemsize + WINDOW_COPY_BYTES)
+    need = N * per_sample
+    avail = available_memory()
+    if avail is not None and need > avail:
+        raise InputError(
+            f"{path}: a window of N={N} samples × L={L} × E={E} needs about {need / 2**30:.1f} GiB "
+            f"to load ({per_sample / 2**10:.0f} KiB per sample); only {avail / 2**30:.1f} GiB is "
+            "available: plan a smaller window or give the process more memory")
+
+
 def load_window(path: str | Path) -> Window:
     """Read a window ``.npz`` (docs/formats.md): ``lengths``, ``counts``, optional ``top_k``,
-    ``group_ids``, ``step``; other arrays are ignored."""
+    ``group_ids``, ``step``; other arrays are ignored. The memory it needs is checked against
+    what is available before the counts are read (:func:`check_window_memory`)."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file")
@@ -211,6 +282,9 @@ def load_window(path: str | Path) -> Window:
             for key in ("lengths", "counts"):
                 if key not in keys:
                     raise InputError(f"{path}: missing array '{key}' (has {sorted(keys) or 'none'})")
+            head = _npz_member_shape(data, "counts")
+            if head is not None:
+                check_window_memory(head[0], head[1], str(path))
             arrays = {k: data[k] for k in ("lengths", "counts", "top_k", "group_ids", "step") if k in keys}
     except InputError:
         raise

@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 0
+    except MemoryError as exc:  # the up-front checks missed it: still one line, no traceback
+        print(f"error: out of memory ({_one_line(exc) or 'MemoryError'}): give the process more "
+              "memory or plan a smaller window", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -1086,31 +1086,39 @@ def _init_population(row, slot, lengths, len2, b, shard_D, slots_GP, alpha, beta
 
 
 @njit(cache=True)
-def _greedy(order, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, C, R, D, G, L, P,
-            objective, eps1, eps2, row, slot, W):
+def _greedy_init(T, Q, cnt, W, Msum, J, colsum, rowmax, agg, slots_GP, alpha, beta, ovh, R, D, G,
+                 objective, eps1, eps2):
+    """Empty layout state of :func:`_greedy` (every block holds only its row overhead)."""
+    T[:] = 0
+    Q[:] = 0
+    cnt[:] = 0
+    W[:, :] = 0
+    Msum[:] = 0
+    for x in range(R * G):
+        J[x] = (_attn(T, Q, x // G, x % G, slots_GP.shape[1], alpha, beta, D, -1, 0, 0, -1, 0, 0) + 0.0) + ovh
+    _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
+
+
+@njit(cache=True)
+def _greedy(t_from, t_to, order, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, C,
+            R, D, G, L, P, objective, eps1, eps2, row, slot, T, Q, cnt, W, Msum, J, colsum, rowmax,
+            agg):
     """Joint-cost greedy: each sample (in ``order``) into the cell whose lexicographic score
     (makespan, total, peak) grows least, keeping capacity and leaving enough samples to fill
-    every empty cell. Returns False if some sample fits nowhere."""
+    every empty cell. Places ``order[t_from:t_to]`` onto the state left by the previous call
+    (:func:`_greedy_init` first), so the driver can stop between chunks at a deadline. Returns
+    False if some sample fits nowhere."""
     N = order.shape[0]
     n_cells = R * D
     X = R * G
-    T = np.zeros(n_cells, dtype=np.int64)
-    Q = np.zeros(n_cells, dtype=np.int64)
-    cnt = np.zeros(n_cells, dtype=np.int64)
-    W[:, :] = 0  # [X, L·P] work array of the search's W dtype (allocated by the caller)
-    Msum = np.zeros(X, dtype=np.int64)
-    J = np.empty(X)
-    colsum = np.empty(G)
-    rowmax = np.empty(R)
-    agg = np.empty(7)
-    for x in range(X):
-        J[x] = (_attn(T, Q, x // G, x % G, slots_GP.shape[1], alpha, beta, D, -1, 0, 0, -1, 0, 0) + 0.0) + ovh
-    _aggregates(J, colsum, rowmax, agg, R, G, objective, eps1, eps2)
-    empty = n_cells
+    empty = 0
+    for c in range(n_cells):
+        if cnt[c] == 0:
+            empty += 1
     Mnew = np.empty(X, dtype=np.int64)
     m = np.empty(2 * L, dtype=W.dtype)
     zero = b.shape[0] - 1  # the zero row: block x's side of a "swap" of the zero row with i adds b[i]
-    for t in range(N):
+    for t in range(t_from, t_to):
         i = order[t]
         li = lengths[i]
         must_fill = (N - t) <= empty
@@ -1362,17 +1370,35 @@ def greedy_layout(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: i
     return None if g is None else pb.external(*g)
 
 
-def _greedy_pb(pb: _Problem):
-    """The greedy layout in internal slots, or None."""
+_GREEDY_SHARE = 0.25  # of a time limit, at most, for the joint-cost greedy seed
+
+
+def _greedy_pb(pb: _Problem, deadline: float | None = None):
+    """The greedy layout in internal slots, or None (capacity blocks it, or ``deadline`` — a
+    ``time.perf_counter()`` value — passes first). Its work is O(N·(R·G·L·P + R·D)), minutes at
+    N = 65,536, so it runs in chunks of samples with the deadline checked between them; without
+    a deadline the result does not depend on the chunking."""
     own = (pb.alpha[None, :] * pb.lengths[:, None] + pb.beta[None, :] * pb.len2[:, None]).sum(axis=1)
     own = own + pb.gamma * pb.b_NLP().max(axis=2).sum(axis=1)
     order = np.lexsort((pb.perm, -pb.lengths, -own)).astype(np.int64)  # ties: caller's order
     row = np.zeros(pb.N, dtype=np.int32)
     slot = np.zeros(pb.N, dtype=np.int32)
-    W = np.zeros((pb.R * pb.G, pb.L * pb.Pp), dtype=pb.wdtype)
-    ok = _greedy(order, *pb.consts(), pb.C, pb.R, pb.D, pb.G, pb.L, pb.Pp, pb.obj, pb.eps1,
-                 pb.eps2, row, slot, W)
-    return (row.astype(np.int64), slot.astype(np.int64)) if ok else None
+    X, n_cells = pb.R * pb.G, pb.R * pb.D
+    state = (np.zeros(n_cells, dtype=np.int64), np.zeros(n_cells, dtype=np.int64),
+             np.zeros(n_cells, dtype=np.int64), np.zeros((X, pb.L * pb.Pp), dtype=pb.wdtype),
+             np.zeros(X, dtype=np.int64), np.empty(X), np.empty(pb.G), np.empty(pb.R), np.empty(7))
+    consts = pb.consts()  # lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh
+    _greedy_init(*state, consts[4], consts[5], consts[6], consts[8], pb.R, pb.D, pb.G, pb.obj,
+                 pb.eps1, pb.eps2)
+    # ~1e9 simple operations per second: chunks of ~50 ms
+    step = max(1, int(5e7 // max(1, X * pb.L * pb.Pp + n_cells)))
+    for t in range(0, pb.N, step):
+        if deadline is not None and time.perf_counter() >= deadline:
+            return None
+        if not _greedy(t, min(t + step, pb.N), order, *consts, pb.C, pb.R, pb.D, pb.G, pb.L,
+                       pb.Pp, pb.obj, pb.eps1, pb.eps2, row, slot, *state):
+            return None
+    return row.astype(np.int64), slot.astype(np.int64)
 
 
 def layout_energy(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, objective: str,
@@ -1418,10 +1444,13 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
 
     # --- seeds ----------------------------------------------------------------------------------
     timings = {}
+    greedy_used = False
     tt = time.perf_counter()
     seed_layouts = [pb.check_layout(r, s, f"seed {n}") for n, (r, s) in enumerate(seeds)]
     if cfg.greedy_seed:
-        g = _greedy_pb(pb)
+        # the greedy is O(N·R·G·L·P): with a time limit it may take a share of it, else skipped
+        g = _greedy_pb(pb, None if time_limit is None else t0 + _GREEDY_SHARE * float(time_limit))
+        greedy_used = g is not None
         if g is not None:
             seed_layouts.append((g[0].astype(np.int32), g[1].astype(np.int32)))
     if not seed_layouts:
@@ -1551,6 +1580,7 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
         # per core: CPU time of the process over the ladder, all threads together
         "moves_per_cpu_second": evaluated / run_cpu if run_cpu > 0 else 0.0,
         "t_hot": t_hot, "t_cold": t_cold, "seeds": S, "best_seed": best_seed,
+        "greedy_seed": greedy_used,
         "seed_energies": seed_energy.tolist(), "improved": bool(improved),
         "stopped_by_time": stopped or (timed and len(trace) < nT), "trace": trace,
         "timings": timings,

@@ -27,6 +27,8 @@ splits bins until there are exactly R·D nonempty cells and deals them to (row, 
 
 from __future__ import annotations
 
+import time
+
 import heapq
 
 import numba
@@ -272,27 +274,36 @@ def _repair_step(len_N, cell_N, tokens, D, c, C):
 
 
 @numba.njit(cache=True)
-def _repair_kernel(len_N, cell_N, K, D, C):
-    tokens = np.zeros(K, dtype=np.int64)
-    for i in range(len_N.size):
-        tokens[cell_N[i]] += len_N[i]
+def _repair_cells(len_N, cell_N, tokens, D, C, cells):
+    """Repair steps on each of ``cells`` (in order) while it is overfull; True if any step."""
+    progress = False
+    for c in cells:
+        while tokens[c] > C and _repair_step(len_N, cell_N, tokens, D, c, C):
+            progress = True
+    return progress
+
+
+def _repair_capacity(len_N, cell_N, R: int, D: int, C: int, deadline: float | None = None) -> bool:
+    """Make every cell fit the cap by moves and swaps (``cell_N`` changed in place), in passes
+    over the overfull cells, worst first. Every step lowers the total overflow and creates none,
+    so this ends; returns whether all cells now fit (False: a pass made no step, or the
+    ``time.perf_counter()`` ``deadline`` passed). A step costs O(N): at N = 65,536 with thousands
+    of overfull cells the passes take seconds, so they run in pieces with the clock checked."""
+    len_N = np.ascontiguousarray(len_N, dtype=np.int64)
+    tokens = np.bincount(cell_N, weights=len_N, minlength=R * D).astype(np.int64)
+    piece = max(1, int(2e7 // (len_N.size + R * D)))  # cells per call: some ms of steps
     while True:
         over = np.flatnonzero(tokens > C)
         if over.size == 0:
             return True
+        over = over[np.argsort(-tokens[over], kind="mergesort")]
         progress = False
-        for c in over[np.argsort(-tokens[over], kind="mergesort")]:
-            while tokens[c] > C and _repair_step(len_N, cell_N, tokens, D, c, C):
-                progress = True
+        for start in range(0, over.size, piece):
+            progress |= bool(_repair_cells(len_N, cell_N, tokens, D, C, over[start:start + piece]))
+            if deadline is not None and time.perf_counter() >= deadline:
+                return False
         if not progress:
             return False
-
-
-def _repair_capacity(len_N, cell_N, R: int, D: int, C: int) -> bool:
-    """Make every cell fit the cap by moves and swaps (``cell_N`` changed in place), in passes
-    over the overfull cells, worst first. Every step lowers the total overflow and creates none,
-    so this ends; returns whether all cells now fit (False: a pass made no step)."""
-    return bool(_repair_kernel(np.ascontiguousarray(len_N, dtype=np.int64), cell_N, R * D, D, C))
 
 
 def _split_until(len_N, bin_N, num_cells: int) -> np.ndarray:
@@ -382,10 +393,13 @@ def _last_resort(len_N, R: int, D: int, C: int, deal: str, time_limit: float, in
 
 
 def _finish(len_N, row_N, slot_N, R, D, C, deal, time_limit, info):
-    """Make the layout strict on the cap (repair, then the last resort); order rows."""
+    """Make the layout strict on the cap (repair for up to half of ``time_limit``, then the last
+    resort); order rows."""
     cell_N = row_N * D + slot_N
-    if not _repair_capacity(len_N, cell_N, R, D, C):
-        return _last_resort(len_N, R, D, C, deal, time_limit, info)
+    t0 = time.perf_counter()
+    if not _repair_capacity(len_N, cell_N, R, D, C, t0 + 0.5 * time_limit):
+        left = max(0.05, time_limit - (time.perf_counter() - t0))
+        return _last_resort(len_N, R, D, C, deal, left, info)
     row_N, slot_N = _order_rows(len_N, cell_N // D, cell_N % D, R, D)
     if not check_layout(len_N, row_N, slot_N, R, D, C):  # not reachable when repair succeeds
         return _last_resort(len_N, R, D, C, deal, time_limit, info)

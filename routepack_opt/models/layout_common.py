@@ -39,12 +39,32 @@ from routepack_opt.topology import Topology
 from routepack_opt.window import Window
 
 __all__ = ["LayoutInstance", "LayoutResult", "STATUSES", "solver_result", "symmetry_groups", "canonical_layout",
-           "is_canonical", "prefeasibility", "MAX_BINARIES"]
+           "is_canonical", "prefeasibility", "MAX_BINARIES", "BuildTimeout", "BuildClock"]
 
 STATUSES = ("optimal", "feasible", "infeasible", "unknown")
 
 # N·R·D assignment binaries above which the exact models refuse (they would not even load).
 MAX_BINARIES = 200_000
+
+
+class BuildTimeout(Exception):
+    """A model's construction ran past its deadline (the symmetry-breaking rows alone are
+    O(N²·R·D) terms: tens of seconds and gigabytes at N = 600); the caller reports ``unknown``
+    and keeps its warm start."""
+
+
+class BuildClock:
+    """The deadline (a ``time.perf_counter()`` value, or None) that model builders check
+    between constraint families and inside their long loops."""
+
+    def __init__(self, deadline: float | None):
+        self.deadline = deadline
+
+    def check(self) -> None:
+        import time
+
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise BuildTimeout("the model was not built within the time limit")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,7 +40,7 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
-from routepack_opt.models.layout_common import (LayoutInstance, LayoutResult, canonical_layout,
+from routepack_opt.models.layout_common import (BuildClock, BuildTimeout, LayoutInstance, LayoutResult, canonical_layout,
                                                 lex_better, solver_result, prefeasibility, symmetry_groups)
 
 __all__ = ["solve_cpsat", "CpsatScaling"]
@@ -125,11 +125,12 @@ def solve_cpsat(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
         res = _solve_model(inst, t0, FIXED_SHARE * left, warm_start, False, 1, *args)
         if res.status == "optimal" or res.status == "infeasible":
             return _combine(inst, res, done, t0, "fixed")
+
         if res.layout is not None:
             done.append({"phase": "fixed", "layout": res.layout, "bound": res.bound,
                          "info": {"status": res.status, "seconds": res.seconds}})
             warm_start = _better(inst, res.layout, warm_start)
-    left = max(time_limit - (time.perf_counter() - t0), 0.05 * time_limit)
+    left = max(time_limit - (time.perf_counter() - t0), 0.01)
     res = _solve_model(inst, t0, left, warm_start, lexicographic, num_workers, *args)
     return _combine(inst, res, done, t0, "portfolio")
 
@@ -167,27 +168,34 @@ def _combine(inst: LayoutInstance, res: LayoutResult, done: list[dict], t0: floa
 
 def _solve_model(inst, t0, time_limit, warm_start, lexicographic, num_workers, symmetry, seed,
                  rel_error, params, branching) -> LayoutResult:
-    """The CP-SAT model itself (module docstring)."""
+    """The CP-SAT model itself (module docstring). Building it counts against ``time_limit``:
+    past it the build stops and the result is ``unknown`` with ``info["build_timeout"]``."""
+    t_phase = time.perf_counter()
     sc = CpsatScaling(inst, rel_error)
-    m = _Model(inst, sc)
-    if symmetry:
-        m.add_symmetry_breaking()
-    m.minimise_makespan()
-    if branching:
-        m.add_branching()
-    if warm_start is not None:
-        row_N, slot_N = (np.asarray(a, dtype=np.int64) for a in warm_start)
+    try:
+        m = _Model(inst, sc, t_phase + time_limit)
         if symmetry:
-            row_N, slot_N = canonical_layout(row_N, slot_N, inst.topology, inst.rows, inst.objective,
-                                             inst.order_N)
-        m.hint(row_N, slot_N)
+            m.add_symmetry_breaking()
+        m.minimise_makespan()
+        if branching:
+            m.add_branching()
+        if warm_start is not None:
+            row_N, slot_N = (np.asarray(a, dtype=np.int64) for a in warm_start)
+            if symmetry:
+                row_N, slot_N = canonical_layout(row_N, slot_N, inst.topology, inst.rows, inst.objective,
+                                                 inst.order_N)
+            m.hint(row_N, slot_N)
+    except BuildTimeout as exc:
+        return _result(inst, "unknown", None, inst.lower_bound(), t0, None, sc.error, lexicographic,
+                       {"build_timeout": str(exc), "build_seconds": time.perf_counter() - t_phase})
+    build_s = time.perf_counter() - t_phase
 
     if branching and num_workers == 1:
         params = {"search_branching": _FIXED_SEARCH, **(params or {})}
-    solver = _solver(time_limit, num_workers, seed, params)
+    solver = _solver(time_limit - build_s, num_workers, seed, params)
     status = solver.Solve(m.model)
     info = {"stage1_status": solver.StatusName(status), "scale_unit_us": sc.unit,
-            "num_binaries": int(m.x.size), "symmetry_breaking": symmetry}
+            "num_binaries": int(m.x.size), "symmetry_breaking": symmetry, "build_seconds": build_s}
     if status == cp_model.INFEASIBLE:
         return _result(inst, "infeasible", None, float("inf"), t0, None, sc.error, lexicographic, info)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -245,19 +253,22 @@ def _result(inst, status, layout, bound, t0, claimed, error, lexicographic, info
 class _Model:
     """Variables and constraint families of the CP-SAT layout model."""
 
-    def __init__(self, inst: LayoutInstance, sc: CpsatScaling):
+    def __init__(self, inst: LayoutInstance, sc: CpsatScaling, deadline: float | None = None):
         self.inst, self.sc = inst, sc
         topo = inst.topology
         N, R, D, G, P = inst.num_samples, inst.rows, topo.dp, topo.num_shards, topo.ep
         L = inst.window.num_layers
+        self.clock = clock = BuildClock(deadline)
         self.model = model = cp_model.CpModel()
         self.x = np.array([[model.NewBoolVar(f"x[{i},{c}]") for c in range(R * D)]
                            for i in range(N)], dtype=object)
         self.cells_RGP = np.array([[[r * D + int(inst.slots_GP[g, j]) for j in range(P)]
                                     for g in range(G)] for r in range(R)])
+        clock.check()
         self.add_coverage()
         self.add_capacity()
         self.add_nonempty()
+        clock.check()
         self.A = self.add_attention()  # dict (s, r, g) -> var
         self.M = self.add_expert_maxima()  # dict (r, g, l) -> var
         self.J = {(r, g): self._row_shard_cost(r, g) for r in range(R) for g in range(G)}
@@ -293,6 +304,7 @@ class _Model:
                 continue
             ub = int(_cell_max(coef_SN[s], self.inst.window.lengths, self.inst.topology.capacity))
             for r in range(R):
+                self.clock.check()
                 for g in range(G):
                     a = self.model.NewIntVar(0, ub, f"A[{s},{r},{g}]")
                     cells = self.cells_RGP[r, g]
@@ -316,6 +328,7 @@ class _Model:
         R, G, _ = self.cells_RGP.shape
         for r in range(R):
             for g in range(G):
+                self.clock.check()
                 cells = self.cells_RGP[r, g]
                 xs = [self.x[i, c] for c in cells for i in range(N)]
                 for l in range(L):
@@ -344,6 +357,8 @@ class _Model:
             for j in range(1, len(units)):
                 cur, prev = units[j], units[j - 1]
                 for n, i in enumerate(order):
+                    if n % 16 == 0:
+                        self.clock.check()
                     lhs = [self.x[i, c] for c in cur]
                     rhs = [self.x[k, c] for c in prev for k in order[:n]]
                     if not rhs:
@@ -399,6 +414,8 @@ class _Model:
         onehot = np.zeros((N, C), dtype=np.int64)
         onehot[np.arange(N), cell_N] = 1
         for i in range(N):
+            if i % 64 == 0:
+                self.clock.check()
             for c in range(C):
                 m.AddHint(self.x[i, c], int(onehot[i, c]))
         R, G, P = self.cells_RGP.shape

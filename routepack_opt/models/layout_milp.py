@@ -33,7 +33,7 @@ import pyomo.environ as pyo
 from pyomo.contrib.appsi.base import TerminationCondition
 from pyomo.contrib.appsi.solvers import Highs
 
-from routepack_opt.models.layout_common import (LayoutInstance, LayoutResult, canonical_layout,
+from routepack_opt.models.layout_common import (BuildClock, BuildTimeout, LayoutInstance, LayoutResult, canonical_layout,
                                                 lex_better, solver_result, prefeasibility, symmetry_groups)
 
 __all__ = ["solve_milp", "build_milp"]
@@ -43,8 +43,14 @@ logging.getLogger("pyomo.contrib.appsi.solvers.highs").setLevel(logging.ERROR)
 MIP_REL_GAP = 1e-9
 
 
-def build_milp(inst: LayoutInstance, symmetry: bool = True) -> tuple[pyo.ConcreteModel, float]:
-    """The Pyomo model and its cost unit (µs per model unit)."""
+BUILD_SHARE = 0.5  # of the time limit, at most, for building the Pyomo model
+
+
+def build_milp(inst: LayoutInstance, symmetry: bool = True,
+               deadline: float | None = None) -> tuple[pyo.ConcreteModel, float]:
+    """The Pyomo model and its cost unit (µs per model unit). Past ``deadline`` (a
+    ``time.perf_counter()`` value) the build stops with :class:`BuildTimeout`."""
+    clock = BuildClock(deadline)
     topo = inst.topology
     N, R, D, G, P = inst.num_samples, inst.rows, topo.dp, topo.num_shards, topo.ep
     b_NLP = inst.b_NLP
@@ -70,6 +76,7 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True) -> tuple[pyo.Concret
                                 <= topo.capacity)
     # Nonempty: equal micro-batch counts on every slot.
     m.nonempty = pyo.Constraint(m.Cc, rule=lambda m, c: sum(x[i, c] for i in m.I) >= 1)
+    clock.check()
 
     # Attention: A[s,r,g] ≥ each cell's stage cost in shard g, row r.
     stages = [s for s in range(coef_SN.shape[0]) if coef_SN[s].any()]
@@ -78,6 +85,7 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True) -> tuple[pyo.Concret
     for s in stages:
         cs = coef_SN[s].tolist()
         for r in range(R):
+            clock.check()
             for g in range(G):
                 cells = cells_RGP[r][g]
                 for c in cells:
@@ -92,6 +100,7 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True) -> tuple[pyo.Concret
     m.experts = pyo.ConstraintList()
     for r in range(R):
         for g in range(G):
+            clock.check()
             cells = cells_RGP[r][g]
             for l in layers:
                 for p in range(P):
@@ -125,6 +134,8 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True) -> tuple[pyo.Concret
             for j in range(1, len(units)):
                 cur, prev = units[j], units[j - 1]
                 for n, i in enumerate(order):
+                    if n % 16 == 0:
+                        clock.check()
                     lhs = sum(x[i, c] for c in cur)
                     if n == 0:
                         m.symmetry.add(lhs <= 0)
@@ -200,16 +211,21 @@ def solve_milp(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
     reason = prefeasibility(inst)
     if reason is not None:
         return _result(inst, "infeasible", None, float("inf"), t0, None, lexicographic, {"reason": reason})
-    m, unit = build_milp(inst, symmetry)
+    try:
+        # half of the limit at most: handing the model to HiGHS costs about as much again
+        m, unit = build_milp(inst, symmetry, t0 + BUILD_SHARE * time_limit)
+        if warm_start is not None:
+            row_N, slot_N = (np.asarray(a, dtype=np.int64) for a in warm_start)
+            if symmetry:
+                row_N, slot_N = canonical_layout(row_N, slot_N, inst.topology, inst.rows, inst.objective,
+                                                 inst.order_N)
+            _set_start(m, inst, row_N, slot_N)
+    except BuildTimeout as exc:
+        return _result(inst, "unknown", None, inst.lower_bound(), t0, None, lexicographic,
+                       {"build_timeout": str(exc), "build_seconds": time.perf_counter() - t0})
     build_s = time.perf_counter() - t0
-    if warm_start is not None:
-        row_N, slot_N = (np.asarray(a, dtype=np.int64) for a in warm_start)
-        if symmetry:
-            row_N, slot_N = canonical_layout(row_N, slot_N, inst.topology, inst.rows, inst.objective,
-                                             inst.order_N)
-        _set_start(m, inst, row_N, slot_N)
     presolve = warm_start is None  # see the module docstring: HiGHS presolve + MIP start is unsafe
-    opt = _highs(time_limit - build_s, threads, presolve)
+    opt = _highs(max(0.01, time_limit - build_s), threads, presolve)
     res = opt.solve(m)
     tc = res.termination_condition
     info = {"stage1_status": str(tc.name), "model_unit_us": unit, "build_seconds": build_s,
