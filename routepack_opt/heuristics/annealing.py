@@ -1371,6 +1371,7 @@ def greedy_layout(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: i
 
 
 _GREEDY_SHARE = 0.25  # of a time limit, at most, for the joint-cost greedy seed
+_GREEDY_CHUNK_OPS = 5e7  # work per compiled call (~1e9 simple operations a second: ~50 ms)
 
 
 def _greedy_pb(pb: _Problem, deadline: float | None = None):
@@ -1390,8 +1391,7 @@ def _greedy_pb(pb: _Problem, deadline: float | None = None):
     consts = pb.consts()  # lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh
     _greedy_init(*state, consts[4], consts[5], consts[6], consts[8], pb.R, pb.D, pb.G, pb.obj,
                  pb.eps1, pb.eps2)
-    # ~1e9 simple operations per second: chunks of ~50 ms
-    step = max(1, int(5e7 // max(1, X * pb.L * pb.Pp + n_cells)))
+    step = max(1, int(_GREEDY_CHUNK_OPS // max(1, X * pb.L * pb.Pp + n_cells)))
     for t in range(0, pb.N, step):
         if deadline is not None and time.perf_counter() >= deadline:
             return None

@@ -283,6 +283,9 @@ def _repair_cells(len_N, cell_N, tokens, D, C, cells):
     return progress
 
 
+_REPAIR_PIECE_OPS = 2e7  # ~ work per compiled call of the repair (a few ms): clock checks between
+
+
 def _repair_capacity(len_N, cell_N, R: int, D: int, C: int, deadline: float | None = None) -> bool:
     """Make every cell fit the cap by moves and swaps (``cell_N`` changed in place), in passes
     over the overfull cells, worst first. Every step lowers the total overflow and creates none,
@@ -291,7 +294,7 @@ def _repair_capacity(len_N, cell_N, R: int, D: int, C: int, deadline: float | No
     of overfull cells the passes take seconds, so they run in pieces with the clock checked."""
     len_N = np.ascontiguousarray(len_N, dtype=np.int64)
     tokens = np.bincount(cell_N, weights=len_N, minlength=R * D).astype(np.int64)
-    piece = max(1, int(2e7 // (len_N.size + R * D)))  # cells per call: some ms of steps
+    piece = max(1, int(_REPAIR_PIECE_OPS // (len_N.size + R * D)))  # cells per compiled call
     while True:
         over = np.flatnonzero(tokens > C)
         if over.size == 0:

@@ -130,7 +130,7 @@ def solve_cpsat(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
             done.append({"phase": "fixed", "layout": res.layout, "bound": res.bound,
                          "info": {"status": res.status, "seconds": res.seconds}})
             warm_start = _better(inst, res.layout, warm_start)
-    left = max(time_limit - (time.perf_counter() - t0), 0.01)
+    left = max(time_limit - (time.perf_counter() - t0), 0.0)
     res = _solve_model(inst, t0, left, warm_start, lexicographic, num_workers, *args)
     return _combine(inst, res, done, t0, "portfolio")
 

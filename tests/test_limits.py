@@ -1,0 +1,165 @@
+"""Time limits and memory: every stage draws on one clock, long kernels stop at a deadline, and a
+window too large for the memory left is refused before it is read."""
+
+import time
+import zipfile
+
+import numpy as np
+import pytest
+
+from routepack_opt import pipeline
+from routepack_opt.cost import PRESETS
+from routepack_opt.errors import InputError
+from routepack_opt.evaluate import Evaluator
+from routepack_opt.heuristics import annealing, baselines
+from routepack_opt.heuristics.placement import lpt_placement
+from routepack_opt.models.layout import solve_layout
+from routepack_opt.topology import Topology
+from routepack_opt.trace import generate_window
+from routepack_opt.window import check_window_memory, load_window
+
+COST = PRESETS["olmoe-1b-7b"].cost
+
+
+@pytest.fixture(scope="module")
+def window():
+    return generate_window("olmoe-1b-7b", 160, seed=5, num_layers=4)
+
+
+def _problem(window, topo, rows):
+    b = Evaluator(window, topo, COST).rank_loads(lpt_placement(window.expert_loads(), topo.ep))
+    return annealing._Problem(window.lengths, b, topo, COST, rows, "max-sum", 1e-9)
+
+
+def test_greedy_in_chunks_equals_one_pass(window, monkeypatch):
+    """The joint-cost greedy run in chunks of 1 or 7 samples gives the one-pass layout."""
+    topo = Topology(dp=8, ep=4, capacity=4096)
+    rows = pipeline.resolve_rows(window, topo, None)[0]
+    pb = _problem(window, topo, rows)
+    whole = annealing._greedy_pb(pb)
+    assert whole is not None
+    for step in (1, 7):
+        monkeypatch.setattr(annealing, "_GREEDY_CHUNK_OPS", step * (pb.R * pb.G * pb.L * pb.Pp + pb.R * pb.D))
+        again = annealing._greedy_pb(pb)
+        assert np.array_equal(again[0], whole[0]) and np.array_equal(again[1], whole[1])
+
+
+def test_greedy_stops_at_a_past_deadline(window):
+    """A deadline already passed: the greedy gives up (None) instead of running on."""
+    topo = Topology(dp=8, ep=4, capacity=4096)
+    pb = _problem(window, topo, pipeline.resolve_rows(window, topo, None)[0])
+    assert annealing._greedy_pb(pb, deadline=time.perf_counter() - 1.0) is None
+
+
+def test_repair_in_pieces_equals_one_pass(monkeypatch):
+    """The cap repair run a few cells per compiled call ends in the layout of one call per pass."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(50, 900, size=400)
+    cells0 = rng.integers(0, 64, size=400)
+    whole = cells0.copy()
+    ok = baselines._repair_capacity(lengths, whole, 8, 8, 2000)
+    for piece_ops in (1, 3 * (400 + 64)):
+        monkeypatch.setattr(baselines, "_REPAIR_PIECE_OPS", piece_ops)
+        again = cells0.copy()
+        assert baselines._repair_capacity(lengths, again, 8, 8, 2000) == ok
+        assert np.array_equal(again, whole)
+
+
+def test_repair_stops_at_a_past_deadline():
+    """With the deadline gone the repair reports failure (the caller's last resort takes over)."""
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(50, 900, size=400)
+    cells = rng.integers(0, 64, size=400)
+    tokens = np.bincount(cells, weights=lengths, minlength=64)
+    assert (tokens > 2000).any()
+    assert baselines._repair_capacity(lengths, cells, 8, 8, 2000, deadline=time.perf_counter() - 1) is False
+
+
+def test_stages_before_the_search_count_against_the_limit(window, monkeypatch):
+    """When R* certification alone uses up the time limit, no search runs, the plan is the best
+    baseline (valid), and it says so."""
+    topo = Topology(dp=8, ep=4, capacity=4096)
+    real = pipeline.resolve_rows
+
+    def slow_rows(*args, **kwargs):
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "resolve_rows", slow_rows)
+    p = pipeline.plan(window, topo, COST, time_limit=0.2)
+    assert p.validate(window) == []
+    assert "no search" in p.info["fallback"]
+    assert "search" not in p.info
+
+
+def test_search_gets_what_the_earlier_stages_left(window, monkeypatch):
+    """The annealer's time limit is the pipeline's limit less what placement, R* and the seeds
+    used (and the final-scoring reserve), not the whole limit again."""
+    topo = Topology(dp=8, ep=4, capacity=4096)
+    seen = {}
+    real = annealing.anneal
+
+    def spy(*args, **kwargs):
+        seen["time_limit"] = kwargs["time_limit"]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(annealing, "anneal", spy)
+    pipeline.plan(window, topo, COST, time_limit=5.0, max_sweeps=2)
+    assert 0 < seen["time_limit"] <= 5.0 - 0.02  # at least the reserve's floor is kept back
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf")])
+def test_pipeline_time_limit_must_be_positive_and_finite(window, bad):
+    """A zero, negative, NaN or infinite time limit is an input error."""
+    with pytest.raises(InputError, match="time limit"):
+        pipeline.plan(window, Topology(dp=8, ep=4, capacity=4096), COST, time_limit=bad)
+
+
+def test_exact_model_build_stops_at_the_limit(window):
+    """An exact model too large to build in the limit returns the warm start (never worse) with
+    the build timeout recorded, instead of running past the limit."""
+    topo = Topology(dp=8, ep=4, capacity=4096)
+    rows = pipeline.resolve_rows(window, topo, None)[0]
+    pl = lpt_placement(window.expert_loads(), topo.ep)
+    row, slot = next(iter(pipeline.baseline_layouts(window, topo, rows).values()))
+    for solver in ("cpsat", "highs"):
+        res = solve_layout(window, topo, COST, pl, rows, "max-sum", solver=solver, time_limit=1e-4,
+                           warm_start=(row, slot))
+        assert res.status in ("feasible", "unknown")
+        assert res.row is not None and np.array_equal(res.row, row) and np.array_equal(res.slot, slot)
+        assert res.info.get("returned") == "warm start"
+        assert "build_timeout" in res.info
+
+
+def _fake_npz(path, shape, dtype="<i2"):
+    """An .npz whose counts header claims ``shape`` (no data behind it: never read)."""
+    header = {"descr": dtype, "fortran_order": False, "shape": tuple(shape)}
+    with zipfile.ZipFile(path, "w") as z:
+        with z.open("counts.npy", "w") as fh:
+            np.lib.format.write_array_header_1_0(fh, header)
+        with z.open("lengths.npy", "w") as fh:
+            np.lib.format.write_array(fh, np.ones(shape[0] if shape[0] < 10 else 1, dtype=np.int64))
+    return path
+
+
+def test_window_too_large_for_memory_is_refused_up_front(tmp_path):
+    """A window whose counts would not fit in memory is an input error naming the size, raised
+    from the file's header before any of it is read."""
+    path = _fake_npz(tmp_path / "huge.npz", (10**9, 48, 256))
+    with pytest.raises(InputError, match=r"needs about .* GiB .* per sample"):
+        load_window(path)
+
+
+def test_memory_check_passes_small_windows():
+    """A small window passes the memory check (nothing is raised)."""
+    check_window_memory((1024, 48, 256), np.dtype(np.int16))
+
+
+def test_cli_huge_window_is_one_error_line(run_cli, tmp_path):
+    """`routepack plan` on a window too large for memory: exit 2, one error: line."""
+    path = _fake_npz(tmp_path / "huge.npz", (10**9, 48, 256))
+    code, out, err = run_cli("plan", path, "--dp", "8", "--ep", "4", "--capacity", "4096",
+                             "--cost", "olmoe-1b-7b")
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "GiB" in lines[0]
