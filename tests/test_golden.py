@@ -1,0 +1,63 @@
+"""Golden plans: the planner's output for fixed windows, seeds and sweep budgets, committed before
+the package is reorganised (issue 13), so a move that changes behaviour fails here.
+
+Regenerate only for an intended change of behaviour, and say why in the commit:
+``ROUTEPACK_REGEN_GOLDEN=1 python -m pytest tests/test_golden.py``.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from routepack_opt.cost import CostModel, Stage
+from routepack_opt.pipeline import plan
+from routepack_opt.testing import random_window
+from routepack_opt.topology import Topology
+
+GOLDEN = Path(__file__).parent / "golden" / "plans.json"
+COST = CostModel(stages=(Stage("full_attn", alpha=0.02, beta=4e-5),), gamma=0.01, row_overhead=5.0)
+CASES = [  # (name, window args, topology args)
+    ("w64-d4-p2", dict(num_samples=64, num_layers=4, num_experts=16, top_k=2, max_len=400, seed=11, skew=1.2),
+     dict(dp=4, ep=2, capacity=1200)),
+    ("w96-d8-p4", dict(num_samples=96, num_layers=3, num_experts=16, top_k=4, max_len=300, min_len=20, seed=12),
+     dict(dp=8, ep=4, capacity=900)),
+]
+KEYS = ("rows", "placement", "cells", "objective", "score", "lower_bound")
+
+
+def _plans():
+    out = {}
+    for name, wargs, targs in CASES:
+        window = random_window(**wargs)
+        topo = Topology(**targs)
+        for objective in ("max-sum", "sum-max"):
+            for placement in ("lpt", "joint"):
+                p = plan(window, topo, COST, objective, placement, max_sweeps=8, seed=3)
+                d = json.loads(json.dumps(p.to_json()))
+                cert = {k: v for k, v in d["certificate"].items() if k != "seconds"}
+                out[f"{name}/{objective}/{placement}"] = {**{k: d[k] for k in KEYS}, "certificate": cert,
+                                                          "placement_kind": d["info"]["placement_kind"]}
+    return out
+
+
+@pytest.fixture(scope="module")
+def plans():
+    return _plans()
+
+
+def test_plans_equal_the_golden_record(plans):
+    """Plans (placement, cells, rows, scores, certificate) for fixed windows, both objectives,
+    lpt and joint placement, seed 3 and 8 sweeps equal the committed record."""
+    if os.environ.get("ROUTEPACK_REGEN_GOLDEN"):
+        GOLDEN.write_text(json.dumps(plans, indent=1, sort_keys=True) + "\n")
+    golden = json.loads(GOLDEN.read_text())
+    assert sorted(plans) == sorted(golden)
+    for key, want in golden.items():
+        got = plans[key]
+        for field in ("rows", "placement", "cells", "objective", "certificate", "placement_kind"):
+            assert got[field] == want[field], (key, field)
+        for field in ("makespan", "total", "peak"):
+            assert got["score"][field] == pytest.approx(want["score"][field], rel=1e-12), (key, field)
+        assert got["lower_bound"] == pytest.approx(want["lower_bound"], rel=1e-12), key
