@@ -77,13 +77,16 @@ def resolve_rows(window: Window, topology: Topology, rows: int | None, time_limi
 def baseline_layouts(window: Window, topology: Topology, rows: int,
                      time_limit: float = 10.0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Every length-only baseline layout at exactly ``rows`` rows (name → (row_N, slot_N)).
-    ``time_limit`` bounds each baseline's last resort (an exact packing on tight windows)."""
+    ``time_limit`` bounds them all together (their cap repair and, on tight windows, the exact
+    packing of their last resort)."""
     from routepack_opt.heuristics.baselines import BASELINES
 
     out = {}
-    for name, fn in BASELINES.items():
+    end = time.perf_counter() + time_limit
+    for k, (name, fn) in enumerate(BASELINES.items()):
+        share = (end - time.perf_counter()) / (len(BASELINES) - k)  # an even split of what is left
         try:
-            out[name] = fn(window.lengths, topology, rows, time_limit=time_limit)
+            out[name] = fn(window.lengths, topology, rows, time_limit=max(0.05, share))
         except InfeasibleError:
             continue
     if not out:
