@@ -1169,7 +1169,7 @@ class _Problem:
     """Constant arrays of one (window, placement, topology, cost, R, objective) instance."""
 
     def __init__(self, lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int,
-                 objective: str, tie_eps: float):
+                 objective: str, tie_eps: float, storage: tuple | None = None):
         check_objective(objective)
         self.objective = objective
         self.obj = _OBJ_CODE[objective]
@@ -1205,6 +1205,8 @@ class _Problem:
         bmax = int(b_NLP.max(initial=0))
         dtype = np.int16 if (self.wdtype == np.int32 and bmax < 2**15
                              and int(b_NLP.min(initial=0)) >= 0) else self.wdtype
+        if storage is not None:  # (b dtype, W dtype) forced: the warm-up compiles every variant
+            dtype, self.wdtype = storage
         # rank-major rows b[i, p·L + l] (see the expert kernels)
         # ranks zero-padded to Pp = 8·⌈P/8⌉ (see the expert kernels)
         Pp = 8 * ((P + 7) // 8)
@@ -1389,7 +1391,8 @@ def layout_energy(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: i
 def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, objective: str,
            seeds: Sequence[tuple] = (), config: AnnealConfig | None = None, seed: int = 0,
            time_limit: float | None = None, max_sweeps: int | None = None,
-           progress: Callable[[float], None] | None = None) -> AnnealResult:
+           progress: Callable[[float], None] | None = None,
+           stop: Callable[[], bool] | None = None) -> AnnealResult:
     """Population annealing for the packing at fixed placement (via ``b_NLP``) and ``rows``.
 
     ``seeds``: feasible layouts ``(row_N, slot_N)`` from constructive heuristics (validated);
@@ -1399,9 +1402,18 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     are also shrunk to the measured rate so the whole ladder (hot → cold) fits in the limit
     (``config.fill_time`` stretches them to use all of it). Only ``max_sweeps``/the config
     budget without a time limit is bit-identical for a seed.
-    ``progress(fraction)`` is called after each temperature. The result is never worse (by the
-    evaluator's lexicographic score) than the best seed.
+    ``progress(fraction)`` is called after each temperature. ``stop()`` is polled after every
+    chunk of sweeps: when it returns True the search ends early with the best so far (a
+    cooperative cancel, e.g. :class:`routepack_opt.api.AsyncPlanner` superseding a window).
+    The result is never worse (by the evaluator's lexicographic score) than the best seed.
+
+    The numba kernels are compiled (or loaded from the cache) by
+    :func:`routepack_opt.warmup.warm` before the clock starts: compilation never eats into
+    ``time_limit``.
     """
+    from routepack_opt.warmup import warm
+
+    warm()
     t0 = time.perf_counter()
     cfg = AnnealConfig() if config is None else config
     if not isinstance(cfg, AnnealConfig):
@@ -1507,6 +1519,8 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
             done += n
             if deadline is not None and time.perf_counter() >= deadline:
                 stopped = True
+            if stop is not None and stop():
+                stopped = True
         sweeps_done += done / N
         j = int(np.argmin(pop.best_e))
         if pop.best_e[j] < best_e:
@@ -1558,3 +1572,20 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     return AnnealResult(row=row, slot=slot, energy=float(a[3]),
                         score=(float(a[0]), float(a[1]), float(a[2])), objective=objective,
                         stats=stats)
+
+
+def warm_kernels(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int,
+                 seeds: Sequence[tuple]) -> None:
+    """Compile (or load from numba's cache) every kernel of the search for every storage
+    variant ``_Problem`` can pick — (b, W) = (int16, int32), (int32, int32), (int64, int64) —
+    and both objectives, on a tiny instance (see :mod:`routepack_opt.warmup`)."""
+    cfg = AnnealConfig(population=2, temperatures=2, sweeps=1, calibration_moves=16)
+    for objective in _OBJ_CODE:
+        for storage in ((np.int16, np.int32), (np.int32, np.int32), (np.int64, np.int64)):
+            pb = _Problem(lengths_N, b_NLP, topology, cost, rows, objective, cfg.tie_eps, storage)
+            _greedy_pb(pb)
+            rows_KN, slots_KN = zip(*(pb.check_layout(r, s, "seed") for r, s in seeds[:1] * 2))
+            pop = _Population(pb, 2)
+            pop.init(pb, np.stack(rows_KN), np.stack(slots_KN))
+            pop.run(pb, pb.N, 1.0, cfg, probe=np.zeros((2, cfg.calibration_moves)))
+            pop.run(pb, pb.N, np.inf, cfg)
