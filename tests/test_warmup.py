@@ -106,7 +106,7 @@ def test_cold_plan_is_bit_identical_to_warm(tmp_path):
     """A plan on a fresh, empty numba cache (ROUTEPACK_CACHE_DIR) equals the warm one, minus
     timings, for a fixed seed and sweep budget; the cache it wrote then serves every kernel."""
     w = generate_window("olmoe-1b-7b", 24, seed=1, num_layers=2, num_experts=8, capacity=4096)
-    save_window(tmp_path / "w.npz", w)
+    save_window(w, tmp_path / "w.npz")
     cache = tmp_path / "cache"
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env.update(PYTHONPATH=str(REPO), ROUTEPACK_CACHE_DIR=str(cache))
