@@ -3,13 +3,19 @@
 The search kernels are numba functions compiled on first call (``cache=True`` writes the machine
 code to disk). On a fresh install the first plan would compile for ~30 s, inside the search's
 time limit, and return a worse plan. :func:`warm` runs every planning kernel once, for every
-type signature the planner can call it with, on tiny windows, so that:
+type signature the planner calls it with, on tiny windows, so that:
 
 - the pipeline (:func:`routepack_opt.pipeline.plan`) and the annealer call ``warm()`` at their
   entry, *before* their time-limit clocks start: compilation never counts against a limit;
-- ``routepack warmup`` does it ahead of time (at install or image build) and reports what it
-  compiled and what it loaded from the cache;
+- ``routepack warmup`` does it ahead of time (at install or image build), for every group, and
+  reports what it compiled and what it loaded from the cache;
 - :class:`routepack_opt.api.AsyncPlanner` starts it in a background thread when created.
+
+One family is left out of the default warm-up: the annealer's int32/int64 load storages, needed
+only when one sample sends ≥ 2^15 tokens to one EP rank (or a rank gets ≥ 2^30). Compiling them
+costs as much as everything else together, so the annealer compiles the one a window needs on
+first use, off its clock (:func:`routepack_opt.heuristics.annealing.warm_storage`);
+``routepack warmup`` (group ``storage``) compiles both ahead of time.
 
 ``warm()`` runs once per process per group (later calls return the first report at once); a lock
 makes concurrent callers wait for the one warm-up instead of compiling twice, and a call from
@@ -41,6 +47,10 @@ GROUPS = {
              "routepack_opt.heuristics.binpack", "routepack_opt.heuristics.baselines",
              "routepack_opt.heuristics.annealing", "routepack_opt.heuristics.refine_placement",
              "routepack_opt.migration"),
+    # the annealer's rare load storages (int32 / int64 loads: samples of ≥ 2^15 tokens on one
+    # rank, or ≥ 2^30 tokens per rank); compiled before the annealer's clock when a window needs
+    # them (annealing.warm_storage), so only ``routepack warmup`` does them ahead of time
+    "storage": ("routepack_opt.heuristics.annealing",),
     "exact": ("routepack_opt.models.binpack", "routepack_opt.models.layout_blocks"),
 }
 
@@ -87,8 +97,10 @@ def _cache_counts(kernels: dict) -> tuple[int, int]:
 
 def warm(groups=("plan",)) -> dict:
     """Compile or load every kernel of ``groups`` (``"plan"``: placement, R* bounds and packings,
-    baselines, annealer — both objectives, every load storage —, joint placement, migration;
-    ``"exact"``: the numba parts of the exact models). Returns a report: seconds, kernels,
+    baselines, annealer — both objectives, the ordinary load storage —, joint placement,
+    migration; ``"storage"``: the annealer's rare int32/int64 load storages, which it otherwise
+    compiles off its clock when a window needs them; ``"exact"``: the numba parts of the exact
+    models). Returns a report: seconds, kernels,
     signatures, ``compiled`` (cache misses), ``loaded`` (cache hits), cache directory.
     Never raises: a failure is logged and reported (``error``), and planning then compiles
     lazily as before."""
@@ -178,12 +190,10 @@ def _tiny_window(seed: int, n: int = 24, layers: int = 2, experts: int = 8, top_
 def _warm_plan() -> None:
     import numpy as np
 
-    from routepack_opt.certify import certify_rows
     from routepack_opt.cost import get_preset
-    from routepack_opt.evaluate import Evaluator
     from routepack_opt.heuristics import annealing, binpack
     from routepack_opt.heuristics.placement import identity_placement
-    from routepack_opt.pipeline import baseline_layouts, plan
+    from routepack_opt.pipeline import plan
     from routepack_opt.topology import Topology
 
     cost = get_preset("olmoe-1b-7b").cost
@@ -196,16 +206,19 @@ def _warm_plan() -> None:
         plan(w, topo, cost, objective, "joint", max_sweeps=2, seed=0, current_placement=ident)
         plan(w, topo, cost, objective, "identity", time_limit=0.05, seed=0)
     plan(w, topo, cost, "max-sum", "lpt-plain", max_sweeps=1, seed=0)
-    # the annealer's other load storages (int32 / int64 W, picked by the window's magnitudes)
-    R = certify_rows(w, topo).rows
-    b = Evaluator(w, topo, cost).rank_loads(identity_placement(w.num_layers, w.num_experts))
-    seeds = list(baseline_layouts(w, topo, R).values())
-    annealing.warm_kernels(w.lengths, b, topo, cost, R, seeds)
+    annealing.warm_storage(*annealing.STORAGES[0])  # the ordinary storage (compiled above)
     # R* escalation past the cheap bounds: MBS' and the overflow tabu search on K bins
     sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
     binpack.best_packing(sizes, 64)
     binpack.minimum_bin_slack(sizes, 64, restarts=1, seed=0)
     binpack.fixed_bins_search(sizes, 64, binpack.lower_bound_l1(sizes, 64), max_iters=50)
+
+
+def _warm_storage() -> None:
+    from routepack_opt.heuristics import annealing
+
+    for storage in annealing.STORAGES[1:]:
+        annealing.warm_storage(*storage)
 
 
 def _warm_exact() -> None:
@@ -239,4 +252,4 @@ def _warm_blocks() -> None:
             layout_blocks.solve_blocks(inst, 5.0, start)
 
 
-_WARMERS = {"plan": _warm_plan, "exact": _warm_exact}
+_WARMERS = {"plan": _warm_plan, "storage": _warm_storage, "exact": _warm_exact}
