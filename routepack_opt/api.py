@@ -315,13 +315,13 @@ class AsyncPlanner:
 
     def _run(self, job: _Job) -> None:
         from routepack_opt import pipeline
-        from routepack_opt.warmup import warm
+        from routepack_opt.warmup import groups_for, warm
 
+        opts = job.opts
         job.stage = "warm-up"
-        warm()  # waits for the background warm-up (compiling here would be no faster)
+        warm(groups_for(opts.placement))  # waits for the background warm-up if it is running
         if job.cancel.is_set():
             return
-        opts = job.opts
         window = window_from(job.lengths, job.counts, job.routes, job.num_experts)
         topo, cost = opts.topology(), opts.cost_model()
         job.stage = "certify"

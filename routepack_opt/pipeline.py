@@ -118,11 +118,11 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
     best layout so far is returned. Numba kernels are compiled/loaded by ``warm()`` before the
     clock starts (``info["timings"]["warmup"]``, not part of ``total``)."""
     from routepack_opt.heuristics.annealing import AnnealConfig, anneal
-    from routepack_opt.warmup import warm
+    from routepack_opt.warmup import groups_for, warm
 
     check_objective(objective)
     t_warm = time.perf_counter()
-    warm()
+    warm(groups_for(placement))
     t_warm = time.perf_counter() - t_warm
     t_start = time.perf_counter()
     timings = {}

@@ -37,7 +37,7 @@ import os
 import threading
 import time
 
-__all__ = ["configure_cache", "warm", "GROUPS", "numba_kernels"]
+__all__ = ["configure_cache", "warm", "groups_for", "GROUPS", "numba_kernels"]
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 GROUPS = {
     "plan": ("routepack_opt.projection", "routepack_opt.heuristics.placement",
              "routepack_opt.heuristics.binpack", "routepack_opt.heuristics.baselines",
-             "routepack_opt.heuristics.annealing", "routepack_opt.heuristics.refine_placement",
-             "routepack_opt.migration"),
+             "routepack_opt.heuristics.annealing"),
+    # row-aware joint placement and migration (``--placement joint``, compare), warmed when used
+    "joint": ("routepack_opt.heuristics.refine_placement", "routepack_opt.migration"),
     # the annealer's rare load storages (int32 / int64 loads: samples of ≥ 2^15 tokens on one
     # rank, or ≥ 2^30 tokens per rank); compiled before the annealer's clock when a window needs
     # them (annealing.warm_storage), so only ``routepack warmup`` does them ahead of time
@@ -66,6 +67,11 @@ def configure_cache() -> str | None:
     if ours and not os.environ.get("NUMBA_CACHE_DIR"):
         os.environ["NUMBA_CACHE_DIR"] = ours
     return os.environ.get("NUMBA_CACHE_DIR") or None
+
+
+def groups_for(placement) -> tuple[str, ...]:
+    """The warm-up groups a plan with this ``placement`` argument needs."""
+    return ("plan", "joint") if isinstance(placement, str) and placement == "joint" else ("plan",)
 
 
 def numba_kernels(groups=tuple(GROUPS)) -> dict:
@@ -97,8 +103,8 @@ def _cache_counts(kernels: dict) -> tuple[int, int]:
 
 def warm(groups=("plan",)) -> dict:
     """Compile or load every kernel of ``groups`` (``"plan"``: placement, R* bounds and packings,
-    baselines, annealer — both objectives, the ordinary load storage —, joint placement,
-    migration; ``"storage"``: the annealer's rare int32/int64 load storages, which it otherwise
+    baselines, annealer — both objectives, the ordinary load storage; ``"joint"``: row-aware
+    joint placement and migration; ``"storage"``: the annealer's rare int32/int64 load storages, which it otherwise
     compiles off its clock when a window needs them; ``"exact"``: the numba parts of the exact
     models). Returns a report: seconds, kernels,
     signatures, ``compiled`` (cache misses), ``loaded`` (cache hits), cache directory.
@@ -190,28 +196,40 @@ def _tiny_window(seed: int, n: int = 24, layers: int = 2, experts: int = 8, top_
 def _warm_plan() -> None:
     import numpy as np
 
-    from routepack_opt.cost import get_preset
     from routepack_opt.heuristics import annealing, binpack
-    from routepack_opt.heuristics.placement import identity_placement
     from routepack_opt.pipeline import plan
-    from routepack_opt.topology import Topology
 
-    cost = get_preset("olmoe-1b-7b").cost
-    w = _tiny_window(0)
-    topo = Topology(dp=4, ep=2, capacity=64)
-    ident = identity_placement(w.num_layers, w.num_experts)
+    w, topo, cost, cfg = _tiny_problem()
     for objective in ("max-sum", "sum-max"):
-        # the whole pipeline: placement, R*, baselines, evaluator, annealer, joint + migration
-        plan(w, topo, cost, objective, "lpt", max_sweeps=2, seed=0)
-        plan(w, topo, cost, objective, "joint", max_sweeps=2, seed=0, current_placement=ident)
-        plan(w, topo, cost, objective, "identity", time_limit=0.05, seed=0)
-    plan(w, topo, cost, "max-sum", "lpt-plain", max_sweeps=1, seed=0)
+        # the whole pipeline: placement, R*, baselines, evaluator, annealer (a tiny ladder: the
+        # kernels' types do not depend on its size)
+        plan(w, topo, cost, objective, "lpt", max_sweeps=2, seed=0, config=cfg)
+    plan(w, topo, cost, "max-sum", "identity", time_limit=0.05, seed=0, config=cfg)
+    plan(w, topo, cost, "sum-max", "lpt-plain", max_sweeps=1, seed=0, config=cfg)
     annealing.warm_storage(*annealing.STORAGES[0])  # the ordinary storage (compiled above)
     # R* escalation past the cheap bounds: MBS' and the overflow tabu search on K bins
     sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
     binpack.best_packing(sizes, 64)
     binpack.minimum_bin_slack(sizes, 64, restarts=1, seed=0)
     binpack.fixed_bins_search(sizes, 64, binpack.lower_bound_l1(sizes, 64), max_iters=50)
+
+
+def _tiny_problem():
+    from routepack_opt.cost import get_preset
+    from routepack_opt.heuristics.annealing import AnnealConfig
+    from routepack_opt.topology import Topology
+
+    cfg = AnnealConfig(population=2, temperatures=2, calibration_moves=16)
+    return _tiny_window(0), Topology(dp=4, ep=2, capacity=64), get_preset("olmoe-1b-7b").cost, cfg
+
+
+def _warm_joint() -> None:
+    from routepack_opt.heuristics.placement import identity_placement
+    from routepack_opt.pipeline import plan
+
+    w, topo, cost, cfg = _tiny_problem()
+    ident = identity_placement(w.num_layers, w.num_experts)
+    plan(w, topo, cost, "max-sum", "joint", max_sweeps=2, seed=0, config=cfg, current_placement=ident)
 
 
 def _warm_storage() -> None:
@@ -252,4 +270,4 @@ def _warm_blocks() -> None:
             layout_blocks.solve_blocks(inst, 5.0, start)
 
 
-_WARMERS = {"plan": _warm_plan, "storage": _warm_storage, "exact": _warm_exact}
+_WARMERS = {"plan": _warm_plan, "joint": _warm_joint, "storage": _warm_storage, "exact": _warm_exact}

@@ -21,8 +21,9 @@ def register(sub) -> None:
                        description="Compile (or load from numba's cache) every kernel the planner "
                        "and the exact models use, for every signature they call. The cache lives "
                        "in NUMBA_CACHE_DIR (or ROUTEPACK_CACHE_DIR) when set.")
-    p.add_argument("--group", choices=["all", "plan", "storage", "exact"], default="all",
-                   help="which kernels: plan (routepack plan/compare, the Python API), storage "
+    p.add_argument("--group", choices=["all", "plan", "joint", "storage", "exact"], default="all",
+                   help="which kernels: plan (routepack plan/compare, the Python API), joint "
+                        "(--placement joint, migration), storage "
                         "(the annealer's int32/int64 load storages for huge loads), exact "
                         "(numba parts of routepack exact), or all (default)")
     add_json(p)
