@@ -241,8 +241,9 @@ class AsyncPlanner:
                seed: int = _D.seed, current_placement=None) -> Future:
         """Start planning a window (options as :func:`plan_micro_batches`); ``deadline``: seconds
         from now until ``result()`` answers (the search's time limit is what is left of it, or
-        ``time_limit`` if smaller). Returns a Future of the plan (or the fallback). Raises only
-        ``InputError`` for bad options, never because an earlier window is still running."""
+        ``time_limit`` if smaller). Returns a Future of the plan (or the worker's fallback;
+        cancelled if superseded). Raises only ``InputError`` for bad options, never because an
+        earlier window is still running."""
         deadline = _check_seconds("deadline", deadline)
         if (counts is None) == (routes is None):
             raise InputError("give exactly one of counts=[N, L, E] or routes=[T, L, k]")
@@ -269,7 +270,10 @@ class AsyncPlanner:
         return job.future
 
     def result(self) -> MicroBatchPlan:
-        """The latest submitted window's plan, by its deadline + grace; else its fallback."""
+        """The latest submitted window's plan, by its deadline + grace; else its fallback (the
+        worker's, or a quick one built here). Raises ``InputError`` only when not even a
+        fallback exists (the lengths themselves are unusable), ``RuntimeError`` before any
+        submit."""
         with self._cv:
             job = self._latest
         if job is None:
@@ -392,8 +396,9 @@ def _quick_plan(job: _Job) -> MicroBatchPlan:
     opts = job.opts
     topo = opts.topology()
     lengths = np.asarray(job.lengths)
-    if lengths.ndim != 1 or lengths.size == 0 or lengths.dtype.kind not in "iu":
-        raise InputError("lengths must be a non-empty 1-D integer array")
+    if lengths.ndim != 1 or lengths.size == 0 or lengths.dtype.kind not in "iuf" \
+            or (lengths.dtype.kind == "f" and not np.all(np.isfinite(lengths) & (lengths == np.round(lengths)))):
+        raise InputError("lengths must be a non-empty 1-D array of integers")
     lengths = lengths.astype(np.int64)
     if job.counts is not None:
         shape = np.shape(job.counts)
