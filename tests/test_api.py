@@ -173,3 +173,21 @@ def test_anneal_stop_cancels_cooperatively(window):
     assert res.stats["temperatures_done"] == 1 and res.stats["sweeps"] <= 2
     cells = res.row * topo.dp + res.slot
     assert np.bincount(cells, minlength=R * topo.dp).min() >= 1
+
+
+def test_quick_fallback_is_valid_at_the_certified_rows_on_a_tight_window():
+    """The numba-free quick fallback packs a tight window (R* = N/D) into valid, full-row cells."""
+    rng = np.random.default_rng(3)
+    # perfect-fit pairs: R* bins of exactly C tokens, and exactly 2 samples per cell → R·D = N/2
+    C, D = 1000, 4
+    a = rng.integers(100, 900, size=16)
+    lengths = np.concatenate([a, C - a])
+    counts = np.zeros((lengths.size, 1, 4), dtype=np.int64)
+    counts[:, 0, 0] = lengths
+    job = api._Job(lengths, counts, None, None, PlanOptions(dp_size=D, ep_size=2, max_tokens=C),
+                   0.0, api.Future())
+    mb = api._quick_plan(job)
+    from routepack_opt.window import Window
+
+    assert mb.plan.validate(Window(lengths, counts, top_k=1)) == []
+    assert mb.num_micro_batches == 4  # 16 full bins on 4 slots: best-fit finds the pairs
