@@ -11,7 +11,8 @@ What a trainer does each optimizer step t, in the order the paper's integration 
    varlen micro-batches (one per row) with the replayed routes; the DP ranks run here one after
    another with gradient accumulation (``loss_sum`` / tokens), then ``optimizer.step()``;
 3. at the step boundary ``AsyncPlanner.result()`` returns the next plan (or, past its deadline,
-   a valid length-only fallback) and ``materialize`` moves every re-placed expert's weights,
+   a valid length-only fallback; a submit never fails because the previous window is still
+   being planned — that one is cancelled) and ``materialize`` moves every re-placed expert's weights,
    gradients and Adam state into its new slot and switches the logical→physical dispatch.
 
 The first window is planned synchronously with ``plan_micro_batches``. The loop also checks the
@@ -92,7 +93,7 @@ def _run(steps, samples, sweeps, deadline, verbose) -> dict:
     window = rollout(0, samples)
     mb = plan_micro_batches(window.lengths, window.counts, **plan_kwargs(sweeps))
     materialize(model.moe_layers, mb.logical_to_physical, opt)
-    planner = AsyncPlanner(grace=1.0)
+    planner = AsyncPlanner(grace=1.0)  # starts the numba warm-up in the background
     log = []
     for t in range(steps):
         nxt = rollout(t + 1, samples)
@@ -115,7 +116,8 @@ def _run(steps, samples, sweeps, deadline, verbose) -> dict:
         move = materialize(model.moe_layers, new.logical_to_physical, opt)
         rep = mb.report
         entry = {"step": t, "loss": loss, "micro_batches": mb.num_micro_batches,
-                 "makespan_us": rep["makespan_max_sum"], "gap": rep["gap"],
+                 # a quick fallback (no plan by the deadline, e.g. kernels still compiling) has no score
+                 "makespan_us": rep.get("makespan_max_sum", float("nan")), "gap": rep.get("gap", float("nan")),
                  "fallback": "fallback" in new.report, "experts_moved": move.experts_moved,
                  "train_s": t_train, "wait_for_plan_s": wait}
         log.append(entry)
@@ -126,6 +128,7 @@ def _run(steps, samples, sweeps, deadline, verbose) -> dict:
                   + (" [fallback plan]" if entry["fallback"] else ""), flush=True)
         window, mb = nxt, new
     planner.result()  # the last submitted plan (step `steps`): let its thread finish
+    planner.close()
     return {"log": log, "replacement_loss_identical": True}
 
 

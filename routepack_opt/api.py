@@ -9,13 +9,20 @@ One call per optimizer step::
     expert_map = mb.logical_to_physical             # [L, E], EPLB-style (no redundancy)
 
 and :class:`AsyncPlanner` plans the next window in a background thread while the current step
-trains, returning the best plan found by a deadline. Plans are always valid and deterministic
-for the same inputs, seed and sweep budget.
+trains, returning the best plan found by a deadline — never raising because of the planning
+(a valid fallback plan instead, with the error recorded). Plans are always valid and
+deterministic for the same inputs, seed and sweep budget.
+
+Both take the same keyword-only options, :class:`PlanOptions` (one place for their defaults and
+checks); bad options raise :class:`routepack_opt.errors.InputError`.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import logging
+import math
 import threading
 import time
 from concurrent.futures import Future
@@ -24,11 +31,13 @@ import numpy as np
 
 from routepack_opt.cost import CostModel, resolve_cost
 from routepack_opt.errors import InputError
-from routepack_opt.plan import Plan
+from routepack_opt.plan import OBJECTIVES, Plan, check_placement
 from routepack_opt.topology import Topology
 from routepack_opt.window import Window
 
-__all__ = ["MicroBatchPlan", "plan_micro_batches", "AsyncPlanner", "window_from"]
+__all__ = ["MicroBatchPlan", "PlanOptions", "plan_micro_batches", "AsyncPlanner", "window_from"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +45,7 @@ class MicroBatchPlan:
     """``micro_batches[d][m]``: sample indices of micro-batch m on DP rank d (same count on every
     rank); ``physical_to_logical[l, s]`` / ``logical_to_physical[l, e]`` as in DeepSeek's EPLB
     (``phy2log`` / ``log2phy`` with one replica per expert); ``report``: score, bounds, gap,
-    certificate and timings."""
+    certificate and timings (``fallback`` and ``error`` when a fallback plan was returned)."""
 
     micro_batches: list[list[list[int]]]
     physical_to_logical: np.ndarray
@@ -47,6 +56,68 @@ class MicroBatchPlan:
     @property
     def num_micro_batches(self) -> int:
         return self.plan.rows
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    """Options of one planning call (checked when built; bad values raise ``InputError``).
+
+    ``dp_size``, ``ep_size``, ``max_tokens`` are required. ``placement``: ``"lpt"``,
+    ``"lpt-plain"``, ``"identity"``, ``"joint"`` or an [L, E] array (e.g. the placement already
+    materialized); ``current_placement``: the materialized one, charged for migration by
+    ``"joint"``. ``pp_multiple`` makes the micro-batch count a multiple of the pipeline schedule
+    (PP × VPP). ``time_limit`` bounds the search (anytime); ``max_sweeps`` + ``seed`` make it
+    bit-identical.
+    """
+
+    dp_size: int | None = None
+    ep_size: int | None = None
+    max_tokens: int | None = None
+    cost: str | CostModel = "qwen3-30b-a3b"
+    objective: str = "max-sum"
+    placement: object = "lpt"
+    num_micro_batches: int | None = None
+    pp_multiple: int = 1
+    min_micro_batches: int = 1
+    time_limit: float | None = None
+    max_sweeps: int | None = None
+    seed: int = 0
+    current_placement: object = None
+
+    def __post_init__(self):
+        for name in ("dp_size", "ep_size", "max_tokens"):
+            if getattr(self, name) is None:
+                raise InputError(f"{name} is required (e.g. {name}=8)")
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if not isinstance(self.cost, (str, CostModel)):
+            raise InputError(f"cost must be a preset name, a TOML path or a CostModel, got {self.cost!r}")
+        if self.time_limit is not None:
+            _check_seconds("time_limit", self.time_limit)
+        for name, lo in (("max_sweeps", 1), ("num_micro_batches", 1), ("seed", 0)):
+            v = getattr(self, name)
+            if v is None and name != "seed":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise InputError(f"{name} must be an integer ≥ {lo}, got {v!r}")
+        self.topology()  # dp/ep/capacity/row rules checked here, in the caller's thread
+
+    def topology(self) -> Topology:
+        return Topology(dp=self.dp_size, ep=self.ep_size, capacity=self.max_tokens,
+                        min_rows=self.min_micro_batches, row_multiple=self.pp_multiple)
+
+    def cost_model(self) -> CostModel:
+        return self.cost if isinstance(self.cost, CostModel) else resolve_cost(self.cost)
+
+
+_D = PlanOptions  # the defaults of both signatures below are PlanOptions' own
+
+
+def _check_seconds(name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(v) or v <= 0:
+        raise InputError(f"{name} must be a positive finite number of seconds, got {v!r}")
+    return float(v)
 
 
 def window_from(lengths, counts=None, routes=None, num_experts: int | None = None, top_k=None) -> Window:
@@ -70,82 +141,323 @@ def _to_result(p: Plan) -> MicroBatchPlan:
     return MicroBatchPlan(mbs, p2l, l2p, p, rep)
 
 
-def plan_micro_batches(lengths, counts=None, *, dp_size: int, ep_size: int, max_tokens: int,
-                       routes=None, num_experts: int | None = None, cost: str | CostModel = "qwen3-30b-a3b",
-                       objective: str = "max-sum", placement="lpt", num_micro_batches: int | None = None,
-                       pp_multiple: int = 1, min_micro_batches: int = 1, time_limit: float | None = None,
-                       max_sweeps: int | None = None, seed: int = 0, current_placement=None,
-                       **options) -> MicroBatchPlan:
-    """Plan one optimizer step. ``pp_multiple`` makes the micro-batch count a multiple of the
-    pipeline schedule (PP × VPP); ``placement`` is ``"lpt"``, ``"identity"``, ``"joint"`` or an
-    [L, E] array (e.g. the placement already materialized)."""
+def _plan(window: Window, opts: PlanOptions, *, rows=None, certificate=None, time_limit=None,
+          stop=None) -> MicroBatchPlan:
+    """The pipeline on ``window`` with ``opts`` (``rows``/``certificate``/``time_limit`` override)."""
     from routepack_opt.pipeline import plan
 
-    if options:
-        raise InputError(f"unknown option(s) {', '.join(sorted(options))}")
-    window = window_from(lengths, counts, routes, num_experts)
-    topo = Topology(dp=dp_size, ep=ep_size, capacity=max_tokens, min_rows=min_micro_batches,
-                    row_multiple=pp_multiple)
-    cm = cost if isinstance(cost, CostModel) else resolve_cost(cost)
-    p = plan(window, topo, cm, objective, placement, num_micro_batches, time_limit, max_sweeps, seed,
-             current_placement=current_placement)
+    p = plan(window, opts.topology(), opts.cost_model(), opts.objective, opts.placement,
+             opts.num_micro_batches if rows is None else rows,
+             opts.time_limit if time_limit is None else time_limit, opts.max_sweeps, opts.seed,
+             current_placement=opts.current_placement, certificate=certificate, stop=stop)
     return _to_result(p)
 
 
-class AsyncPlanner:
-    """Plans the next window in the background while the current step trains.
+def plan_micro_batches(lengths, counts=None, *, routes=None, num_experts: int | None = None,
+                       dp_size: int | None = None, ep_size: int | None = None,
+                       max_tokens: int | None = None, cost: str | CostModel = _D.cost,
+                       objective: str = _D.objective, placement=_D.placement,
+                       num_micro_batches: int | None = None, pp_multiple: int = _D.pp_multiple,
+                       min_micro_batches: int = _D.min_micro_batches,
+                       time_limit: float | None = None, max_sweeps: int | None = None,
+                       seed: int = _D.seed, current_placement=None) -> MicroBatchPlan:
+    """Plan one optimizer step (options: :class:`PlanOptions`). The window is per-sample
+    ``counts`` [N, L, E] or per-token ``routes`` [T, L, k] with ``num_experts``. Numba kernels
+    are compiled (or loaded from the cache) before ``time_limit`` starts counting."""
+    opts = PlanOptions(dp_size=dp_size, ep_size=ep_size, max_tokens=max_tokens, cost=cost,
+                       objective=objective, placement=placement,
+                       num_micro_batches=num_micro_batches, pp_multiple=pp_multiple,
+                       min_micro_batches=min_micro_batches, time_limit=time_limit,
+                       max_sweeps=max_sweeps, seed=seed, current_placement=current_placement)
+    return _plan(window_from(lengths, counts, routes, num_experts), opts)
 
-    ``submit(...)`` starts planning (same arguments as :func:`plan_micro_batches`) with
-    ``deadline`` seconds as the search's time limit; ``result()`` waits for it. If planning
-    cannot finish by ``deadline + grace`` (e.g. a slow certificate), ``result()`` returns the
-    length-only baseline plan computed up front, so the trainer never waits past its deadline.
+
+# ---------------------------------------------------------------------------------------------
+# AsyncPlanner
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class _Job:
+    """One submitted window and what planning it has produced so far."""
+
+    lengths: object
+    counts: object
+    routes: object
+    num_experts: int | None
+    opts: PlanOptions
+    deadline_at: float  # time.monotonic() by which result() should answer (plus grace)
+    future: Future
+    cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    plan: MicroBatchPlan | None = None
+    fallback: MicroBatchPlan | None = None
+    error: BaseException | None = None
+    stage: str = "queued"  # queued → warm-up → certify → fallback → search → done
+
+
+class AsyncPlanner:
+    """Plans the next window in a background thread while the current step trains.
+
+    ``submit(lengths, counts, deadline=S, **options)`` (options: :class:`PlanOptions`) returns
+    within milliseconds: it only checks the options and hands the window to the planner's
+    worker thread; the window's arrays must not be modified until ``result()`` returns.
+    ``result()`` waits at most until ``deadline`` seconds after the submit plus ``grace``, and
+    returns the plan if it is ready, else a valid fallback (identity — or ``current_placement``
+    — placement with length-only packing), computed on the spot if the worker has not built one
+    yet. It never re-raises an error of the planning thread: the fallback is returned, the error
+    is in ``report["error"]`` and :attr:`last_error`, and logged.
+
+    Latest window wins: a ``submit`` while an earlier window is still being planned cancels
+    that one cooperatively (the annealer stops at its next chunk of sweeps) and plans the new
+    one next — a trainer that moved on has no use for the old plan, and queueing would make
+    every later window later still. ``result()`` refers to the latest submit. One worker thread
+    plans one window at a time, so a stuck stage never piles up threads. Safe to call from
+    several threads. Creating a planner starts the numba warm-up in the background
+    (``warm=False`` to skip), so the first window is not planned by compiling kernels.
     """
 
-    def __init__(self, grace: float = 1.0):
-        self.grace = grace
-        self._future: Future | None = None
-        self._fallback: MicroBatchPlan | None = None
-        self._deadline_at = 0.0
+    def __init__(self, grace: float = 1.0, warm: bool = True):
+        self.grace = _check_seconds("grace", grace) if grace != 0 else 0.0
+        self.last_error: BaseException | None = None
+        self._cv = threading.Condition(threading.Lock())
+        self._pending: _Job | None = None  # submitted, not yet picked up by the worker
+        self._latest: _Job | None = None  # what result() answers for
+        self._worker: threading.Thread | None = None
+        self._closed = False
+        if warm:
+            from routepack_opt.warmup import warm as warm_kernels
 
-    def submit(self, lengths, counts=None, *, deadline: float, **kwargs) -> Future:
-        from routepack_opt.pipeline import baseline_layouts, layout_plan, resolve_placement
+            threading.Thread(target=warm_kernels, name="routepack-warmup", daemon=True).start()
 
-        if self._future is not None and not self._future.done():
-            raise RuntimeError("AsyncPlanner: the previous window is still being planned")
-        window = window_from(lengths, counts, kwargs.pop("routes", None), kwargs.pop("num_experts", None))
-        fut: Future = Future()
-        self._deadline_at = time.monotonic() + deadline
-        # A valid fallback right away: identity/given placement + length-only packing at a
-        # feasible row count (cheap: bounds + greedy).
-        topo = Topology(dp=kwargs["dp_size"], ep=kwargs["ep_size"], capacity=kwargs["max_tokens"],
-                        min_rows=kwargs.get("min_micro_batches", 1), row_multiple=kwargs.get("pp_multiple", 1))
-        cost = kwargs.get("cost", "qwen3-30b-a3b")
-        cm = cost if isinstance(cost, CostModel) else resolve_cost(cost)
-        from routepack_opt.pipeline import resolve_rows
-
-        R, cert = resolve_rows(window, topo, kwargs.get("num_micro_batches"), time_limit=min(deadline, 10.0))
-        pl, _ = resolve_placement(window, topo, kwargs.get("current_placement") if kwargs.get("current_placement") is not None else "identity")
-        name, (row, slot) = next(iter(baseline_layouts(window, topo, R).items()))
-        self._fallback = _to_result(layout_plan(window, topo, cm, pl, row, slot, R,
-                                                kwargs.get("objective", "max-sum"),
-                                                {"fallback": f"deadline: baseline {name}"}, cert))
-        kwargs.setdefault("num_micro_batches", R)
-
-        def work():
-            try:
-                fut.set_result(plan_micro_batches(window.lengths, window.counts, time_limit=deadline, **kwargs))
-            except BaseException as exc:  # delivered through result()
-                fut.set_exception(exc)
-
-        threading.Thread(target=work, name="routepack-planner", daemon=True).start()
-        self._future = fut
-        return fut
+    # --- caller side ---------------------------------------------------------------------------
+    def submit(self, lengths, counts=None, *, deadline: float, routes=None,
+               num_experts: int | None = None, dp_size: int | None = None,
+               ep_size: int | None = None, max_tokens: int | None = None,
+               cost: str | CostModel = _D.cost, objective: str = _D.objective,
+               placement=_D.placement, num_micro_batches: int | None = None,
+               pp_multiple: int = _D.pp_multiple, min_micro_batches: int = _D.min_micro_batches,
+               time_limit: float | None = None, max_sweeps: int | None = None,
+               seed: int = _D.seed, current_placement=None) -> Future:
+        """Start planning a window (options as :func:`plan_micro_batches`); ``deadline``: seconds
+        from now until ``result()`` answers (the search's time limit is what is left of it, or
+        ``time_limit`` if smaller). Returns a Future of the plan (or the worker's fallback;
+        cancelled if superseded). Raises only ``InputError`` for bad options, never because an
+        earlier window is still running."""
+        deadline = _check_seconds("deadline", deadline)
+        if (counts is None) == (routes is None):
+            raise InputError("give exactly one of counts=[N, L, E] or routes=[T, L, k]")
+        opts = PlanOptions(dp_size=dp_size, ep_size=ep_size, max_tokens=max_tokens, cost=cost,
+                           objective=objective, placement=placement,
+                           num_micro_batches=num_micro_batches, pp_multiple=pp_multiple,
+                           min_micro_batches=min_micro_batches, time_limit=time_limit,
+                           max_sweeps=max_sweeps, seed=seed, current_placement=current_placement)
+        job = _Job(lengths, counts, routes, num_experts, opts, time.monotonic() + deadline, Future())
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("AsyncPlanner: closed")
+            for old in (self._pending, self._latest):
+                if old is not None and not old.done.is_set():
+                    old.cancel.set()  # superseded: stop it at its next check
+            if self._pending is not None:  # never started: finish it as cancelled
+                self._finish(self._pending)
+            self._pending = job
+            self._latest = job
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._loop, name="routepack-planner", daemon=True)
+                self._worker.start()
+            self._cv.notify_all()
+        return job.future
 
     def result(self) -> MicroBatchPlan:
-        if self._future is None:
+        """The latest submitted window's plan, by its deadline + grace; else its fallback (the
+        worker's, or a quick one built here). Raises ``InputError`` only when not even a
+        fallback exists (the lengths themselves are unusable), ``RuntimeError`` before any
+        submit."""
+        with self._cv:
+            job = self._latest
+        if job is None:
             raise RuntimeError("AsyncPlanner: nothing submitted")
-        wait = max(0.0, self._deadline_at + self.grace - time.monotonic())
+        job.done.wait(max(0.0, job.deadline_at + self.grace - time.monotonic()))
+        with job.lock:
+            if job.plan is not None:
+                return job.plan
+            job.cancel.set()  # past its deadline: a late plan would be thrown away, stop it
+            if job.fallback is None:
+                job.fallback = self._quick_fallback(job)
+            if job.error is not None and "error" not in job.fallback.report:
+                job.fallback.report["error"] = f"{job.error.__class__.__name__}: {job.error}"
+            return job.fallback
+
+    def close(self) -> None:
+        """Cancel what is running and let the worker thread end."""
+        with self._cv:
+            self._closed = True
+            for job in (self._pending, self._latest):
+                if job is not None:
+                    job.cancel.set()
+            self._cv.notify_all()
+
+    # --- worker side ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._pending is None and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                job, self._pending = self._pending, None
+            try:
+                self._run(job)
+            except BaseException as exc:  # recorded; result() returns the fallback
+                job.error = exc
+                self.last_error = exc
+                log.error("routepack AsyncPlanner: planning failed: %s: %s",
+                          exc.__class__.__name__, exc, exc_info=exc)
+            finally:
+                self._finish(job)
+
+    def _run(self, job: _Job) -> None:
+        from routepack_opt import pipeline
+        from routepack_opt.warmup import groups_for, warm
+
+        opts = job.opts
+        job.stage = "warm-up"
+        warm(groups_for(opts.placement))  # waits for the background warm-up if it is running
+        if job.cancel.is_set():
+            return
+        window = window_from(job.lengths, job.counts, job.routes, job.num_experts)
+        topo, cost = opts.topology(), opts.cost_model()
+        job.stage = "certify"
+        left = job.deadline_at - time.monotonic()
+        rows, cert = pipeline.resolve_rows(window, topo, opts.num_micro_batches,
+                                           time_limit=min(10.0, max(0.05, 0.5 * left)))
+        job.stage = "fallback"
+        fb = self._fallback(window, topo, cost, opts, rows, cert)
+        with job.lock:
+            if job.fallback is None:
+                job.fallback = fb
+        left = job.deadline_at - time.monotonic()
+        if job.cancel.is_set() or left <= 0:
+            return
+        job.stage = "search"
+        # 10 % of what is left stays in hand for the evaluator, joint stage and hand-over
+        limit = 0.9 * left if opts.time_limit is None else min(opts.time_limit, 0.9 * left)
+        mb = _plan(window, opts, rows=rows, certificate=cert, time_limit=limit, stop=job.cancel.is_set)
+        if not job.cancel.is_set():
+            with job.lock:
+                job.plan = mb
+
+    @staticmethod
+    def _fallback(window, topo, cost, opts, rows, cert) -> MicroBatchPlan:
+        """Identity (or the materialized) placement + the first length-only baseline at R."""
+        from routepack_opt.pipeline import baseline_layouts, layout_plan, resolve_placement
+
+        pl, _ = resolve_placement(window, topo, "identity" if opts.current_placement is None
+                                  else opts.current_placement)
+        name, (row, slot) = next(iter(baseline_layouts(window, topo, rows).items()))
+        return _to_result(layout_plan(window, topo, cost, pl, row, slot, rows, opts.objective,
+                                      {"fallback": f"deadline: baseline {name}"}, cert))
+
+    def _finish(self, job: _Job) -> None:
+        job.stage = "done"
+        job.done.set()
+        if job.error is not None:
+            self.last_error = job.error
+        fut = job.future
+        if fut.done():
+            return
+        if job.plan is not None:
+            fut.set_result(job.plan)
+        elif job.cancel.is_set():
+            fut.cancel()
+        elif job.fallback is not None:
+            fut.set_result(job.fallback)
+        else:
+            fut.set_exception(job.error or RuntimeError("AsyncPlanner: no plan"))
+
+    def _quick_fallback(self, job: _Job) -> MicroBatchPlan:
+        """A valid plan from the lengths alone, in numpy and plain Python (no numba, so it is
+        quick even while kernels compile): identity placement, best-fit decreasing into bins,
+        bins split until every one of the R·D cells has a sample, dealt row-major."""
         try:
-            return self._future.result(timeout=wait)
-        except TimeoutError:
-            return self._fallback
+            mb = _quick_plan(job)
+        except InputError as exc:
+            if job.error is None:
+                job.error = exc
+                self.last_error = exc
+            raise InputError(f"AsyncPlanner: no plan and no fallback for this window: {exc}") from exc
+        log.warning("routepack AsyncPlanner: no plan by the deadline (stage %s); quick fallback",
+                    job.stage)
+        return mb
+
+
+def _quick_plan(job: _Job) -> MicroBatchPlan:
+    opts = job.opts
+    topo = opts.topology()
+    lengths = np.asarray(job.lengths)
+    if lengths.ndim != 1 or lengths.size == 0 or lengths.dtype.kind not in "iuf" \
+            or (lengths.dtype.kind == "f" and not np.all(np.isfinite(lengths) & (lengths == np.round(lengths)))):
+        raise InputError("lengths must be a non-empty 1-D array of integers")
+    lengths = lengths.astype(np.int64)
+    if job.counts is not None:
+        shape = np.shape(job.counts)
+        if len(shape) != 3:
+            raise InputError(f"counts must be [N, L, E], got shape {list(shape)}")
+        L, E = int(shape[1]), int(shape[2])
+    else:
+        shape = np.shape(job.routes)
+        if len(shape) != 3 or job.num_experts is None:
+            raise InputError("routes must be [T, L, k] with num_experts=E")
+        L, E = int(shape[1]), int(job.num_experts)
+    placement = np.tile(np.arange(E, dtype=np.int64), (L, 1))
+    if opts.current_placement is not None:
+        cur = np.asarray(opts.current_placement)
+        if not check_placement(cur, L, E):
+            placement = cur.astype(np.int64)
+    N, D, C = lengths.size, topo.dp, topo.capacity
+    if lengths.min() < 1 or lengths.max() > C:
+        raise InputError(f"every length must be in 1..max_tokens={C}")
+    # best-fit decreasing (≤ 11/9·OPT + 6/9 bins; Dósa 2007) on a sorted list of free rooms
+    order = np.argsort(-lengths, kind="stable")
+    bin_N = np.empty(N, dtype=np.int64)
+    rooms: list[int] = []  # free capacity of the open bins, ascending
+    ids: list[int] = []
+    bins = 0
+    for i in order.tolist():
+        li = int(lengths[i])
+        j = bisect.bisect_left(rooms, li)  # the fullest bin the sample still fits
+        if j == len(rooms):
+            b, room = bins, C
+            bins += 1
+        else:
+            b, room = ids.pop(j), rooms.pop(j)
+        bin_N[i] = b
+        k = bisect.bisect_left(rooms, room - li)
+        rooms.insert(k, room - li)
+        ids.insert(k, b)
+    m = topo.row_multiple
+    R = max(topo.min_rows, -(-bins // D))
+    R = -(-R // m) * m
+    if opts.num_micro_batches is not None:
+        R = max(R, int(opts.num_micro_batches))
+    if R * D > N:
+        raise InputError(f"the quick fallback needs {R}×{D} cells but the window has {N} samples")
+    # split bins until there are R·D of them (every cell nonempty; a split never overfills)
+    members = [[] for _ in range(bins)]
+    for i in order.tolist():
+        members[bin_N[i]].append(i)
+    k = 0
+    while len(members) < R * D:
+        while len(members[k]) < 2:
+            k += 1
+        members.append([members[k].pop()])
+    row = np.empty(N, dtype=np.int64)
+    slot = np.empty(N, dtype=np.int64)
+    for c, ids in enumerate(members):
+        row[ids] = c // D
+        slot[ids] = c % D
+    p = Plan(topo, R, placement, row, slot, objective=opts.objective,
+             info={"fallback": "deadline: quick best-fit fallback (no plan, no baseline in time)"})
+    return _to_result(p)

@@ -114,14 +114,21 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
          placement="lpt", rows: int | None = None, time_limit: float | None = None,
          max_sweeps: int | None = None, seed: int = 0, config=None, certify_time_limit: float = 10.0,
          progress: Callable[[float], None] | None = None, current_placement=None,
-         certificate: dict | None = None) -> Plan:
+         certificate: dict | None = None, stop: Callable[[], bool] | None = None) -> Plan:
     """The full pipeline. ``time_limit`` bounds the search (anytime); ``max_sweeps`` + ``seed``
     make it bit-identical. ``placement="joint"`` refines the placement against row-local peaks
     together with the packing (and, with ``current_placement``, against migration cost).
-    ``certificate`` (with ``rows``) reuses an R* certificate the caller already has."""
+    ``certificate`` (with ``rows``) reuses an R* certificate the caller already has.
+    ``stop()`` (polled by the annealer, and before the joint stage) cancels cooperatively: the
+    best layout so far is returned. Numba kernels are compiled/loaded by ``warm()`` before the
+    clock starts (``info["timings"]["warmup"]``, not part of ``total``)."""
     from routepack_opt.heuristics.annealing import AnnealConfig, anneal
+    from routepack_opt.warmup import groups_for, warm
 
     check_objective(objective)
+    t_warm = time.perf_counter()
+    warm(groups_for(placement))
+    t_warm = time.perf_counter() - t_warm
     t_start = time.perf_counter()
     clock = _Clock(time_limit)
     timings = {}
@@ -153,7 +160,7 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
             raise _OutOfTime(f"the {time_limit:g}s limit was spent before the search")
         res = anneal(window.lengths, b, topology, cost, R, objective, list(seeds.values()),
                      config=cfg, seed=seed, time_limit=clock.left(), max_sweeps=max_sweeps,
-                     progress=progress)
+                     progress=progress, stop=stop)
         cand = Plan(topology, R, pl, res.row, res.slot, objective=objective)
         errs = cand.validate(window)
         if errs:
@@ -166,7 +173,8 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
     except Exception as exc:  # fall back to the best valid baseline, and say so
         info["fallback"] = f"annealing failed ({exc.__class__.__name__}: {exc}); using baseline {best_seed}"
     timings["anneal"] = time.perf_counter() - t0
-    if pl_kind == "lpt" and placement == "joint" and not clock.expired():
+    if (pl_kind == "lpt" and placement == "joint" and not clock.expired()
+            and not (stop is not None and stop())):
         t0 = time.perf_counter()
         try:
             from routepack_opt.heuristics.joint import JointConfig, joint_search
@@ -188,6 +196,7 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
         timings["joint"] = time.perf_counter() - t0
         info["placement_kind"] = pl_kind
     timings["total"] = time.perf_counter() - t_start
+    timings["warmup"] = t_warm
     info["timings"] = timings
     return layout_plan(window, topology, cost, pl, row, slot, R, objective, info, cert, ev)
 

@@ -94,11 +94,14 @@ def run(args) -> None:
            "other_objective": i["other_objective"], "other_makespan": i["other_makespan"],
            "lower_bound": i["lower_bound"], "gap": i["gap"], "certificate": p.certificate,
            "placement": i.get("placement_kind"), "seconds": i["timings"]["total"],
+           "warmup_seconds": i["timings"].get("warmup", 0.0),
            "fallback": i.get("fallback")}
     text = (f"plan: R={p.rows} ({p.certificate['status']} R*={p.certificate['rows']} by {p.certificate['method']}), "
             f"placement {i.get('placement_kind')}, objective {p.objective}\n"
             f"  makespan {i['makespan']:,.1f} µs  ({i['other_objective']}: {i['other_makespan']:,.1f})  "
             f"LB {i['lower_bound']:,.1f}  gap {i['gap']:.4f}  in {i['timings']['total']:.2f} s"
+            + (f" (+ {i['timings']['warmup']:.1f} s numba warm-up, see routepack warmup)"
+               if i["timings"].get("warmup", 0.0) >= 1.0 else "")
             + (f"\n  note: {i['fallback']}" if i.get("fallback") else "")
             + (f"\n  wrote {out}" if out else ""))
     emit(args, res, text)

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -78,7 +79,8 @@ from routepack_opt.errors import InputError, load_document
 from routepack_opt.evaluate import check_objective, row_shard_costs, score_from_J
 from routepack_opt.topology import Topology
 
-__all__ = ["AnnealConfig", "AnnealResult", "anneal", "greedy_layout", "layout_energy"]
+__all__ = ["AnnealConfig", "AnnealResult", "anneal", "greedy_layout", "layout_energy", "warm_storage",
+           "STORAGES"]
 
 _U64 = np.uint64
 _MASK64 = (1 << 64) - 1
@@ -1177,7 +1179,7 @@ class _Problem:
     """Constant arrays of one (window, placement, topology, cost, R, objective) instance."""
 
     def __init__(self, lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int,
-                 objective: str, tie_eps: float):
+                 objective: str, tie_eps: float, storage: tuple | None = None):
         check_objective(objective)
         self.objective = objective
         self.obj = _OBJ_CODE[objective]
@@ -1213,6 +1215,8 @@ class _Problem:
         bmax = int(b_NLP.max(initial=0))
         dtype = np.int16 if (self.wdtype == np.int32 and bmax < 2**15
                              and int(b_NLP.min(initial=0)) >= 0) else self.wdtype
+        if storage is not None:  # (b dtype, W dtype) forced: the warm-up compiles every variant
+            dtype, self.wdtype = storage
         # rank-major rows b[i, p·L + l] (see the expert kernels)
         # ranks zero-padded to Pp = 8·⌈P/8⌉ (see the expert kernels)
         Pp = 8 * ((P + 7) // 8)
@@ -1415,7 +1419,8 @@ def layout_energy(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: i
 def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, objective: str,
            seeds: Sequence[tuple] = (), config: AnnealConfig | None = None, seed: int = 0,
            time_limit: float | None = None, max_sweeps: int | None = None,
-           progress: Callable[[float], None] | None = None) -> AnnealResult:
+           progress: Callable[[float], None] | None = None,
+           stop: Callable[[], bool] | None = None) -> AnnealResult:
     """Population annealing for the packing at fixed placement (via ``b_NLP``) and ``rows``.
 
     ``seeds``: feasible layouts ``(row_N, slot_N)`` from constructive heuristics (validated);
@@ -1425,9 +1430,18 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     are also shrunk to the measured rate so the whole ladder (hot → cold) fits in the limit
     (``config.fill_time`` stretches them to use all of it). Only ``max_sweeps``/the config
     budget without a time limit is bit-identical for a seed.
-    ``progress(fraction)`` is called after each temperature. The result is never worse (by the
-    evaluator's lexicographic score) than the best seed.
+    ``progress(fraction)`` is called after each temperature. ``stop()`` is polled after every
+    chunk of sweeps: when it returns True the search ends early with the best so far (a
+    cooperative cancel, e.g. :class:`routepack_opt.api.AsyncPlanner` superseding a window).
+    The result is never worse (by the evaluator's lexicographic score) than the best seed.
+
+    The numba kernels are compiled (or loaded from the cache) by
+    :func:`routepack_opt.warmup.warm` before the clock starts: compilation never eats into
+    ``time_limit``.
     """
+    from routepack_opt.warmup import warm
+
+    warm()
     t0 = time.perf_counter()
     cfg = AnnealConfig() if config is None else config
     if not isinstance(cfg, AnnealConfig):
@@ -1440,6 +1454,7 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
         raise InputError(f"anneal: max_sweeps must be a positive integer, got {max_sweeps!r}")
     seed = int(seed)
     pb = _Problem(lengths_N, b_NLP, topology, cost, rows, objective, cfg.tie_eps)
+    t0 += warm_storage(pb.b.dtype, pb.wdtype)  # off the clock (a rare storage compiles here)
     N = pb.N
 
     # --- seeds ----------------------------------------------------------------------------------
@@ -1536,6 +1551,8 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
             done += n
             if deadline is not None and time.perf_counter() >= deadline:
                 stopped = True
+            if stop is not None and stop():
+                stopped = True
         sweeps_done += done / N
         j = int(np.argmin(pop.best_e))
         if pop.best_e[j] < best_e:
@@ -1588,3 +1605,41 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     return AnnealResult(row=row, slot=slot, energy=float(a[3]),
                         score=(float(a[0]), float(a[1]), float(a[2])), objective=objective,
                         stats=stats)
+
+
+# Load storages (b, W) whose kernels are compiled and loaded in this process; see warm_storage.
+_STORAGES_READY: set = set()
+_storage_lock = threading.Lock()
+STORAGES = ((np.int16, np.int32), (np.int32, np.int32), (np.int64, np.int64))
+
+
+def warm_storage(b_dtype, w_dtype) -> float:
+    """Compile (or load from numba's cache) the search kernels for one load storage — ``_Problem``
+    picks (int16, int32) for ordinary windows, (int32, int32) when one sample sends ≥ 2^15 tokens
+    to one rank, (int64, int64) beyond 2^30 tokens per rank — on a tiny instance. Returns the
+    seconds spent (0.0 when already done in this process); :func:`anneal` moves its clock by
+    them, so compiling a rare storage never eats into a time limit."""
+    key = (np.dtype(b_dtype).name, np.dtype(w_dtype).name)
+    if key in _STORAGES_READY:
+        return 0.0
+    with _storage_lock:
+        if key in _STORAGES_READY:
+            return 0.0
+        t = time.perf_counter()
+        from routepack_opt.cost import CostModel, Stage
+
+        cost = CostModel(stages=(Stage("attn", 0.01, 1e-6),), gamma=0.004, row_overhead=50.0)
+        topo = Topology(dp=2, ep=2, capacity=64)
+        lengths = 3 * np.arange(1, 9, dtype=np.int64)
+        b_NLP = np.zeros((8, 1, 2), dtype=np.int64)
+        b_NLP[:, 0, 0] = lengths
+        cfg = AnnealConfig(population=2, temperatures=2, sweeps=1, calibration_moves=16)
+        pb = _Problem(lengths, b_NLP, topo, cost, 2, "max-sum", cfg.tie_eps, (b_dtype, w_dtype))
+        _greedy_pb(pb)
+        row, slot = pb.check_layout(np.arange(8) % 2, (np.arange(8) // 2) % 2, "warm-up layout")
+        pop = _Population(pb, 2)
+        pop.init(pb, np.stack([row, row]), np.stack([slot, slot]))
+        pop.run(pb, pb.N, 1.0, cfg, probe=np.zeros((2, cfg.calibration_moves)))
+        pop.run(pb, pb.N, np.inf, cfg)
+        _STORAGES_READY.add(key)
+        return time.perf_counter() - t

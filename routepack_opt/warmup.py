@@ -1,0 +1,273 @@
+"""Cold start: compile (or load from numba's on-disk cache) every kernel before any clock starts.
+
+The search kernels are numba functions compiled on first call (``cache=True`` writes the machine
+code to disk). On a fresh install the first plan would compile for ~30 s, inside the search's
+time limit, and return a worse plan. :func:`warm` runs every planning kernel once, for every
+type signature the planner calls it with, on tiny windows, so that:
+
+- the pipeline (:func:`routepack_opt.pipeline.plan`) and the annealer call ``warm()`` at their
+  entry, *before* their time-limit clocks start: compilation never counts against a limit;
+- ``routepack warmup`` does it ahead of time (at install or image build), for every group, and
+  reports what it compiled and what it loaded from the cache;
+- :class:`routepack_opt.api.AsyncPlanner` starts it in a background thread when created.
+
+One family is left out of the default warm-up: the annealer's int32/int64 load storages, needed
+only when one sample sends ≥ 2^15 tokens to one EP rank (or a rank gets ≥ 2^30). Compiling them
+costs as much as everything else together, so the annealer compiles the one a window needs on
+first use, off its clock (:func:`routepack_opt.heuristics.annealing.warm_storage`);
+``routepack warmup`` (group ``storage``) compiles both ahead of time.
+
+``warm()`` runs once per process per group (later calls return the first report at once); a lock
+makes concurrent callers wait for the one warm-up instead of compiling twice, and a call from
+inside the warm-up itself (the pipeline it drives calls ``warm()`` again) returns immediately.
+
+Where the cache lives (docs/cli.md): numba writes next to the sources (``__pycache__``) or, when
+that is not writable, into a per-user cache. ``NUMBA_CACHE_DIR`` moves it (e.g. a directory baked
+into a container image, or one shared by the ranks of a node); ``ROUTEPACK_CACHE_DIR`` does the
+same for RoutePack alone and is copied into ``NUMBA_CACHE_DIR`` (when that is unset) by
+:func:`configure_cache` at ``import routepack_opt`` — numba reads it when *it* is imported, so it
+must be set before. This module imports numba only inside :func:`warm`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+import time
+
+__all__ = ["configure_cache", "warm", "groups_for", "GROUPS", "numba_kernels"]
+
+log = logging.getLogger(__name__)
+
+# The modules whose numba kernels each group compiles.
+GROUPS = {
+    "plan": ("routepack_opt.projection", "routepack_opt.heuristics.placement",
+             "routepack_opt.heuristics.binpack", "routepack_opt.heuristics.baselines",
+             "routepack_opt.heuristics.annealing"),
+    # row-aware joint placement and migration (``--placement joint``, compare), warmed when used
+    "joint": ("routepack_opt.heuristics.refine_placement", "routepack_opt.migration"),
+    # the annealer's rare load storages (int32 / int64 loads: samples of ≥ 2^15 tokens on one
+    # rank, or ≥ 2^30 tokens per rank); compiled before the annealer's clock when a window needs
+    # them (annealing.warm_storage), so only ``routepack warmup`` does them ahead of time
+    "storage": ("routepack_opt.heuristics.annealing",),
+    "exact": ("routepack_opt.models.binpack", "routepack_opt.models.layout_blocks"),
+}
+
+_lock = threading.RLock()
+_local = threading.local()  # .depth > 0 while this thread runs a warm-up
+_done: dict[str, dict] = {}
+
+
+def configure_cache() -> str | None:
+    """Point numba's cache at ``ROUTEPACK_CACHE_DIR`` unless ``NUMBA_CACHE_DIR`` is already set.
+    Cheap (no numba import); effective only if numba has not been imported yet."""
+    ours = os.environ.get("ROUTEPACK_CACHE_DIR")
+    if ours and not os.environ.get("NUMBA_CACHE_DIR"):
+        os.environ["NUMBA_CACHE_DIR"] = ours
+    return os.environ.get("NUMBA_CACHE_DIR") or None
+
+
+def groups_for(placement) -> tuple[str, ...]:
+    """The warm-up groups a plan with this ``placement`` argument needs."""
+    return ("plan", "joint") if isinstance(placement, str) and placement == "joint" else ("plan",)
+
+
+def numba_kernels(groups=tuple(GROUPS)) -> dict:
+    """``{"module.function": dispatcher}`` for every numba kernel of ``groups``."""
+    from numba.core.dispatcher import Dispatcher
+
+    out = {}
+    for g in groups:
+        for name in GROUPS[g]:
+            mod = importlib.import_module(name)
+            for attr, obj in vars(mod).items():
+                if isinstance(obj, Dispatcher) and obj.py_func.__module__ == name:
+                    out[f"{name}.{attr}"] = obj
+    return out
+
+
+def _signatures(kernels: dict) -> dict:
+    return {k: len(d.signatures) for k, d in kernels.items()}
+
+
+def _cache_counts(kernels: dict) -> tuple[int, int]:
+    hits = misses = 0
+    for d in kernels.values():
+        st = d.stats
+        hits += sum(st.cache_hits.values())
+        misses += sum(st.cache_misses.values())
+    return hits, misses
+
+
+def warm(groups=("plan",)) -> dict:
+    """Compile or load every kernel of ``groups`` (``"plan"``: placement, R* bounds and packings,
+    baselines, annealer — both objectives, the ordinary load storage; ``"joint"``: row-aware
+    joint placement and migration; ``"storage"``: the annealer's rare int32/int64 load storages, which it otherwise
+    compiles off its clock when a window needs them; ``"exact"``: the numba parts of the exact
+    models). Returns a report: seconds, kernels,
+    signatures, ``compiled`` (cache misses), ``loaded`` (cache hits), cache directory.
+    Never raises: a failure is logged and reported (``error``), and planning then compiles
+    lazily as before."""
+    groups = tuple(groups)
+    for g in groups:
+        if g not in GROUPS:
+            raise ValueError(f"warm: unknown group {g!r} (known: {', '.join(GROUPS)})")
+    if getattr(_local, "depth", 0):  # called from inside the warm-up (pipeline → anneal)
+        return {"groups": list(groups), "seconds": 0.0, "reentrant": True}
+    if all(g in _done for g in groups):  # fast path, no lock
+        return _merge(groups)
+    fresh = []
+    with _lock:
+        for g in groups:
+            if g in _done:
+                continue
+            fresh.append(g)
+            _local.depth = getattr(_local, "depth", 0) + 1
+            t0 = time.perf_counter()
+            rep: dict = {"group": g}
+            try:
+                kernels = numba_kernels((g,))
+                h0, m0 = _cache_counts(kernels)
+                s0 = _signatures(kernels)
+                _WARMERS[g]()
+                h1, m1 = _cache_counts(kernels)
+                s1 = _signatures(kernels)
+                rep.update(kernels=len(kernels), signatures=sum(s1.values()),
+                           new_signatures=sum(s1.values()) - sum(s0.values()),
+                           compiled=m1 - m0, loaded=h1 - h0)
+            except Exception as exc:  # never let the warm-up break planning
+                log.warning("routepack warm-up of %s kernels failed: %s: %s", g,
+                            exc.__class__.__name__, exc)
+                rep["error"] = f"{exc.__class__.__name__}: {exc}"
+            finally:
+                _local.depth -= 1
+            rep["seconds"] = time.perf_counter() - t0
+            _done[g] = rep
+    return _merge(groups, fresh)
+
+
+def _merge(groups, fresh=()) -> dict:
+    """One report for ``groups``; ``seconds`` counts only the groups warmed by this call."""
+    reps = [_done[g] for g in groups]
+    out = {"groups": list(groups), "already_warm": not fresh,
+           "seconds": sum(_done[g]["seconds"] for g in fresh),
+           "cache_dir": _cache_dir()}
+    for key in ("kernels", "signatures", "new_signatures", "compiled", "loaded"):
+        out[key] = sum(r.get(key, 0) for r in reps)
+    errs = [f"{r['group']}: {r['error']}" for r in reps if "error" in r]
+    if errs:
+        out["error"] = "; ".join(errs)
+    out["per_group"] = {r["group"]: {k: v for k, v in r.items() if k != "group"} for r in reps}
+    return out
+
+
+def _cache_dir() -> str:
+    try:
+        from numba.core import config
+
+        return config.CACHE_DIR or "(numba default: __pycache__ beside the sources, else per-user)"
+    except Exception:  # pragma: no cover
+        return os.environ.get("NUMBA_CACHE_DIR", "")
+
+
+# ---------------------------------------------------------------------------------------------
+# the warmers: real code paths on tiny windows, so the argument types are exactly the planner's
+# ---------------------------------------------------------------------------------------------
+
+
+def _tiny_window(seed: int, n: int = 24, layers: int = 2, experts: int = 8, top_k: int = 2,
+                 max_len: int = 40):
+    import numpy as np
+
+    from routepack_opt.window import Window
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, max_len + 1, size=n)
+    counts = np.zeros((n, layers, experts), dtype=np.int64)
+    for i in range(n):
+        for l in range(layers):
+            picks = rng.choice(experts, size=top_k, replace=False)
+            counts[i, l, picks] = lengths[i]
+    return Window(lengths, counts, top_k=top_k)
+
+
+def _warm_plan() -> None:
+    import numpy as np
+
+    from routepack_opt.heuristics import annealing, binpack
+    from routepack_opt.pipeline import plan
+
+    w, topo, cost, cfg = _tiny_problem()
+    for objective in ("max-sum", "sum-max"):
+        # the whole pipeline: placement, R*, baselines, evaluator, annealer (a tiny ladder: the
+        # kernels' types do not depend on its size)
+        plan(w, topo, cost, objective, "lpt", max_sweeps=2, seed=0, config=cfg)
+    plan(w, topo, cost, "max-sum", "identity", time_limit=0.05, seed=0, config=cfg)
+    plan(w, topo, cost, "sum-max", "lpt-plain", max_sweeps=1, seed=0, config=cfg)
+    annealing.warm_storage(*annealing.STORAGES[0])  # the ordinary storage (compiled above)
+    # R* escalation past the cheap bounds: MBS' and the overflow tabu search on K bins
+    sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
+    binpack.best_packing(sizes, 64)
+    binpack.minimum_bin_slack(sizes, 64, restarts=1, seed=0)
+    binpack.fixed_bins_search(sizes, 64, binpack.lower_bound_l1(sizes, 64), max_iters=50)
+
+
+def _tiny_problem():
+    from routepack_opt.cost import get_preset
+    from routepack_opt.heuristics.annealing import AnnealConfig
+    from routepack_opt.topology import Topology
+
+    cfg = AnnealConfig(population=2, temperatures=2, calibration_moves=16)
+    return _tiny_window(0), Topology(dp=4, ep=2, capacity=64), get_preset("olmoe-1b-7b").cost, cfg
+
+
+def _warm_joint() -> None:
+    from routepack_opt.heuristics.placement import identity_placement
+    from routepack_opt.pipeline import plan
+
+    w, topo, cost, cfg = _tiny_problem()
+    ident = identity_placement(w.num_layers, w.num_experts)
+    plan(w, topo, cost, "max-sum", "joint", max_sweeps=2, seed=0, config=cfg, current_placement=ident)
+
+
+def _warm_storage() -> None:
+    from routepack_opt.heuristics import annealing
+
+    for storage in annealing.STORAGES[1:]:
+        annealing.warm_storage(*storage)
+
+
+def _warm_exact() -> None:
+    import numpy as np
+
+    from routepack_opt.models import binpack as exact_binpack
+
+    sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
+    exact_binpack.arcflow_graph(sizes, 64)
+    exact_binpack.arcflow_graph(sizes, 64, max_bins=7)
+    _warm_blocks()
+
+
+def _warm_blocks() -> None:
+    """The block decomposition's enumeration and exact-cover search (``routepack exact``)."""
+    from routepack_opt.cost import get_preset
+    from routepack_opt.heuristics.placement import identity_placement
+    from routepack_opt.models import layout_blocks
+    from routepack_opt.models.layout_common import LayoutInstance
+    from routepack_opt.pipeline import baseline_layouts
+    from routepack_opt.topology import Topology
+
+    w = _tiny_window(1, n=8, experts=4, max_len=30)
+    topo = Topology(dp=2, ep=2, capacity=64)
+    cost = get_preset("olmoe-1b-7b").cost
+    start = next(iter(baseline_layouts(w, topo, 2).values()))
+    for objective in ("max-sum", "sum-max"):
+        inst = LayoutInstance.build(w, topo, cost, identity_placement(w.num_layers, w.num_experts),
+                                    2, objective)
+        if layout_blocks.applicable(inst):
+            layout_blocks.solve_blocks(inst, 5.0, start)
+
+
+_WARMERS = {"plan": _warm_plan, "joint": _warm_joint, "storage": _warm_storage, "exact": _warm_exact}

@@ -1,0 +1,153 @@
+"""Cold start: the warm-up compiles every signature the planner uses, before any time limit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from routepack_opt.cost import PRESETS
+from routepack_opt.heuristics import annealing
+from routepack_opt.heuristics.placement import identity_placement
+from routepack_opt.pipeline import plan
+from routepack_opt.topology import Topology
+from routepack_opt.trace import generate_window
+from routepack_opt.warmup import configure_cache, numba_kernels, warm
+from routepack_opt.window import Window, save_window
+
+from conftest import REPO
+
+COST = PRESETS["qwen3-30b-a3b"].cost
+
+
+def _signatures():
+    return {k: set(d.signatures) for k, d in numba_kernels(("plan", "joint")).items()}
+
+
+def _new(before, after):
+    return {k: after[k] - before[k] for k in after if after[k] - before[k]}
+
+
+def test_after_warm_planning_compiles_nothing_new():
+    """After warm(), planning realistic windows (both objectives, joint + migration) adds no
+    numba signature: nothing compiles inside a time limit."""
+    assert "error" not in warm(("plan", "joint"))
+    before = _signatures()
+    w = generate_window("qwen3-30b-a3b", 160, seed=2, num_layers=3, capacity=8192)
+    topo = Topology(dp=8, ep=4, capacity=8192)
+    ident = identity_placement(w.num_layers, w.num_experts)
+    for objective in ("max-sum", "sum-max"):
+        plan(w, topo, COST, objective, "lpt", max_sweeps=2, seed=0)
+        plan(w, topo, COST, objective, "joint", max_sweeps=2, seed=0, current_placement=ident)
+        plan(w, topo, COST, objective, "identity", time_limit=0.2, seed=0)
+    new = _new(before, _signatures())
+    assert not new, f"compiled after warm(): {new}"
+
+
+def test_rare_load_storage_compiles_before_the_annealer_clock(monkeypatch):
+    """A window whose loads need int32 storage (a sample with ≥ 2^15 tokens on one expert)
+    compiles only inside annealing.warm_storage, whose time the annealer takes off its clock."""
+    warm()
+    marks = {}
+    real = annealing.warm_storage
+
+    def spy(b_dtype, w_dtype):
+        spent = real(b_dtype, w_dtype)
+        marks.setdefault("storage", (np.dtype(b_dtype).name, np.dtype(w_dtype).name))
+        marks["after"] = _signatures()
+        return spent
+
+    monkeypatch.setattr(annealing, "warm_storage", spy)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(33_000, 40_000, size=8)
+    counts = np.zeros((8, 1, 4), dtype=np.int64)
+    counts[np.arange(8), 0, rng.integers(0, 4, size=8)] = lengths
+    big = Window(lengths, counts, top_k=1)
+    plan(big, Topology(dp=2, ep=2, capacity=65_536), COST, "max-sum", max_sweeps=2, seed=0)
+    assert marks["storage"] == ("int32", "int32")
+    new = _new(marks["after"], _signatures())
+    assert not new, f"compiled after warm_storage(): {new}"
+
+
+def test_warm_is_once_per_process_and_thread_safe():
+    """Concurrent warm() calls all return one finished warm-up; later calls are free."""
+    reports = []
+    ts = [threading.Thread(target=lambda: reports.append(warm())) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(600)
+    assert len(reports) == 3 and all("error" not in r for r in reports)
+    again = warm()
+    assert again["already_warm"] and again["seconds"] == 0.0 and again["kernels"] > 20
+
+
+def test_warmup_command_json(run_cli):
+    """routepack warmup --json reports the kernels, what it compiled or loaded, and the time."""
+    code, out, err = run_cli("warmup", "--group", "plan", "--json")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["groups"] == ["plan"] and rep["kernels"] > 20 and rep["signatures"] > 0
+    assert {"compiled", "loaded", "seconds", "cache_dir"} <= set(rep)
+
+
+def test_routepack_cache_dir_sets_numba_cache_dir(monkeypatch):
+    """ROUTEPACK_CACHE_DIR becomes NUMBA_CACHE_DIR unless that is set already."""
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("ROUTEPACK_CACHE_DIR", "/tmp/rp-cache")
+    assert configure_cache() == "/tmp/rp-cache" and os.environ["NUMBA_CACHE_DIR"] == "/tmp/rp-cache"
+    monkeypatch.setenv("NUMBA_CACHE_DIR", "/tmp/numba-own")
+    assert configure_cache() == "/tmp/numba-own"
+
+
+def test_top_level_import_stays_cheap():
+    """import routepack_opt imports neither numba, torch nor OR-Tools."""
+    code = ("import sys, routepack_opt; bad = [m for m in ('numba', 'torch', 'ortools') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _strip_times(x):
+    """The plan JSON without wall-clock figures (timings, seconds, rates)."""
+    if isinstance(x, dict):
+        return {k: _strip_times(v) for k, v in x.items()
+                if not any(t in k for t in ("timings", "seconds", "per_second", "per_cpu_second"))}
+    if isinstance(x, list):
+        return [_strip_times(v) for v in x]
+    return x
+
+
+@pytest.mark.slow
+def test_cold_plan_is_bit_identical_to_warm(tmp_path):
+    """A plan on a fresh, empty numba cache (ROUTEPACK_CACHE_DIR) equals the warm one, minus
+    timings, for a fixed seed and sweep budget; the cache it wrote then serves every kernel."""
+    w = generate_window("olmoe-1b-7b", 24, seed=1, num_layers=2, num_experts=8, capacity=4096)
+    save_window(w, tmp_path / "w.npz")
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(PYTHONPATH=str(REPO), ROUTEPACK_CACHE_DIR=str(cache))
+    plans = {}
+    for run in ("cold", "warm"):
+        out = tmp_path / f"{run}.json"
+        r = subprocess.run([sys.executable, "-m", "routepack_opt", "plan", str(tmp_path / "w.npz"),
+                            "--dp", "4", "--ep", "2", "--capacity", "4096", "--cost", "olmoe-1b-7b",
+                            "--max-sweeps", "3", "--seed", "7", "-o", str(out)],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr
+        plans[run] = json.loads(out.read_text())
+        if run == "cold":
+            assert any(cache.rglob("*.nbi")), "the cold run wrote no numba cache into ROUTEPACK_CACHE_DIR"
+    assert _strip_times(plans["cold"]) == _strip_times(plans["warm"])
+    # the cache the cold run wrote serves every planning kernel: a later warm-up compiles nothing
+    r = subprocess.run([sys.executable, "-m", "routepack_opt", "warmup", "--group", "plan", "--json"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["compiled"] == 0 and rep["loaded"] > 0 and rep["cache_dir"] == str(cache)
