@@ -1561,7 +1561,8 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
             best_slot = pop.best_slot[j].copy()
         E = pop.energy
         trace.append({"temperature": temp, "best_energy": best_e, "mean_energy": float(E.mean()),
-                      "min_energy": float(E.min())})
+                      "min_energy": float(E.min()), "sweeps": sweeps_done,
+                      "seconds": time.perf_counter() - t0})  # the anytime curve
         if progress is not None:
             progress((k + 1) / nT)
         if stopped:
