@@ -272,7 +272,7 @@ def atomic_output(path: str | Path):
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and not isinstance(exc, InputError):
+        if isinstance(exc, OSError):
             raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
         raise
 

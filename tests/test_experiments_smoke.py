@@ -110,7 +110,8 @@ def test_realism_study_runs_tiny(tmp_path):
     path = realism.run(realism.quick_setting(tmp_path))
     text = path.read_text()
     for needle in ("| olmoe-1b-7b | before |", "| olmoe-1b-7b | after |", "domains=olmoe",
-                   "### vs dispersion", "### vs skew", "Where joint placement stops paying"):
+                   "### vs dispersion", "### vs skew", "Where joint placement stops paying",
+                   "--dispersion TARGET", "Reading the curves"):
         assert needle in text, needle
     for png in ("calibration", "dispersion", "skew"):
         assert (tmp_path / f"realism_{png}.png").stat().st_size > 0
