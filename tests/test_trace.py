@@ -169,3 +169,28 @@ def test_gen_trace_cli_knobs(run_cli, tmp_path):
                 ["--staleness", "-1"], ["--seed", "-1"]):
         code, _, err = run_cli("gen-trace", "--preset", "olmoe-1b-7b", *bad, "-o", tmp_path / "c.npz")
         assert code == 2 and err.count("\n") == 1, bad
+
+
+def test_gen_trace_killed_mid_write_keeps_the_old_file(tmp_path):
+    """SIGKILL while gen-trace streams its output: the old file is intact (only a temporary is
+    left behind, never a truncated W.npz)."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "w.npz"
+    out.write_bytes(b"old")
+    proc = subprocess.Popen([sys.executable, "-m", "routepack_opt", "gen-trace", "--preset", "olmoe-1b-7b",
+                             "--samples", "200000", "-o", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        while proc.poll() is None:  # wait until the temporary exists and holds data, then kill
+            tmps = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+            if tmps and tmps[0].stat().st_size > 0:
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.01)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL  # killed mid-write, not finished
+    assert out.read_bytes() == b"old"
