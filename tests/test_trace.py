@@ -194,3 +194,17 @@ def test_gen_trace_killed_mid_write_keeps_the_old_file(tmp_path):
         proc.wait()
     assert proc.returncode == -signal.SIGKILL  # killed mid-write, not finished
     assert out.read_bytes() == b"old"
+
+
+def test_domain_counts_ship_with_the_package():
+    """The real domain counts and their provenance README sit in the package and are package-data."""
+    import tomllib
+    from importlib import resources
+    from pathlib import Path
+
+    data = resources.files("routepack_opt").joinpath("data")
+    assert data.joinpath("domain_expert_counts.json").is_file()
+    assert "Apache-2.0" in data.joinpath("README.md").read_text()
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["routepack_opt"]
+    assert "data/*.json" in globs and "data/*.md" in globs
