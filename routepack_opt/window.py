@@ -8,7 +8,10 @@ array is copied, checked and made read-only; changes go through :meth:`Window.re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -16,7 +19,8 @@ import numpy as np
 
 from routepack_opt.errors import InputError
 
-__all__ = ["Window", "load_window", "save_window", "check_window_memory", "available_memory"]
+__all__ = ["Window", "load_window", "save_window", "write_window_npz", "atomic_output", "counts_dtype",
+           "check_window_memory", "available_memory"]
 
 
 def _as_int_array(name: str, value, ndim: int, dtype=np.int64) -> np.ndarray:
@@ -303,15 +307,90 @@ def load_window(path: str | Path) -> Window:
         raise InputError(f"{path}: {exc}") from None
 
 
+def counts_dtype(max_count: int) -> np.dtype:
+    """The smallest signed int dtype that holds counts up to ``max_count`` (counts ≤ len ≤ C)."""
+    for dt in (np.int8, np.int16, np.int32):
+        if max_count <= np.iinfo(dt).max:
+            return np.dtype(dt)
+    return np.dtype(np.int64)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | Path):
+    """A binary file handle whose content replaces ``path`` only when the block completes:
+    written to a temporary file in the target directory, fsynced, then ``os.replace``d (a crash
+    or a full disk never leaves a truncated file in place of the old one). Write errors
+    (``ENOSPC``, ``EFBIG``, permissions) become one :class:`InputError`."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not an output file")
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write there ({exc.strerror})") from None
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        with contextlib.suppress(OSError):  # persist the rename (not possible on every fs)
+            dfd = os.open(parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
+        raise
+
+
+def write_window_npz(path: str | Path, lengths_N, counts_blocks, shape_NLE, dtype, top_k: int,
+                     group_ids=None, step: int | None = None) -> None:
+    """Stream a window ``.npz`` (docs/formats.md) atomically: ``counts_blocks`` yields the counts
+    [n_b, L, E] of consecutive samples, written into the ``counts.npy`` member as they come (the
+    file never needs the whole [N, L, E] array in memory). Deflate level 1: counts compress well and
+    level 6 is several times slower for little gain."""
+    N, L, E = (int(x) for x in shape_NLE)
+    dtype = np.dtype(dtype)
+    with atomic_output(path) as fh, zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED,
+                                                    compresslevel=1, allowZip64=True) as zf:
+        small = {"lengths": np.asarray(lengths_N, dtype=np.int64), "top_k": np.int64(top_k)}
+        if group_ids is not None:
+            small["group_ids"] = np.asarray(group_ids, dtype=np.int64)
+        if step is not None:
+            small["step"] = np.int64(step)
+        for name, arr in small.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(arr), allow_pickle=False)
+        written = 0
+        with zf.open("counts.npy", "w", force_zip64=True) as member:
+            np.lib.format.write_array_header_2_0(
+                member, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                         "shape": (N, L, E)})
+            for block in counts_blocks:
+                block = np.ascontiguousarray(block, dtype=dtype)
+                if block.shape[1:] != (L, E):
+                    raise ValueError(f"counts block of shape {block.shape}, expected (*, {L}, {E})")
+                member.write(block.data)
+                written += block.shape[0]
+        if written != N:
+            raise ValueError(f"counts blocks hold {written} samples, expected {N}")
+
+
 def save_window(window: Window, path: str | Path) -> None:
-    """Write a window ``.npz`` (docs/formats.md); counts are stored in the smallest sufficient int dtype."""
+    """Write a window ``.npz`` atomically (docs/formats.md); counts are stored in the smallest
+    sufficient int dtype."""
     cmax = int(window.counts.max()) if window.counts.size else 0
-    cdtype = np.int16 if cmax < 2**15 else (np.int32 if cmax < 2**31 else np.int64)
-    arrays = dict(lengths=window.lengths.astype(np.int64), counts=window.counts.astype(cdtype),
-                  top_k=np.int64(window.top_k))
-    if window.group_ids is not None:
-        arrays["group_ids"] = window.group_ids
-    if window.step is not None:
-        arrays["step"] = np.int64(window.step)
-    with open(path, "wb") as fh:
-        np.savez_compressed(fh, **arrays)
+    N = window.num_samples
+    step = max(1, (1 << 24) // max(1, window.num_layers * window.num_experts))
+    blocks = (window.counts[lo:lo + step] for lo in range(0, N, step))
+    write_window_npz(path, window.lengths, blocks, window.counts.shape, counts_dtype(cmax),
+                     window.top_k, window.group_ids, window.step)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 import sys
 from pathlib import Path
 
@@ -100,3 +101,19 @@ def test_train_loop_example_runs():
     out = ex.run(steps=1, samples=12, sweeps=1, deadline=20.0, verbose=False)
     assert out["replacement_loss_identical"]
     assert len(out["log"]) == 1 and np.isfinite(out["log"][0]["loss"])
+
+
+def test_realism_study_runs_tiny(tmp_path):
+    """The realism study (issue 15) runs end to end on a tiny setting: calibration table, headline,
+    sensitivity tables, the joint verdict and three plots."""
+    realism = _load("realism")
+    path = realism.run(realism.quick_setting(tmp_path))
+    text = path.read_text()
+    for needle in ("| olmoe-1b-7b | before |", "| olmoe-1b-7b | after |", "domains=olmoe",
+                   "### vs dispersion", "### vs skew", "Where joint placement stops paying",
+                   "--dispersion TARGET", "Reading the curves"):
+        assert needle in text, needle
+    for png in ("calibration", "dispersion", "skew"):
+        assert (tmp_path / f"realism_{png}.png").stat().st_size > 0
+    data = json.loads((tmp_path / "realism.json").read_text())
+    assert {r["objective"] for r in data["headline"]} == {"max-sum", "sum-max"}
