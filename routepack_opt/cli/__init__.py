@@ -20,7 +20,7 @@ __all__ = ["main", "COMMANDS"]
 
 # Order = order in --help. A module listed here that does not exist yet is skipped.
 COMMANDS = ["demo", "gen_trace", "certify", "plan", "evaluate", "exact", "compare", "calibrate",
-            "measure", "verify_runtime"]
+            "measure", "verify_runtime", "import_replay"]
 
 
 class UsageError(Exception):
