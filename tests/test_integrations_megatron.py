@@ -152,3 +152,49 @@ def test_migrate_experts_across_two_ep_ranks(tmp_path):
     assert all(r[0] == "1" for r in res)
     assert res[0][1] == res[1][1] == "14"  # layer 0: all 8 slots change; layer 1: 6
     assert int(res[0][2]) == 4 and int(res[1][2]) == 4
+
+
+def _real_moe_layer_worker(rank, init_file, out):
+    import warnings
+
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    ps.initialize_model_parallel(1, 1)
+    E = 8
+    cfg = TransformerConfig(num_layers=1, hidden_size=12, num_attention_heads=4, num_moe_experts=E,
+                            use_cpu_initialization=True, moe_token_dispatcher_type="allgather",
+                            moe_router_topk=2, moe_grouped_gemm=False, add_bias_linear=False,
+                            moe_ffn_hidden_size=16)
+    layer = build_module(get_moe_module_spec(use_te=False, num_experts=E, moe_grouped_gemm=False), config=cfg)
+    checks = [isinstance(layer, MoELayer)]
+    handle = rp_mg.apply_expert_placement(layer, np.arange(E)[::-1].copy())
+    checks.append("route" in vars(layer))
+    handle.remove()
+    checks.append("route" not in vars(layer) and layer.route.__func__ is MoELayer.route)
+    slots = rp_mg.expert_slot_tensors(layer.experts)
+    checks.append(len(slots) == E and all(len(s) == 2 for s in slots))  # fc1, fc2 weights
+    before = [[t.clone() for t in s] for s in slots]
+    new = np.random.default_rng(0).permutation(E)[None]
+    rp_mg.migrate_experts([slots], np.arange(E)[None], new)
+    checks.append(all(torch.equal(a, b) for s in range(E) for a, b in zip(slots[s], before[new[0, s]])))
+    ps.destroy_model_parallel()
+    dist.destroy_process_group()
+    with open(out, "w") as fh:
+        fh.write(" ".join(str(int(c)) for c in checks))
+
+
+def test_real_moe_layer_wrap_and_expert_slots(tmp_path):
+    """On megatron-core's real MoELayer (CPU, SequentialMLP): route() wraps and unwraps, and every local
+    expert's weights migrate to its new slot. (Its forward needs CUDA: experiments/megatron_gpu_check.py.)"""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_real_moe_layer_worker, args=(str(tmp_path / "init"), str(tmp_path / "res")), nprocs=1, join=True)
+    assert (tmp_path / "res").read_text().split() == ["1"] * 5
