@@ -136,48 +136,90 @@ def bench_slime(args, slime_fn, seeds):
 
 
 # --- verl ----------------------------------------------------------------------------------------
-def bench_verl(args, seeds):
+def verl_rank_batch(w0, rank: int, B: int, seed: int):
+    """Rank ``rank``'s verl batch (samples ``rank·B ..``): right-padded, ``routed_experts`` zero-filled
+    at padding and at the last position; returns (batch, imported window)."""
     import torch
     from tensordict import TensorDict
+
+    rng = np.random.default_rng([seed, rank])
+    idx = np.arange(rank * B, (rank + 1) * B)
+    S = int(w0.lengths[idx].max())
+    R = torch.zeros(B, S, w0.num_layers, w0.top_k, dtype=torch.int16)
+    mask = torch.zeros(B, S, dtype=torch.int64)
+    for b, i in enumerate(idx):
+        n = int(w0.lengths[i])
+        r = routes_from_counts(w0.counts[i], n, rng)
+        R[b, :n - 1] = torch.from_numpy(r[:-1])  # the engine returns no route for the last token
+        mask[b, :n] = 1
+    batch = TensorDict({"input_ids": mask.clone(), "attention_mask": mask, "routed_experts": R}, batch_size=[B])
+    window = import_replay(R, format="verl", num_experts=w0.num_experts, attention_mask=mask).window
+    return batch, window
+
+
+def _verl_methods(cost, args, seed):
     from verl.utils import seqlen_balancing as vsb
 
     from routepack_opt.integrations import verl as rp_verl
+
+    return (("verl rearrange_micro_batches", vsb.rearrange_micro_batches),
+            ("routepack rearrange_micro_batches",
+             lambda b, c, **kw: rp_verl.rearrange_micro_batches(b, c, cost=cost, max_sweeps=args.sweeps,
+                                                              seed=seed, **kw)))
+
+
+def agreed_counts(fn, batches, cap):
+    """Every rank's micro-batches with one agreed count, as a ``dp_group`` gives in training.
+    verl's ``dp_group`` path needs CUDA (``get_device_name()`` has no CPU platform in 0.9.1), so
+    agreement is reached through the functions' own ``min_num_micro_batch``: raise it to the
+    largest count any rank returns until all ranks return the same count (verl's sync is an
+    all-reduce MAX of the count, then more micro-batches until every rank fits the cap)."""
+    K = 1
+    while True:
+        t0 = time.perf_counter()
+        parts = [fn(bt, cap, min_num_micro_batch=K)[1] for bt in batches]
+        dt = time.perf_counter() - t0
+        ks = [len(p) for p in parts]
+        if len(set(ks)) == 1:
+            return parts, dt
+        K = max(ks)
+
+
+def bench_verl(args, seeds):
+    """Per rank (D = 1, no dp_group), and across ranks with one agreed count (D = ranks)."""
+    from routepack_opt.window import Window
 
     cost = get_preset(PRESET).cost
     B, ranks = args.verl_batch, args.verl_ranks
     rows = []
     for seed in seeds:
         w0 = generate_window(PRESET, B * ranks, 100 + seed, num_layers=args.verl_layers)
-        rng = np.random.default_rng(seed)
         cap = int(w0.lengths.max())
+        windows, batches = [], []
         for rank in range(ranks):
-            idx = np.arange(rank * B, (rank + 1) * B)
-            lens = w0.lengths[idx]
-            S = int(lens.max())
-            R = torch.zeros(B, S, w0.num_layers, w0.top_k, dtype=torch.int16)
-            mask = torch.zeros(B, S, dtype=torch.int64)
-            for b, i in enumerate(idx):
-                n = int(w0.lengths[i])
-                r = routes_from_counts(w0.counts[i], n, rng)
-                R[b, :n - 1] = torch.from_numpy(r[:-1])  # the engine returns no route for the last token
-                mask[b, :n] = 1
-            batch = TensorDict({"input_ids": mask.clone(), "attention_mask": mask, "routed_experts": R},
-                               batch_size=[B])
-            window = import_replay(R, format="verl", num_experts=w0.num_experts, attention_mask=mask).window
+            batch, window = verl_rank_batch(w0, rank, B, seed)
+            windows.append(window)
+            batches.append(batch)
             topo = Topology(dp=1, ep=1, capacity=cap)
-            zero = np.zeros((window.num_layers, window.num_experts), dtype=np.int64)
-            zero[:] = np.arange(window.num_experts)
-            for name, fn in (("verl rearrange_micro_batches", vsb.rearrange_micro_batches),
-                             ("routepack rearrange_micro_batches",
-                              lambda b, c: rp_verl.rearrange_micro_batches(b, c, cost=cost, max_sweeps=args.sweeps,
-                                                                           seed=seed))):
+            ident = np.tile(np.arange(window.num_experts), (window.num_layers, 1))
+            for name, fn in _verl_methods(cost, args, seed):
                 t0 = time.perf_counter()
                 _, parts = fn(batch, cap)
                 dt = time.perf_counter() - t0
-                cells = [[p] for p in parts]
-                rows.append(dict(framework="verl", seed=seed, rank=rank, method=name, seconds=dt,
-                                 **score(window, topo, cost, cells, zero)))
-            del R, batch
+                rows.append(dict(framework="verl (per rank, D=1)", seed=seed, rank=rank, method=name, seconds=dt,
+                                 **score(window, topo, cost, [[p] for p in parts], ident)))
+        # Across ranks with one agreed count (what a dp_group gives), scored as D = ranks shards of
+        # one slot each (ep = 1), where the two objectives differ.
+        full = Window(np.concatenate([w.lengths for w in windows]), np.concatenate([w.counts for w in windows]))
+        topo = Topology(dp=ranks, ep=1, capacity=cap)
+        ident = np.tile(np.arange(full.num_experts), (full.num_layers, 1))
+        for name, fn in _verl_methods(cost, args, seed):
+            parts_D, dt = agreed_counts(fn, batches, cap)
+            R = len(parts_D[0])
+            cells = [[[d * B + i for i in parts_D[d][r]] for d in range(ranks)] for r in range(R)]
+            rows.append(dict(framework=f"verl (agreed count, D={ranks})", seed=seed, method=name, seconds=dt,
+                             **score(full, topo, cost, cells, ident)))
+        del batches
         print(f"verl seed {seed} done", file=sys.stderr)
     return rows
 
@@ -266,13 +308,26 @@ with more than one sample over the token cap. Gap: makespan / lower bound (max-s
   `max_tokens_per_gpu` = longest sample. slime's function is {'the real `slime.utils.dp_schedule.build_dp_schedule` from the checkout given by `--slime-src`' if slime_fn else '**not run** (no `--slime-src`; slime is not on PyPI)'}. Slime has no expert placement: its layouts are scored with Megatron's contiguous layout.
 - **verl** {verl.__version__}: per DP rank B = {args.verl_batch} samples, {args.verl_layers} MoE layers, cap = `max_token_len` = longest sample
   of the step, `routed_experts` zero-filled at padding and at the last position (verl #7075).
-  Scored per rank (D = 1, as verl calls it per rank). At D = 1 both objectives are the sum of
-  the micro-batch costs, and per-sample attention cost does not depend on the packing, so only
-  the micro-batch count (row overhead) and the cap can differ: that is what this row measures.
+  Two settings. Per rank without a `dp_group` (D = 1): both objectives are then the sum of the
+  micro-batch costs and per-sample attention cost does not depend on the packing, so only the
+  micro-batch count (row overhead) and the cap can differ. Across {args.verl_ranks} ranks with one
+  agreed micro-batch count (what `dp_group` gives in training; reached through each function's own
+  `min_num_micro_batch`, because verl 0.9.1's `dp_group` path needs CUDA), scored as
+  D = {args.verl_ranks} slots (EP = 1: verl packs each rank's own, already dispatched samples, so the
+  expert term is each rank's own tokens), where the objectives differ.
 - **megatron**: the placement seam on the slime windows: the same packing (ours), Megatron's
   contiguous experts vs RoutePack's LPT map applied by `remap_routing`.
 
 {table(rows, None)}
+
+Reading it: slime's and RoutePack's schedules both choose which samples share a micro-batch and
+which rank runs it, so the joint cost (attention tails per cell, busiest EP rank per row) can
+move; the Megatron rows isolate what the placement alone gives on the same packing. verl's seam
+runs on each rank's already-dispatched samples: the per-sample attention cost and each rank's
+token total do not depend on how the rank packs them, so only the micro-batch count (per-row
+overhead), the cap and, across ranks, the alignment of rows (sum-max) can change. Moving work
+between ranks needs verl's DP-balance seam (`_balance_batch`, equal sample counts per rank), which
+this issue's `equal_samples_per_slot` option would serve; it is not implemented yet.
 
 Raw records (one per seed/rank/method):
 
