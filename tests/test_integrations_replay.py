@@ -213,3 +213,25 @@ def test_cli_import_replay(run_cli, rng, tmp_path):
     code, _, err = run_cli("import-replay", tmp_path / "slime.pt", "--format", "slime",
                            "--num-experts", E, "-o", tmp_path / "slime.pt")
     assert code == 2 and "over an input" in err
+
+
+def test_cli_import_replay_verl_pt(run_cli, rng, tmp_path):
+    """`routepack import-replay --format verl` reads a .pt dict (routed_experts + attention_mask) and reports imputed rows."""
+    import torch
+
+    E, La, K, S = 8, 2, 2, 9
+    lens = [9, 4, 6]
+    R = torch.zeros(3, S, La, K, dtype=torch.int64)
+    mask = torch.zeros(3, S, dtype=torch.int64)
+    for b, n in enumerate(lens):
+        R[b, :n - 1] = torch.from_numpy(_routes(rng, n - 1, La, K, E))
+        mask[b, :n] = 1
+    torch.save({"routed_experts": R, "attention_mask": mask}, tmp_path / "verl.pt")
+    code, out, err = run_cli("import-replay", tmp_path / "verl.pt", "--format", "verl", "--num-experts", E,
+                             "-o", tmp_path / "w.npz", "--json")
+    assert code == 0, err
+    assert json.loads(out)["imputed_tokens"] == 3
+    assert load_window(tmp_path / "w.npz").lengths.tolist() == lens
+    code, _, err = run_cli("import-replay", tmp_path / "verl.pt", "--format", "verl", "--num-experts", E,
+                           "--top-k", 3, "-o", tmp_path / "w2.npz")
+    assert code == 2 and "top-k" in err

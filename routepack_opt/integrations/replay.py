@@ -21,7 +21,9 @@ Formats (what each framework records; docs in the module functions):
 
 Memory: counts are accumulated one sample at a time; files are memory-mapped (``np.load`` with
 ``mmap_mode``, ``torch.load(mmap=True)``, safetensors slices), so no more than one sample's routes
-are materialized beyond the counts array.
+are materialized beyond the counts array. The exception is ``.npz`` (a zip archive cannot be
+memory-mapped: its ``routes`` array is read whole); use ``.npy``, ``.pt`` or ``.safetensors`` for
+large replays. In-memory inputs (a verl batch, slime's list) are read one sample at a time.
 """
 
 from __future__ import annotations
