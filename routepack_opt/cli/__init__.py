@@ -19,8 +19,8 @@ from routepack_opt.errors import InputError
 __all__ = ["main", "COMMANDS"]
 
 # Order = order in --help. A module listed here that does not exist yet is skipped.
-COMMANDS = ["demo", "gen_trace", "stats", "certify", "plan", "evaluate", "exact", "compare", "calibrate",
-            "measure", "verify_runtime", "warmup"]
+COMMANDS = ["demo", "gen_trace", "stats", "import_replay", "certify", "plan", "evaluate", "exact", "compare",
+            "calibrate", "measure", "verify_runtime", "warmup"]
 
 
 class UsageError(Exception):

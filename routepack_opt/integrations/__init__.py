@@ -1,0 +1,15 @@
+"""Seams into the trainers our users run (slime, verl, Megatron-Core) and routing-replay import.
+
+One module per framework; each imports the framework (torch, verl, megatron-core) only inside the
+functions that need it, so ``import routepack_opt.integrations`` stays cheap and works without any
+of them installed. These modules import the rest of the package, never the other way round.
+
+- :mod:`.replay`   — routes as the frameworks record them → a :class:`~routepack_opt.window.Window`
+- :mod:`.slime`    — drop-in for ``slime.utils.dp_schedule.build_dp_schedule``
+- :mod:`.verl`     — drop-in for ``verl.utils.seqlen_balancing.rearrange_micro_batches``
+- :mod:`.megatron` — logical→physical expert placement for Megatron-Core ``MoELayer``
+"""
+
+from routepack_opt.integrations.replay import ReplayImport, import_replay, window_from_replay
+
+__all__ = ["ReplayImport", "import_replay", "window_from_replay"]

@@ -1,0 +1,137 @@
+"""verl: a drop-in for ``verl.utils.seqlen_balancing.rearrange_micro_batches`` and the expert map
+from a batch's ``routed_experts``.
+
+verl's function picks ``ceil(tokens / max_token_len)`` micro-batches, balances an estimated FLOP
+workload (``24576·s + s²``, a 7B dense model) by Karmarkar–Karp, and adds micro-batches until
+every one fits the cap. Ours certifies the least micro-batch count that fits the cap (bounds, FFD,
+exact bin packing where bounds do not close), agrees on it across ``dp_group`` (all-reduce MAX,
+as verl does), and packs by population annealing on RoutePack's cost model (attention stages with
+their linear and quadratic terms, per-micro-batch overhead). Return value and index lists are
+verl's: ``(list[TensorDict], list[list[int]])``, every sample once, so ``restore_dynamic_batch``
+undoes it.
+
+Expert loads: verl calls this per DP rank on the rank's already-dispatched samples, so a local
+packing cannot move tokens between ranks; what the replayed routes change here is the placement.
+:func:`expert_map_from_batch` imports ``routed_experts`` (padding and zero-filled positions are
+not load on expert 0, verl #7075), sums the loads over ``dp_group`` and returns one LPT
+logical→physical map, the same on every rank, for :mod:`routepack_opt.integrations.megatron`.
+
+Enabling it by config: RoutePack registers a ``verl.plugins`` entry point
+(:mod:`routepack_opt.integrations.verl_plugin`); with ``ROUTEPACK_VERL=1`` in the workers'
+environment, ``import verl`` swaps verl's function for ours (cost preset from
+``ROUTEPACK_COST``, default ``qwen3-30b-a3b``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from routepack_opt.errors import InputError
+from routepack_opt.integrations._common import as_cost, length_only_window, plan_cells
+from routepack_opt.topology import Topology
+
+__all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths"]
+
+
+def batch_lengths(batch) -> tuple[np.ndarray, int]:
+    """(effective tokens per sample, padded sequence length) the way verl reads them: nested
+    ``input_ids`` offsets, else ``attention_mask.sum(1)``."""
+    input_ids = batch["input_ids"]
+    if getattr(input_ids, "is_nested", False):
+        lens = input_ids.offsets().diff()
+        return lens.cpu().numpy().astype(np.int64), int(lens.max())
+    mask = batch["attention_mask"]
+    return mask.sum(dim=1).cpu().numpy().astype(np.int64), int(mask.shape[-1])
+
+
+def _dist_reduce(values: list[int], op: str, dp_group) -> list[int]:
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dp_group is None:
+        return values
+    t = torch.tensor(values, dtype=torch.long)
+    if dist.get_backend(dp_group) == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=dp_group)
+    return [int(v) for v in t.cpu().tolist()]
+
+
+def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_divided_by=None,
+                            same_micro_num_in_dp=True, min_num_micro_batch=None,
+                            use_dynamic_bsz_balance=True, force_group_size=1, *,
+                            cost="qwen3-30b-a3b", objective: str = "max-sum",
+                            time_limit: float | None = None, max_sweeps: int | None = None, seed: int = 0):
+    """Same signature and return as verl's; the extra keyword-only options tune the planner.
+
+    Never exceeds ``max_token_len`` effective tokens per micro-batch. ``force_group_size`` > 1
+    keeps consecutive groups together (planned as one item of the group's total length, so the
+    quadratic term is an over-estimate for those). Raises :class:`InputError` where verl asserts
+    (a sample or forced group longer than the cap, a batch not divisible into groups, fewer
+    groups than the agreed micro-batch count).
+    """
+    from verl.utils import tensordict_utils as tu
+
+    lens_N, _ = batch_lengths(batch)
+    N = int(lens_N.shape[0])
+    cap = int(max_token_len)
+    g = int(force_group_size)
+    if g < 1 or N % g:
+        raise InputError(f"batch size {N} is not divisible by force_group_size {g}")
+    item_len = lens_N.reshape(N // g, g).sum(axis=1)
+    if (item_len < 1).any():
+        raise InputError("a sample has no tokens (attention_mask all zero)")
+    num_items = item_len.shape[0]
+    # Agree on the fatal constraints first, so that no rank raises while its peers wait (as verl).
+    sync = same_micro_num_in_dp and dp_group is not None
+    longest, neg_items = _dist_reduce([int(item_len.max()), -num_items], "MAX", dp_group if sync else None)
+    if longest > cap:
+        raise InputError(f"a {'forced group' if g > 1 else 'sample'} of {longest} tokens exceeds "
+                         f"max_token_len={cap} and cannot be split")
+    topo = Topology(dp=1, ep=1, capacity=cap, min_rows=int(min_num_micro_batch or 1),
+                    row_multiple=int(num_batches_divided_by or 1))
+    window = length_only_window(item_len)
+    from routepack_opt.certify import certify_rows
+
+    rows = int(certify_rows(window, topo, time_limit=10.0).rows)
+    if sync:
+        rows = _dist_reduce([rows], "MAX", dp_group)[0]
+    if rows > -neg_items:
+        raise InputError(f"cannot keep every micro-batch under max_token_len={cap} with {rows} "
+                         f"non-empty micro-batches: a rank has only {-neg_items} "
+                         f"{'groups' if g > 1 else 'samples'}")
+    pc = plan_cells(window, topo, cost, objective=objective, rows=rows, time_limit=time_limit,
+                    max_sweeps=max_sweeps, seed=seed)
+    parts = [[j for it in pc.cells[r][0] for j in range(it * g, it * g + g)] for r in range(rows)]
+    if use_dynamic_bsz_balance:
+        # verl's pipeline-bubble order: heaviest in the middle, lighter ones at both ends.
+        from routepack_opt.evaluate import Evaluator
+
+        pl = pc.plan
+        J_R = Evaluator(window, topo, as_cost(cost)).costs(pl.placement, pl.row, pl.slot, rows)[:, 0]
+        order = sorted(range(rows), key=lambda r: (J_R[r], parts[r][0]), reverse=True)
+        order = order[::2][::-1] + order[1::2]
+        parts = [parts[r] for r in order]
+    micro_batches = [tu.index_select_tensor_dict(batch, p) for p in parts]
+    return micro_batches, parts
+
+
+def expert_map_from_batch(batch, num_experts: int, ep_size: int, *, dp_group=None,
+                          moe_layer_freq=None, refine: bool = True) -> np.ndarray:
+    """LPT logical→physical map ``[L, E]`` (Graham 1969, then swap refinement) from the batch's
+    ``routed_experts [B, S, layers, top_k]`` and ``attention_mask``, loads summed over
+    ``dp_group`` so every rank gets the same map."""
+    from routepack_opt.heuristics.placement import lpt_placement, swap_refine
+    from routepack_opt.integrations.replay import import_replay
+
+    if "routed_experts" not in batch.keys():
+        raise InputError("batch has no 'routed_experts' (enable routing replay in the rollout)")
+    w = import_replay(batch["routed_experts"], format="verl", num_experts=num_experts,
+                      attention_mask=batch["attention_mask"], moe_layer_freq=moe_layer_freq).window
+    load_LE = w.expert_loads()
+    if dp_group is not None:
+        L, E = load_LE.shape
+        load_LE = np.asarray(_dist_reduce(load_LE.ravel().tolist(), "SUM", dp_group)).reshape(L, E)
+    Topology(dp=ep_size, ep=ep_size, capacity=1).check_experts(num_experts)
+    pl = lpt_placement(load_LE, ep_size)
+    return swap_refine(load_LE, pl, ep_size) if refine else pl
