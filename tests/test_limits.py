@@ -163,3 +163,39 @@ def test_cli_huge_window_is_one_error_line(run_cli, tmp_path):
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "GiB" in lines[0]
+
+
+def test_mbs_in_pieces_equals_one_pass(monkeypatch):
+    """MBS' built a few bins per compiled call gives the packing of one call."""
+    from routepack_opt.heuristics import binpack
+
+    sizes = np.random.default_rng(7).integers(5, 60, size=300)
+    whole = binpack.minimum_bin_slack(sizes, 100, restarts=2, seed=1)
+    monkeypatch.setattr(binpack, "_MBS_CALL_OPS", 3 * 300)  # three bins per call
+    again = binpack.minimum_bin_slack(sizes, 100, restarts=2, seed=1)
+    assert again[1] == whole[1] and np.array_equal(again[0], whole[0])
+
+
+def test_mbs_out_of_time_still_returns_a_packing(monkeypatch):
+    """When not even MBS' first pass ends in time, the better of FFD/BFD comes back (valid)."""
+    from routepack_opt.heuristics import binpack
+
+    sizes = np.random.default_rng(8).integers(5, 60, size=300)
+    monkeypatch.setattr(binpack, "_MBS_CALL_OPS", 300)  # one bin per call: the clock is checked
+    bin_N, used = binpack.minimum_bin_slack(sizes, 100, time_limit=1e-9)
+    assert binpack.is_packing(sizes, 100, bin_N) and used == binpack.best_packing(sizes, 100)[1]
+
+
+def test_tabu_run_stops_at_its_deadline():
+    """The overflow tabu kernel reads the clock: with its deadline gone it stops after at most
+    15 iterations (the clock is read before every 16th) instead of its whole budget."""
+    from routepack_opt.heuristics import binpack
+
+    rng = np.random.default_rng(9)
+    sizes = rng.integers(20, 45, size=400)
+    K = int(np.ceil(sizes.sum() / 100))  # tight: overflow left after a few iterations
+    init = np.arange(400) % K
+    t = time.perf_counter()
+    _, F_past = binpack._overflow_tabu(sizes, 100, K, init, 10**9, 0, 5, t - 1.0)
+    _, F_15 = binpack._overflow_tabu(sizes, 100, K, init, 15, 0, 5, np.inf)
+    assert F_past == F_15 > 0

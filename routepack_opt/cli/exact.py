@@ -80,7 +80,7 @@ def run(args) -> dict:
     # construction included) the rest.
     from routepack_opt.warmup import warm
 
-    warm(("plan", "exact"))
+    warm(("plan",))
     t_start = time.perf_counter()
     placement, pl_kind = _placement(args.placement, window, topo)
     rows, cert = resolve_rows(window, topo, args.rows, min(10.0, 0.1 * args.time_limit))

@@ -21,6 +21,8 @@ MBS' heuristic of Fleszar & Hindi (2002), with seeded random restarts.
 
 from __future__ import annotations
 
+import time
+
 import numba
 import numpy as np
 
@@ -321,16 +323,19 @@ def is_packing(sizes, capacity, bin_N, num_bins: int | None = None) -> bool:
 
 
 @numba.njit(cache=True)
-def _mbs_kernel(s, C, node_limit):
+def _mbs_kernel(s, C, node_limit, out, nbins, max_new_bins):
     """MBS' (Fleszar & Hindi 2002) over items in the given order (roughly decreasing).
 
     Bin by bin: fix the first remaining item, then a depth-first search over the other
     remaining items (in order, equal sizes tried once per level, pruned by suffix sums) finds a
-    subset of least slack; stop at slack 0 or after ``node_limit`` nodes. Returns (bin_N, bins).
+    subset of least slack; stop at slack 0 or after ``node_limit`` nodes. Continues the packing
+    ``out`` (−1: not yet packed; ``nbins`` bins so far) with at most ``max_new_bins`` more bins,
+    so a caller can stop between calls. Returns (bins, done). A bin scans every remaining item
+    (O(N) per bin): tens of seconds at N = 65,536.
     """
     n = s.size
-    alive = np.ones(n, dtype=np.bool_)
-    out = np.full(n, -1, dtype=np.int64)
+    alive = out < 0
+    built = 0
     cand = np.empty(n, dtype=np.int64)
     cs = np.empty(n, dtype=np.int64)
     suffix = np.zeros(n + 1, dtype=np.int64)
@@ -338,13 +343,15 @@ def _mbs_kernel(s, C, node_limit):
     best = np.empty(n + 1, dtype=np.int64)
     next_start = np.empty(n + 2, dtype=np.int64)
     last_tried = np.empty(n + 2, dtype=np.int64)
-    nbins = 0
     first = 0
     while True:
         while first < n and not alive[first]:
             first += 1
         if first >= n:
-            break
+            return nbins, True
+        if built >= max_new_bins:
+            return nbins, False
+        built += 1
         alive[first] = False
         out[first] = nbins
         res0 = C - s[first]
@@ -397,7 +404,24 @@ def _mbs_kernel(s, C, node_limit):
             alive[i] = False
             out[i] = nbins
         nbins += 1
-    return out, nbins
+
+
+_MBS_CALL_OPS = 2e8  # ~ item scans per compiled MBS' call (a bin scans the N items): clock checks between
+
+
+def _mbs_pass(s_sorted, C: int, node_limit: int, deadline: float | None):
+    """One MBS' pass over ``s_sorted``: (bin_N, bins), or (None, None) if ``deadline`` (a
+    ``time.perf_counter()`` value) passes first."""
+    n = s_sorted.size
+    out = np.full(n, -1, dtype=np.int64)
+    nbins = 0
+    per_call = max(1, int(_MBS_CALL_OPS // max(n, 1)))
+    while True:
+        nbins, done = _mbs_kernel(s_sorted, C, node_limit, out, nbins, per_call)
+        if done:
+            return out, int(nbins)
+        if deadline is not None and time.perf_counter() > deadline:
+            return None, None
 
 
 def minimum_bin_slack(sizes, capacity, restarts: int = 0, seed: int = 0,
@@ -408,11 +432,10 @@ def minimum_bin_slack(sizes, capacity, restarts: int = 0, seed: int = 0,
 
     The first pass takes items by decreasing size; each of ``restarts`` further passes perturbs
     that order with seeded multiplicative noise (so the search meets other least-slack subsets).
-    Stops early once ``target`` bins are reached or ``time_limit`` seconds pass.
+    Stops early once ``target`` bins are reached or ``time_limit`` seconds pass (also inside a
+    pass; if not even the first pass ends in time, the better of FFD/BFD is returned).
     Returns the best ``(bin_N, bins_used)`` in the caller's item order; deterministic for a seed.
     """
-    import time
-
     sizes_N, C = check_sizes(sizes, capacity)
     if sizes_N.size == 0:
         return np.zeros(0, dtype=np.int64), 0
@@ -425,7 +448,12 @@ def minimum_bin_slack(sizes, capacity, restarts: int = 0, seed: int = 0,
         else:
             noise = rng.uniform(0.0, 0.3 * rng.uniform(), size=sizes_N.size)
             order = np.argsort(-(sizes_N * (1.0 + noise)), kind="stable")
-        b_sorted, used = _mbs_kernel(sizes_N[order], C, node_limit)
+        deadline = None if time_limit is None else t0 + time_limit
+        b_sorted, used = _mbs_pass(sizes_N[order], C, node_limit, deadline)
+        if b_sorted is None:  # out of time inside this pass
+            if best_bins is None:
+                best_N, best_bins, _ = best_packing(sizes_N, C)
+            break
         if best_bins is None or used < best_bins:
             best_N = np.empty_like(b_sorted)
             best_N[order] = b_sorted
@@ -446,13 +474,15 @@ def _ov(load, C):
 
 
 @numba.njit(cache=True)
-def _overflow_tabu(s, C, K, bin_init, max_iters, seed, tenure):
+def _overflow_tabu(s, C, K, bin_init, max_iters, seed, tenure, deadline):
     """Tabu search on K bins minimising total overflow Σ max(0, load − C).
 
     Each iteration takes a random overflowing bin a and the best exchange with another bin b:
     shift (1-0), swap (1-1), (2-1) and (1-2), scored by the change of overflow of a and b (ties
     broken at random). Moved items are tabu for ``tenure`` (+ random) iterations unless the move
-    reaches a new best overflow. Returns (bin_N, overflow).
+    reaches a new best overflow. Every 16 iterations the clock is read (an object-mode call,
+    ~µs): past ``deadline`` (a ``time.perf_counter()`` value; ``inf`` for none) the run stops —
+    an iteration costs milliseconds at N = 65,536. Returns (bin_N, overflow).
     """
     np.random.seed(seed)
     n = s.size
@@ -470,6 +500,11 @@ def _overflow_tabu(s, C, K, bin_init, max_iters, seed, tenure):
     members = np.empty(n, dtype=np.int64)
     cnt = np.zeros(K, dtype=np.int64)
     for it in range(max_iters):
+        if it % 16 == 15:
+            with numba.objmode(now="float64"):
+                now = time.perf_counter()
+            if now > deadline:
+                break
         if F == 0:
             break
         # bins → members (counting sort)
@@ -590,8 +625,6 @@ def fixed_bins_search(sizes, capacity, num_bins: int, start=None, *, max_iters: 
     problem", J. Heuristics 10:205–229). Seeded restarts until ``time_limit``. Returns a packing
     (``bin_N``) or None if none was found; deterministic for a seed and iteration budget.
     """
-    import time
-
     sizes_N, C = check_sizes(sizes, capacity)
     K = int(num_bins)
     if sizes_N.size == 0:
@@ -619,9 +652,10 @@ def fixed_bins_search(sizes, capacity, num_bins: int, start=None, *, max_iters: 
         load[b] += sizes_N[i]
     t0 = time.perf_counter()
     tenure = max(3, min(20, sizes_N.size // 10))
+    deadline = np.inf if time_limit is None else t0 + time_limit
     r = 0
     while True:
-        found, F = _overflow_tabu(sizes_N, C, K, init, max_iters, seed + r, tenure)
+        found, F = _overflow_tabu(sizes_N, C, K, init, max_iters, seed + r, tenure, deadline)
         if F == 0:
             return found
         r += 1
