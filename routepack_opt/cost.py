@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from routepack_opt.errors import InputError, load_document
+from routepack_opt.io import atomic_write_text
 
 __all__ = ["Stage", "CostModel", "ModelConfig", "Preset", "PRESETS", "get_preset", "load_cost",
            "save_cost", "resolve_cost"]
@@ -133,7 +134,7 @@ def load_cost(path: str | Path) -> CostModel:
 
 
 def save_cost(cost: CostModel, path: str | Path) -> None:
-    Path(path).write_text(cost.to_toml())
+    atomic_write_text(path, cost.to_toml())
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from routepack_opt.errors import InputError
+from routepack_opt.io import save_npz
 
 __all__ = ["Window", "load_window", "save_window"]
 
@@ -239,5 +240,4 @@ def save_window(window: Window, path: str | Path) -> None:
         arrays["group_ids"] = window.group_ids
     if window.step is not None:
         arrays["step"] = np.int64(window.step)
-    with open(path, "wb") as fh:
-        np.savez_compressed(fh, **arrays)
+    save_npz(path, **arrays)  # atomic: a killed or failed write leaves the old file intact

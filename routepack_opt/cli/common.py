@@ -65,19 +65,17 @@ def cost_from_args(args) -> CostModel:
     return resolve_cost(args.cost)
 
 
-def output_path(path: str | None) -> Path | None:
-    if path is None:
-        return None
-    p = Path(path)
-    if p.parent and not p.parent.exists():
-        raise InputError(f"{path}: directory {p.parent} does not exist")
-    return p
+def output_path(path: str | None, *inputs) -> Path | None:
+    """The output path, checked before any work: not an input, not a directory, writable."""
+    from routepack_opt.io import check_output_path
+
+    return check_output_path(path, *inputs)
 
 
 def emit(args, result: dict | None, text: str | None = None) -> None:
     """Print ``result`` as JSON with ``--json``, else ``text`` (if any)."""
     if getattr(args, "json", False):
-        from routepack_opt.plan import _jsonable
-        print(json.dumps(_jsonable(result or {}), indent=1))
+        from routepack_opt.plan import dumps_strict
+        print(dumps_strict(result or {}, indent=1))
     elif text:
         print(text)

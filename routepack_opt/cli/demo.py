@@ -48,7 +48,11 @@ def run(args) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"--out {out}: {exc}") from None
+        raise InputError(f"--out {out}: {exc.strerror or exc}") from None
+    from routepack_opt.io import check_output_path
+
+    for name in ("window.npz", "plan.json", "routepack-demo.png"):  # before the work starts
+        check_output_path(out / name)
     console = Console(width=140, stderr=args.json, quiet=args.json)
     t0 = time.perf_counter()
     window = generate_window(args.preset, args.samples, args.seed)
@@ -109,5 +113,11 @@ def _plot(window, topo, cost, plans, objective, path: Path) -> None:
         ax.set_yticks(range(J.shape[1]))
         fig.colorbar(im, ax=ax)
     fig.suptitle("RoutePack demo: expert placement (top) and joint packing (bottom)")
-    fig.savefig(path, dpi=90)
+    import io
+
+    from routepack_opt.io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

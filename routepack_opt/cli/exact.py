@@ -66,11 +66,12 @@ def run(args) -> dict:
     from routepack_opt.models.layout import solve_layout
     from routepack_opt.pipeline import layout_plan, resolve_rows
 
+    out = output_path(args.output, args.window, args.cost,
+                      args.placement if args.placement.endswith(".json") else None)
     window = load_window(args.window)
     topo = topology_from_args(args)
     cost = cost_from_args(args)
     objective = check_objective(args.objective)
-    out = output_path(args.output)
     if not (args.time_limit and args.time_limit > 0):
         raise InputError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
     placement, pl_kind = _placement(args.placement, window, topo)

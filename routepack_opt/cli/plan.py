@@ -80,8 +80,9 @@ def register(sub) -> None:
 def run(args) -> None:
     from routepack_opt.pipeline import plan
 
+    out = output_path(args.output, args.window, args.cost, args.placement_from, args.config,
+                      args.placement if args.placement.endswith(".json") else None)
     window, topo, cost, current, cfg = planning_inputs(args)
-    out = output_path(args.output)
     placement = placement_arg(args.placement, window)
     with progress_bar(sys.stderr.isatty() and not args.json) as cb:
         p = plan(window, topo, cost, args.objective, placement, args.rows, args.time_limit,
