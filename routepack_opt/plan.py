@@ -185,9 +185,13 @@ class Plan:
                 or not all(isinstance(c, list) for r in cells for c in r)
                 or not all(isinstance(i, int) and not isinstance(i, bool) for r in cells for c in r for i in c)):
             raise InputError(f"plan: cells must be {rows} rows × {topo.dp} slots of integer sample-id lists")
+        raw_pl = d["placement"]
+        if (not isinstance(raw_pl, list) or not all(isinstance(r, list) for r in raw_pl)
+                or not all(isinstance(x, int) and not isinstance(x, bool) for r in raw_pl for x in r)):
+            raise InputError("plan: placement must be L lists of E integers (no floats, strings or booleans)")
         try:
-            placement = np.asarray(d["placement"], dtype=np.int64)
-        except (TypeError, ValueError):
+            placement = np.asarray(raw_pl, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
             raise InputError("plan: placement must be L lists of E integers") from None
         if placement.ndim != 2:
             raise InputError("plan: placement must be L lists of E integers")

@@ -19,6 +19,9 @@ from routepack_opt.io import save_npz
 
 __all__ = ["Window", "load_window", "save_window"]
 
+# Tokens of one sample: counts are int32 (≤ length each), and token sums of a window stay exact.
+MAX_LENGTH = 2**31 - 1
+
 
 def _as_int_array(name: str, value, ndim: int, dtype=np.int64) -> np.ndarray:
     """Copy ``value`` into an int64 array of rank ``ndim`` or raise an :class:`InputError`."""
@@ -33,6 +36,9 @@ def _as_int_array(name: str, value, ndim: int, dtype=np.int64) -> np.ndarray:
             raise InputError(f"{name}: contains NaN or infinite values")
         if not np.all(arr == np.round(arr)):
             raise InputError(f"{name}: contains non-integer values")
+        # Checked as floats, before the cast (which would warn and wrap near 2^63).
+        if arr.size and (arr.max() >= float(np.iinfo(dtype).max) or arr.min() <= float(np.iinfo(dtype).min)):
+            raise InputError(f"{name}: values outside the {np.dtype(dtype).name} range")
     elif arr.dtype.kind not in "iub":
         raise InputError(f"{name}: expected integers, got dtype {arr.dtype}")
     if arr.size and (arr.max() > np.iinfo(dtype).max or arr.min() < np.iinfo(dtype).min):
@@ -70,6 +76,10 @@ class Window:
             )
         if counts_NLE.shape[1] == 0 or counts_NLE.shape[2] == 0:
             raise InputError(f"counts: shape {tuple(counts_NLE.shape)} has no layers or no experts")
+        too_long = np.flatnonzero(lengths_N > MAX_LENGTH)
+        if too_long.size:
+            raise InputError(f"lengths: samples {_few(too_long)} have {_few(lengths_N[too_long])} tokens; "
+                             f"at most {MAX_LENGTH:,} per sample")
         bad = np.flatnonzero(lengths_N < 1)
         if bad.size:
             raise InputError(
@@ -207,7 +217,11 @@ def load_window(path: str | Path) -> Window:
     if not path.exists():
         raise InputError(f"{path}: no such file")
     try:
-        with np.load(path, allow_pickle=False) as data:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise InputError(f"{path}: a single array (.npy), not an .npz window with "
+                             "'lengths' and 'counts'")
+        with data:
             keys = set(data.files)
             for key in ("lengths", "counts"):
                 if key not in keys:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from routepack_opt.cli.common import (add_cost, add_json, add_objective, add_topology, add_window,
+from routepack_opt.cli.common import (nonneg_float, positive_float, positive_int, add_cost, add_json, add_objective, add_topology, add_window,
                                       cost_from_args, emit, output_path, topology_from_args)
 from routepack_opt.errors import InputError
 from routepack_opt.window import load_window
@@ -19,11 +19,11 @@ def register(sub) -> None:
                    help="CP-SAT (default) or a Pyomo MILP solved by HiGHS")
     p.add_argument("--placement", default="lpt",
                    help="lpt (default), identity, or PLAN.json to reuse that plan's placement")
-    p.add_argument("--rows", type=int, help="rows R (default: the certified minimum R*)")
-    p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds (default 60)")
+    p.add_argument("--rows", type=positive_int, help="rows R (default: the certified minimum R*)")
+    p.add_argument("--time-limit", type=positive_float, default=60.0, help="solver time limit in seconds (default 60)")
     p.add_argument("--lexicographic", action="store_true",
                    help="second stage: fix the makespan, minimise the total")
-    p.add_argument("--warm-time", type=float, default=None,
+    p.add_argument("--warm-time", type=nonneg_float, default=None,
                    help="seconds of annealing for the warm start (default: 10%% of --time-limit, ≤ 10)")
     p.add_argument("-o", "--output", metavar="PLAN.json", help="write the layout as a plan")
     add_json(p)

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from routepack_opt.cli.common import add_json, emit, output_path
+from routepack_opt.cli.common import nonneg_float, nonneg_int, positive_int, add_json, emit, output_path
 from routepack_opt.cost import PRESETS
 from routepack_opt.errors import InputError
 from routepack_opt.trace import generate_window
@@ -17,16 +17,16 @@ def register(sub) -> None:
     p = sub.add_parser("gen-trace", help="synthetic routing-replay window (.npz)",
                        description="Generate a synthetic RL routing-replay window shaped like a preset model.")
     p.add_argument("--preset", default="qwen3-30b-a3b", help=f"model preset ({', '.join(PRESETS)})")
-    p.add_argument("--samples", type=int, default=1024, help="samples N (default 1024)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step", type=int, default=0, help="optimizer step (routing drifts with it)")
-    p.add_argument("--staleness", type=int, default=0, help="route with the policy of step - K")
-    p.add_argument("--layers", type=int, help="override MoE layers L")
-    p.add_argument("--experts", type=int, help="override experts E")
-    p.add_argument("--top-k", type=int, help="override router top-k")
-    p.add_argument("--capacity", type=int, help="override capacity (max sample length)")
-    p.add_argument("--skew", type=float, help="expert popularity skew (sd of log popularity)")
-    p.add_argument("--length-sigma", type=float, help="log-normal spread of response lengths")
+    p.add_argument("--samples", type=positive_int, default=1024, help="samples N (default 1024)")
+    p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument("--step", type=nonneg_int, default=0, help="optimizer step (routing drifts with it)")
+    p.add_argument("--staleness", type=nonneg_int, default=0, help="route with the policy of step - K")
+    p.add_argument("--layers", type=positive_int, help="override MoE layers L")
+    p.add_argument("--experts", type=positive_int, help="override experts E")
+    p.add_argument("--top-k", type=positive_int, help="override router top-k")
+    p.add_argument("--capacity", type=positive_int, help="override capacity (max sample length)")
+    p.add_argument("--skew", type=nonneg_float, help="expert popularity skew (sd of log popularity)")
+    p.add_argument("--length-sigma", type=nonneg_float, help="log-normal spread of response lengths")
     p.add_argument("--uniform", action="store_true", help="control: uniform routing, equal lengths")
     p.add_argument("-o", "--output", required=True, metavar="W.npz")
     add_json(p)
