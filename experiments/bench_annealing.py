@@ -34,6 +34,7 @@ from routepack_opt.heuristics.baselines import nemo_ffd_layout, verl_kk_layout
 from routepack_opt.heuristics.placement import lpt_placement
 from routepack_opt.topology import Topology
 from routepack_opt.trace import generate_window
+from routepack_opt.io import atomic_write_text
 
 
 def production_instance(seed: int = 0, num_samples: int = 1024, num_layers: int = 48):
@@ -173,7 +174,7 @@ def main():
               "by the load average shown above. Gaps are makespan / lower bound (docs/model.md) with LPT",
               "placement; `best baseline` is the better of NeMo-FFD and verl-KK at the same rows."]
     Path(args.o).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.o).write_text("\n".join(lines) + "\n")
+    atomic_write_text(Path(args.o), "\n".join(lines) + "\n")
     print(f"wrote {args.o}")
 
 

@@ -15,6 +15,7 @@ from routepack_opt.evaluate import Evaluator
 from routepack_opt.testing import random_layout
 from routepack_opt.topology import Topology
 from routepack_opt.trace import generate_window
+from routepack_opt.io import atomic_write_text
 
 
 def best_of(fn, repeat=5):
@@ -48,7 +49,7 @@ def main():
              "| what | best (ms) | median (ms) |", "|---|---|---|"]
     lines += [f"| {name} | {b * 1e3:.1f} | {m * 1e3:.1f} |" for name, b, m in rows]
     out = Path(__file__).parent / "results" / "bench_foundation.md"
-    out.write_text("\n".join(lines) + "\n")
+    atomic_write_text(out, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

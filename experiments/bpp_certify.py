@@ -1,4 +1,4 @@
-"""R* certifier on the classic 1D bin-packing benchmarks (../shared/data/bpp/, known optima).
+"""R* certifier on the classic 1D bin-packing benchmarks ($ROUTEPACK_BPP_DIR, known optima).
 
 With one DP slot (D=1) and no row rules, R* is the bin-packing optimum of the sizes under the
 capacity, so every instance checks the certifier against a proved optimum. Per instance it runs
@@ -13,6 +13,7 @@ there) and the per-set summary table is rewritten after every set.
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 import time
@@ -22,9 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from routepack_opt.certify import BinPackUndecided, certify_rows
+from routepack_opt.io import atomic_write_text
 from routepack_opt.topology import Topology
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bpp"
+# The external BPP collection (not shipped): $ROUTEPACK_BPP_DIR, else ../shared/data/bpp beside the repo.
+DATA = Path(os.environ.get("ROUTEPACK_BPP_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data" / "bpp")
 SETS = ["falkenauer_u", "falkenauer_t", "scholl_1", "scholl_2", "scholl_3", "waescher",
         "schwerin_1", "schwerin_2", "hard28"]
 TARGET = {"falkenauer_u", "falkenauer_t", "scholl_1", "scholl_2", "scholl_3", "waescher",
@@ -56,7 +59,7 @@ def summarize(rows_by_set: dict[str, list[dict]], time_limit: float, workers: in
         "",
         f"`python experiments/bpp_certify.py --time-limit {time_limit:g} --workers {workers}`: "
         "`certify_rows` with D=1 (R* = bin-packing optimum), each instance against its known "
-        "optimum (../shared/data/bpp/). *proved* = status `optimal`; *equal* = rows equal to the "
+        "optimum ($ROUTEPACK_BPP_DIR). *proved* = status `optimal`; *equal* = rows equal to the "
         "known optimum; *proved & equal* is the success criterion. Methods: `bounds` = L1/L2/DFF "
         "lower bound met by FFD/BFD, MBS' or the overflow tabu search; `arcflow` = arc-flow MILP (Pyomo + HiGHS); `cpsat` = "
         "CP-SAT. Seconds are wall time per instance on a shared 2-core machine.",
@@ -113,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=here / "bpp_certify.md")
     ap.add_argument("--jsonl", type=Path, default=None, help="per-instance results (default: OUT with .jsonl)")
     args = ap.parse_args(argv)
+    if not DATA.is_dir():
+        ap.error(f"BPP benchmark set not found at {DATA}: set ROUTEPACK_BPP_DIR to its directory")
     jsonl = args.jsonl or args.out.with_suffix(".jsonl")
     done: dict[str, dict] = {}
     if jsonl.exists():
@@ -136,7 +141,7 @@ def main(argv=None) -> int:
                 rows_by_set[name].append(row)
                 print(f"{name} {row['name']}: rows {row['rows']} (opt {row['optimum']}) {row['status']} "
                       f"{row['method']} {row['seconds']:.2f}s", flush=True)
-            args.out.write_text(summarize(rows_by_set, args.time_limit, args.workers))
+            atomic_write_text(args.out, summarize(rows_by_set, args.time_limit, args.workers))
     print(summarize(rows_by_set, args.time_limit, args.workers))
     return 0
 

@@ -46,6 +46,7 @@ from routepack_opt.models.layout import solve_layout
 from routepack_opt.pipeline import baseline_layouts
 from routepack_opt.topology import Topology
 from routepack_opt.trace import generate_window
+from routepack_opt.io import atomic_write_text
 
 RESULTS = Path(__file__).parent / "results"
 PRESET_NAMES = ["qwen3-30b-a3b", "ling-hybrid", "olmoe-1b-7b", "deepseek-v3"]
@@ -312,7 +313,7 @@ def run_resumable(todo, jl: Path, md: Path, run, summary, describe) -> tuple[lis
         recs.append(rec)
         with jl.open("a") as f:
             f.write(json.dumps(rec) + "\n")
-        md.write_text(summary(recs, time.perf_counter() - t0))
+        atomic_write_text(md, summary(recs, time.perf_counter() - t0))
         print(describe(rec), flush=True)
     return recs, time.perf_counter() - t0
 
@@ -338,7 +339,7 @@ def main():
         recs, secs = run_resumable(todo, jl, md, lambda spec: run_window(*spec, shipped=True),
                                    lambda recs, t: summarise(recs, len(todo), t, shipped=True),
                                    describe)
-        md.write_text(summarise(recs, len(todo), secs, shipped=True) + crosscheck_md(recs))
+        atomic_write_text(md, summarise(recs, len(todo), secs, shipped=True) + crosscheck_md(recs))
         return
     if args.addendum:
         recs = {r["id"]: r for r in load(RESULTS / "exact_study.jsonl")}
@@ -354,7 +355,7 @@ def main():
                 print(a, flush=True)
         md = RESULTS / "exact_study.md"
         text = md.read_text().split("\n## Addendum")[0].rstrip("\n") + "\n"
-        md.write_text(text + addendum_md(adds, recs))
+        atomic_write_text(md, text + addendum_md(adds, recs))
         return
     stem = "exact_study_quick" if args.quick else "exact_study"
     jl, md = RESULTS / f"{stem}.jsonl", RESULTS / f"{stem}.md"
@@ -368,7 +369,7 @@ def main():
 
     recs, secs = run_resumable(todo, jl, md, lambda spec: run_window(*spec, quick=args.quick),
                                lambda recs, t: summarise(recs, len(todo), t), describe)
-    md.write_text(summarise(recs, len(todo), secs))
+    atomic_write_text(md, summarise(recs, len(todo), secs))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from routepack_opt.heuristics.refine_placement import RefineConfig, refine_place
 from routepack_opt.migration import align_slots, migration_cost
 from routepack_opt.topology import Topology
 from routepack_opt.trace import generate_sequence, generate_window
+from routepack_opt.io import atomic_write_text
 
 PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "ling-hybrid", "deepseek-v3")
 OBJECTIVES = ("max-sum", "sum-max")
@@ -344,9 +345,9 @@ def main(argv=None):
         res["4"] = part4(args.seed, args.gap_time_limit, anneal_cfg)
         res["meta"]["4"] = {"command": cmd, "seconds": time.perf_counter() - t0}
     out_md.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps(res, indent=1, default=float))
+    atomic_write_text(out_json, json.dumps(res, indent=1, default=float))
     text = render(res)
-    out_md.write_text(text)
+    atomic_write_text(out_md, text)
     print(text)
 
 

@@ -33,6 +33,7 @@ from routepack_opt.heuristics.placement import (identity_placement, lpt_placemen
 from routepack_opt.models.placement import exact_placement
 from routepack_opt.topology import Topology
 from routepack_opt.trace import generate_window
+from routepack_opt.io import atomic_write_text
 
 PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "ling-hybrid", "deepseek-v3")
 OUT = Path(__file__).resolve().parent / "results" / "placement_gap.md"
@@ -160,7 +161,7 @@ def main():
         "Timings are wall-clock on a shared machine with other jobs running (medians are noisy; "
         "best is the closer figure for an idle core).", ""])
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text)
+    atomic_write_text(OUT, text)
     print(text)
 
 

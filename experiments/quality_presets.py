@@ -23,6 +23,7 @@ from routepack_opt.heuristics.annealing import AnnealConfig
 from routepack_opt.pipeline import plan
 from routepack_opt.topology import Topology
 from routepack_opt.trace import generate_window
+from routepack_opt.io import atomic_write_text
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -78,7 +79,7 @@ def main():
               "", "Makespans in µs (predicted by the preset's cost model); `plan s` is the pipeline's "
               "wall time for the default budget on the (shared) 2-core machine."]
     Path(args.o).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.o).write_text("\n".join(lines) + "\n")
+    atomic_write_text(Path(args.o), "\n".join(lines) + "\n")
     print(f"wrote {args.o}")
 
 

@@ -46,6 +46,7 @@ import numpy as np
 from routepack_opt.cost import CostModel, Stage, get_preset
 from routepack_opt.evaluate import Evaluator
 from routepack_opt.heuristics.baselines import BASELINES
+from routepack_opt.io import atomic_write_text
 from routepack_opt.heuristics.placement import identity_placement, lpt_placement, rank_load_cv
 from routepack_opt.pipeline import plan, resolve_placement, resolve_rows
 from routepack_opt.topology import Topology
@@ -159,9 +160,9 @@ def ci_str(x, block: int, reps: int) -> str:
 def write(st: Setting, name: str, lines: list[str], records=None) -> Path:
     st.out.mkdir(parents=True, exist_ok=True)
     path = st.out / f"referee_{name}.md"
-    path.write_text("\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join(lines) + "\n")
     if records is not None:
-        (st.out / f"referee_{name}.json").write_text(json.dumps(records, indent=1, default=float) + "\n")
+        atomic_write_text(st.out / f"referee_{name}.json", json.dumps(records, indent=1, default=float) + "\n")
     return path
 
 

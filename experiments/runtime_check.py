@@ -36,6 +36,7 @@ from routepack_opt.runtime.bench import bench_config, calibrate, measure_plan
 from routepack_opt.runtime.verify import VerifyConfig, verify_runtime
 from routepack_opt.topology import Topology
 from routepack_opt.trace import generate_window
+from routepack_opt.io import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.render:
         res = json.loads(Path(args.out).with_suffix(".json").read_text())
-        Path(args.out).write_text(report(res, args, RESULTS / f"runtime_check_cost_{args.device}.toml"))
+        atomic_write_text(Path(args.out), report(res, args, RESULTS / f"runtime_check_cost_{args.device}.toml"))
         return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
@@ -127,8 +128,8 @@ def main(argv=None) -> int:
                   f"pred {o['max-sum']['predicted_us']:,.0f} ratio {o['max-sum']['ratio']:.3f} | sum-max ratio "
                   f"{o['sum-max']['ratio']:.3f} | J R² {m['J_r2']:.3f}", flush=True)
     res["seconds"] = round(time.perf_counter() - t_all, 1)
-    Path(args.out).with_suffix(".json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-    Path(args.out).write_text(report(res, args, cost_path))
+    atomic_write_text(Path(args.out).with_suffix(".json"), json.dumps(res, indent=1, default=str) + "\n")
+    atomic_write_text(Path(args.out), report(res, args, cost_path))
     print(f"wrote {args.out}")
     return 0
 

@@ -14,12 +14,16 @@ import math
 from pathlib import Path
 
 from routepack_opt.errors import InputError, load_document
+from routepack_opt.io import atomic_write_text
 
 __all__ = ["Stage", "CostModel", "ModelConfig", "Preset", "PRESETS", "get_preset", "load_cost",
            "save_cost", "resolve_cost"]
 
 H200_BF16_FLOPS = 989e12  # dense bf16 tensor-core peak, vendor datasheet (SXM)
 TRAIN_FLOP_FACTOR = 3.0  # forward + backward (2×) ≈ 3× forward FLOPs
+# Largest coefficient accepted (µs per unit). Real ones are < 1; 1e6 µs (a second) per token still
+# leaves scores of production windows (~1e6 tokens, ~1e12 token²) far below float overflow.
+MAX_COEF = 1e6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +48,9 @@ def _check_coef(name: str, value) -> None:
         raise InputError(f"cost: {name} must be a number, got {value!r}")
     if not math.isfinite(value) or value < 0:
         raise InputError(f"cost: {name} must be finite and ≥ 0, got {value}")
+    if value > MAX_COEF:
+        raise InputError(f"cost: {name} = {value:g} is absurd (at most {MAX_COEF:g}); scores would "
+                         "overflow. Coefficients are µs per token / token² / routed token / micro-batch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +79,15 @@ class CostModel:
             raise InputError(f"cost: duplicate stage names {names}")
         object.__setattr__(self, "stages", stages)
         for key in ("gamma", "row_overhead", "expert_bytes", "migration_bandwidth"):
-            _check_coef(key, getattr(self, key))
+            if key != "expert_bytes":  # bytes, not µs: may be large
+                _check_coef(key, getattr(self, key))
+            elif isinstance(self.expert_bytes, bool) or not isinstance(self.expert_bytes, (int, float)) \
+                    or not math.isfinite(self.expert_bytes) or self.expert_bytes < 0:
+                raise InputError(f"cost: expert_bytes must be finite and ≥ 0, got {self.expert_bytes!r}")
             object.__setattr__(self, key, float(getattr(self, key)))
+        if self.gamma == 0 and all(s.alpha == 0 and s.beta == 0 for s in stages):
+            raise InputError("cost: every attention and expert coefficient is 0, so every plan would "
+                             "score the same; give at least one positive alpha, beta or gamma")
 
     @property
     def alphas(self) -> list[float]:
@@ -133,7 +147,7 @@ def load_cost(path: str | Path) -> CostModel:
 
 
 def save_cost(cost: CostModel, path: str | Path) -> None:
-    Path(path).write_text(cost.to_toml())
+    atomic_write_text(path, cost.to_toml())
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,9 +34,13 @@ def load_document(path, what: str, fmt: str, build):
         data = tomllib.loads(text) if fmt == "toml" else json.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not valid {fmt.upper()} ({exc})") from None
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to be a {what} file") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read the {what} file ({exc.strerror})") from None
     try:
         return build(data)
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to be a {what} file") from None

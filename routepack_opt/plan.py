@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from routepack_opt.errors import InputError, load_document
+from routepack_opt.io import atomic_write_text
 from routepack_opt.topology import Topology
 
 __all__ = ["Plan", "load_plan", "PLAN_FORMAT", "cells_from_assignment", "assignment_from_cells",
@@ -162,7 +163,8 @@ class Plan:
         return d
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(_jsonable(self.to_json()), indent=1) + "\n")
+        # Strict JSON (never Infinity/NaN): a non-finite number is refused before anything is written.
+        atomic_write_text(path, dumps_strict(self.to_json(), indent=1) + "\n")
 
     @classmethod
     def from_json(cls, d: dict, num_samples: int | None = None) -> "Plan":
@@ -183,9 +185,13 @@ class Plan:
                 or not all(isinstance(c, list) for r in cells for c in r)
                 or not all(isinstance(i, int) and not isinstance(i, bool) for r in cells for c in r for i in c)):
             raise InputError(f"plan: cells must be {rows} rows × {topo.dp} slots of integer sample-id lists")
+        raw_pl = d["placement"]
+        if (not isinstance(raw_pl, list) or not all(isinstance(r, list) for r in raw_pl)
+                or not all(isinstance(x, int) and not isinstance(x, bool) for r in raw_pl for x in r)):
+            raise InputError("plan: placement must be L lists of E integers (no floats, strings or booleans)")
         try:
-            placement = np.asarray(d["placement"], dtype=np.int64)
-        except (TypeError, ValueError):
+            placement = np.asarray(raw_pl, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
             raise InputError("plan: placement must be L lists of E integers") from None
         if placement.ndim != 2:
             raise InputError("plan: placement must be L lists of E integers")
@@ -214,6 +220,15 @@ def _jsonable(x):
     if isinstance(x, np.floating):
         return float(x)
     return x
+
+
+def dumps_strict(obj, **kw) -> str:
+    """``json.dumps`` that refuses NaN and infinities (not JSON) with an InputError naming the cause."""
+    try:
+        return json.dumps(_jsonable(obj), allow_nan=False, **kw)
+    except ValueError:
+        raise InputError("result holds a non-finite number (NaN or infinity): the cost model or "
+                         "input makes the score overflow; use finite, realistic coefficients") from None
 
 
 def load_plan(path: str | Path, num_samples: int | None = None) -> Plan:

@@ -10,6 +10,9 @@ from routepack_opt.errors import InputError
 
 __all__ = ["Topology"]
 
+# Far above any real cluster or micro-batch, far inside int64 (token sums of a cell stay exact).
+_LIMITS = {"dp": 2**24, "ep": 2**24, "capacity": 2**40, "min_rows": 2**24, "row_multiple": 2**24}
+
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
@@ -34,6 +37,8 @@ class Topology:
                 raise InputError(f"topology: {name} must be an integer, got {value!r}")
             if value < 1:
                 raise InputError(f"topology: {name} must be ≥ 1, got {value}")
+            if value > _LIMITS[name]:
+                raise InputError(f"topology: {name} = {value} is out of range (at most {_LIMITS[name]:,})")
             object.__setattr__(self, name, int(value))
         if self.dp % self.ep:
             raise InputError(

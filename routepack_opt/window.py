@@ -8,19 +8,20 @@ array is copied, checked and made read-only; changes go through :meth:`Window.re
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from routepack_opt.errors import InputError
+from routepack_opt.io import atomic_open
 
-__all__ = ["Window", "load_window", "save_window", "write_window_npz", "atomic_output", "counts_dtype",
+__all__ = ["Window", "load_window", "save_window", "write_window_npz", "counts_dtype",
            "check_window_memory", "available_memory"]
+
+# Tokens of one sample: counts are int32 (≤ length each), and token sums of a window stay exact.
+MAX_LENGTH = 2**31 - 1
 
 
 def _as_int_array(name: str, value, ndim: int, dtype=np.int64) -> np.ndarray:
@@ -36,6 +37,9 @@ def _as_int_array(name: str, value, ndim: int, dtype=np.int64) -> np.ndarray:
             raise InputError(f"{name}: contains NaN or infinite values")
         if not np.all(arr == np.round(arr)):
             raise InputError(f"{name}: contains non-integer values")
+        # Checked as floats, before the cast (which would warn and wrap near 2^63).
+        if arr.size and (arr.max() >= float(np.iinfo(dtype).max) or arr.min() <= float(np.iinfo(dtype).min)):
+            raise InputError(f"{name}: values outside the {np.dtype(dtype).name} range")
     elif arr.dtype.kind not in "iub":
         raise InputError(f"{name}: expected integers, got dtype {arr.dtype}")
     if arr.size and (arr.max() > np.iinfo(dtype).max or arr.min() < np.iinfo(dtype).min):
@@ -73,6 +77,10 @@ class Window:
             )
         if counts_NLE.shape[1] == 0 or counts_NLE.shape[2] == 0:
             raise InputError(f"counts: shape {tuple(counts_NLE.shape)} has no layers or no experts")
+        too_long = np.flatnonzero(lengths_N > MAX_LENGTH)
+        if too_long.size:
+            raise InputError(f"lengths: samples {_few(too_long)} have {_few(lengths_N[too_long])} tokens; "
+                             f"at most {MAX_LENGTH:,} per sample")
         bad = np.flatnonzero(lengths_N < 1)
         if bad.size:
             raise InputError(
@@ -281,7 +289,11 @@ def load_window(path: str | Path) -> Window:
     if not path.exists():
         raise InputError(f"{path}: no such file")
     try:
-        with np.load(path, allow_pickle=False) as data:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise InputError(f"{path}: a single array (.npy), not an .npz window with "
+                             "'lengths' and 'counts'")
+        with data:
             keys = set(data.files)
             for key in ("lengths", "counts"):
                 if key not in keys:
@@ -315,43 +327,6 @@ def counts_dtype(max_count: int) -> np.dtype:
     return np.dtype(np.int64)
 
 
-@contextlib.contextmanager
-def atomic_output(path: str | Path):
-    """A binary file handle whose content replaces ``path`` only when the block completes:
-    written to a temporary file in the target directory, fsynced, then ``os.replace``d (a crash
-    or a full disk never leaves a truncated file in place of the old one). Write errors
-    (``ENOSPC``, ``EFBIG``, permissions) become one :class:`InputError`."""
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, not an output file")
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write there ({exc.strerror})") from None
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        with contextlib.suppress(OSError):  # persist the rename (not possible on every fs)
-            dfd = os.open(parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
-        raise
-
-
 def write_window_npz(path: str | Path, lengths_N, counts_blocks, shape_NLE, dtype, top_k: int,
                      group_ids=None, step: int | None = None) -> None:
     """Stream a window ``.npz`` (docs/formats.md) atomically: ``counts_blocks`` yields the counts
@@ -360,7 +335,7 @@ def write_window_npz(path: str | Path, lengths_N, counts_blocks, shape_NLE, dtyp
     level 6 is several times slower for little gain."""
     N, L, E = (int(x) for x in shape_NLE)
     dtype = np.dtype(dtype)
-    with atomic_output(path) as fh, zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED,
+    with atomic_open(path) as fh, zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED,
                                                     compresslevel=1, allowZip64=True) as zf:
         small = {"lengths": np.asarray(lengths_N, dtype=np.int64), "top_k": np.int64(top_k)}
         if group_ids is not None:

@@ -14,7 +14,7 @@ from routepack_opt.heuristics.binpack import (best_fit_decreasing, best_packing,
                                               fixed_bins_search, minimum_bin_slack)
 from routepack_opt.models.brute import brute_force_bins
 
-BPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "bpp"
+from conftest import require_bpp
 
 
 instances = st.integers(5, 60).flatmap(
@@ -51,7 +51,7 @@ def test_bounds_below_packings_larger(inst):
 def test_bounds_and_ffd_bfd_match_benchmark_records():
     """L1, L2, FFD and BFD equal the values stored with every BPP benchmark instance."""
     checked = 0
-    for path in sorted(BPP.glob("*.jsonl")):
+    for path in sorted(require_bpp().glob("*.jsonl")):
         for line in path.read_text().splitlines():
             r = json.loads(line)
             s, C = np.asarray(r["sizes"]), r["capacity"]
@@ -104,7 +104,7 @@ def test_production_scale_is_fast():
 
 def test_fixed_bins_search_reaches_the_optimum_where_ffd_does_not():
     """The overflow tabu search packs Falkenauer-U instances into their optimum (FFD uses one more)."""
-    recs = [json.loads(x) for x in (BPP / "falkenauer_u.jsonl").read_text().splitlines()]
+    recs = [json.loads(x) for x in (require_bpp() / "falkenauer_u.jsonl").read_text().splitlines()]
     done = 0
     for r in recs:
         if r["ffd"] == r["optimum"] or r["n"] > 250:

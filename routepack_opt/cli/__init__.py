@@ -53,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
-            parser.print_help()
-            return 2 if not argv else 0
+            raise UsageError("missing command; run 'routepack --help'")
         args.func(args)
         return 0
     except (InputError, UsageError) as exc:

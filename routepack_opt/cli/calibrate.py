@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from routepack_opt.cli.common import add_json, emit, output_path
+from routepack_opt.cli.common import nonneg_int, positive_int, add_json, emit, output_path
 from routepack_opt.cost import save_cost
 from routepack_opt.errors import InputError
 
@@ -14,12 +14,12 @@ def register(sub) -> None:
                        "model by non-negative least squares; write it as TOML.")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("-o", "--output", required=True, metavar="COST.toml")
-    p.add_argument("--layers", type=int, default=2,
+    p.add_argument("--layers", type=positive_int, default=2,
                    help="transformer layers the cost file describes (alpha, beta, row_overhead scale with it)")
-    p.add_argument("--experts-per-rank", type=int, default=4,
+    p.add_argument("--experts-per-rank", type=positive_int, default=4,
                    help="local experts per EP rank (E/P of the plans to be measured; default 4)")
     p.add_argument("--quick", action="store_true", help="a smaller model and grid (seconds; for tests)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonneg_int, default=0)
     add_json(p)
     p.set_defaults(func=run)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from routepack_opt.cli.common import add_json, add_topology, add_window, emit, topology_from_args, window_from_args
+from routepack_opt.cli.common import positive_float, add_json, add_topology, add_window, emit, topology_from_args, window_from_args
 from routepack_opt.errors import InputError
 
 
@@ -14,7 +14,7 @@ def register(sub) -> None:
                        "CP-SAT) only where they do not close.")
     add_window(p)
     add_topology(p)
-    p.add_argument("--time-limit", type=float, default=10.0, metavar="S",
+    p.add_argument("--time-limit", type=positive_float, default=10.0, metavar="S",
                    help="seconds for the exact models (default 10)")
     p.add_argument("--method", choices=["auto", "cpsat", "arcflow"], default="auto",
                    help="exact model where bounds do not close (default auto)")

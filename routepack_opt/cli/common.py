@@ -12,6 +12,71 @@ from routepack_opt.topology import Topology
 from routepack_opt.window import Window, load_window
 
 
+# --- argparse types: bad values are refused while parsing (one error: line, exit 2) ---------------
+
+_INT_MAX = 2**62  # counts, capacities, seeds: far beyond any real value, far inside int64
+
+
+def _int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if abs(value) > _INT_MAX:
+        raise argparse.ArgumentTypeError(f"{text} is out of range (at most 2^62)")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer ≥ 1."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    """An integer ≥ 0 (seeds, steps, staleness)."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {value}")
+    return value
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (time limits, timeouts)."""
+    value = _finite(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def nonneg_float(text: str) -> float:
+    """A finite number ≥ 0."""
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {text}")
+    return value
+
+
+def scale_float(text: str) -> float:
+    """A finite number ≥ 1 (a divisor that shrinks a window)."""
+    value = _finite(text)
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {text}")
+    return value
+
+
 def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
 
@@ -22,11 +87,11 @@ def add_window(p: argparse.ArgumentParser) -> None:
 
 def add_topology(p: argparse.ArgumentParser, preset_flag: bool = True) -> None:
     g = p.add_argument_group("topology")
-    g.add_argument("--dp", type=int, help="DP slots D")
-    g.add_argument("--ep", type=int, help="EP size P (E %% P == 0, D %% P == 0)")
-    g.add_argument("--capacity", type=int, help="token cap C of one micro-batch")
-    g.add_argument("--min-rows", type=int, default=1, help="least micro-batches per slot")
-    g.add_argument("--row-multiple", type=int, default=1, help="rows must be a multiple of this (PP×VPP)")
+    g.add_argument("--dp", type=positive_int, help="DP slots D")
+    g.add_argument("--ep", type=positive_int, help="EP size P (E %% P == 0, D %% P == 0)")
+    g.add_argument("--capacity", type=positive_int, help="token cap C of one micro-batch")
+    g.add_argument("--min-rows", type=positive_int, default=1, help="least micro-batches per slot")
+    g.add_argument("--row-multiple", type=positive_int, default=1, help="rows must be a multiple of this (PP×VPP)")
     if preset_flag:
         g.add_argument("--preset", choices=sorted(PRESETS), help="defaults for --dp/--ep/--capacity")
 
@@ -65,19 +130,17 @@ def cost_from_args(args) -> CostModel:
     return resolve_cost(args.cost)
 
 
-def output_path(path: str | None) -> Path | None:
-    if path is None:
-        return None
-    p = Path(path)
-    if p.parent and not p.parent.exists():
-        raise InputError(f"{path}: directory {p.parent} does not exist")
-    return p
+def output_path(path: str | None, *inputs) -> Path | None:
+    """The output path, checked before any work: not an input, not a directory, writable."""
+    from routepack_opt.io import check_output_path
+
+    return check_output_path(path, *inputs)
 
 
 def emit(args, result: dict | None, text: str | None = None) -> None:
     """Print ``result`` as JSON with ``--json``, else ``text`` (if any)."""
     if getattr(args, "json", False):
-        from routepack_opt.plan import _jsonable
-        print(json.dumps(_jsonable(result or {}), indent=1))
+        from routepack_opt.plan import dumps_strict
+        print(dumps_strict(result or {}, indent=1))
     elif text:
         print(text)

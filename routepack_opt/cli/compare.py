@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from routepack_opt.cli.common import add_cost, add_json, add_objective, add_topology, add_window, emit
+from routepack_opt.cli.common import positive_float, add_cost, add_json, add_objective, add_topology, add_window, emit
 from routepack_opt.cli.plan import add_search_args, planning_inputs, progress_bar
 
 
@@ -18,7 +18,7 @@ def register(sub) -> None:
     p.add_argument("--placement-from", metavar="PLAN.json", help="materialized placement (adds joint-sticky)")
     p.add_argument("--exact", choices=["auto", "yes", "no"], default="auto",
                    help="add the exact row (auto: windows of ≤ 24 samples)")
-    p.add_argument("--exact-time-limit", type=float, default=30.0)
+    p.add_argument("--exact-time-limit", type=positive_float, default=30.0)
     add_json(p)
     p.set_defaults(func=run)
 

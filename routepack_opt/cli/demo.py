@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 
-from routepack_opt.cli.common import add_json, add_objective, emit
+from routepack_opt.cli.common import nonneg_int, positive_float, positive_int, add_json, add_objective, emit
 from routepack_opt.cli.plan import progress_bar
 from routepack_opt.cost import PRESETS, get_preset
 from routepack_opt.errors import InputError
@@ -24,11 +24,11 @@ DEFAULTS = dict(preset="qwen3-30b-a3b", samples=512, dp=16, ep=8, seed=0)
 def register(sub) -> None:
     p = sub.add_parser("demo", help="the main job on an embedded default: trace → R* → plan → compare → plot")
     p.add_argument("--preset", default=DEFAULTS["preset"], help=f"model preset ({', '.join(PRESETS)})")
-    p.add_argument("--samples", type=int, default=DEFAULTS["samples"])
-    p.add_argument("--dp", type=int, default=DEFAULTS["dp"])
-    p.add_argument("--ep", type=int, default=DEFAULTS["ep"])
-    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    p.add_argument("--time-limit", type=float, help="search time limit per plan (s)")
+    p.add_argument("--samples", type=positive_int, default=DEFAULTS["samples"])
+    p.add_argument("--dp", type=positive_int, default=DEFAULTS["dp"])
+    p.add_argument("--ep", type=positive_int, default=DEFAULTS["ep"])
+    p.add_argument("--seed", type=nonneg_int, default=DEFAULTS["seed"])
+    p.add_argument("--time-limit", type=positive_float, help="search time limit per plan (s)")
     p.add_argument("--out", default="routepack-demo", help="output directory (window, plan, plot)")
     add_objective(p)
     add_json(p)
@@ -48,7 +48,11 @@ def run(args) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"--out {out}: {exc}") from None
+        raise InputError(f"--out {out}: {exc.strerror or exc}") from None
+    from routepack_opt.io import check_output_path
+
+    for name in ("window.npz", "plan.json", "routepack-demo.png"):  # before the work starts
+        check_output_path(out / name)
     console = Console(width=140, stderr=args.json, quiet=args.json)
     t0 = time.perf_counter()
     window = generate_window(args.preset, args.samples, args.seed)
@@ -113,5 +117,11 @@ def _plot(window, topo, cost, plans, objective, path: Path) -> None:
         ax.set_yticks(range(J.shape[1]))
         fig.colorbar(im, ax=ax)
     fig.suptitle("RoutePack demo: expert placement (top) and joint packing (bottom)")
-    fig.savefig(path, dpi=90)
+    import io
+
+    from routepack_opt.io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from routepack_opt.cli.common import (add_cost, add_json, add_objective, add_topology, add_window,
+from routepack_opt.cli.common import (nonneg_float, positive_float, positive_int, add_cost, add_json, add_objective, add_topology, add_window,
                                       cost_from_args, emit, output_path, topology_from_args)
 from routepack_opt.errors import InputError
 from routepack_opt.window import load_window
@@ -21,11 +21,11 @@ def register(sub) -> None:
                    help="CP-SAT (default) or a Pyomo MILP solved by HiGHS")
     p.add_argument("--placement", default="lpt",
                    help="lpt (default), identity, or PLAN.json to reuse that plan's placement")
-    p.add_argument("--rows", type=int, help="rows R (default: the certified minimum R*)")
-    p.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds (default 60)")
+    p.add_argument("--rows", type=positive_int, help="rows R (default: the certified minimum R*)")
+    p.add_argument("--time-limit", type=positive_float, default=60.0, help="solver time limit in seconds (default 60)")
     p.add_argument("--lexicographic", action="store_true",
                    help="second stage: fix the makespan, minimise the total")
-    p.add_argument("--warm-time", type=float, default=None,
+    p.add_argument("--warm-time", type=nonneg_float, default=None,
                    help="seconds of annealing for the warm start (default: 10%% of --time-limit, ≤ 10)")
     p.add_argument("-o", "--output", metavar="PLAN.json", help="write the layout as a plan")
     add_json(p)
@@ -68,11 +68,12 @@ def run(args) -> dict:
     from routepack_opt.models.layout import solve_layout
     from routepack_opt.pipeline import layout_plan, resolve_rows
 
+    out = output_path(args.output, args.window, args.cost,
+                      args.placement if args.placement.endswith(".json") else None)
     window = load_window(args.window)
     topo = topology_from_args(args)
     cost = cost_from_args(args)
     objective = check_objective(args.objective)
-    out = output_path(args.output)
     if not (args.time_limit and args.time_limit > 0):
         raise InputError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
     # One clock for the whole command, started after the numba kernels are compiled or loaded:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from routepack_opt.cli.common import add_json, emit, output_path
+from routepack_opt.cli.common import add_json, emit, nonneg_float, nonneg_int, output_path, positive_float, positive_int
 from routepack_opt.cost import PRESETS
 from routepack_opt.errors import InputError
 from routepack_opt.trace import DEFAULT_DISPERSION, write_trace
@@ -16,23 +16,23 @@ def register(sub) -> None:
                        "model. Defaults are the calibrated single-task setting: routing dispersion "
                        f"{DEFAULT_DISPERSION} at 64 tokens, per-layer skew of real models.")
     p.add_argument("--preset", default="qwen3-30b-a3b", help=f"model preset ({', '.join(PRESETS)})")
-    p.add_argument("--samples", type=int, default=1024, help="samples N (default 1024)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step", type=int, default=0, help="optimizer step (routing drifts with it)")
-    p.add_argument("--staleness", type=int, default=0, help="route with the policy of step - K")
-    p.add_argument("--layers", type=int, help="override MoE layers L")
-    p.add_argument("--experts", type=int, help="override experts E")
-    p.add_argument("--top-k", type=int, help="override router top-k")
-    p.add_argument("--capacity", type=int, help="override capacity (max sample length)")
-    p.add_argument("--skew", type=float, help="median busiest/mean expert load per layer "
+    p.add_argument("--samples", type=positive_int, default=1024, help="samples N (default 1024)")
+    p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument("--step", type=nonneg_int, default=0, help="optimizer step (routing drifts with it)")
+    p.add_argument("--staleness", type=nonneg_int, default=0, help="route with the policy of step - K")
+    p.add_argument("--layers", type=positive_int, help="override MoE layers L")
+    p.add_argument("--experts", type=positive_int, help="override experts E")
+    p.add_argument("--top-k", type=positive_int, help="override router top-k")
+    p.add_argument("--capacity", type=positive_int, help="override capacity (max sample length)")
+    p.add_argument("--skew", type=positive_float, help="median busiest/mean expert load per layer "
                    "(default: the preset's real-data figure)")
-    p.add_argument("--dispersion", type=float, metavar="TARGET",
+    p.add_argument("--dispersion", type=positive_float, metavar="TARGET",
                    help=f"routing dispersion at 64 tokens to hit (co-activation; default {DEFAULT_DISPERSION}, "
                    "≈1 = samples route like the aggregate; see `routepack stats`)")
     p.add_argument("--domains", metavar="olmoe|mixtral|K",
                    help="mixture of domains: real OLMoE (E=64) / Mixtral (E=8) per-domain profiles, "
                    "or K synthetic domains")
-    p.add_argument("--length-sigma", type=float, help="log-normal spread of response lengths")
+    p.add_argument("--length-sigma", type=nonneg_float, help="log-normal spread of response lengths")
     p.add_argument("--uniform", action="store_true", help="control: uniform routing, equal lengths")
     p.add_argument("-o", "--output", required=True, metavar="W.npz")
     add_json(p)

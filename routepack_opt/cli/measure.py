@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from routepack_opt.cli.common import add_json, emit
+from routepack_opt.cli.common import positive_int, scale_float, add_json, emit
 from routepack_opt.cost import resolve_cost
 from routepack_opt.errors import InputError
 from routepack_opt.plan import load_plan
@@ -21,8 +21,8 @@ def register(sub) -> None:
                    help="cost from `routepack calibrate` on the same device and --layers "
                    "(default: calibrate now)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--layers", type=int, default=2, help="MoE layers measured (the first ones; default 2)")
-    p.add_argument("--scale", type=float, help="divide lengths and counts by this (default: chosen "
+    p.add_argument("--layers", type=positive_int, default=2, help="MoE layers measured (the first ones; default 2)")
+    p.add_argument("--scale", type=scale_float, help="divide lengths and counts by this (default: chosen "
                    "so the scaled window stays small)")
     p.add_argument("--quick", action="store_true", help="a smaller model (seconds; for tests)")
     add_json(p)

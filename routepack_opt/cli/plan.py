@@ -6,7 +6,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from routepack_opt.cli.common import (add_cost, add_json, add_objective, add_topology, add_window,
+from routepack_opt.cli.common import (nonneg_int, positive_float, positive_int, add_cost, add_json, add_objective, add_topology, add_window,
                                       cost_from_args, emit, output_path, topology_from_args)
 from routepack_opt.errors import InputError
 from routepack_opt.plan import load_plan
@@ -14,10 +14,10 @@ from routepack_opt.window import load_window
 
 
 def add_search_args(p) -> None:
-    p.add_argument("--rows", type=int, help="rows R (default: the certified minimum R*)")
-    p.add_argument("--time-limit", type=float, help="search time limit in seconds (anytime)")
-    p.add_argument("--max-sweeps", type=int, help="sweep budget: with --seed, a bit-identical plan")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows", type=positive_int, help="rows R (default: the certified minimum R*)")
+    p.add_argument("--time-limit", type=positive_float, help="search time limit in seconds (anytime)")
+    p.add_argument("--max-sweeps", type=positive_int, help="sweep budget: with --seed, a bit-identical plan")
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--config", metavar="ANNEAL.toml", help="population-annealing parameters (TOML)")
 
 
@@ -44,6 +44,12 @@ def planning_inputs(args):
     topo = topology_from_args(args)
     cost = cost_from_args(args)
     current = load_plan(args.placement_from).placement if args.placement_from else None
+    if current is not None:
+        from routepack_opt.plan import check_placement
+
+        errs = check_placement(current, window.num_layers, window.num_experts)
+        if errs:
+            raise InputError(f"--placement-from {args.placement_from}: does not fit the window: {errs[0]}")
     return window, topo, cost, current, load_config(args)
 
 
@@ -80,8 +86,9 @@ def register(sub) -> None:
 def run(args) -> None:
     from routepack_opt.pipeline import plan
 
+    out = output_path(args.output, args.window, args.cost, args.placement_from, args.config,
+                      args.placement if args.placement.endswith(".json") else None)
     window, topo, cost, current, cfg = planning_inputs(args)
-    out = output_path(args.output)
     placement = placement_arg(args.placement, window)
     with progress_bar(sys.stderr.isatty() and not args.json) as cb:
         p = plan(window, topo, cost, args.objective, placement, args.rows, args.time_limit,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from routepack_opt.cli.common import add_json, emit
+from routepack_opt.cli.common import positive_float, positive_int, nonneg_int, add_json, emit
 from routepack_opt.errors import InputError
 
 
@@ -12,12 +12,12 @@ def register(sub) -> None:
     p = sub.add_parser("verify-runtime", help="train a tiny MoE model, re-place experts mid-run "
                        "(one process and N gloo processes with EP all-to-all), compare with a "
                        "run that never re-places")
-    p.add_argument("--world-size", type=int, default=4,
+    p.add_argument("--world-size", type=positive_int, default=4,
                    help="gloo processes = DP slots of the distributed check (1: single process only; default 4)")
-    p.add_argument("--ep", type=int, default=None, help="EP size P (default 2, or 1 when the world size is odd)")
-    p.add_argument("--steps", type=int, default=3, help="optimizer steps (re-placement after the first)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=180.0, help="seconds allowed for the distributed run")
+    p.add_argument("--ep", type=positive_int, default=None, help="EP size P (default 2, or 1 when the world size is odd)")
+    p.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (re-placement after the first)")
+    p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument("--timeout", type=positive_float, default=180.0, help="seconds allowed for the distributed run")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu (gloo; default) or cuda (nccl, one GPU per rank)")
     p.add_argument("--start-method", choices=["forkserver", "spawn"], default="forkserver",
