@@ -215,7 +215,7 @@ def _few(values, k: int = 5) -> str:
 
 # Memory of a loaded window, per (sample, layer, expert): the counts as stored in the file while
 # they are read, plus the window's own int32 copy. Planning adds O(N·L·P) on top (rank loads,
-# int64) and O(N) per replica, small beside it (docs/formats.md, "Memory").
+# int64) and O(N) per replica, small beside it (docs/pipeline.md, "Time limits and memory").
 WINDOW_COPY_BYTES = 4
 
 

@@ -1535,8 +1535,10 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
         temp = float(temps[k])
         done = 0
         if timed:  # fit the remaining rungs into the time left, at the measured rate
-            if k == 0:  # pilot chunk
-                done = min(chunk, per_temp[0])
+            if k == 0 and time.perf_counter() < deadline:  # pilot chunk: measures the rate
+                # half a sweep at most: at N = 65,536 a full chunk (2 sweeps × 16 replicas)
+                # takes a second, more than a short limit leaves after the seeds
+                done = min(chunk, per_temp[0], max(N // 2, 1))
                 pop.run(pb, done, temp, cfg)
             now = time.perf_counter()
             left = deadline - now
