@@ -27,22 +27,6 @@ def _int(text: str) -> int:
     return value
 
 
-def positive_int(text: str) -> int:
-    """An integer ≥ 1."""
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
-    return value
-
-
-def nonneg_int(text: str) -> int:
-    """An integer ≥ 0 (seeds, steps, staleness)."""
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {value}")
-    return value
-
-
 def _finite(text: str) -> float:
     try:
         value = float(text)
@@ -53,28 +37,24 @@ def _finite(text: str) -> float:
     return value
 
 
-def positive_float(text: str) -> float:
-    """A finite number > 0 (time limits, timeouts)."""
-    value = _finite(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+def _checked(parse, ok, rule: str, doc: str):
+    """An argparse type: ``parse`` the text, then require ``ok(value)`` ("must be <rule>")."""
+
+    def check(text: str):
+        value = parse(text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return value
+
+    check.__doc__ = doc
+    return check
 
 
-def nonneg_float(text: str) -> float:
-    """A finite number ≥ 0."""
-    value = _finite(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {text}")
-    return value
-
-
-def scale_float(text: str) -> float:
-    """A finite number ≥ 1 (a divisor that shrinks a window)."""
-    value = _finite(text)
-    if not value >= 1:
-        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {text}")
-    return value
+positive_int = _checked(_int, lambda v: v >= 1, "≥ 1", "An integer ≥ 1.")
+nonneg_int = _checked(_int, lambda v: v >= 0, "≥ 0", "An integer ≥ 0 (seeds, steps, staleness).")
+positive_float = _checked(_finite, lambda v: v > 0, "> 0", "A finite number > 0 (time limits, timeouts).")
+nonneg_float = _checked(_finite, lambda v: v >= 0, "≥ 0", "A finite number ≥ 0.")
+scale_float = _checked(_finite, lambda v: v >= 1, "≥ 1", "A finite number ≥ 1 (a divisor that shrinks a window).")
 
 
 def add_json(p: argparse.ArgumentParser) -> None:
