@@ -819,7 +819,7 @@ def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, makespan, cnt, memb, slots_G
 
 
 @njit(cache=True, _nrt=False)
-def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
+def _run_replica(n_moves, temp, p_swap, p_guide, p_near, eq, window, objective, eps1, eps2,
                  lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, n_le,
                  C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum, J, colsum,
                  rowmax, agg, At, opn, s, best_row, best_slot, best_e, counters, last, probe, m, st_i,
@@ -827,7 +827,9 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
     """``n_moves`` Metropolis proposals at temperature ``temp`` for one replica.
 
     Proposals as in the module docstring (``window``: the near-swap neighbourhood; ``n_le``:
-    samples per length bound, for the capacity-aware picks).
+    samples per length bound, for the capacity-aware picks). ``eq`` (equal samples per slot):
+    a relocation keeps i in its slot — sample first (uniform or guided), then a uniform other
+    row of the same slot, capacity checked; swaps are unchanged (they keep every count).
     ``probe`` (length > 0): record |ΔE| of each evaluated proposal there and accept nothing
     (used to scale the ladder). counters = [evaluated, accepted, recorded probes, proposals];
     last = (Δmakespan, Δtotal, Δpeak) of the last evaluated proposal (checked by the tests).
@@ -872,7 +874,7 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         bc = -1
         if i < 0:
             x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-            if swap:
+            if swap or eq:
                 i = _below(x, N)
             else:
                 # unguided relocation, target first: a uniform open cell (room for the shortest
@@ -934,7 +936,16 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         else:
             if cnt[a] < 2 or bc == a:
                 continue
-            if bc < 0:  # guided relocation: up to 8 random open targets with room
+            if eq:  # equal counts: another row of i's own slot
+                if R < 2:
+                    continue
+                x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+                rt = _below(x, R - 1)
+                rt += 1 if rt >= ra else 0
+                bc = rt * D + da
+                if T[bc] + li > C:
+                    continue
+            elif bc < 0:  # guided relocation: up to 8 random open targets with room
                 n_open = opn[2 * n_cells]
                 if n_open == 0:
                     continue
@@ -1058,7 +1069,7 @@ def _scratch(L, W):
 
 
 @njit(cache=True, parallel=True)
-def _run_population(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
+def _run_population(n_moves, temp, p_swap, p_guide, p_near, eq, window, objective, eps1, eps2,
                     lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, n_le,
                     C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum, J, colsum,
                     rowmax, agg, At, opn, rng, best_row, best_slot, best_e, counters, last, probe):
@@ -1066,7 +1077,7 @@ def _run_population(n_moves, temp, p_swap, p_guide, p_near, window, objective, e
     K = row.shape[0]
     for k in prange(K):
         m, st_i, st_left = _scratch(L, W[k])
-        _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
+        _run_replica(n_moves, temp, p_swap, p_guide, p_near, eq, window, objective, eps1, eps2,
                      lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, n_le,
                      C, R, D, G, L, P, cap, row[k], slot[k], cnt[k], memb[k], pos[k], T[k], Q[k],
                      W[k], Msum[k], J[k], colsum[k], rowmax[k], agg[k], At[k], opn[k], rng[k],
@@ -1244,6 +1255,10 @@ class _Problem:
         fit = int(np.searchsorted(np.cumsum(np.sort(lengths)), C, side="right"))
         self.cap = max(1, min(N - R * D + 1, fit))
         self.topology, self.cost = topology, cost
+        # equal samples per slot: relocations stay in their slot (see _run_replica)
+        self.eq = bool(topology.equal_samples_per_slot)
+        if self.eq:
+            topology.check_samples(N)
         # n_le[s] = number of samples of length ≤ s, s = 0..C (capacity-aware proposals)
         self.n_le = np.searchsorted(lengths, np.arange(C + 1), side="right").astype(np.int32)
 
@@ -1268,6 +1283,8 @@ class _Problem:
             raise InputError(f"anneal: {what} leaves a cell empty")
         if np.bincount(cell, weights=self.lengths, minlength=R * D).max() > self.C:
             raise InputError(f"anneal: {what} overfills a cell (capacity {self.C})")
+        if self.eq and (np.bincount(slot, minlength=D) != N // D).any():
+            raise InputError(f"anneal: {what} breaks equal samples per slot (N/D = {N // D} each)")
         return row.astype(np.int32), self.int_D[slot].astype(np.int32)
 
     def external(self, row, slot) -> tuple[np.ndarray, np.ndarray]:
@@ -1331,7 +1348,7 @@ class _Population:
                          pb.C, pb.obj, pb.eps1, pb.eps2, *self.state()[2:])
 
     def run(self, pb: _Problem, n_moves: int, temp: float, cfg: AnnealConfig, probe=None):
-        _run_population(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, cfg.swap_window,
+        _run_population(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, pb.eq, cfg.swap_window,
                         pb.obj, pb.eps1, pb.eps2, *pb.consts(), pb.n_le,
                         pb.C, pb.R, pb.D, pb.G, pb.L, pb.Pp, pb.cap,
                         *self.state(), self.rng, self.best_row, self.best_slot, self.best_e,
@@ -1339,7 +1356,7 @@ class _Population:
 
     def run_one(self, pb: _Problem, n_moves: int, temp: float, cfg: AnnealConfig, k: int = 0):
         """Replica k alone, serially (no thread launch): for tests stepping one move at a time."""
-        _run_replica(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, cfg.swap_window,
+        _run_replica(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, pb.eq, cfg.swap_window,
                      pb.obj, pb.eps1, pb.eps2, *pb.consts(), pb.n_le,
                      pb.C, pb.R, pb.D, pb.G, pb.L, pb.Pp, pb.cap,
                      *(a[k] for a in self.state()), self.rng[k], self.best_row[k],
@@ -1462,7 +1479,7 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     greedy_used = False
     tt = time.perf_counter()
     seed_layouts = [pb.check_layout(r, s, f"seed {n}") for n, (r, s) in enumerate(seeds)]
-    if cfg.greedy_seed:
+    if cfg.greedy_seed and not pb.eq:  # the greedy does not keep per-slot counts
         # the greedy is O(N·R·G·L·P): with a time limit it may take a share of it, else skipped
         g = _greedy_pb(pb, None if time_limit is None else t0 + _GREEDY_SHARE * float(time_limit))
         greedy_used = g is not None

@@ -1,0 +1,208 @@
+"""Equal samples per DP slot (``Topology.equal_samples_per_slot``, verl's DP balance): the option
+through the model, R*, the seeds, the annealer's moves, the exact models and the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from routepack_opt.certify import certify_rows
+from routepack_opt.errors import InputError
+from routepack_opt.evaluate import rank_loads, row_shard_costs, score_from_J
+from routepack_opt.heuristics import annealing as A
+from routepack_opt.heuristics.baselines import verl_kk_layout
+from routepack_opt.heuristics.equal_counts import equal_count_layout, equal_counts_ok
+from routepack_opt.plan import Plan
+from routepack_opt.testing import random_window
+from routepack_opt.topology import Topology
+
+from test_annealing import COST, TOPOLOGIES, instance
+
+
+def _eq(topo: Topology) -> Topology:
+    return dataclasses.replace(topo, equal_samples_per_slot=True)
+
+
+# ------------------------------------------------------------------ model and validation
+
+
+def test_topology_round_trips_the_option_and_omits_it_when_off():
+    """The option is read back from the plan JSON topology; off, the dict has no new key."""
+    t = Topology(dp=4, ep=2, capacity=100, equal_samples_per_slot=True)
+    assert Topology.from_dict(t.to_dict()) == t
+    off = Topology(dp=4, ep=2, capacity=100)
+    assert "equal_samples_per_slot" not in off.to_dict()
+    assert Topology.from_dict(off.to_dict()).equal_samples_per_slot is False
+    with pytest.raises(InputError, match="true or false"):
+        Topology(dp=4, ep=2, capacity=100, equal_samples_per_slot="yes")
+
+
+def test_indivisible_window_is_an_input_error_naming_n_and_d():
+    """N % D != 0 with the option on: one InputError naming N and D (verl asserts it too)."""
+    t = Topology(dp=4, ep=2, capacity=1000, equal_samples_per_slot=True)
+    with pytest.raises(InputError, match=r"N=10 .*D=4"):
+        certify_rows(np.full(10, 5), t)
+    Topology(dp=4, ep=2, capacity=1000).check_samples(10)  # off: no demand
+
+
+def test_validate_reports_unequal_slot_counts():
+    """Plan.validate flags slots holding unequal counts only when the topology demands equal ones."""
+    w = random_window(8, 1, 4, 1, max_len=10, seed=0)
+    row = np.array([0, 0, 0, 0, 0, 0, 0, 0])
+    slot = np.array([0, 0, 0, 1, 1, 1, 1, 1])  # 3 vs 5
+    topo = Topology(dp=2, ep=1, capacity=1000)
+    pl = np.tile(np.arange(4), (1, 1))
+    assert Plan(topo, 1, pl, row, slot).validate(w) == []
+    errs = Plan(_eq(topo), 1, pl, row, slot).validate(w)
+    assert len(errs) == 1 and "slot 0 holds 3" in errs[0] and "N/D = 4" in errs[0]
+    slot = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    assert Plan(_eq(topo), 1, pl, row, slot).validate(w) == []
+
+
+# ------------------------------------------------------------------ R*
+
+
+def _brute_rows(lengths, D, C, equal):
+    """Least R with a layout (every cell nonempty, cap kept, equal slot counts if asked), by
+    enumerating every assignment of samples to cells."""
+    N = len(lengths)
+    for R in range(1, N // D + 1):
+        for cells in itertools.product(range(R * D), repeat=N):
+            cnt = np.bincount(cells, minlength=R * D)
+            if (cnt == 0).any():
+                continue
+            if (np.bincount(cells, weights=lengths, minlength=R * D) > C).any():
+                continue
+            if equal and (cnt.reshape(R, D).sum(axis=0) != N // D).any():
+                continue
+            return R
+    return None
+
+
+def test_equal_counts_can_need_more_rows_and_cpsat_proves_it():
+    """Three full-cap samples and three tiny ones on 2 slots: 2 rows without counts, 3 with
+    (one slot must hold two full samples and a tiny one) — proved by the CP-SAT decision."""
+    L = np.array([100, 100, 100, 1, 1, 1])
+    free = Topology(dp=2, ep=1, capacity=100)
+    assert certify_rows(L, free).rows == 2
+    c = certify_rows(L, _eq(free))
+    assert (c.rows, c.status, c.lower_bound, c.method) == (3, "optimal", 3, "cpsat")
+    assert _brute_rows(L, 2, 100, True) == 3
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_certified_rows_equal_brute_force_on_tiny_windows(seed):
+    """R* with equal counts equals brute-force enumeration on tiny windows (status optimal)."""
+    rng = np.random.default_rng(seed)
+    N, D = 6, 2
+    L = rng.integers(1, 60, N)
+    C = int(max(L.max(), rng.integers(60, 120)))
+    c = certify_rows(L, Topology(dp=D, ep=1, capacity=C, equal_samples_per_slot=True), 20.0)
+    want = _brute_rows(L, D, C, True)
+    assert c.status == "optimal" and c.rows == want
+
+
+@pytest.mark.parametrize("C", [1200, 700, 420])
+def test_seed_layouts_keep_equal_counts(C):
+    """verl-kk (verl's split, repairs inside a slot) and the constructions give valid layouts
+    with N/D samples per slot at R*; nemo-ffd is skipped as a seed."""
+    from routepack_opt.pipeline import baseline_layouts
+
+    w = random_window(64, 2, 8, 2, max_len=400, seed=11)
+    topo = Topology(dp=4, ep=2, capacity=C, equal_samples_per_slot=True)
+    R = certify_rows(w, topo).rows
+    seeds = baseline_layouts(w, topo, R)
+    assert "nemo-ffd" not in seeds and seeds
+    pl = np.tile(np.arange(8), (2, 1))
+    for row, slot in list(seeds.values()) + [verl_kk_layout(w.lengths, topo, R)]:
+        assert Plan(topo, R, pl, row, slot).validate(w) == []
+        assert equal_counts_ok(slot, 4)
+
+
+# ------------------------------------------------------------------ annealer moves
+
+
+def _eq_instance(ti, seed, n=40):
+    w, topo, pl, b, R = instance(TOPOLOGIES[ti], seed=seed, n=n)
+    topo = _eq(topo)
+    row, slot = equal_count_layout(w.lengths, topo, R)
+    return w, topo, pl, b, R, row, slot
+
+
+@pytest.mark.parametrize("objective", ["max-sum", "sum-max"])
+@pytest.mark.parametrize("mix", ["relocate", "swap", "guided"])
+@pytest.mark.parametrize("ti", [0, 1, 2, 4])
+def test_equal_count_moves_delta_equals_full_reevaluation(objective, mix, ti):
+    """With equal counts, every move's (Δmakespan, Δtotal, Δpeak) equals a full re-evaluation,
+    every slot keeps N/D samples, and relocations stay in their slot."""
+    w, topo, pl, b, R, row, slot = _eq_instance(ti, seed=ti, n=42 if ti == 2 else 40)
+    cfg = A.AnnealConfig(p_swap={"relocate": 0.0, "swap": 1.0, "guided": 0.5}[mix],
+                         p_guide=1.0 if mix == "guided" else 0.0, p_near=0.5, swap_window=3)
+    pb = A._Problem(w.lengths, b, topo, COST, R, objective, cfg.tie_eps)
+    pop = A._Population(pb, 1)
+    r32, s32 = pb.check_layout(row, slot, "layout")
+    pop.init(pb, r32[None], s32[None])
+    pop.rng[:] = A._rng_states(ti, 0, 1)
+    J0 = row_shard_costs(w.lengths, b, row, slot, R, topo, COST)
+    before = score_from_J(J0, objective)
+    m = w.num_samples // topo.dp
+    checked = relocated = 0
+    for _ in range(300):
+        n_eval = pop.counters[0, 0]
+        old_slot = pop.slot[0].copy()
+        old_row = pop.row[0].copy()
+        pop.run_one(pb, 1, np.inf, cfg)
+        if pop.counters[0, 0] == n_eval:
+            continue
+        moved = np.flatnonzero((pop.slot[0] != old_slot) | (pop.row[0] != old_row))
+        if moved.size == 1:  # a relocation: same slot, another row
+            relocated += 1
+            assert pop.slot[0][moved[0]] == old_slot[moved[0]]
+        r_N, s_N = pb.external(pop.row[0], pop.slot[0])
+        assert (np.bincount(s_N, minlength=topo.dp) == m).all()
+        after = score_from_J(row_shard_costs(w.lengths, b, r_N, s_N, R, topo, COST), objective)
+        d = pop.last[0]
+        scale = max(1.0, abs(before.makespan))
+        assert d[0] == pytest.approx(after.makespan - before.makespan, abs=1e-9 * scale)
+        assert d[1] == pytest.approx(after.total - before.total, abs=1e-9 * scale)
+        assert d[2] == pytest.approx(after.peak - before.peak, abs=1e-9 * scale)
+        before = after
+        checked += 1
+    assert checked >= 30
+    if mix == "relocate":
+        assert relocated >= 20
+
+
+@pytest.mark.parametrize("objective", ["max-sum", "sum-max"])
+def test_long_walks_keep_equal_counts(objective):
+    """Long T = ∞ walks (relocations, swaps, guided moves) keep N/D samples in every slot and
+    every other constraint; the annealer's result does too."""
+    w, topo, pl, b, R, row, slot = _eq_instance(1, seed=5, n=60)
+    cfg = A.AnnealConfig(p_guide=0.3, p_swap=0.5)
+    pb = A._Problem(w.lengths, b, topo, COST, R, objective, cfg.tie_eps)
+    pop = A._Population(pb, 2)
+    r32, s32 = pb.check_layout(row, slot, "layout")
+    pop.init(pb, np.stack([r32, r32]), np.stack([s32, s32]))
+    pop.rng[:] = A._rng_states(3, 0, 2)
+    start = [pb.external(pop.row[k], pop.slot[k]) for k in range(2)]
+    for _ in range(5):
+        pop.run(pb, 4000, np.inf, cfg)
+        for k in range(2):
+            r_N, s_N = pb.external(pop.row[k], pop.slot[k])
+            assert Plan(topo, R, pl, r_N, s_N, objective=objective).validate(w) == []
+    assert any((pb.external(pop.row[k], pop.slot[k])[0] != start[k][0]).any() for k in range(2))
+    res = A.anneal(w.lengths, b, topo, COST, R, objective, [(row, slot)], seed=1, max_sweeps=20)
+    assert Plan(topo, R, pl, res.row, res.slot, objective=objective).validate(w) == []
+
+
+def test_anneal_rejects_a_seed_with_unequal_counts():
+    """A seed breaking equal counts is refused with an InputError when the option is on."""
+    w, topo, pl, b, R, row, slot = _eq_instance(0, seed=2)
+    i = int(np.flatnonzero(slot == 0)[0])
+    bad = slot.copy()
+    bad[i] = 1
+    with pytest.raises(InputError):
+        A.anneal(w.lengths, b, topo, COST, R, "max-sum", [(row, bad)], max_sweeps=1)
