@@ -206,3 +206,116 @@ def test_anneal_rejects_a_seed_with_unequal_counts():
     bad[i] = 1
     with pytest.raises(InputError):
         A.anneal(w.lengths, b, topo, COST, R, "max-sum", [(row, bad)], max_sweeps=1)
+
+
+# ------------------------------------------------------------------ exact models
+
+from routepack_opt.evaluate import Evaluator  # noqa: E402
+from routepack_opt.models import layout_blocks  # noqa: E402
+from routepack_opt.models.brute import brute_force_layout  # noqa: E402
+from routepack_opt.models.layout import (LayoutInstance, canonical_layout, is_canonical,  # noqa: E402
+                                         solve_layout)
+from routepack_opt.testing import random_layout  # noqa: E402
+from test_layout_models import TOY  # noqa: E402
+
+# (N, dp, ep, rows, capacity, seed): N divisible by dp; small enough to enumerate every cell order.
+EQ_CASES = [
+    (8, 2, 2, 2, 40, 0),   # G=1, R=2: slots of one shard
+    (8, 4, 2, 1, 40, 1),   # G=2, one row
+    (6, 2, 1, 2, 40, 2),   # P=1: every slot its own shard
+    (8, 2, 2, 3, 30, 7),   # G=1, R=3: uneven rows inside a slot
+    (8, 4, 2, 2, 40, 3),   # G=2, R=2: cells = samples, counts fixed by the nonempty rule
+]
+
+
+def _eq_layout_instance(case, objective):
+    N, D, P, R, C, seed = case
+    w = random_window(N, 2, 4, 2, 20, seed)
+    topo = Topology(D, P, C, equal_samples_per_slot=True)
+    return LayoutInstance.build(w, topo, TOY, np.tile(np.arange(4), (2, 1)), R, objective)
+
+
+@pytest.fixture(scope="module")
+def eq_brute():
+    cache = {}
+
+    def get(case, objective):
+        if (case, objective) not in cache:
+            cache[case, objective] = brute_force_layout(_eq_layout_instance(case, objective))
+        return cache[case, objective]
+    return get
+
+
+@pytest.mark.parametrize("objective", ["max-sum", "sum-max"])
+@pytest.mark.parametrize("shape", [(4, 2, 3), (6, 2, 2), (4, 1, 2), (2, 2, 4)])
+def test_equal_count_symmetry_representative_keeps_score_and_counts(objective, shape):
+    """Under equal counts the orbit representative keeps the score and every slot's count, is
+    canonical, and canonicalising is idempotent (the per-row slot/shard levels are replaced)."""
+    D, P, R = shape
+    N = D * (R + 2)
+    w = random_window(N, 3, 4, 2, 30, seed=D * 10 + R)
+    topo = Topology(D, P, 10_000, equal_samples_per_slot=True)
+    ev = Evaluator(w, topo, TOY)
+    pl = np.tile(np.arange(4), (3, 1))
+    rng = np.random.default_rng(R)
+    for k in range(20):
+        row, slot = random_layout(N, R, D, rng)
+        slot = np.repeat(np.arange(D), N // D)[rng.permutation(N)]  # equal counts
+        row = np.concatenate([np.arange(R), rng.integers(0, R, N // D - R)])[
+            np.argsort(np.argsort(slot, kind="stable"), kind="stable") % (N // D)]
+        assert Plan(topo, R, pl, row, slot).validate(w) == []
+        order = None if k % 2 else rng.permutation(N)
+        r2, s2 = canonical_layout(row, slot, topo, R, objective, order)
+        assert np.allclose(ev.score(pl, row, slot, R, objective).key,
+                           ev.score(pl, r2, s2, R, objective).key, rtol=1e-12)
+        assert Plan(topo, R, pl, r2, s2).validate(w) == []
+        assert is_canonical(r2, s2, topo, R, objective, order)
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "highs"])
+@pytest.mark.parametrize("objective", ["max-sum", "sum-max"])
+@pytest.mark.parametrize("case", EQ_CASES, ids=[f"N{c[0]}D{c[1]}P{c[2]}R{c[3]}" for c in EQ_CASES])
+def test_exact_models_with_equal_counts_equal_brute_force(case, objective, solver, eq_brute):
+    """CP-SAT and HiGHS, with the per-slot count constraint and the adapted symmetry breaking,
+    prove the brute-force optimum over equal-count layouts; their layouts keep the counts."""
+    inst = _eq_layout_instance(case, objective)
+    ref = eq_brute(case, objective)
+    assert ref.score is not None
+    res = solve_layout(inst.window, inst.topology, inst.cost, inst.placement, inst.rows, objective,
+                       solver=solver, num_workers=2, time_limit=30.0)
+    assert res.status == "optimal"
+    assert abs(res.objective - ref.objective) <= 2 * res.rounding_error + 1e-7 * ref.objective
+    assert res.bound <= ref.objective * (1 + 1e-9)
+    assert not inst.violations(res.row, res.slot)
+    assert equal_counts_ok(res.slot, inst.topology.dp)
+
+
+def test_equal_counts_can_cost_makespan_and_models_see_it(eq_brute):
+    """On some tiny window the equal-count optimum is strictly worse than the free one (the
+    constraint binds), and the exact models find the constrained value, not the free one."""
+    from test_layout_models import _instance
+
+    found = False
+    for case in EQ_CASES:
+        free = brute_force_layout(_instance(case, "max-sum"))
+        eq = eq_brute(case, "max-sum")
+        assert eq.objective >= free.objective - 1e-9 * free.objective
+        found |= eq.objective > free.objective * (1 + 1e-9)
+    assert found
+
+
+def test_block_decomposition_is_skipped_with_equal_counts():
+    """The block decomposition cannot see slot totals, so it is not applied under the option."""
+    inst = _eq_layout_instance(EQ_CASES[0], "max-sum")
+    assert not layout_blocks.applicable(inst)
+    free = LayoutInstance.build(inst.window, dataclasses.replace(inst.topology, equal_samples_per_slot=False),
+                                TOY, inst.placement, inst.rows, "max-sum")
+    assert layout_blocks.applicable(free)
+
+
+def test_solve_layout_rejects_indivisible_window():
+    """The exact models refuse N % D != 0 under the option with an InputError naming N and D."""
+    w = random_window(7, 2, 4, 2, 20, 0)
+    with pytest.raises(InputError, match="N=7"):
+        solve_layout(w, Topology(2, 2, 40, equal_samples_per_slot=True), TOY,
+                     np.tile(np.arange(4), (2, 1)), 2)
