@@ -319,3 +319,79 @@ def test_solve_layout_rejects_indivisible_window():
     with pytest.raises(InputError, match="N=7"):
         solve_layout(w, Topology(2, 2, 40, equal_samples_per_slot=True), TOY,
                      np.tile(np.arange(4), (2, 1)), 2)
+
+
+# ------------------------------------------------------------------ pipeline, API and CLI
+
+
+def test_pipeline_plan_keeps_equal_counts_and_round_trips(tmp_path):
+    """plan() with the option (lpt and joint placement) returns a valid plan with N/D samples per
+    slot; its JSON carries the option and reads back into a plan that still validates."""
+    from routepack_opt.cost import CostModel, Stage
+    from routepack_opt.pipeline import plan
+    from routepack_opt.plan import load_plan
+
+    cost = CostModel(stages=(Stage("full_attn", alpha=0.02, beta=4e-5),), gamma=0.01, row_overhead=5.0)
+    w = random_window(64, 4, 16, 2, max_len=400, seed=11, skew=1.2)
+    topo = Topology(dp=4, ep=2, capacity=1200, equal_samples_per_slot=True)
+    for placement in ("lpt", "joint"):
+        p = plan(w, topo, cost, "max-sum", placement, max_sweeps=8, seed=3)
+        assert p.validate(w) == [] and equal_counts_ok(p.slot, 4)
+        assert p.to_json()["topology"]["equal_samples_per_slot"] is True
+    p.save(tmp_path / "p.json")
+    back = load_plan(tmp_path / "p.json", num_samples=64)
+    assert back.topology.equal_samples_per_slot and back.validate(w) == []
+
+
+def test_api_option_reaches_the_plan():
+    """plan_micro_batches(equal_samples_per_slot=True) gives every DP rank N/D samples; an
+    indivisible window is an InputError naming N and D."""
+    from routepack_opt.api import plan_micro_batches
+
+    w = random_window(48, 2, 8, 2, max_len=300, seed=4)
+    mb = plan_micro_batches(w.lengths, w.counts, dp_size=4, ep_size=2, max_tokens=900,
+                            equal_samples_per_slot=True, max_sweeps=4)
+    assert [sum(len(c) for c in rank) for rank in mb.micro_batches] == [12] * 4
+    with pytest.raises(InputError, match=r"N=47 .*D=4"):
+        plan_micro_batches(w.lengths[:47], w.counts[:47], dp_size=4, ep_size=2, max_tokens=900,
+                           equal_samples_per_slot=True, max_sweeps=4)
+
+
+def test_cli_flag_on_certify_plan_evaluate(run_cli, tmp_path):
+    """--equal-samples-per-slot on certify/plan/evaluate: the plan keeps counts and says so;
+    evaluate with the flag rejects a plan made without it when its counts are unequal; an
+    indivisible window exits 2 with one error line naming N and D."""
+    import json
+
+    from routepack_opt.window import save_window
+
+    w = random_window(48, 2, 8, 2, max_len=300, seed=4)
+    save_window(w, tmp_path / "w.npz")
+    topo = ["--dp", "4", "--ep", "2", "--capacity", "900"]
+    code, out, err = run_cli("certify", tmp_path / "w.npz", *topo, "--equal-samples-per-slot", "--json")
+    assert code == 0, err
+    assert json.loads(out)["status"] == "optimal"
+    code, out, err = run_cli("plan", tmp_path / "w.npz", *topo, "--cost", "qwen3-30b-a3b",
+                             "--equal-samples-per-slot", "--max-sweeps", "4", "-o", tmp_path / "p.json", "--json")
+    assert code == 0, err
+    d = json.loads((tmp_path / "p.json").read_text())
+    assert d["topology"]["equal_samples_per_slot"] is True
+    assert [sum(len(d["cells"][r][s]) for r in range(d["rows"])) for s in range(4)] == [12] * 4
+    code, _, err = run_cli("evaluate", tmp_path / "w.npz", tmp_path / "p.json", "--cost", "qwen3-30b-a3b",
+                           "--equal-samples-per-slot", "--json")
+    assert code == 0, err
+    # a plan with unequal counts, checked with the flag
+    row = np.zeros(48, dtype=np.int64)
+    slot = np.r_[np.zeros(9), np.ones(13), np.full(13, 2), np.full(13, 3)].astype(np.int64)
+    Plan(Topology(dp=4, ep=2, capacity=10**6), 1, np.tile(np.arange(8), (2, 1)), row, slot).save(tmp_path / "u.json")
+    code, _, err = run_cli("evaluate", tmp_path / "w.npz", tmp_path / "u.json", "--cost", "qwen3-30b-a3b")
+    assert code == 0, err
+    code, _, err = run_cli("evaluate", tmp_path / "w.npz", tmp_path / "u.json", "--cost", "qwen3-30b-a3b",
+                           "--equal-samples-per-slot")
+    assert code == 2 and "slot 0 holds 9" in err and err.count("\n") == 1
+    from routepack_opt.window import Window
+
+    save_window(Window(w.lengths[:47], w.counts[:47], top_k=w.top_k), tmp_path / "w47.npz")
+    code, _, err = run_cli("plan", tmp_path / "w47.npz", *topo, "--cost", "qwen3-30b-a3b",
+                           "--equal-samples-per-slot", "-o", tmp_path / "q.json")
+    assert code == 2 and "N=47" in err and "D=4" in err
