@@ -395,3 +395,29 @@ def test_cli_flag_on_certify_plan_evaluate(run_cli, tmp_path):
     code, _, err = run_cli("plan", tmp_path / "w47.npz", *topo, "--cost", "qwen3-30b-a3b",
                            "--equal-samples-per-slot", "-o", tmp_path / "q.json")
     assert code == 2 and "N=47" in err and "D=4" in err
+
+
+def test_cli_flag_on_exact_and_compare(run_cli, tmp_path):
+    """`exact --equal-samples-per-slot` proves an equal-count optimum and writes a plan that keeps
+    the counts; `compare` with the flag plans every row with N/D samples per slot."""
+    import json
+
+    from routepack_opt.plan import load_plan
+    from routepack_opt.window import save_window
+
+    w = random_window(8, 2, 4, 2, 20, 0)
+    save_window(w, tmp_path / "w.npz")
+    topo = ["--dp", "2", "--ep", "2", "--capacity", "40", "--equal-samples-per-slot"]
+    code, out, err = run_cli("exact", tmp_path / "w.npz", *topo, "--cost", "qwen3-30b-a3b", "--solver", "highs",
+                             "--rows", "2", "--time-limit", "30", "-o", tmp_path / "e.json", "--json")
+    assert code == 0, err
+    assert json.loads(out)["status"] == "optimal"
+    p = load_plan(tmp_path / "e.json", num_samples=8)
+    assert p.topology.equal_samples_per_slot and p.validate(w) == [] and equal_counts_ok(p.slot, 2)
+    w = random_window(48, 2, 8, 2, max_len=300, seed=4)
+    save_window(w, tmp_path / "w48.npz")
+    code, out, err = run_cli("compare", tmp_path / "w48.npz", "--dp", "4", "--ep", "2", "--capacity", "900",
+                             "--equal-samples-per-slot", "--cost", "qwen3-30b-a3b", "--max-sweeps", "4",
+                             "--exact", "no", "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["rows"]) >= 3
