@@ -11,6 +11,9 @@ sweeps (one sweep = N proposals) of moves that keep every constraint:
   ≤ capacity). Target first: a uniform *open* cell c (one with room for the shortest sample;
   the open cells are kept in a set updated in O(1) per accepted move), then i uniform among
   the samples no longer than c's free capacity (a table of counts by length);
+  With equal samples per slot (``Topology.equal_samples_per_slot``) a relocation must keep i
+  in its slot: i first (uniform, or guided), then the first other row of i's slot with room,
+  from a uniform start;
 - *swap* two samples of different cells (both cells stay ≤ capacity; counts unchanged). The
   partner j is uniform among the samples with length in [l_i, l_i + free capacity of i's cell]
   — exactly the swaps that fit, each pair one way round — and, with probability ``p_near``,
@@ -828,8 +831,9 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, eq, window, objective, 
 
     Proposals as in the module docstring (``window``: the near-swap neighbourhood; ``n_le``:
     samples per length bound, for the capacity-aware picks). ``eq`` (equal samples per slot):
-    a relocation keeps i in its slot — sample first (uniform or guided), then a uniform other
-    row of the same slot, capacity checked; swaps are unchanged (they keep every count).
+    a relocation keeps i in its slot — sample first (uniform or guided), then the first other
+    row of the same slot with room, from a uniform start; swaps are unchanged (they keep every
+    count).
     ``probe`` (length > 0): record |ΔE| of each evaluated proposal there and accept nothing
     (used to scale the ladder). counters = [evaluated, accepted, recorded probes, proposals];
     last = (Δmakespan, Δtotal, Δpeak) of the last evaluated proposal (checked by the tests).
@@ -936,14 +940,20 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, eq, window, objective, 
         else:
             if cnt[a] < 2 or bc == a:
                 continue
-            if eq:  # equal counts: another row of i's own slot
+            if eq:  # equal counts: another row of i's own slot, the first with room from a
+                # uniform start (cells of a slot are often nearly full: one random row rarely fits)
                 if R < 2:
                     continue
                 x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-                rt = _below(x, R - 1)
-                rt += 1 if rt >= ra else 0
-                bc = rt * D + da
-                if T[bc] + li > C:
+                r0 = _below(x, R - 1)
+                for t in range(R - 1):
+                    rt = r0 + t
+                    rt -= (R - 1) if rt >= R - 1 else 0
+                    rt += 1 if rt >= ra else 0
+                    if T[rt * D + da] + li <= C:
+                        bc = rt * D + da
+                        break
+                if bc < 0:
                     continue
             elif bc < 0:  # guided relocation: up to 8 random open targets with room
                 n_open = opn[2 * n_cells]
