@@ -30,7 +30,8 @@ class Topology:
       into R nonempty bins of capacity C (``certify_rows``; bounds, a count-constrained
       first-fit, then CP-SAT where they do not close);
     - search: relocations stay within a slot (another row), swaps go anywhere (both keep every
-      slot's count); seeds are length-only baselines that keep the counts;
+      slot's count); seeds keep the counts (verl-kk, the joint-cost greedy with a per-slot
+      quota; nemo-ffd is skipped);
     - exact models: Σ_{r,i} x[i, (r, d)] = N / D for every slot d (the block decomposition is
       skipped: its per-block row subproblems do not see slot totals).
     """

@@ -421,3 +421,14 @@ def test_cli_flag_on_exact_and_compare(run_cli, tmp_path):
                              "--exact", "no", "--json")
     assert code == 0, err
     assert len(json.loads(out)["rows"]) >= 3
+
+
+@pytest.mark.parametrize("ti", [0, 1, 2])
+def test_greedy_seed_keeps_equal_counts(ti):
+    """The joint-cost greedy seed, with the option on, gives every slot N/D samples (its per-slot
+    quota) and a valid layout, or None when capacity blocks it."""
+    w, topo, pl, b, R, row, slot = _eq_instance(ti, seed=ti, n=42 if ti == 2 else 40)
+    for objective in ("max-sum", "sum-max"):
+        g = A.greedy_layout(w.lengths, b, topo, COST, R, objective)
+        assert g is not None
+        assert Plan(topo, R, pl, *g).validate(w) == []

@@ -1125,12 +1125,13 @@ def _greedy_init(T, Q, cnt, W, Msum, J, colsum, rowmax, agg, slots_GP, alpha, be
 @njit(cache=True)
 def _greedy(t_from, t_to, order, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, C,
             R, D, G, L, P, objective, eps1, eps2, row, slot, T, Q, cnt, W, Msum, J, colsum, rowmax,
-            agg):
+            agg, quota):
     """Joint-cost greedy: each sample (in ``order``) into the cell whose lexicographic score
     (makespan, total, peak) grows least, keeping capacity and leaving enough samples to fill
     every empty cell. Places ``order[t_from:t_to]`` onto the state left by the previous call
     (:func:`_greedy_init` first), so the driver can stop between chunks at a deadline. Returns
-    False if some sample fits nowhere."""
+    False if some sample fits nowhere. ``quota`` > 0 (equal samples per slot): a slot takes at
+    most ``quota`` samples and keeps enough of its quota to fill its own empty cells."""
     N = order.shape[0]
     n_cells = R * D
     X = R * G
@@ -1138,6 +1139,12 @@ def _greedy(t_from, t_to, order, lengths, len2, b, shard_D, slots_GP, alpha, bet
     for c in range(n_cells):
         if cnt[c] == 0:
             empty += 1
+    sc = np.zeros(D, dtype=np.int64)  # samples per slot (quota > 0 only)
+    ec = np.zeros(D, dtype=np.int64)  # empty cells per slot
+    if quota > 0:
+        for c in range(n_cells):
+            sc[c % D] += cnt[c]
+            ec[c % D] += 1 if cnt[c] == 0 else 0
     Mnew = np.empty(X, dtype=np.int64)
     m = np.empty(2 * L, dtype=W.dtype)
     zero = b.shape[0] - 1  # the zero row: block x's side of a "swap" of the zero row with i adds b[i]
@@ -1158,6 +1165,9 @@ def _greedy(t_from, t_to, order, lengths, len2, b, shard_D, slots_GP, alpha, bet
                 continue
             r = c // D
             d = c - r * D
+            if quota > 0 and (sc[d] >= quota
+                              or quota - sc[d] - 1 < ec[d] - (1 if cnt[c] == 0 else 0)):
+                continue
             g = shard_D[d]
             x = r * G + g
             att = _attn(T, Q, r, g, slots_GP.shape[1], alpha, beta, D, c, T[c] + li, Q[c] + len2[i], -1, 0,
@@ -1177,6 +1187,8 @@ def _greedy(t_from, t_to, order, lengths, len2, b, shard_D, slots_GP, alpha, bet
         x = r * G + shard_D[d]
         if cnt[c] == 0:
             empty -= 1
+            ec[d] -= 1
+        sc[d] += 1
         cnt[c] += 1
         T[c] += li
         Q[c] += len2[i]
@@ -1427,7 +1439,8 @@ def _greedy_pb(pb: _Problem, deadline: float | None = None):
         if deadline is not None and time.perf_counter() >= deadline:
             return None
         if not _greedy(t, min(t + step, pb.N), order, *consts, pb.C, pb.R, pb.D, pb.G, pb.L,
-                       pb.Pp, pb.obj, pb.eps1, pb.eps2, row, slot, *state):
+                       pb.Pp, pb.obj, pb.eps1, pb.eps2, row, slot, *state,
+                       pb.N // pb.D if pb.eq else 0):
             return None
     return row.astype(np.int64), slot.astype(np.int64)
 
@@ -1489,7 +1502,7 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     greedy_used = False
     tt = time.perf_counter()
     seed_layouts = [pb.check_layout(r, s, f"seed {n}") for n, (r, s) in enumerate(seeds)]
-    if cfg.greedy_seed and not pb.eq:  # the greedy does not keep per-slot counts
+    if cfg.greedy_seed:
         # the greedy is O(N·R·G·L·P): with a time limit it may take a share of it, else skipped
         g = _greedy_pb(pb, None if time_limit is None else t0 + _GREEDY_SHARE * float(time_limit))
         greedy_used = g is not None
