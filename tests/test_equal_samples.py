@@ -432,3 +432,28 @@ def test_greedy_seed_keeps_equal_counts(ti):
         g = A.greedy_layout(w.lengths, b, topo, COST, R, objective)
         assert g is not None
         assert Plan(topo, R, pl, *g).validate(w) == []
+
+
+def test_async_planner_option_and_quick_fallback_keep_equal_counts():
+    """AsyncPlanner.submit takes the option; its numba-free quick fallback gives every slot N/D
+    samples (count-limited first fit), valid under the cap."""
+    from routepack_opt import api
+    from routepack_opt.api import PlanOptions
+    from routepack_opt.window import Window
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(50, 600, size=48)
+    counts = np.zeros((48, 1, 4), dtype=np.int64)
+    counts[:, 0, 0] = lengths
+    opts = PlanOptions(dp_size=4, ep_size=2, max_tokens=1000, equal_samples_per_slot=True)
+    mb = api._quick_plan(api._Job(lengths, counts, None, None, opts, 0.0, api.Future()))
+    assert mb.plan.validate(Window(lengths, counts, top_k=1)) == []
+    assert [sum(len(c) for c in rank) for rank in mb.micro_batches] == [12] * 4
+    planner = api.AsyncPlanner(warm=False)
+    try:
+        fut = planner.submit(lengths, counts, deadline=60.0, dp_size=4, ep_size=2, max_tokens=1000,
+                             equal_samples_per_slot=True, max_sweeps=2)
+        got = fut.result(timeout=120)
+        assert [sum(len(c) for c in rank) for rank in got.micro_batches] == [12] * 4
+    finally:
+        planner.close()
