@@ -245,6 +245,8 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
 
 # Share of the time limit the unconstrained certificate (the lower bound) may use under equal counts.
 _EQUAL_BASE_SHARE = 0.4
+# Largest N·R·D for which the equal-count CP-SAT decision is built (its construction is Python).
+_EQUAL_EXACT_MAX_BINARIES = 200_000
 
 
 def _certify_equal(lengths_N, topology: Topology, time_limit: float, t0: float, method: str,
@@ -290,6 +292,9 @@ def _certify_equal(lengths_N, topology: Topology, time_limit: float, t0: float, 
             detail.append(f"{info['construction']} layout at R={R}")
             return cert(R, "optimal" if R == lb_rows else "feasible", lb_rows, how if R == lb_rows else "bounds",
                         layout)
+        if exact_open and (N * R * D > _EQUAL_EXACT_MAX_BINARIES):
+            exact_open = False  # the model's construction alone would outrun any time limit
+            detail.append(f"exact decision skipped ({N}×{R}×{D} binaries)")
         if exact_open and R == lb_rows and time_limit - elapsed() > 0.05:
             status, row_N, slot_N = decide_equal_counts(lengths_N, D, R, C, time_limit - elapsed(),
                                                         num_workers=num_workers)

@@ -457,3 +457,14 @@ def test_async_planner_option_and_quick_fallback_keep_equal_counts():
         assert [sum(len(c) for c in rank) for rank in got.micro_batches] == [12] * 4
     finally:
         planner.close()
+
+
+def test_without_the_exact_decision_the_certificate_stays_honest(monkeypatch):
+    """When the CP-SAT decision cannot run (too large), R* is reported `feasible` with the proved
+    lower bound, never `optimal` (here: a construction fills 3 rows, only 2 are proved needed)."""
+    import routepack_opt.certify as cm
+
+    monkeypatch.setattr(cm, "_EQUAL_EXACT_MAX_BINARIES", 0)
+    c = certify_rows(np.array([100, 100, 100, 1, 1, 1]), Topology(dp=2, ep=1, capacity=100,
+                                                                 equal_samples_per_slot=True))
+    assert (c.rows, c.status, c.lower_bound) == (3, "feasible", 2)
