@@ -67,7 +67,8 @@ class PlanOptions:
     materialized); ``current_placement``: the materialized one, charged for migration by
     ``"joint"``. ``pp_multiple`` makes the micro-batch count a multiple of the pipeline schedule
     (PP × VPP). ``time_limit`` bounds the search (anytime); ``max_sweeps`` + ``seed`` make it
-    bit-identical.
+    bit-identical. ``equal_samples_per_slot``: every DP rank gets exactly N / dp_size samples
+    (verl's DP balance; N must divide by dp_size).
     """
 
     dp_size: int | None = None
@@ -83,6 +84,7 @@ class PlanOptions:
     max_sweeps: int | None = None
     seed: int = 0
     current_placement: object = None
+    equal_samples_per_slot: bool = False
 
     def __post_init__(self):
         for name in ("dp_size", "ep_size", "max_tokens"):
@@ -104,7 +106,8 @@ class PlanOptions:
 
     def topology(self) -> Topology:
         return Topology(dp=self.dp_size, ep=self.ep_size, capacity=self.max_tokens,
-                        min_rows=self.min_micro_batches, row_multiple=self.pp_multiple)
+                        min_rows=self.min_micro_batches, row_multiple=self.pp_multiple,
+                        equal_samples_per_slot=self.equal_samples_per_slot)
 
     def cost_model(self) -> CostModel:
         return self.cost if isinstance(self.cost, CostModel) else resolve_cost(self.cost)
@@ -160,7 +163,8 @@ def plan_micro_batches(lengths, counts=None, *, routes=None, num_experts: int | 
                        num_micro_batches: int | None = None, pp_multiple: int = _D.pp_multiple,
                        min_micro_batches: int = _D.min_micro_batches,
                        time_limit: float | None = None, max_sweeps: int | None = None,
-                       seed: int = _D.seed, current_placement=None) -> MicroBatchPlan:
+                       seed: int = _D.seed, current_placement=None,
+                       equal_samples_per_slot: bool = _D.equal_samples_per_slot) -> MicroBatchPlan:
     """Plan one optimizer step (options: :class:`PlanOptions`). The window is per-sample
     ``counts`` [N, L, E] or per-token ``routes`` [T, L, k] with ``num_experts``. Numba kernels
     are compiled (or loaded from the cache) before ``time_limit`` starts counting."""
@@ -168,7 +172,8 @@ def plan_micro_batches(lengths, counts=None, *, routes=None, num_experts: int | 
                        objective=objective, placement=placement,
                        num_micro_batches=num_micro_batches, pp_multiple=pp_multiple,
                        min_micro_batches=min_micro_batches, time_limit=time_limit,
-                       max_sweeps=max_sweeps, seed=seed, current_placement=current_placement)
+                       max_sweeps=max_sweeps, seed=seed, current_placement=current_placement,
+                       equal_samples_per_slot=equal_samples_per_slot)
     return _plan(window_from(lengths, counts, routes, num_experts), opts)
 
 
@@ -239,7 +244,8 @@ class AsyncPlanner:
                placement=_D.placement, num_micro_batches: int | None = None,
                pp_multiple: int = _D.pp_multiple, min_micro_batches: int = _D.min_micro_batches,
                time_limit: float | None = None, max_sweeps: int | None = None,
-               seed: int = _D.seed, current_placement=None) -> Future:
+               seed: int = _D.seed, current_placement=None,
+               equal_samples_per_slot: bool = _D.equal_samples_per_slot) -> Future:
         """Start planning a window (options as :func:`plan_micro_batches`); ``deadline``: seconds
         from now until ``result()`` answers (the search's time limit is what is left of it, or
         ``time_limit`` if smaller). Returns a Future of the plan (or the worker's fallback;
@@ -252,7 +258,8 @@ class AsyncPlanner:
                            objective=objective, placement=placement,
                            num_micro_batches=num_micro_batches, pp_multiple=pp_multiple,
                            min_micro_batches=min_micro_batches, time_limit=time_limit,
-                           max_sweeps=max_sweeps, seed=seed, current_placement=current_placement)
+                           max_sweeps=max_sweeps, seed=seed, current_placement=current_placement,
+                           equal_samples_per_slot=equal_samples_per_slot)
         job = _Job(lengths, counts, routes, num_experts, opts, time.monotonic() + deadline, Future())
         with self._cv:
             if self._closed:
@@ -444,6 +451,18 @@ def _quick_plan(job: _Job) -> MicroBatchPlan:
         R = max(R, int(opts.num_micro_batches))
     if R * D > N:
         raise InputError(f"the quick fallback needs {R}×{D} cells but the window has {N} samples")
+    if topo.equal_samples_per_slot:  # count-limited first fit (numpy only), fewest rows it fills
+        from routepack_opt.heuristics.equal_counts import count_fit_decreasing
+
+        topo.check_samples(N)
+        while R * D <= N:
+            got = count_fit_decreasing(lengths, R, D, C)
+            if got is not None:
+                p = Plan(topo, R, placement, got[0], got[1], objective=opts.objective,
+                         info={"fallback": "deadline: quick count-limited first-fit fallback"})
+                return _to_result(p)
+            R += m
+        raise InputError(f"the quick fallback found no layout with N/D = {N // D} samples per slot")
     # split bins until there are R·D of them (every cell nonempty; a split never overfills)
     members = [[] for _ in range(bins)]
     for i in order.tolist():

@@ -15,6 +15,16 @@ K ≥ the bin lower bound, so the certifier escalates and stops as soon as that 
 
 If the time limit runs out first, the result is the best known R (from the best packing) with
 status ``feasible`` and the proved lower bound on rows.
+
+Equal sample counts per slot (``Topology.equal_samples_per_slot``, m = N / D): R rows are
+feasible iff the samples split into D groups of m samples, each packable into R nonempty bins of
+capacity C (so R ≤ m). Every equal-count layout is a layout, so the unconstrained certificate's
+proved lower bound R_lo is a lower bound here too (bounds). From R_lo up (valid R only): the
+count-keeping constructions of :mod:`routepack_opt.heuristics.equal_counts` (verl's KK split,
+count-limited FFD/BFD); where none succeeds at the lower bound, the CP-SAT decision of
+:mod:`routepack_opt.models.equal_counts` proves R infeasible (the bound rises) or finds a layout.
+``optimal`` only when the lower bound is met by a layout; if time runs out, ``feasible`` with the
+least R a construction fills and the proved lower bound.
 """
 
 from __future__ import annotations
@@ -114,6 +124,9 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     t0 = time.perf_counter()
     lengths_N = _lengths_of(window)
     N, D, C = lengths_N.size, topology.dp, topology.capacity
+    if topology.equal_samples_per_slot:
+        topology.check_samples(N)
+        return _certify_equal(lengths_N, topology, time_limit, t0, method, num_workers)
     long_ = np.flatnonzero(lengths_N > C)
     if long_.size:
         more = f" (and {long_.size - 5} more)" if long_.size > 5 else ""
@@ -228,6 +241,82 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
             f"valid cells and no proof rules them out (lower bound {lb_bins} bins)")
     return cert(r_ub, "feasible", r_lo, used,
                 f"undecided in {time_limit:g}s: {lb_name} ≥ {lb_bins} bins, {ub_name}={ub_bins} bins", pack_N)
+
+
+# Share of the time limit the unconstrained certificate (the lower bound) may use under equal counts.
+_EQUAL_BASE_SHARE = 0.4
+# Largest N·R·D for which the equal-count CP-SAT decision is built (its construction is Python).
+_EQUAL_EXACT_MAX_BINARIES = 200_000
+
+
+def _certify_equal(lengths_N, topology: Topology, time_limit: float, t0: float, method: str,
+                   num_workers: int) -> Certificate:
+    """R* with N / D samples per slot (see the module docstring)."""
+    from routepack_opt.errors import InfeasibleError
+    from routepack_opt.heuristics.equal_counts import equal_count_layout
+    from routepack_opt.models.equal_counts import decide_equal_counts
+
+    N, D, C = lengths_N.size, topology.dp, topology.capacity
+    m = N // D
+    free = dataclasses.replace(topology, equal_samples_per_slot=False)
+    try:
+        base = certify_rows(lengths_N, free, _EQUAL_BASE_SHARE * time_limit, method=method,
+                            num_workers=num_workers)
+    except BinPackUndecided:  # no valid R decided without counts: the plain bin bound is all we have
+        base = None
+    lb_rows = base.lower_bound if base is not None else _next_valid(
+        -(-lower_bound(*check_sizes(lengths_N, C))[0] // D), topology)
+    r_max = m // topology.row_multiple * topology.row_multiple  # R ≤ m: every cell nonempty
+    elapsed = lambda: time.perf_counter() - t0  # noqa: E731
+    how = base.method if base is not None else "bounds"
+    detail = [f"unconstrained R ≥ {lb_rows} ({base.method if base is not None else 'bin bound'})"]
+    exact_open = True  # the CP-SAT decision may still run at the lower bound
+
+    def cert(rows, status, lb, used, layout):
+        row_N, slot_N = layout
+        return Certificate(rows=int(rows), status=status, lower_bound=int(lb), method=used,
+                           seconds=elapsed(), bins_lower_bound=int(base.bins_lower_bound if base else 0),
+                           bins_upper_bound=int(rows) * D, detail="; ".join(detail),
+                           packing_N=row_N * D + slot_N)
+
+    R = lb_rows
+    while R <= r_max:
+        info: dict = {}
+        left = max(0.05, time_limit - elapsed())
+        try:
+            layout = equal_count_layout(lengths_N, topology, R, time_limit=min(left, 0.25 * time_limit + 0.05),
+                                        info=info)
+        except InfeasibleError:
+            layout = None
+        if layout is not None:
+            detail.append(f"{info['construction']} layout at R={R}")
+            return cert(R, "optimal" if R == lb_rows else "feasible", lb_rows, how if R == lb_rows else "bounds",
+                        layout)
+        if exact_open and (N * R * D > _EQUAL_EXACT_MAX_BINARIES):
+            exact_open = False  # the model's construction alone would outrun any time limit
+            detail.append(f"exact decision skipped ({N}×{R}×{D} binaries)")
+        if exact_open and R == lb_rows and time_limit - elapsed() > 0.05:
+            status, row_N, slot_N = decide_equal_counts(lengths_N, D, R, C, time_limit - elapsed(),
+                                                        num_workers=num_workers)
+            if status == "feasible":
+                detail.append(f"cpsat layout at R={R}")
+                return cert(R, "optimal", lb_rows, "cpsat", (row_N, slot_N))
+            if status == "infeasible":
+                detail.append(f"cpsat proved R={R} infeasible")
+                lb_rows = _next_valid(R + 1, topology)
+                how = "cpsat"
+                R = lb_rows
+                continue
+            exact_open = False  # undecided: look for the least R a construction fills
+        R = _next_valid(R + 1, topology)
+    if lb_rows > r_max:
+        raise InputError(
+            f"no valid rows with equal samples per slot: each slot holds N/D = {m} samples, so "
+            f"R ≤ {r_max}, and R ≥ {lb_rows} is needed (capacity {C}, min_rows={topology.min_rows}, "
+            f"row_multiple={topology.row_multiple})")
+    raise BinPackUndecided(
+        f"undecided in {time_limit:g}s: no equal-count layout found for R in {lb_rows}..{r_max} "
+        f"and none proved impossible beyond R < {lb_rows}")
 
 
 def spread_to_nonempty(sizes, bin_N, num_bins: int) -> np.ndarray:

@@ -138,6 +138,16 @@ class Plan:
             errs.append("nonempty: empty cells " + ", ".join(
                 f"({c // topo.dp}, {c % topo.dp})" for c in empty[:10].tolist())
                 + (f" (+{empty.size - 10} more)" if empty.size > 10 else ""))
+        if topo.equal_samples_per_slot:
+            if n % topo.dp:
+                errs.append(f"equal samples: N={n} samples do not divide over D={topo.dp} slots")
+            else:
+                per_D = np.bincount(self.slot[self.row >= 0], minlength=topo.dp)
+                bad = np.flatnonzero(per_D != n // topo.dp)
+                if bad.size:
+                    errs.append(f"equal samples: every slot must hold N/D = {n // topo.dp} samples; "
+                                + ", ".join(f"slot {d} holds {int(per_D[d])}" for d in bad[:10].tolist())
+                                + (f" (+{bad.size - 10} more)" if bad.size > 10 else ""))
         if window is not None:
             lens = window.lengths[self.row >= 0]
             tokens = np.bincount(cell, weights=lens, minlength=self.rows * topo.dp)

@@ -21,6 +21,22 @@ class Topology:
     ``shard_of_slot[d]`` is slot d's shard (default ``d // ep``, Megatron order). ``capacity`` is
     the token cap of one micro-batch; a plan's rows R obey ``R ≥ min_rows`` and
     ``R % row_multiple == 0`` (pipeline parallelism, e.g. PP × VPP).
+
+    Equal sample counts per slot (``equal_samples_per_slot=True``, default off): every DP slot
+    holds exactly N / D samples over all its rows, as verl's DP balance (``_balance_batch``)
+    dispatches equal sample *counts* to every rank. It needs N % D == 0 (checked against the
+    window by :meth:`check_samples`, as verl asserts divisibility too). Rows are still free per
+    slot: a slot's N / D samples may split unevenly over its R cells. What it changes:
+
+    - validity: a layout whose slots hold unequal counts is invalid (``Plan.validate``);
+    - R*: R rows are feasible iff the samples split into D groups of N / D samples, each packable
+      into R nonempty bins of capacity C (``certify_rows``; bounds, a count-constrained
+      first-fit, then CP-SAT where they do not close);
+    - search: relocations stay within a slot (another row), swaps go anywhere (both keep every
+      slot's count); seeds keep the counts (verl-kk, the joint-cost greedy with a per-slot
+      quota; nemo-ffd is skipped);
+    - exact models: Σ_{r,i} x[i, (r, d)] = N / D for every slot d (the block decomposition is
+      skipped: its per-block row subproblems do not see slot totals).
     """
 
     dp: int
@@ -29,8 +45,13 @@ class Topology:
     shard_of_slot: tuple[int, ...] | None = None
     min_rows: int = 1
     row_multiple: int = 1
+    equal_samples_per_slot: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.equal_samples_per_slot, (bool, np.bool_)):
+            raise InputError("topology: equal_samples_per_slot must be true or false, got "
+                             f"{self.equal_samples_per_slot!r}")
+        object.__setattr__(self, "equal_samples_per_slot", bool(self.equal_samples_per_slot))
         for name in ("dp", "ep", "capacity", "min_rows", "row_multiple"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -87,13 +108,32 @@ class Topology:
                 "(each EP rank holds E/ep expert slots)"
             )
 
+    def check_samples(self, num_samples: int) -> None:
+        """Raise unless the window's N samples can be split equally over the slots (only with
+        ``equal_samples_per_slot``)."""
+        if self.equal_samples_per_slot and num_samples % self.dp:
+            raise InputError(
+                f"topology: equal_samples_per_slot needs N divisible by D, got N={num_samples} "
+                f"samples and D={self.dp} DP slots (N % D = {num_samples % self.dp}): drop {num_samples % self.dp} or add "
+                f"{self.dp - num_samples % self.dp} samples (verl too requires the batch to divide "
+                "by the DP size)")
+
+    def samples_per_slot(self, num_samples: int) -> int | None:
+        """N / D with ``equal_samples_per_slot`` (checked), else None."""
+        if not self.equal_samples_per_slot:
+            return None
+        self.check_samples(num_samples)
+        return num_samples // self.dp
+
     def row_ok(self, rows: int) -> bool:
         return rows >= self.min_rows and rows % self.row_multiple == 0
 
     def to_dict(self) -> dict:
         return {"dp": self.dp, "ep": self.ep, "capacity": self.capacity,
                 "shard_of_slot": list(self.shard_of_slot), "min_rows": self.min_rows,
-                "row_multiple": self.row_multiple}
+                "row_multiple": self.row_multiple,
+                # written only when on: plans without the option stay byte-identical
+                **({"equal_samples_per_slot": True} if self.equal_samples_per_slot else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Topology":
@@ -104,4 +144,5 @@ class Topology:
             raise InputError(f"topology: missing key(s) {', '.join(missing)}")
         return cls(dp=d["dp"], ep=d["ep"], capacity=d["capacity"],
                    shard_of_slot=d.get("shard_of_slot"), min_rows=d.get("min_rows", 1),
-                   row_multiple=d.get("row_multiple", 1))
+                   row_multiple=d.get("row_multiple", 1),
+                   equal_samples_per_slot=d.get("equal_samples_per_slot", False))

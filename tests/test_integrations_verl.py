@@ -166,3 +166,87 @@ def test_plugin_activate_patches_verl():
         verl_sb.rearrange_micro_batches = old
     py = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     assert py["project"]["entry-points"]["verl.plugins"]["routepack"] == "routepack_opt.integrations.verl_plugin"
+
+
+# --- DP balance seam (_balance_batch: equal sample counts per rank) ----------------------------
+
+
+def _verl_partitions(lens, dp_size):
+    """The partition verl's RayPPOTrainer._balance_batch computes (its own functions, called as
+    it calls them: FLOP workload, Karmarkar–Karp with equal_size=True). The trainer module itself
+    needs torchdata, which verl's CPU install here lacks."""
+    workload = verl_sb.calculate_workload(torch.tensor(lens))
+    return verl_sb.get_seqlen_balanced_partitions(workload, k_partitions=dp_size, equal_size=True)
+
+
+def _chunks_layout(lens, chunk_ids, D, cap):
+    """A layout from per-rank chunks (global ids per rank): each rank's samples packed into the
+    least common number of rows by KK + in-rank repair (what verl's per-rank rearrange does at
+    one agreed count)."""
+    from routepack_opt.heuristics.equal_counts import _pack_slot
+    import time
+
+    lens = np.asarray(lens, dtype=np.int64)
+    for R in range(1, len(chunk_ids[0]) + 1):
+        row = np.empty(lens.size, dtype=np.int64)
+        slot = np.empty(lens.size, dtype=np.int64)
+        ok = True
+        for d, ids in enumerate(chunk_ids):
+            ids = np.asarray(ids)
+            r = _pack_slot(lens[ids], R, cap, time.perf_counter() + 5.0)
+            if r is None:
+                ok = False
+                break
+            row[ids], slot[ids] = r, d
+        if ok:
+            return R, row, slot
+    raise AssertionError("no layout")
+
+
+@pytest.mark.parametrize("routes", [False, True])
+def test_balance_batch_equal_counts_valid_and_no_worse_than_verl(routes):
+    """Our DP balance gives every rank exactly B/dp samples (verl's dispatch cuts equal chunks),
+    keeps every micro-batch under the cap, reorders a real DataProto like verl's _balance_batch,
+    and plans no more micro-batches and no worse a joint makespan than verl's partition."""
+    from verl import DataProto
+
+    rng = np.random.default_rng(3)
+    D, cap, E = 4, 4096, 8
+    lens = [int(x) for x in np.clip(rng.lognormal(6.3, 0.8, 64), 16, 4000)]
+    td = make_batch(lens, max(lens), E=E, seed=3, routes=routes)
+    opts = dict(num_experts=E, ep_size=2) if routes else {}
+    dp = DataProto.from_dict(tensors={k: td[k] for k in td.keys()})
+    metrics = {}
+    gb = rp_verl.balance_batch(dp, D, metrics, max_token_len=cap, max_sweeps=20, **opts)
+    m = len(lens) // D
+    assert [len(p) for p in gb.partitions] == [m] * D
+    assert sorted(i for p in gb.partitions for i in p) == list(range(len(lens)))
+    assert gb.plan.topology.equal_samples_per_slot and gb.plan.validate() == []
+    assert any(k.startswith("global_seqlen") for k in metrics)
+    # the reordered batch: rank d's equal chunk is exactly its planned samples, in micro-batch order
+    want = torch.cat([td["input_ids"][p] for p in gb.partitions])
+    assert torch.equal(dp.batch["input_ids"], want)
+    for d in range(D):
+        for mb in gb.micro_batches[d]:
+            assert mb and sum(lens[i] for i in mb) <= cap
+    # verl's own partition (equal chunks); each rank then packed at the least common count
+    chunks = _verl_partitions(lens, D)
+    assert [len(c) for c in chunks] == [m] * D
+    R, row, slot = _chunks_layout(lens, chunks, D, cap)
+    assert gb.num_micro_batches <= R
+    if not routes and gb.num_micro_batches == R:
+        ev = Evaluator(length_only_window(lens), Topology(dp=D, ep=1, capacity=cap), COST)
+        pl = np.zeros((1, 1), dtype=np.int64)
+        for obj in ("max-sum", "sum-max"):  # each objective planned for itself
+            p = gb.plan if obj == "max-sum" else rp_verl.balance_batch_partitions(
+                td, D, max_token_len=cap, max_sweeps=20, objective=obj).plan
+            assert (ev.score(pl, p.row, p.slot, R, obj).makespan
+                    <= ev.score(pl, row, slot, R, obj).makespan * (1 + 1e-9))
+
+
+def test_balance_batch_rejects_indivisible_batch():
+    """A global batch that does not divide over the DP ranks is one InputError naming N and D
+    (verl asserts it too)."""
+    td = make_batch([100] * 10, 100, routes=False)
+    with pytest.raises(InputError, match=r"N=10 .*D=4"):
+        rp_verl.balance_batch_partitions(td, 4, max_token_len=1000)

@@ -72,6 +72,8 @@ def add_topology(p: argparse.ArgumentParser, preset_flag: bool = True) -> None:
     g.add_argument("--capacity", type=positive_int, help="token cap C of one micro-batch")
     g.add_argument("--min-rows", type=positive_int, default=1, help="least micro-batches per slot")
     g.add_argument("--row-multiple", type=positive_int, default=1, help="rows must be a multiple of this (PP×VPP)")
+    g.add_argument("--equal-samples-per-slot", action="store_true",
+                   help="every DP slot holds exactly N/D samples (verl's DP balance; N %% D == 0)")
     if preset_flag:
         g.add_argument("--preset", choices=sorted(PRESETS), help="defaults for --dp/--ep/--capacity")
 
@@ -99,7 +101,8 @@ def topology_from_args(args) -> Topology:
             raise InputError(f"--{key} is required (or name a preset with --preset)")
         vals[key] = v
     return Topology(dp=vals["dp"], ep=vals["ep"], capacity=vals["capacity"],
-                    min_rows=getattr(args, "min_rows", 1), row_multiple=getattr(args, "row_multiple", 1))
+                    min_rows=getattr(args, "min_rows", 1), row_multiple=getattr(args, "row_multiple", 1),
+                    equal_samples_per_slot=bool(getattr(args, "equal_samples_per_slot", False)))
 
 
 def window_from_args(args) -> Window:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from routepack_opt.cli.common import add_cost, add_json, add_window, cost_from_args, emit
 from routepack_opt.evaluate import evaluate_plan
 from routepack_opt.plan import load_plan
@@ -15,6 +17,9 @@ def register(sub) -> None:
     add_cost(p)
     p.add_argument("--objective", choices=["max-sum", "sum-max"],
                    help="objective to report first (default: the plan's)")
+    p.add_argument("--equal-samples-per-slot", action="store_true",
+                   help="also require every DP slot to hold N/D samples (on anyway when the plan's "
+                        "topology says so)")
     add_json(p)
     p.set_defaults(func=run)
 
@@ -23,6 +28,9 @@ def run(args) -> None:
     window = load_window(args.window)
     plan = load_plan(args.plan, num_samples=window.num_samples)
     plan.topology.check_experts(window.num_experts)
+    if args.equal_samples_per_slot and not plan.topology.equal_samples_per_slot:
+        plan.topology = dataclasses.replace(plan.topology, equal_samples_per_slot=True)
+    plan.topology.check_samples(window.num_samples)
     ev = evaluate_plan(window, plan, cost_from_args(args), args.objective)
     rep = ev.report()
     rep.update(rows=plan.rows, valid=True)

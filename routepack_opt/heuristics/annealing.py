@@ -11,6 +11,9 @@ sweeps (one sweep = N proposals) of moves that keep every constraint:
   ≤ capacity). Target first: a uniform *open* cell c (one with room for the shortest sample;
   the open cells are kept in a set updated in O(1) per accepted move), then i uniform among
   the samples no longer than c's free capacity (a table of counts by length);
+  With equal samples per slot (``Topology.equal_samples_per_slot``) a relocation must keep i
+  in its slot: i first (uniform, or guided), then the first other row of i's slot with room,
+  from a uniform start;
 - *swap* two samples of different cells (both cells stay ≤ capacity; counts unchanged). The
   partner j is uniform among the samples with length in [l_i, l_i + free capacity of i's cell]
   — exactly the swaps that fit, each pair one way round — and, with probability ``p_near``,
@@ -819,7 +822,7 @@ def _guided_pick(s0, s1, s2, s3, J, colsum, rowmax, makespan, cnt, memb, slots_G
 
 
 @njit(cache=True, _nrt=False)
-def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
+def _run_replica(n_moves, temp, p_swap, p_guide, p_near, eq, window, objective, eps1, eps2,
                  lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, n_le,
                  C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum, J, colsum,
                  rowmax, agg, At, opn, s, best_row, best_slot, best_e, counters, last, probe, m, st_i,
@@ -827,7 +830,10 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
     """``n_moves`` Metropolis proposals at temperature ``temp`` for one replica.
 
     Proposals as in the module docstring (``window``: the near-swap neighbourhood; ``n_le``:
-    samples per length bound, for the capacity-aware picks).
+    samples per length bound, for the capacity-aware picks). ``eq`` (equal samples per slot):
+    a relocation keeps i in its slot — sample first (uniform or guided), then the first other
+    row of the same slot with room, from a uniform start; swaps are unchanged (they keep every
+    count).
     ``probe`` (length > 0): record |ΔE| of each evaluated proposal there and accept nothing
     (used to scale the ladder). counters = [evaluated, accepted, recorded probes, proposals];
     last = (Δmakespan, Δtotal, Δpeak) of the last evaluated proposal (checked by the tests).
@@ -872,7 +878,7 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         bc = -1
         if i < 0:
             x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
-            if swap:
+            if swap or eq:
                 i = _below(x, N)
             else:
                 # unguided relocation, target first: a uniform open cell (room for the shortest
@@ -934,7 +940,22 @@ def _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1
         else:
             if cnt[a] < 2 or bc == a:
                 continue
-            if bc < 0:  # guided relocation: up to 8 random open targets with room
+            if eq:  # equal counts: another row of i's own slot, the first with room from a
+                # uniform start (cells of a slot are often nearly full: one random row rarely fits)
+                if R < 2:
+                    continue
+                x, s0, s1, s2, s3 = _xo(s0, s1, s2, s3)
+                r0 = _below(x, R - 1)
+                for t in range(R - 1):
+                    rt = r0 + t
+                    rt -= (R - 1) if rt >= R - 1 else 0
+                    rt += 1 if rt >= ra else 0
+                    if T[rt * D + da] + li <= C:
+                        bc = rt * D + da
+                        break
+                if bc < 0:
+                    continue
+            elif bc < 0:  # guided relocation: up to 8 random open targets with room
                 n_open = opn[2 * n_cells]
                 if n_open == 0:
                     continue
@@ -1058,7 +1079,7 @@ def _scratch(L, W):
 
 
 @njit(cache=True, parallel=True)
-def _run_population(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
+def _run_population(n_moves, temp, p_swap, p_guide, p_near, eq, window, objective, eps1, eps2,
                     lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, n_le,
                     C, R, D, G, L, P, cap, row, slot, cnt, memb, pos, T, Q, W, Msum, J, colsum,
                     rowmax, agg, At, opn, rng, best_row, best_slot, best_e, counters, last, probe):
@@ -1066,7 +1087,7 @@ def _run_population(n_moves, temp, p_swap, p_guide, p_near, window, objective, e
     K = row.shape[0]
     for k in prange(K):
         m, st_i, st_left = _scratch(L, W[k])
-        _run_replica(n_moves, temp, p_swap, p_guide, p_near, window, objective, eps1, eps2,
+        _run_replica(n_moves, temp, p_swap, p_guide, p_near, eq, window, objective, eps1, eps2,
                      lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, n_le,
                      C, R, D, G, L, P, cap, row[k], slot[k], cnt[k], memb[k], pos[k], T[k], Q[k],
                      W[k], Msum[k], J[k], colsum[k], rowmax[k], agg[k], At[k], opn[k], rng[k],
@@ -1104,12 +1125,13 @@ def _greedy_init(T, Q, cnt, W, Msum, J, colsum, rowmax, agg, slots_GP, alpha, be
 @njit(cache=True)
 def _greedy(t_from, t_to, order, lengths, len2, b, shard_D, slots_GP, alpha, beta, gamma, ovh, C,
             R, D, G, L, P, objective, eps1, eps2, row, slot, T, Q, cnt, W, Msum, J, colsum, rowmax,
-            agg):
+            agg, quota):
     """Joint-cost greedy: each sample (in ``order``) into the cell whose lexicographic score
     (makespan, total, peak) grows least, keeping capacity and leaving enough samples to fill
     every empty cell. Places ``order[t_from:t_to]`` onto the state left by the previous call
     (:func:`_greedy_init` first), so the driver can stop between chunks at a deadline. Returns
-    False if some sample fits nowhere."""
+    False if some sample fits nowhere. ``quota`` > 0 (equal samples per slot): a slot takes at
+    most ``quota`` samples and keeps enough of its quota to fill its own empty cells."""
     N = order.shape[0]
     n_cells = R * D
     X = R * G
@@ -1117,6 +1139,12 @@ def _greedy(t_from, t_to, order, lengths, len2, b, shard_D, slots_GP, alpha, bet
     for c in range(n_cells):
         if cnt[c] == 0:
             empty += 1
+    sc = np.zeros(D, dtype=np.int64)  # samples per slot (quota > 0 only)
+    ec = np.zeros(D, dtype=np.int64)  # empty cells per slot
+    if quota > 0:
+        for c in range(n_cells):
+            sc[c % D] += cnt[c]
+            ec[c % D] += 1 if cnt[c] == 0 else 0
     Mnew = np.empty(X, dtype=np.int64)
     m = np.empty(2 * L, dtype=W.dtype)
     zero = b.shape[0] - 1  # the zero row: block x's side of a "swap" of the zero row with i adds b[i]
@@ -1137,6 +1165,9 @@ def _greedy(t_from, t_to, order, lengths, len2, b, shard_D, slots_GP, alpha, bet
                 continue
             r = c // D
             d = c - r * D
+            if quota > 0 and (sc[d] >= quota
+                              or quota - sc[d] - 1 < ec[d] - (1 if cnt[c] == 0 else 0)):
+                continue
             g = shard_D[d]
             x = r * G + g
             att = _attn(T, Q, r, g, slots_GP.shape[1], alpha, beta, D, c, T[c] + li, Q[c] + len2[i], -1, 0,
@@ -1156,6 +1187,8 @@ def _greedy(t_from, t_to, order, lengths, len2, b, shard_D, slots_GP, alpha, bet
         x = r * G + shard_D[d]
         if cnt[c] == 0:
             empty -= 1
+            ec[d] -= 1
+        sc[d] += 1
         cnt[c] += 1
         T[c] += li
         Q[c] += len2[i]
@@ -1244,6 +1277,10 @@ class _Problem:
         fit = int(np.searchsorted(np.cumsum(np.sort(lengths)), C, side="right"))
         self.cap = max(1, min(N - R * D + 1, fit))
         self.topology, self.cost = topology, cost
+        # equal samples per slot: relocations stay in their slot (see _run_replica)
+        self.eq = bool(topology.equal_samples_per_slot)
+        if self.eq:
+            topology.check_samples(N)
         # n_le[s] = number of samples of length ≤ s, s = 0..C (capacity-aware proposals)
         self.n_le = np.searchsorted(lengths, np.arange(C + 1), side="right").astype(np.int32)
 
@@ -1268,6 +1305,8 @@ class _Problem:
             raise InputError(f"anneal: {what} leaves a cell empty")
         if np.bincount(cell, weights=self.lengths, minlength=R * D).max() > self.C:
             raise InputError(f"anneal: {what} overfills a cell (capacity {self.C})")
+        if self.eq and (np.bincount(slot, minlength=D) != N // D).any():
+            raise InputError(f"anneal: {what} breaks equal samples per slot (N/D = {N // D} each)")
         return row.astype(np.int32), self.int_D[slot].astype(np.int32)
 
     def external(self, row, slot) -> tuple[np.ndarray, np.ndarray]:
@@ -1331,7 +1370,7 @@ class _Population:
                          pb.C, pb.obj, pb.eps1, pb.eps2, *self.state()[2:])
 
     def run(self, pb: _Problem, n_moves: int, temp: float, cfg: AnnealConfig, probe=None):
-        _run_population(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, cfg.swap_window,
+        _run_population(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, pb.eq, cfg.swap_window,
                         pb.obj, pb.eps1, pb.eps2, *pb.consts(), pb.n_le,
                         pb.C, pb.R, pb.D, pb.G, pb.L, pb.Pp, pb.cap,
                         *self.state(), self.rng, self.best_row, self.best_slot, self.best_e,
@@ -1339,7 +1378,7 @@ class _Population:
 
     def run_one(self, pb: _Problem, n_moves: int, temp: float, cfg: AnnealConfig, k: int = 0):
         """Replica k alone, serially (no thread launch): for tests stepping one move at a time."""
-        _run_replica(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, cfg.swap_window,
+        _run_replica(n_moves, temp, cfg.p_swap, cfg.p_guide, cfg.p_near, pb.eq, cfg.swap_window,
                      pb.obj, pb.eps1, pb.eps2, *pb.consts(), pb.n_le,
                      pb.C, pb.R, pb.D, pb.G, pb.L, pb.Pp, pb.cap,
                      *(a[k] for a in self.state()), self.rng[k], self.best_row[k],
@@ -1400,7 +1439,8 @@ def _greedy_pb(pb: _Problem, deadline: float | None = None):
         if deadline is not None and time.perf_counter() >= deadline:
             return None
         if not _greedy(t, min(t + step, pb.N), order, *consts, pb.C, pb.R, pb.D, pb.G, pb.L,
-                       pb.Pp, pb.obj, pb.eps1, pb.eps2, row, slot, *state):
+                       pb.Pp, pb.obj, pb.eps1, pb.eps2, row, slot, *state,
+                       pb.N // pb.D if pb.eq else 0):
             return None
     return row.astype(np.int64), slot.astype(np.int64)
 

@@ -429,6 +429,11 @@ def verl_kk_layout(lengths, topology: Topology, rows: int, time_limit: float = 1
     (tight windows), cells come from a cap-feasible bin packing and are dealt to slots by KK
     with equal sizes (R each). ``time_limit`` bounds the exact packing; ``info`` (optional dict)
     receives ``fallback`` (``FFD``/``BFD``/``exact-binpack``) when the last resort was used."""
+    if topology.equal_samples_per_slot:
+        # verl's own split (KK, equal sizes), kept exact: repairs stay inside a slot
+        from routepack_opt.heuristics.equal_counts import equal_count_layout
+
+        return equal_count_layout(lengths, topology, rows, time_limit, info)
     len_N, R, D, C = _prepare(lengths, topology, rows)
     info = {} if info is None else info
     slot_N = kk_partition(len_N, D, equal_size=True)
@@ -444,8 +449,11 @@ def verl_kk_layout(lengths, topology: Topology, rows: int, time_limit: float = 1
 def nemo_ffd_layout(lengths, topology: Topology, rows: int, deal: str = "balanced",
                     time_limit: float = 10.0, info: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """NeMo-RL-style layout: FFD bins of cap C, heaviest bins split until R·D, dealt R per slot
-    (``deal``: ``balanced`` by tokens, or ``round-robin``)."""
+    (``deal``: ``balanced`` by tokens, or ``round-robin``). Splitting bins does not keep sample
+    counts, so with ``equal_samples_per_slot`` it raises InfeasibleError (the seeds skip it)."""
     from routepack_opt.heuristics.binpack import first_fit_decreasing
+    if topology.equal_samples_per_slot:
+        raise InfeasibleError("nemo-ffd does not keep equal sample counts per slot")
 
     len_N, R, D, C = _prepare(lengths, topology, rows)
     info = {} if info is None else info

@@ -16,6 +16,19 @@ packing cannot move tokens between ranks; what the replayed routes change here i
 not load on expert 0, verl #7075), sums the loads over ``dp_group`` and returns one LPT
 logical→physical map, the same on every rank, for :mod:`routepack_opt.integrations.megatron`.
 
+DP balance (verl's ``RayPPOTrainer._balance_batch``): the single controller reorders the whole
+global batch and the dispatch cuts it into ``dp_size`` *equal* chunks, so every rank gets the
+same number of samples (verl partitions with ``equal_size=True`` and asserts N % dp_size == 0).
+:func:`balance_batch_partitions` plans the whole global batch at once with
+``Topology(equal_samples_per_slot=True)`` — rank d's chunk is slot d of the plan, its samples
+listed micro-batch by micro-batch — and :func:`balance_batch` applies it to a ``DataProto`` the
+way ``_balance_batch`` does (reorder in place, verl's balance metrics). With ``routed_experts``
+(and ``num_experts``, ``ep_size``) the whole step is planned on the joint cost; otherwise on
+lengths only. Patch it in with
+``RayPPOTrainer._balance_batch = lambda self, batch, metrics, logging_prefix="global_seqlen",
+keep_minibatch=False: balance_batch(batch, self._get_dp_size(self.actor_rollout_wg, "actor"),
+metrics, max_token_len=..., logging_prefix=logging_prefix)``.
+
 Enabling it by config: RoutePack registers a ``verl.plugins`` entry point
 (:mod:`routepack_opt.integrations.verl_plugin`); with ``ROUTEPACK_VERL=1`` in the workers'
 environment, ``import verl`` swaps verl's function for ours (cost preset from
@@ -24,13 +37,16 @@ environment, ``import verl`` swaps verl's function for ours (cost preset from
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from routepack_opt.errors import InputError
 from routepack_opt.integrations._common import as_cost, length_only_window, plan_cells
 from routepack_opt.topology import Topology
 
-__all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths"]
+__all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths",
+           "balance_batch_partitions", "balance_batch", "GlobalBalance"]
 
 
 def batch_lengths(batch) -> tuple[np.ndarray, int]:
@@ -135,3 +151,78 @@ def expert_map_from_batch(batch, num_experts: int, ep_size: int, *, dp_group=Non
     Topology(dp=ep_size, ep=ep_size, capacity=1).check_experts(num_experts)
     pl = lpt_placement(load_LE, ep_size)
     return swap_refine(load_LE, pl, ep_size) if refine else pl
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalBalance:
+    """A global-batch plan with N / dp_size samples per rank. ``partitions[d]``: rank d's sample
+    indices, micro-batch by micro-batch (what ``_balance_batch`` concatenates); ``micro_batches[d][r]``:
+    rank d's r-th micro-batch (global indices); ``plan``: the RoutePack plan (slot d = rank d)."""
+
+    partitions: list
+    micro_batches: list
+    plan: object
+
+    @property
+    def num_micro_batches(self) -> int:
+        return int(self.plan.rows)
+
+
+def _global_window(lens_N, batch, num_experts, moe_layer_freq):
+    if num_experts is None or batch is None or "routed_experts" not in batch.keys():
+        return length_only_window(lens_N)
+    from routepack_opt.integrations.replay import import_replay
+
+    w = import_replay(batch["routed_experts"], format="verl", num_experts=num_experts,
+                      attention_mask=batch["attention_mask"], moe_layer_freq=moe_layer_freq).window
+    if not np.array_equal(w.lengths, lens_N):
+        raise InputError("routed_experts and attention_mask disagree on the sample lengths")
+    return w
+
+
+def balance_batch_partitions(batch, dp_size: int, *, max_token_len: int, num_experts: int | None = None,
+                             ep_size: int = 1, moe_layer_freq=None, num_batches_divided_by=None,
+                             min_num_micro_batch=None, cost="qwen3-30b-a3b", objective: str = "max-sum",
+                             time_limit: float | None = None, max_sweeps: int | None = None,
+                             seed: int = 0) -> GlobalBalance:
+    """Plan the whole global batch (a TensorDict with ``attention_mask`` and optionally
+    ``routed_experts`` [B, S, layers, top_k]) over ``dp_size`` ranks with equal sample counts,
+    every micro-batch ≤ ``max_token_len`` tokens. Raises :class:`InputError` when B % dp_size != 0
+    (as verl asserts) or a sample is longer than the cap."""
+    mask = batch["attention_mask"]
+    lens_N = mask.reshape(mask.shape[0], -1).sum(-1).cpu().numpy().astype(np.int64)
+    if (lens_N < 1).any():
+        raise InputError("a sample has no tokens (attention_mask all zero)")
+    D = int(dp_size)
+    use_routes = num_experts is not None and "routed_experts" in batch.keys()
+    topo = Topology(dp=D, ep=int(ep_size) if use_routes else 1, capacity=int(max_token_len),
+                    min_rows=int(min_num_micro_batch or 1), row_multiple=int(num_batches_divided_by or 1),
+                    equal_samples_per_slot=True)
+    topo.check_samples(lens_N.size)
+    window = _global_window(lens_N, batch, num_experts, moe_layer_freq)
+    pc = plan_cells(window, topo, cost, objective=objective, time_limit=time_limit,
+                    max_sweeps=max_sweeps, seed=seed)
+    mbs = [[list(pc.cells[r][d]) for r in range(pc.rows)] for d in range(D)]
+    parts = [[i for mb in mbs[d] for i in mb] for d in range(D)]
+    return GlobalBalance(parts, mbs, pc.plan)
+
+
+def balance_batch(batch, dp_size: int, metrics: dict | None = None, *, max_token_len: int,
+                  logging_prefix: str = "global_seqlen", **options) -> GlobalBalance:
+    """verl's ``_balance_batch`` on a ``DataProto``: plan (:func:`balance_batch_partitions`,
+    ``options`` passed on), reorder the batch in place so that the dispatch's equal chunks are
+    the planned ranks, and add verl's balance metrics to ``metrics``."""
+    import torch
+    from verl.utils.seqlen_balancing import log_seqlen_unbalance
+
+    gb = balance_batch_partitions(batch.batch, dp_size, max_token_len=max_token_len, **options)
+    batch.reorder(torch.tensor([j for part in gb.partitions for j in part]))
+    if metrics is not None:
+        mask = batch.batch["attention_mask"]
+        # the batch is reordered now: rank d holds positions d·m .. d·m + m − 1
+        m = mask.shape[0] // dp_size
+        lens_now = mask.reshape(mask.shape[0], -1).sum(-1).tolist()
+        metrics.update(log_seqlen_unbalance(seqlen_list=lens_now,
+                                            partitions=[list(range(d * m, d * m + m)) for d in range(dp_size)],
+                                            prefix=logging_prefix))
+    return gb

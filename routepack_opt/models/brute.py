@@ -8,6 +8,10 @@ block's attention cost is a max over its cells and its expert load a sum over th
 that order never changes ``J`` — a symmetry common to both objectives and independent of the
 row/shard symmetry the models break. Every candidate is scored by the one evaluator; the best by
 the lexicographic key wins (first found on ties).
+
+With ``equal_samples_per_slot`` the order of cells inside a block does matter (it decides which
+slot gets which cell's samples), so every order is enumerated and layouts whose slots hold
+unequal counts are dropped.
 """
 
 from __future__ import annotations
@@ -91,6 +95,12 @@ def brute_force_layout(inst: LayoutInstance, max_samples: int = 8, max_layouts: 
     blocks = [(r, g) for r in range(R) for g in range(G)]
     deals = list(_block_assignments(K, R * G, P))
     best_key, best, count = None, None, 0
+    eq = topo.equal_samples_per_slot
+    if eq and N % D:
+        return BruteResult(None, None, None, 0)
+    if eq:  # every order of the cells inside each block (module docstring)
+        deals = [list(p) for deal in deals for p in itertools.product(
+            *(itertools.permutations(cells) for cells in deal))]
     for part_N in set_partitions(inst.window.lengths, K, topo.capacity):
         for deal in deals:
             row_K = np.empty(K, dtype=np.int64)
@@ -99,6 +109,8 @@ def brute_force_layout(inst: LayoutInstance, max_samples: int = 8, max_layouts: 
                 for j, c in enumerate(cells):
                     row_K[c], slot_K[c] = r, inst.slots_GP[g, j]
             row_N, slot_N = row_K[part_N], slot_K[part_N]
+            if eq and (np.bincount(slot_N, minlength=D) != N // D).any():
+                continue
             score = inst.score(row_N, slot_N)
             count += 1
             if count > max_layouts:

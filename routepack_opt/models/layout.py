@@ -51,6 +51,7 @@ def solve_layout(window: Window, topology: Topology, cost: CostModel, placement,
     if not (time_limit > 0):
         raise InputError(f"time limit must be > 0 seconds, got {time_limit}")
     topology.check_experts(window.num_experts)
+    topology.check_samples(window.num_samples)  # equal_samples_per_slot needs D | N
     inst = LayoutInstance.build(window, topology, cost, placement, rows, objective, evaluator)
     binaries = inst.num_samples * inst.num_cells
     if binaries > MAX_BINARIES:

@@ -191,9 +191,12 @@ class BlockSet:
 
 def applicable(inst: LayoutInstance) -> bool:
     """The decomposition handles P ≤ 2 and N ≤ 30 (bitmask blocks), and for max-sum with R, G > 1
-    at most 12 blocks (each cover's min-max grouping into shards is searched exhaustively)."""
+    at most 12 blocks (each cover's min-max grouping into shards is searched exhaustively);
+    never with ``equal_samples_per_slot``."""
     small = _kind(inst) != "shard" or inst.rows * inst.topology.num_shards <= 12
-    return inst.topology.ep <= 2 and inst.num_samples <= 30 and small and prefeasibility(inst) is None
+    # Blocks are (row, shard) cell sets chosen independently of slot totals: the decomposition
+    # cannot express equal samples per slot, so it is skipped then (CP-SAT/HiGHS model it).
+    return not inst.topology.equal_samples_per_slot and inst.topology.ep <= 2 and inst.num_samples <= 30 and small and prefeasibility(inst) is None
 
 
 def block_bounds(inst: LayoutInstance) -> tuple[int, int, int]:

@@ -24,6 +24,15 @@ Levels nest (coarse to fine), and each level's key (a unit's smallest sample) is
 the permutations of the finer levels, so the orderings can be imposed together: every layout has
 exactly one representative (:func:`canonical_layout`) with the same score (cells are nonempty).
 "Smallest" is taken in a fixed order of the samples, heaviest first (``LayoutInstance.order_N``).
+
+Equal samples per slot (``Topology.equal_samples_per_slot``): permuting the slots of a block in
+one row only, or (``sum-max``) the shards of one row only, moves samples between whole slots and
+breaks the per-slot counts, so those levels are replaced by permutations that act on whole slots
+across every row (each slot keeps its N / D samples): ``max-sum``: whole shards, rows inside each
+shard, then whole slots inside each shard; ``sum-max``: whole rows, whole shards, then whole
+slots inside each shard. Each level's key is again invariant under the other levels (a row of a
+shard keeps its cells as a set under slot permutations; a whole slot keeps its cells under row
+permutations), so the orderings still combine to exactly one representative.
 """
 
 from __future__ import annotations
@@ -141,6 +150,9 @@ def prefeasibility(inst: LayoutInstance) -> str | None:
         return f"sample {int(lengths.argmax())} has {int(lengths.max())} tokens > capacity {C}"
     if int(lengths.sum()) > K * C:
         return f"{int(lengths.sum())} tokens exceed {K} cells × capacity {C}"
+    D = inst.topology.dp
+    if inst.topology.equal_samples_per_slot and N % D:
+        return f"equal samples per slot: N={N} samples do not divide over D={D} slots"
     return None
 
 
@@ -223,6 +235,20 @@ def symmetry_groups(topology: Topology, rows: int, objective: str) -> list[list[
         return [r * D + int(S[g, j]) for j in range(P)]
 
     groups: list[list[list[int]]] = []
+    if topology.equal_samples_per_slot:  # levels that keep whole slots (module docstring)
+        if objective == "max-sum":
+            if G > 1:  # whole shards
+                groups.append([[c for r in range(R) for c in block(r, g)] for g in range(G)])
+            if R > 1:  # rows inside each shard
+                groups += [[block(r, g) for r in range(R)] for g in range(G)]
+        else:
+            if R > 1:  # whole rows
+                groups.append([[r * D + d for d in range(D)] for r in range(R)])
+            if G > 1:  # whole shards (every row at once)
+                groups.append([[c for r in range(R) for c in block(r, g)] for g in range(G)])
+        if P > 1:  # whole slots inside each shard (every row at once)
+            groups += [[[r * D + int(S[g, j]) for r in range(R)] for j in range(P)] for g in range(G)]
+        return groups
     if objective == "max-sum":
         if G > 1:  # whole shards
             groups.append([[c for r in range(R) for c in block(r, g)] for g in range(G)])
@@ -271,6 +297,23 @@ def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: st
                 new_in[in_o & (inner_N == i)] = i2
         return new_out, new_in
 
+    if topology.equal_samples_per_slot:  # levels that keep whole slots (module docstring)
+        if objective == "max-sum":  # whole shards, then rows inside a shard
+            new_g, new_r = relabel(g_N, G, row_N, R)
+        else:  # whole rows, then whole shards
+            new_r = np.empty(N, np.int64)
+            new_g = np.empty(N, np.int64)
+            for r2, r in enumerate(np.argsort([first(row_N == r) for r in range(R)], kind="stable")):
+                new_r[row_N == r] = r2
+            for g2, g in enumerate(np.argsort([first(g_N == g) for g in range(G)], kind="stable")):
+                new_g[g_N == g] = g2
+        new_j = np.empty(N, np.int64)
+        for g in range(G):
+            sh = new_g == g
+            order_j = np.argsort([first(sh & (j_N == j)) for j in range(P)], kind="stable")
+            for j2, j in enumerate(order_j):
+                new_j[sh & (j_N == j)] = j2
+        return new_r, S[new_g, new_j]
     if objective == "max-sum":  # whole shards, then rows inside a shard
         new_g, new_r = relabel(g_N, G, row_N, R)
     else:  # whole rows, then shards inside a row

@@ -6,6 +6,7 @@ Legend: N samples, L layers, P EP ranks, D DP slots, G shards, R rows, S stages,
 Model (one constraint family per function below):
     x[i,c] ∈ {0,1}                   sample i in cell c
     coverage  Σ_c x[i,c] = 1;  capacity  Σ_i len_i x[i,c] ≤ C;  nonempty  Σ_i x[i,c] ≥ 1
+    counts    Σ_{r,i} x[i,(r,d)] = N / D  for every slot d (only with equal_samples_per_slot)
     attention A[s,r,g] ≥ Σ_i a_si x[i,(r,d)]            for d in shard g   (stage max, epigraph)
               A[s,r,g] ≥ a_si Σ_{d∈g} x[i,(r,d)]        for every sample i (a sample in the block
                                                          bounds its max; not implied by the LP)
@@ -268,6 +269,7 @@ class _Model:
         self.add_coverage()
         self.add_capacity()
         self.add_nonempty()
+        self.add_equal_counts()
         clock.check()
         self.A = self.add_attention()  # dict (s, r, g) -> var
         self.M = self.add_expert_maxima()  # dict (r, g, l) -> var
@@ -292,6 +294,17 @@ class _Model:
         """Every cell holds at least one sample (equal micro-batch counts on every slot)."""
         for c in range(self.x.shape[1]):
             self.model.AddBoolOr(self.x[:, c].tolist())
+
+    def add_equal_counts(self):
+        """With equal_samples_per_slot: every slot d holds N / D samples over its rows,
+        Σ_{r,i} x[i,(r,d)] = N / D."""
+        topo = self.inst.topology
+        if not topo.equal_samples_per_slot:
+            return
+        N, D, R = self.x.shape[0], topo.dp, self.inst.rows
+        for d in range(D):
+            self.model.Add(cp_model.LinearExpr.Sum([self.x[i, r * D + d] for i in range(N)
+                                                    for r in range(R)]) == N // D)
 
     def add_attention(self) -> dict:
         """A[s,r,g] ≥ the scaled attention cost of every cell of shard g in row r."""

@@ -76,6 +76,10 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
                                 <= topo.capacity)
     # Nonempty: equal micro-batch counts on every slot.
     m.nonempty = pyo.Constraint(m.Cc, rule=lambda m, c: sum(x[i, c] for i in m.I) >= 1)
+    # Equal counts (equal_samples_per_slot): every slot holds N / D samples over its rows.
+    if topo.equal_samples_per_slot:
+        m.equal_counts = pyo.Constraint(
+            range(D), rule=lambda m, d: sum(x[i, r * D + d] for i in m.I for r in range(R)) == N // D)
     clock.check()
 
     # Attention: A[s,r,g] ≥ each cell's stage cost in shard g, row r.
