@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from routepack_opt.cost import CostModel, PRESETS, resolve_cost
