@@ -146,7 +146,8 @@ def part_scale(quick: bool) -> list[dict]:
             out = subprocess.run([sys.executable, __file__, "--child", str(n), str(dp)],
                                  capture_output=True, text=True, cwd=ROOT)
             if out.returncode != 0:
-                rows.append({"N": n, "D": dp, "error": out.stderr.strip().splitlines()[-1]})
+                tail = out.stderr.strip().splitlines()
+                rows.append({"N": n, "D": dp, "error": tail[-1] if tail else f"exit code {out.returncode}"})
             else:
                 rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(rows[-1], flush=True)

@@ -199,3 +199,16 @@ def test_tabu_run_stops_at_its_deadline():
     _, F_past = binpack._overflow_tabu(sizes, 100, K, init, 10**9, 0, 5, t - 1.0)
     _, F_15 = binpack._overflow_tabu(sizes, 100, K, init, 15, 0, 5, np.inf)
     assert F_past == F_15 > 0
+
+
+def test_bin_packing_model_too_large_is_not_built(monkeypatch):
+    """A CP-SAT bin-packing model over its size cap is skipped (no memory blow-up): the answer
+    keeps the proved bound and says the model was skipped."""
+    from routepack_opt.models import binpack as exact
+
+    monkeypatch.setattr(exact, "CPSAT_MAX_VARS", 1)
+    monkeypatch.setattr(exact, "ARCFLOW_MAX_ARCS", 0)  # force the CP-SAT route
+    sizes = [49, 49, 49, 34, 34, 34, 17, 17, 17]  # FFD-hard: needs the exact model to close
+    res = exact.solve_bin_packing(sizes, 100, max_bins=3, time_limit=5.0, presolve=False)
+    assert "skipped" in res.method and res.lower_bound <= 3
+    assert res.status in ("unknown", "feasible")
