@@ -235,20 +235,24 @@ def symmetry_groups(topology: Topology, rows: int, objective: str) -> list[list[
         return [r * D + int(S[g, j]) for j in range(P)]
 
     groups: list[list[list[int]]] = []
-    if topology.equal_samples_per_slot:  # levels that keep whole slots (module docstring)
-        if objective == "max-sum":
-            if G > 1:  # whole shards
-                groups.append([[c for r in range(R) for c in block(r, g)] for g in range(G)])
-            if R > 1:  # rows inside each shard
-                groups += [[block(r, g) for r in range(R)] for g in range(G)]
-        else:
-            if R > 1:  # whole rows
-                groups.append([[r * D + d for d in range(D)] for r in range(R)])
-            if G > 1:  # whole shards (every row at once)
-                groups.append([[c for r in range(R) for c in block(r, g)] for g in range(G)])
-        if P > 1:  # whole slots inside each shard (every row at once)
-            groups += [[[r * D + int(S[g, j]) for r in range(R)] for j in range(P)] for g in range(G)]
-        return groups
+    eq = topology.equal_samples_per_slot  # only levels that keep whole slots (module docstring)
+    if objective == "max-sum":
+        if G > 1:  # whole shards
+            groups.append([[c for r in range(R) for c in block(r, g)] for g in range(G)])
+        if R > 1:  # rows inside each shard
+            groups += [[block(r, g) for r in range(R)] for g in range(G)]
+    else:
+        if R > 1:  # whole rows
+            groups.append([[r * D + d for d in range(D)] for r in range(R)])
+        if G > 1 and eq:  # whole shards (every row at once)
+            groups.append([[c for r in range(R) for c in block(r, g)] for g in range(G)])
+        elif G > 1:  # shards inside each row
+            groups += [[block(r, g) for g in range(G)] for r in range(R)]
+    if P > 1 and eq:  # whole slots inside each shard (every row at once)
+        groups += [[[r * D + int(S[g, j]) for r in range(R)] for j in range(P)] for g in range(G)]
+    elif P > 1:  # slots inside each (row, shard) block
+        groups += [[[c] for c in block(r, g)] for r in range(R) for g in range(G)]
+    return groups
     if objective == "max-sum":
         if G > 1:  # whole shards
             groups.append([[c for r in range(R) for c in block(r, g)] for g in range(G)])
