@@ -83,6 +83,18 @@ def _compact(bin_N: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- CP-SAT
 
 
+def cpsat_solver(time_limit: float, num_workers: int):
+    """A CP-SAT solver with the time limit (10 ms at least), workers and fixed seed these
+    bin-packing models use."""
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
+    solver.parameters.num_workers = int(num_workers)
+    solver.parameters.random_seed = 0
+    return solver
+
+
 def _solve_cpsat(sizes_N, C, lb, max_bins, hint_N, time_limit, num_workers, decision):
     from ortools.sat.python import cp_model
 
@@ -140,10 +152,7 @@ def _solve_cpsat(sizes_N, C, lb, max_bins, hint_N, time_limit, num_workers, deci
             for new, old in enumerate(order):
                 for j in range(m):
                     model.add_hint(y[j, new], int(hc[j, old]))
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
-    solver.parameters.num_workers = int(num_workers)
-    solver.parameters.random_seed = 0
+    solver = cpsat_solver(time_limit, num_workers)
     st = solver.solve(model)
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         counts = np.array([[solver.value(y[j, kk]) for kk in range(K)] for j in range(m)])

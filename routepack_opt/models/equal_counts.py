@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from routepack_opt.models.binpack import cpsat_solver
+
 __all__ = ["decide_equal_counts"]
 
 
@@ -46,10 +48,7 @@ def decide_equal_counts(lengths, dp: int, rows: int, capacity: int, time_limit: 
         hr, hs = hint
         for (i, r, d), v in x.items():
             md.AddHint(v, int(hr[i] == r and hs[i] == d))
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
-    solver.parameters.num_workers = int(num_workers)
-    solver.parameters.random_seed = 0
+    solver = cpsat_solver(time_limit, num_workers)
     st = solver.Solve(md)
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         row_N = np.empty(N, dtype=np.int64)

@@ -253,19 +253,6 @@ def symmetry_groups(topology: Topology, rows: int, objective: str) -> list[list[
     elif P > 1:  # slots inside each (row, shard) block
         groups += [[[c] for c in block(r, g)] for r in range(R) for g in range(G)]
     return groups
-    if objective == "max-sum":
-        if G > 1:  # whole shards
-            groups.append([[c for r in range(R) for c in block(r, g)] for g in range(G)])
-        if R > 1:  # rows inside each shard
-            groups += [[block(r, g) for r in range(R)] for g in range(G)]
-    else:
-        if R > 1:  # whole rows
-            groups.append([[r * D + d for d in range(D)] for r in range(R)])
-        if G > 1:  # shards inside each row
-            groups += [[block(r, g) for g in range(G)] for r in range(R)]
-    if P > 1:  # slots inside each (row, shard) block
-        groups += [[[c] for c in block(r, g)] for r in range(R) for g in range(G)]
-    return groups
 
 
 def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: str, order=None
