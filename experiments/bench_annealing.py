@@ -27,14 +27,14 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from routepack_opt.cost import get_preset
-from routepack_opt.evaluate import Evaluator, rank_loads
+from routepack_opt.core.cost import get_preset
+from routepack_opt.core.evaluate import Evaluator, rank_loads
 from routepack_opt.heuristics import annealing as A
 from routepack_opt.heuristics.baselines import nemo_ffd_layout, verl_kk_layout
-from routepack_opt.heuristics.placement import lpt_placement
-from routepack_opt.topology import Topology
+from routepack_opt.heuristics.placement.lpt import lpt_placement
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.io import atomic_write_text
+from routepack_opt.core.io import atomic_write_text
 
 
 def production_instance(seed: int = 0, num_samples: int = 1024, num_layers: int = 48):

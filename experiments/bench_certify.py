@@ -14,8 +14,8 @@ import statistics
 import time
 
 from routepack_opt.certify import certify_rows
-from routepack_opt.cost import get_preset
-from routepack_opt.topology import Topology
+from routepack_opt.core.cost import get_preset
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
 
 

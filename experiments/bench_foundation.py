@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
-from routepack_opt.cost import PRESETS
-from routepack_opt.evaluate import Evaluator
+from routepack_opt.core.cost import PRESETS
+from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.testing import random_layout
-from routepack_opt.topology import Topology
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.io import atomic_write_text
+from routepack_opt.core.io import atomic_write_text
 
 
 def best_of(fn, repeat=5):

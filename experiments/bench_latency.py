@@ -42,7 +42,7 @@ CAP, EP, COST = 8192, 8, "qwen3-30b-a3b"
 
 def make_window(n: int, seed: int = 0):
     from routepack_opt.trace import generate_window
-    from routepack_opt.window import Window
+    from routepack_opt.core.window import Window
 
     if n <= 4096:
         return generate_window(COST, n, seed, **SHAPE)
@@ -56,12 +56,12 @@ def make_window(n: int, seed: int = 0):
 def _child(n: int, dp: int) -> None:
     import resource
 
-    from routepack_opt.cost import resolve_cost
-    from routepack_opt.evaluate import Evaluator
+    from routepack_opt.core.cost import resolve_cost
+    from routepack_opt.core.evaluate import Evaluator
     from routepack_opt.heuristics.baselines import verl_kk_layout
-    from routepack_opt.heuristics.placement import identity_placement
+    from routepack_opt.heuristics.placement.lpt import identity_placement
     from routepack_opt.pipeline import plan
-    from routepack_opt.topology import Topology
+    from routepack_opt.core.topology import Topology
     from routepack_opt.warmup import warm
 
     warm()
@@ -83,7 +83,7 @@ def _child(n: int, dp: int) -> None:
 # ------------------------------------------------------------------ parts
 
 def part_cold(tmp: Path, quick: bool) -> list[dict]:
-    from routepack_opt.window import save_window
+    from routepack_opt.core.window import save_window
 
     path = tmp / "prod.npz"
     save_window(make_window(1024), path)
@@ -107,10 +107,10 @@ def part_cold(tmp: Path, quick: bool) -> list[dict]:
 
 
 def part_prod() -> dict:
-    from routepack_opt.cost import resolve_cost
+    from routepack_opt.core.cost import resolve_cost
     from routepack_opt.heuristics.baselines import nemo_ffd_layout, verl_kk_layout
     from routepack_opt.pipeline import plan
-    from routepack_opt.topology import Topology
+    from routepack_opt.core.topology import Topology
     from routepack_opt.warmup import warm
 
     warm()
@@ -155,11 +155,11 @@ def part_scale(quick: bool) -> list[dict]:
 
 
 def part_anytime(quick: bool) -> dict:
-    from routepack_opt.cost import resolve_cost
-    from routepack_opt.evaluate import Evaluator
+    from routepack_opt.core.cost import resolve_cost
+    from routepack_opt.core.evaluate import Evaluator
     from routepack_opt.heuristics.annealing import AnnealConfig, anneal
     from routepack_opt.pipeline import baseline_layouts, resolve_placement, resolve_rows
-    from routepack_opt.topology import Topology
+    from routepack_opt.core.topology import Topology
     from routepack_opt.warmup import warm
 
     warm()

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from routepack_opt.trace import generate_window  # noqa: E402
-from routepack_opt.window import save_window  # noqa: E402
+from routepack_opt.core.window import save_window  # noqa: E402
 
 SHAPE = dict(num_experts=256, num_layers=48, capacity=8192)
 
@@ -57,7 +57,7 @@ def _cli(*args) -> tuple[float, dict, str]:
 
 
 def _load_seconds(path: Path) -> float:
-    code = (f"import time; t=time.perf_counter(); from routepack_opt.window import load_window; "
+    code = (f"import time; t=time.perf_counter(); from routepack_opt.core.window import load_window; "
             f"load_window({str(path)!r}); print(time.perf_counter()-t)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     return float(out.stdout.strip())

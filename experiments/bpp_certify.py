@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from routepack_opt.certify import BinPackUndecided, certify_rows
-from routepack_opt.io import atomic_write_text
-from routepack_opt.topology import Topology
+from routepack_opt.core.io import atomic_write_text
+from routepack_opt.core.topology import Topology
 
 # The external BPP collection (not shipped): $ROUTEPACK_BPP_DIR, else ../shared/data/bpp beside the repo.
 DATA = Path(os.environ.get("ROUTEPACK_BPP_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data" / "bpp")

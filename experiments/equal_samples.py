@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_annealing import move_rate, production_instance  # noqa: E402
 
 from routepack_opt.certify import certify_rows  # noqa: E402
-from routepack_opt.evaluate import Evaluator  # noqa: E402
+from routepack_opt.core.evaluate import Evaluator  # noqa: E402
 from routepack_opt.heuristics import annealing as A  # noqa: E402
 from routepack_opt.heuristics.baselines import verl_kk_layout  # noqa: E402
 

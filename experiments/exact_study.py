@@ -38,15 +38,15 @@ from pathlib import Path
 import numpy as np
 
 from routepack_opt.certify import certify_rows
-from routepack_opt.cost import PRESETS, resolve_cost
-from routepack_opt.evaluate import Evaluator
+from routepack_opt.core.cost import PRESETS, resolve_cost
+from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.heuristics.annealing import anneal
-from routepack_opt.heuristics.placement import lpt_placement
+from routepack_opt.heuristics.placement.lpt import lpt_placement
 from routepack_opt.models.layout import solve_layout
 from routepack_opt.pipeline import baseline_layouts
-from routepack_opt.topology import Topology
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.io import atomic_write_text
+from routepack_opt.core.io import atomic_write_text
 
 RESULTS = Path(__file__).parent / "results"
 PRESET_NAMES = ["qwen3-30b-a3b", "ling-hybrid", "olmoe-1b-7b", "deepseek-v3"]

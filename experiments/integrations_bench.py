@@ -36,11 +36,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from routepack_opt.cost import get_preset  # noqa: E402
-from routepack_opt.evaluate import Evaluator  # noqa: E402
+from routepack_opt.core.cost import get_preset  # noqa: E402
+from routepack_opt.core.evaluate import Evaluator  # noqa: E402
 from routepack_opt.integrations.replay import import_replay  # noqa: E402
-from routepack_opt.plan import assignment_from_cells  # noqa: E402
-from routepack_opt.topology import Topology  # noqa: E402
+from routepack_opt.core.plan import assignment_from_cells  # noqa: E402
+from routepack_opt.core.topology import Topology  # noqa: E402
 from routepack_opt.trace import generate_window  # noqa: E402
 
 PRESET = "qwen3-30b-a3b"
@@ -187,7 +187,7 @@ def agreed_counts(fn, batches, cap):
 
 def bench_verl(args, seeds):
     """Per rank (D = 1, no dp_group), and across ranks with one agreed count (D = ranks)."""
-    from routepack_opt.window import Window
+    from routepack_opt.core.window import Window
 
     cost = get_preset(PRESET).cost
     B, ranks = args.verl_batch, args.verl_ranks

@@ -36,18 +36,18 @@ from pathlib import Path
 
 import numpy as np
 
-from routepack_opt.cost import get_preset
-from routepack_opt.errors import InfeasibleError
-from routepack_opt.evaluate import Evaluator
+from routepack_opt.core.cost import get_preset
+from routepack_opt.core.errors import InfeasibleError
+from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.heuristics.annealing import AnnealConfig, anneal
 from routepack_opt.heuristics.baselines import BASELINES, verl_kk_layout
-from routepack_opt.heuristics.joint import JointConfig, joint_search
-from routepack_opt.heuristics.placement import lpt_placement
-from routepack_opt.heuristics.refine_placement import RefineConfig, refine_placement
-from routepack_opt.migration import align_slots, migration_cost
-from routepack_opt.topology import Topology
+from routepack_opt.heuristics.placement.joint import JointConfig, joint_search
+from routepack_opt.heuristics.placement.lpt import lpt_placement
+from routepack_opt.heuristics.placement.refine import RefineConfig, refine_placement
+from routepack_opt.heuristics.placement.migration import align_slots, migration_cost
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_sequence, generate_window
-from routepack_opt.io import atomic_write_text
+from routepack_opt.core.io import atomic_write_text
 
 PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "ling-hybrid", "deepseek-v3")
 OBJECTIVES = ("max-sum", "sum-max")
@@ -201,7 +201,7 @@ def part3(spec, N, seed, steps, objective, joint_cfg, anneal_cfg, max_rounds):
 
 def part4(seed, time_limit, anneal_cfg):
     """Per-layer gap of the converged refinement, proved by the exact per-layer CP-SAT model."""
-    from routepack_opt.heuristics.refine_placement import RowAwareState
+    from routepack_opt.heuristics.placement.refine import RowAwareState
     from routepack_opt.models.placement_rowaware import layer_gaps
 
     cases = [("small: L=4, E=16, k=4, P=4, D=8, N=64", "olmoe-1b-7b",

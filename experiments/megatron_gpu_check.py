@@ -91,8 +91,8 @@ def main():
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from routepack_opt.evaluate import rank_loads
-    from routepack_opt.heuristics.placement import lpt_placement
+    from routepack_opt.core.evaluate import rank_loads
+    from routepack_opt.heuristics.placement.lpt import lpt_placement
     from routepack_opt.integrations import megatron as rp_mg
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))

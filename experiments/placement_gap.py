@@ -25,15 +25,15 @@ from pathlib import Path
 
 import numpy as np
 
-from routepack_opt.cost import get_preset
+from routepack_opt.core.cost import get_preset
 from routepack_opt.heuristics.baselines import BASELINES, check_layout, nemo_ffd_layout
 from routepack_opt.heuristics.binpack import best_packing
-from routepack_opt.heuristics.placement import (identity_placement, lpt_placement, rank_load_cv,
+from routepack_opt.heuristics.placement.lpt import (identity_placement, lpt_placement, rank_load_cv,
                                                 rank_peak_ratio, swap_refine)
 from routepack_opt.models.placement import exact_placement
-from routepack_opt.topology import Topology
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.io import atomic_write_text
+from routepack_opt.core.io import atomic_write_text
 
 PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "ling-hybrid", "deepseek-v3")
 OUT = Path(__file__).resolve().parent / "results" / "placement_gap.md"
@@ -86,7 +86,7 @@ def placement_study(samples: int, seeds: int, time_limit: float) -> list[str]:
 def _rows_for(lengths, topo: Topology) -> tuple[int, str]:
     try:
         from routepack_opt.certify import certify_rows
-        from routepack_opt.window import Window
+        from routepack_opt.core.window import Window
         counts = np.zeros((lengths.size, 1, topo.ep), dtype=np.int32)
         counts[:, 0, 0] = lengths
         cert = certify_rows(Window(lengths, counts, top_k=1), topo, time_limit=10.0)

@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 from routepack_opt.compare import compare_plans
-from routepack_opt.cost import PRESETS, resolve_cost
-from routepack_opt.evaluate import Evaluator
+from routepack_opt.core.cost import PRESETS, resolve_cost
+from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.heuristics.annealing import AnnealConfig
 from routepack_opt.pipeline import plan
-from routepack_opt.topology import Topology
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.io import atomic_write_text
+from routepack_opt.core.io import atomic_write_text
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -41,11 +41,11 @@ from pathlib import Path
 import numpy as np
 
 from routepack_opt.compare import compare_plans, plan_metrics
-from routepack_opt.cost import PRESETS, resolve_cost
-from routepack_opt.evaluate import Evaluator
+from routepack_opt.core.cost import PRESETS, resolve_cost
+from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.pipeline import plan
 from routepack_opt.stats import routing_dispersion, skew_stats
-from routepack_opt.topology import Topology
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import DEFAULT_DISPERSION, PRESET_SKEW, generate_window
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -11,7 +11,7 @@ time budget). Since the preset's attention coefficients cover the whole model, t
 coefficient gamma is multiplied by L_full / L_used so expert work keeps its share of the step
 (the "L used / L full" column says where this applies). Packing search: a fixed budget of
 ``--sweeps`` sweeps per replica (default 20) and seed 0 — deterministic; R = R* (certified).
-Every number is scored by the one evaluator (``routepack_opt.evaluate.Evaluator``).
+Every number is scored by the one evaluator (``routepack_opt.core.evaluate.Evaluator``).
 
 Studies (each writes ``experiments/results/referee_<study>.md`` (+ ``.json`` records, + ``.png``),
 partial results after every preset):
@@ -43,13 +43,13 @@ from pathlib import Path
 
 import numpy as np
 
-from routepack_opt.cost import CostModel, Stage, get_preset
-from routepack_opt.evaluate import Evaluator
+from routepack_opt.core.cost import CostModel, Stage, get_preset
+from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.heuristics.baselines import BASELINES
-from routepack_opt.io import atomic_write_text
-from routepack_opt.heuristics.placement import identity_placement, lpt_placement, rank_load_cv
+from routepack_opt.core.io import atomic_write_text
+from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, rank_load_cv
 from routepack_opt.pipeline import plan, resolve_placement, resolve_rows
-from routepack_opt.topology import Topology
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
 
 PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "ling-hybrid", "deepseek-v3")
@@ -758,7 +758,7 @@ def overhead_rows(st: Setting, samples: int = 1024) -> list[dict]:
     """Production size (full L, N=1024, default annealing budget): T_place, T_pack, and T_aux =
     materialization time of the new placement after the previous step's (slots aligned, bytes of
     weights + optimizer state over ``cost.migration_bandwidth``, busiest rank)."""
-    from routepack_opt.migration import align_slots, migration_cost
+    from routepack_opt.heuristics.placement.migration import align_slots, migration_cost
 
     out = []
     for preset in st.presets:
@@ -834,8 +834,8 @@ def eplb_balanced_packing(weight_LE, num_packs: int):
 
 
 def study_peers(st: Setting, objective: str = "max-sum") -> Path:
-    from routepack_opt.evaluate import expert_rank_loads
-    from routepack_opt.heuristics.placement import swap_refine
+    from routepack_opt.core.evaluate import expert_rank_loads
+    from routepack_opt.heuristics.placement.lpt import swap_refine
     from routepack_opt.models.placement import exact_placement
 
     nwin = max(1, st.windows // 2)

@@ -28,15 +28,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from routepack_opt.cost import save_cost
-from routepack_opt.evaluate import Evaluator
+from routepack_opt.core.cost import save_cost
+from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.pipeline import baseline_layouts, layout_plan, plan as run_plan, resolve_rows
-from routepack_opt.heuristics.placement import identity_placement, lpt_placement
+from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement
 from routepack_opt.runtime.bench import bench_config, calibrate, measure_plan
 from routepack_opt.runtime.verify import VerifyConfig, verify_runtime
-from routepack_opt.topology import Topology
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.io import atomic_write_text
+from routepack_opt.core.io import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -181,7 +181,7 @@ def report(res: dict, args, cost_path: Path) -> str:
           f"Windows from `routepack_opt.trace.generate_window('qwen3-30b-a3b', N={res['measure'][0]['N']}, seed, num_layers=2, "
           f"num_experts=16, top_k=4, capacity=C)` (window 'skewed': expert_skew=1.2, length_sigma=1.0); topology D=8, P=4 (G=2 shards); R = certified R*. Every cell's attention "
           "and every (row, shard, layer, rank) expert workload run with torch (unscaled); J composed per docs/model.md "
-          "with measured times; prediction = `routepack_opt.evaluate` with the calibrated cost. ratio = measured / predicted.", "",
+          "with measured times; prediction = `routepack_opt.core.evaluate` with the calibrated cost. ratio = measured / predicted.", "",
           "| window | tokens | R | plan | max-sum measured µs | predicted µs | ratio | sum-max measured µs | predicted µs | ratio | J R² | mean abs rel. err J | corr² attn cells | corr² expert loads |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ratios = []

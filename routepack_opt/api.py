@@ -14,7 +14,7 @@ trains, returning the best plan found by a deadline — never raising because of
 deterministic for the same inputs, seed and sweep budget.
 
 Both take the same keyword-only options, :class:`PlanOptions` (one place for their defaults and
-checks); bad options raise :class:`routepack_opt.errors.InputError`.
+checks); bad options raise :class:`routepack_opt.core.errors.InputError`.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from routepack_opt.cost import CostModel, resolve_cost
-from routepack_opt.errors import InputError
-from routepack_opt.plan import OBJECTIVES, Plan, check_placement
-from routepack_opt.topology import Topology
-from routepack_opt.window import Window
+from routepack_opt.core.cost import CostModel, resolve_cost
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.plan import OBJECTIVES, Plan, check_placement
+from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import Window
 
 __all__ = ["MicroBatchPlan", "PlanOptions", "plan_micro_batches", "AsyncPlanner", "window_from"]
 

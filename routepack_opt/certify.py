@@ -34,13 +34,13 @@ import time
 
 import numpy as np
 
-from routepack_opt.errors import InputError, RoutePackError
+from routepack_opt.core.errors import InputError, RoutePackError
 from routepack_opt.heuristics.binpack import (best_packing, check_sizes, fixed_bins_search, is_packing,
                                               lower_bound, lower_bound_l1, lower_bound_l2,
                                               minimum_bin_slack)
 from routepack_opt.models.binpack import solve_bin_packing
-from routepack_opt.topology import Topology
-from routepack_opt.window import Window
+from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import Window
 
 __all__ = ["Certificate", "certify_rows", "pack_into_bins", "spread_to_nonempty", "BinPackUndecided"]
 
@@ -252,7 +252,7 @@ _EQUAL_EXACT_MAX_BINARIES = 200_000
 def _certify_equal(lengths_N, topology: Topology, time_limit: float, t0: float, method: str,
                    num_workers: int) -> Certificate:
     """R* with N / D samples per slot (see the module docstring)."""
-    from routepack_opt.errors import InfeasibleError
+    from routepack_opt.core.errors import InfeasibleError
     from routepack_opt.heuristics.equal_counts import equal_count_layout
     from routepack_opt.models.equal_counts import decide_equal_counts
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 
 
-from routepack_opt.cost import CostModel
-from routepack_opt.evaluate import Evaluator
-from routepack_opt.plan import Plan
-from routepack_opt.topology import Topology
-from routepack_opt.window import Window
+from routepack_opt.core.cost import CostModel
+from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.plan import Plan
+from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import Window
 
 __all__ = ["plan_metrics", "compare_plans", "format_table"]
 
@@ -24,7 +24,7 @@ EXACT_MAX_SAMPLES = 24
 
 def plan_metrics(ev: Evaluator, plan: Plan, objective: str, seconds: float) -> dict:
     """Makespans under both objectives, LB gap, EP-rank CV, worst row-local EP peak, attention tail."""
-    from routepack_opt.heuristics.placement import rank_load_cv
+    from routepack_opt.heuristics.placement.lpt import rank_load_cv
 
     e = ev.evaluate(plan.placement, plan.row, plan.slot, plan.rows, objective)
     J, A_SRG, M_RGL = ev.costs(plan.placement, plan.row, plan.slot, plan.rows, parts=True)
@@ -67,7 +67,7 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, objective
     secs["routepack"] = time.perf_counter() - t0 + t_cert
     if joint:
         try:
-            import routepack_opt.heuristics.joint  # noqa: F401
+            import routepack_opt.heuristics.placement.joint  # noqa: F401
         except ImportError:
             joint = False
     if joint:

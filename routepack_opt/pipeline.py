@@ -12,12 +12,12 @@ from typing import Callable
 
 import numpy as np
 
-from routepack_opt.cost import CostModel
-from routepack_opt.errors import InfeasibleError, InputError
-from routepack_opt.evaluate import Evaluator, check_objective
-from routepack_opt.plan import Plan, check_placement
-from routepack_opt.topology import Topology
-from routepack_opt.window import Window
+from routepack_opt.core.cost import CostModel
+from routepack_opt.core.errors import InfeasibleError, InputError
+from routepack_opt.core.evaluate import Evaluator, check_objective
+from routepack_opt.core.plan import Plan, check_placement
+from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import Window
 
 __all__ = ["resolve_placement", "resolve_rows", "baseline_layouts", "plan", "layout_plan",
            "PLACEMENT_KINDS"]
@@ -28,7 +28,7 @@ PLACEMENT_KINDS = ("lpt", "lpt-plain", "identity", "joint")
 def resolve_placement(window: Window, topology: Topology, placement) -> tuple[np.ndarray, str]:
     """``placement`` is ``"lpt"``, ``"identity"``, a [L, E] array or a :class:`Plan` (its
     placement is reused, e.g. the one already materialized)."""
-    from routepack_opt.heuristics.placement import identity_placement, lpt_placement, swap_refine
+    from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
 
     topology.check_experts(window.num_experts)
     if isinstance(placement, Plan):
@@ -177,8 +177,8 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
             and not (stop is not None and stop())):
         t0 = time.perf_counter()
         try:
-            from routepack_opt.heuristics.joint import JointConfig, joint_search
-            from routepack_opt.heuristics.refine_placement import RefineConfig
+            from routepack_opt.heuristics.placement.joint import JointConfig, joint_search
+            from routepack_opt.heuristics.placement.refine import RefineConfig
 
             remaining = clock.left()
             # Default budget: 3 rounds of (4 refinement passes + annealing): deterministic, and

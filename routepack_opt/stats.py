@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from routepack_opt.errors import InputError
-from routepack_opt.window import Window
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.window import Window
 
 __all__ = ["routing_dispersion", "dispersion_of_counts", "length_stats", "skew_stats",
            "window_stats", "implications"]
@@ -137,7 +137,7 @@ def implications(window: Window, topology, cost) -> dict:
     packing), and the bounds. ``any_plan_max_gain`` = 1 − placement-free LB / baseline: no plan
     (placement + packing) can gain more. ``placement_lb_drop`` = 1 − placement-free LB / LB of
     the identity placement: how far any placement can lower the bound at all."""
-    from routepack_opt.evaluate import Evaluator
+    from routepack_opt.core.evaluate import Evaluator
     from routepack_opt.heuristics.baselines import verl_kk_layout
     from routepack_opt.pipeline import resolve_placement, resolve_rows
 

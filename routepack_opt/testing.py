@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from routepack_opt.window import Window
+from routepack_opt.core.window import Window
 
 
 def random_counts(lengths_N, num_layers: int, num_experts: int, top_k: int, rng, skew: float = 1.0) -> np.ndarray:

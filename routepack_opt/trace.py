@@ -45,9 +45,9 @@ from pathlib import Path
 
 import numpy as np
 
-from routepack_opt.cost import get_preset
-from routepack_opt.errors import InputError
-from routepack_opt.window import Window, available_memory, counts_dtype, write_window_npz
+from routepack_opt.core.cost import get_preset
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.window import Window, available_memory, counts_dtype, write_window_npz
 
 __all__ = ["TraceConfig", "trace_config", "generate_window", "generate_sequence", "write_trace",
            "domain_profiles", "routing_scale", "memory_needed", "DEFAULT_DISPERSION", "PRESET_SKEW", "PER_SAMPLE_BYTES"]

@@ -43,11 +43,11 @@ log = logging.getLogger(__name__)
 
 # The modules whose numba kernels each group compiles.
 GROUPS = {
-    "plan": ("routepack_opt.projection", "routepack_opt.heuristics.placement",
+    "plan": ("routepack_opt.core.projection", "routepack_opt.heuristics.placement.lpt",
              "routepack_opt.heuristics.binpack", "routepack_opt.heuristics.baselines",
              "routepack_opt.heuristics.annealing"),
     # row-aware joint placement and migration (``--placement joint``, compare), warmed when used
-    "joint": ("routepack_opt.heuristics.refine_placement", "routepack_opt.migration"),
+    "joint": ("routepack_opt.heuristics.placement.refine", "routepack_opt.heuristics.placement.migration"),
     # the annealer's rare load storages (int32 / int64 loads: samples of ≥ 2^15 tokens on one
     # rank, or ≥ 2^30 tokens per rank); compiled before the annealer's clock when a window needs
     # them (annealing.warm_storage), so only ``routepack warmup`` does them ahead of time
@@ -181,7 +181,7 @@ def _tiny_window(seed: int, n: int = 24, layers: int = 2, experts: int = 8, top_
                  max_len: int = 40):
     import numpy as np
 
-    from routepack_opt.window import Window
+    from routepack_opt.core.window import Window
 
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, max_len + 1, size=n)
@@ -215,16 +215,16 @@ def _warm_plan() -> None:
 
 
 def _tiny_problem():
-    from routepack_opt.cost import get_preset
+    from routepack_opt.core.cost import get_preset
     from routepack_opt.heuristics.annealing import AnnealConfig
-    from routepack_opt.topology import Topology
+    from routepack_opt.core.topology import Topology
 
     cfg = AnnealConfig(population=2, temperatures=2, calibration_moves=16)
     return _tiny_window(0), Topology(dp=4, ep=2, capacity=64), get_preset("olmoe-1b-7b").cost, cfg
 
 
 def _warm_joint() -> None:
-    from routepack_opt.heuristics.placement import identity_placement
+    from routepack_opt.heuristics.placement.lpt import identity_placement
     from routepack_opt.pipeline import plan
 
     w, topo, cost, cfg = _tiny_problem()
@@ -252,12 +252,12 @@ def _warm_exact() -> None:
 
 def _warm_blocks() -> None:
     """The block decomposition's enumeration and exact-cover search (``routepack exact``)."""
-    from routepack_opt.cost import get_preset
-    from routepack_opt.heuristics.placement import identity_placement
+    from routepack_opt.core.cost import get_preset
+    from routepack_opt.heuristics.placement.lpt import identity_placement
     from routepack_opt.models import layout_blocks
     from routepack_opt.models.layout_common import LayoutInstance
     from routepack_opt.pipeline import baseline_layouts
-    from routepack_opt.topology import Topology
+    from routepack_opt.core.topology import Topology
 
     w = _tiny_window(1, n=8, experts=4, max_len=30)
     topo = Topology(dp=2, ep=2, capacity=64)

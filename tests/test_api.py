@@ -11,11 +11,11 @@ import pytest
 
 from routepack_opt import api, pipeline
 from routepack_opt.api import AsyncPlanner, PlanOptions, plan_micro_batches
-from routepack_opt.cost import PRESETS
-from routepack_opt.errors import InputError
+from routepack_opt.core.cost import PRESETS
+from routepack_opt.core.errors import InputError
 from routepack_opt.heuristics.annealing import anneal
-from routepack_opt.evaluate import Evaluator
-from routepack_opt.topology import Topology
+from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
 
 COST = PRESETS["olmoe-1b-7b"].cost
@@ -162,7 +162,7 @@ def test_two_threads_submit_and_result_concurrently(window):
 
 def test_anneal_stop_cancels_cooperatively(window):
     """anneal(stop=...) returning True ends the search after its first chunk with a valid layout."""
-    from routepack_opt.heuristics.placement import identity_placement
+    from routepack_opt.heuristics.placement.lpt import identity_placement
     from routepack_opt.pipeline import baseline_layouts
 
     topo = Topology(dp=8, ep=4, capacity=4096)
@@ -187,7 +187,7 @@ def test_quick_fallback_is_valid_at_the_certified_rows_on_a_tight_window():
     job = api._Job(lengths, counts, None, None, PlanOptions(dp_size=D, ep_size=2, max_tokens=C),
                    0.0, api.Future())
     mb = api._quick_plan(job)
-    from routepack_opt.window import Window
+    from routepack_opt.core.window import Window
 
     assert mb.plan.validate(Window(lengths, counts, top_k=1)) == []
     assert mb.num_micro_batches == 4  # 16 full bins on 4 slots: best-fit finds the pairs

@@ -9,11 +9,11 @@ import pytest
 from routepack_opt.certify import (BinPackUndecided, Certificate, certify_rows, pack_into_bins,
                                    spread_to_nonempty)
 from routepack_opt.cli import main
-from routepack_opt.errors import InputError
+from routepack_opt.core.errors import InputError
 from routepack_opt.heuristics.binpack import is_packing, lower_bound
 from routepack_opt.testing import random_window
-from routepack_opt.topology import Topology
-from routepack_opt.window import save_window
+from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import save_window
 from routepack_opt.models.brute import brute_force_bins
 
 from conftest import require_bpp

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from routepack_opt.certify import certify_rows
-from routepack_opt.errors import InputError
-from routepack_opt.evaluate import rank_loads, row_shard_costs, score_from_J
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.evaluate import rank_loads, row_shard_costs, score_from_J
 from routepack_opt.heuristics import annealing as A
 from routepack_opt.heuristics.baselines import verl_kk_layout
 from routepack_opt.heuristics.equal_counts import equal_count_layout, equal_counts_ok
-from routepack_opt.plan import Plan
+from routepack_opt.core.plan import Plan
 from routepack_opt.testing import random_window
-from routepack_opt.topology import Topology
+from routepack_opt.core.topology import Topology
 
-from test_annealing import COST, TOPOLOGIES, instance
+from cases import COST, TOPOLOGIES, instance
 
 
 def _eq(topo: Topology) -> Topology:
@@ -210,13 +210,13 @@ def test_anneal_rejects_a_seed_with_unequal_counts():
 
 # ------------------------------------------------------------------ exact models
 
-from routepack_opt.evaluate import Evaluator  # noqa: E402
+from routepack_opt.core.evaluate import Evaluator  # noqa: E402
 from routepack_opt.models import layout_blocks  # noqa: E402
 from routepack_opt.models.brute import brute_force_layout  # noqa: E402
 from routepack_opt.models.layout import (LayoutInstance, canonical_layout, is_canonical,  # noqa: E402
                                          solve_layout)
 from routepack_opt.testing import random_layout  # noqa: E402
-from test_layout_models import TOY  # noqa: E402
+from cases import TOY  # noqa: E402
 
 # (N, dp, ep, rows, capacity, seed): N divisible by dp; small enough to enumerate every cell order.
 EQ_CASES = [
@@ -293,7 +293,7 @@ def test_exact_models_with_equal_counts_equal_brute_force(case, objective, solve
 def test_equal_counts_can_cost_makespan_and_models_see_it(eq_brute):
     """On some tiny window the equal-count optimum is strictly worse than the free one (the
     constraint binds), and the exact models find the constrained value, not the free one."""
-    from test_layout_models import _instance
+    from cases import layout_instance as _instance
 
     found = False
     for case in EQ_CASES:
@@ -327,9 +327,9 @@ def test_solve_layout_rejects_indivisible_window():
 def test_pipeline_plan_keeps_equal_counts_and_round_trips(tmp_path):
     """plan() with the option (lpt and joint placement) returns a valid plan with N/D samples per
     slot; its JSON carries the option and reads back into a plan that still validates."""
-    from routepack_opt.cost import CostModel, Stage
+    from routepack_opt.core.cost import CostModel, Stage
     from routepack_opt.pipeline import plan
-    from routepack_opt.plan import load_plan
+    from routepack_opt.core.plan import load_plan
 
     cost = CostModel(stages=(Stage("full_attn", alpha=0.02, beta=4e-5),), gamma=0.01, row_overhead=5.0)
     w = random_window(64, 4, 16, 2, max_len=400, seed=11, skew=1.2)
@@ -363,7 +363,7 @@ def test_cli_flag_on_certify_plan_evaluate(run_cli, tmp_path):
     indivisible window exits 2 with one error line naming N and D."""
     import json
 
-    from routepack_opt.window import save_window
+    from routepack_opt.core.window import save_window
 
     w = random_window(48, 2, 8, 2, max_len=300, seed=4)
     save_window(w, tmp_path / "w.npz")
@@ -389,7 +389,7 @@ def test_cli_flag_on_certify_plan_evaluate(run_cli, tmp_path):
     code, _, err = run_cli("evaluate", tmp_path / "w.npz", tmp_path / "u.json", "--cost", "qwen3-30b-a3b",
                            "--equal-samples-per-slot")
     assert code == 2 and "slot 0 holds 9" in err and err.count("\n") == 1
-    from routepack_opt.window import Window
+    from routepack_opt.core.window import Window
 
     save_window(Window(w.lengths[:47], w.counts[:47], top_k=w.top_k), tmp_path / "w47.npz")
     code, _, err = run_cli("plan", tmp_path / "w47.npz", *topo, "--cost", "qwen3-30b-a3b",
@@ -402,8 +402,8 @@ def test_cli_flag_on_exact_and_compare(run_cli, tmp_path):
     the counts; `compare` with the flag plans every row with N/D samples per slot."""
     import json
 
-    from routepack_opt.plan import load_plan
-    from routepack_opt.window import save_window
+    from routepack_opt.core.plan import load_plan
+    from routepack_opt.core.window import save_window
 
     w = random_window(8, 2, 4, 2, 20, 0)
     save_window(w, tmp_path / "w.npz")
@@ -439,7 +439,7 @@ def test_async_planner_option_and_quick_fallback_keep_equal_counts():
     samples (count-limited first fit), valid under the cap."""
     from routepack_opt import api
     from routepack_opt.api import PlanOptions
-    from routepack_opt.window import Window
+    from routepack_opt.core.window import Window
 
     rng = np.random.default_rng(3)
     lengths = rng.integers(50, 600, size=48)

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from routepack_opt import pipeline
-from routepack_opt.cost import PRESETS
-from routepack_opt.errors import InputError
-from routepack_opt.evaluate import Evaluator
+from routepack_opt.core.cost import PRESETS
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.heuristics import annealing, baselines
-from routepack_opt.heuristics.placement import lpt_placement
+from routepack_opt.heuristics.placement.lpt import lpt_placement
 from routepack_opt.models.layout import solve_layout
-from routepack_opt.topology import Topology
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.window import check_window_memory, load_window
+from routepack_opt.core.window import check_window_memory, load_window
 
 COST = PRESETS["olmoe-1b-7b"].cost
 

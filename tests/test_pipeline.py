@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 
 from routepack_opt.api import AsyncPlanner, plan_micro_batches
-from routepack_opt.cost import PRESETS
-from routepack_opt.errors import InputError
-from routepack_opt.evaluate import evaluate_plan
+from routepack_opt.core.cost import PRESETS
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.evaluate import evaluate_plan
 from routepack_opt.heuristics.annealing import AnnealConfig
 from routepack_opt.pipeline import plan
-from routepack_opt.plan import load_plan
-from routepack_opt.topology import Topology
+from routepack_opt.core.plan import load_plan
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.window import save_window
+from routepack_opt.core.window import save_window
 
 COST = PRESETS["olmoe-1b-7b"].cost
 
@@ -112,7 +112,7 @@ def test_async_planner_returns_by_deadline(window):
 def test_joint_placement_plan_and_sticky(window):
     """--placement joint returns a valid plan no worse than routepack; with the current placement
     given it reports migration and may keep it."""
-    from routepack_opt.heuristics.placement import identity_placement
+    from routepack_opt.heuristics.placement.lpt import identity_placement
 
     topo = Topology(dp=8, ep=4, capacity=4096)
     rp = plan(window, topo, COST, "max-sum", max_sweeps=10, seed=0)

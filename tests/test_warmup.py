@@ -11,14 +11,14 @@ import threading
 import numpy as np
 import pytest
 
-from routepack_opt.cost import PRESETS
+from routepack_opt.core.cost import PRESETS
 from routepack_opt.heuristics import annealing
-from routepack_opt.heuristics.placement import identity_placement
+from routepack_opt.heuristics.placement.lpt import identity_placement
 from routepack_opt.pipeline import plan
-from routepack_opt.topology import Topology
+from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
 from routepack_opt.warmup import configure_cache, numba_kernels, warm
-from routepack_opt.window import Window, save_window
+from routepack_opt.core.window import Window, save_window
 
 from conftest import REPO
 

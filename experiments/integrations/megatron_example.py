@@ -21,7 +21,7 @@ from megatron.core.transformer.moe.moe_utils import permute, topk_routing_with_s
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from routepack_opt.heuristics.placement import lpt_placement  # noqa: E402
+from routepack_opt.heuristics.placement.lpt import lpt_placement  # noqa: E402
 from routepack_opt.integrations.megatron import migrate_experts, rank_token_counts, remap_routing  # noqa: E402
 
 T, E, k, H, ep = 2048, 16, 2, 8, 4

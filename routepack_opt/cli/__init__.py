@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 
-from routepack_opt.errors import InputError
+from routepack_opt.core.errors import InputError
 
 __all__ = ["main", "COMMANDS"]
 

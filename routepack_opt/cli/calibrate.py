@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from routepack_opt.cli.common import nonneg_int, positive_int, add_json, emit, output_path
-from routepack_opt.cost import save_cost
-from routepack_opt.errors import InputError
+from routepack_opt.core.cost import save_cost
+from routepack_opt.core.errors import InputError
 
 
 def register(sub) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from routepack_opt.cli.common import positive_float, add_json, add_topology, add_window, emit, topology_from_args, window_from_args
-from routepack_opt.errors import InputError
+from routepack_opt.core.errors import InputError
 
 
 def register(sub) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from routepack_opt.cost import CostModel, PRESETS, resolve_cost
-from routepack_opt.errors import InputError
-from routepack_opt.topology import Topology
-from routepack_opt.window import Window, load_window
+from routepack_opt.core.cost import CostModel, PRESETS, resolve_cost
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import Window, load_window
 
 
 # --- argparse types: bad values are refused while parsing (one error: line, exit 2) ---------------
@@ -114,7 +114,7 @@ def cost_from_args(args) -> CostModel:
 
 def output_path(path: str | None, *inputs) -> Path | None:
     """The output path, checked before any work: not an input, not a directory, writable."""
-    from routepack_opt.io import check_output_path
+    from routepack_opt.core.io import check_output_path
 
     return check_output_path(path, *inputs)
 
@@ -122,7 +122,7 @@ def output_path(path: str | None, *inputs) -> Path | None:
 def emit(args, result: dict | None, text: str | None = None) -> None:
     """Print ``result`` as JSON with ``--json``, else ``text`` (if any)."""
     if getattr(args, "json", False):
-        from routepack_opt.plan import dumps_strict
+        from routepack_opt.core.plan import dumps_strict
         print(dumps_strict(result or {}, indent=1))
     elif text:
         print(text)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from routepack_opt.cli.common import nonneg_int, positive_float, positive_int, add_json, add_objective, emit
 from routepack_opt.cli.plan import progress_bar
-from routepack_opt.cost import PRESETS, get_preset
-from routepack_opt.errors import InputError
-from routepack_opt.topology import Topology
+from routepack_opt.core.cost import PRESETS, get_preset
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.topology import Topology
 
 DEFAULTS = dict(preset="qwen3-30b-a3b", samples=512, dp=16, ep=8, seed=0)
 
@@ -41,7 +41,7 @@ def run(args) -> None:
     from routepack_opt.certify import certify_rows
     from routepack_opt.compare import compare_plans, format_table
     from routepack_opt.trace import generate_window
-    from routepack_opt.window import save_window
+    from routepack_opt.core.window import save_window
 
     preset = get_preset(args.preset)
     out = Path(args.out)
@@ -49,7 +49,7 @@ def run(args) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"--out {out}: {exc.strerror or exc}") from None
-    from routepack_opt.io import check_output_path
+    from routepack_opt.core.io import check_output_path
 
     for name in ("window.npz", "plan.json", "routepack-demo.png"):  # before the work starts
         check_output_path(out / name)
@@ -92,7 +92,7 @@ def _plot(window, topo, cost, plans, objective, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from routepack_opt.evaluate import Evaluator, expert_rank_loads
+    from routepack_opt.core.evaluate import Evaluator, expert_rank_loads
 
     load = window.expert_loads()
     ev = Evaluator(window, topo, cost)
@@ -119,7 +119,7 @@ def _plot(window, topo, cost, plans, objective, path: Path) -> None:
     fig.suptitle("RoutePack demo: expert placement (top) and joint packing (bottom)")
     import io
 
-    from routepack_opt.io import atomic_write_bytes
+    from routepack_opt.core.io import atomic_write_bytes
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)

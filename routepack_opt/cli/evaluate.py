@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from routepack_opt.cli.common import add_cost, add_json, add_window, cost_from_args, emit
-from routepack_opt.evaluate import evaluate_plan
-from routepack_opt.plan import load_plan
-from routepack_opt.window import load_window
+from routepack_opt.core.evaluate import evaluate_plan
+from routepack_opt.core.plan import load_plan
+from routepack_opt.core.window import load_window
 
 
 def register(sub) -> None:

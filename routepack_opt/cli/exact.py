@@ -6,8 +6,8 @@ import time
 
 from routepack_opt.cli.common import (nonneg_float, positive_float, positive_int, add_cost, add_json, add_objective, add_topology, add_window,
                                       cost_from_args, emit, output_path, topology_from_args)
-from routepack_opt.errors import InputError
-from routepack_opt.window import load_window
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.window import load_window
 
 
 def register(sub) -> None:
@@ -34,7 +34,7 @@ def register(sub) -> None:
 
 def _placement(value: str, window, topology):
     from routepack_opt.pipeline import resolve_placement
-    from routepack_opt.plan import load_plan
+    from routepack_opt.core.plan import load_plan
 
     if value in ("lpt", "identity"):
         return resolve_placement(window, topology, value)
@@ -64,7 +64,7 @@ def warm_start(window, topology, cost, placement, rows, objective, seconds, eval
 
 
 def run(args) -> dict:
-    from routepack_opt.evaluate import Evaluator, check_objective
+    from routepack_opt.core.evaluate import Evaluator, check_objective
     from routepack_opt.models.layout import solve_layout
     from routepack_opt.pipeline import layout_plan, resolve_rows
 

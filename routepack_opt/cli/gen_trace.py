@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from routepack_opt.cli.common import add_json, emit, nonneg_float, nonneg_int, output_path, positive_float, positive_int
-from routepack_opt.cost import PRESETS
-from routepack_opt.errors import InputError
+from routepack_opt.core.cost import PRESETS
+from routepack_opt.core.errors import InputError
 from routepack_opt.trace import DEFAULT_DISPERSION, write_trace
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from routepack_opt.cli.common import add_json, emit
-from routepack_opt.errors import InputError
+from routepack_opt.core.errors import InputError
 
 
 def register(sub) -> None:

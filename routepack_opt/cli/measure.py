@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from routepack_opt.cli.common import positive_int, scale_float, add_json, emit
-from routepack_opt.cost import resolve_cost
-from routepack_opt.errors import InputError
-from routepack_opt.plan import load_plan
-from routepack_opt.window import load_window
+from routepack_opt.core.cost import resolve_cost
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.plan import load_plan
+from routepack_opt.core.window import load_window
 
 
 def register(sub) -> None:

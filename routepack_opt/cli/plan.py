@@ -8,9 +8,9 @@ from pathlib import Path
 
 from routepack_opt.cli.common import (nonneg_int, positive_float, positive_int, add_cost, add_json, add_objective, add_topology, add_window,
                                       cost_from_args, emit, output_path, topology_from_args)
-from routepack_opt.errors import InputError
-from routepack_opt.plan import load_plan
-from routepack_opt.window import load_window
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.plan import load_plan
+from routepack_opt.core.window import load_window
 
 
 def add_search_args(p) -> None:
@@ -45,7 +45,7 @@ def planning_inputs(args):
     cost = cost_from_args(args)
     current = load_plan(args.placement_from).placement if args.placement_from else None
     if current is not None:
-        from routepack_opt.plan import check_placement
+        from routepack_opt.core.plan import check_placement
 
         errs = check_placement(current, window.num_layers, window.num_experts)
         if errs:

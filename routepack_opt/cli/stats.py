@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from routepack_opt.cli.common import add_json, add_topology, add_window, emit
-from routepack_opt.cost import PRESETS, resolve_cost
-from routepack_opt.errors import InputError
-from routepack_opt.window import load_window
+from routepack_opt.core.cost import PRESETS, resolve_cost
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.window import load_window
 
 
 def register(sub) -> None:
@@ -38,7 +38,7 @@ def _matching_preset(window) -> str | None:
 
 def run(args) -> None:
     from routepack_opt.stats import implications, window_stats
-    from routepack_opt.topology import Topology
+    from routepack_opt.core.topology import Topology
 
     if args.tokens < 1:
         raise InputError(f"--tokens must be ≥ 1, got {args.tokens}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from routepack_opt.cli.common import positive_float, positive_int, nonneg_int, add_json, emit
-from routepack_opt.errors import InputError
+from routepack_opt.core.errors import InputError
 
 
 def register(sub) -> None:

@@ -54,7 +54,7 @@ O(S)), and the aggregates (shard sums, row maxima, total, the two largest blocks
 touches at most two blocks; its delta costs O(S + L·P + G) (O(S·P) more when it stays inside
 one block, or on acceptance; O(X) when it lowers both top blocks). J of a touched
 block is recomputed from the integer state exactly as
-:func:`routepack_opt.evaluate.row_shard_costs` does, so J never drifts; on acceptance the
+:func:`routepack_opt.core.evaluate.row_shard_costs` does, so J never drifts; on acceptance the
 touched shard sums / row maxima are re-summed from J in numpy's order (the total is carried).
 
 Determinism: replicas run in parallel (numba ``prange``), each with its own xoshiro256**
@@ -77,10 +77,10 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from routepack_opt.cost import CostModel
-from routepack_opt.errors import InputError, load_document
-from routepack_opt.evaluate import check_objective, row_shard_costs, score_from_J
-from routepack_opt.topology import Topology
+from routepack_opt.core.cost import CostModel
+from routepack_opt.core.errors import InputError, load_document
+from routepack_opt.core.evaluate import check_objective, row_shard_costs, score_from_J
+from routepack_opt.core.topology import Topology
 
 __all__ = ["AnnealConfig", "AnnealResult", "anneal", "greedy_layout", "layout_energy", "warm_storage",
            "STORAGES"]
@@ -1669,7 +1669,7 @@ def warm_storage(b_dtype, w_dtype) -> float:
         if key in _STORAGES_READY:
             return 0.0
         t = time.perf_counter()
-        from routepack_opt.cost import CostModel, Stage
+        from routepack_opt.core.cost import CostModel, Stage
 
         cost = CostModel(stages=(Stage("attn", 0.01, 1e-6),), gamma=0.004, row_overhead=50.0)
         topo = Topology(dp=2, ep=2, capacity=64)

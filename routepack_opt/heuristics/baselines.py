@@ -34,9 +34,9 @@ import heapq
 import numba
 import numpy as np
 
-from routepack_opt.errors import InfeasibleError, InputError
-from routepack_opt.heuristics.placement import lpt_assign
-from routepack_opt.topology import Topology
+from routepack_opt.core.errors import InfeasibleError, InputError
+from routepack_opt.heuristics.placement.lpt import lpt_assign
+from routepack_opt.core.topology import Topology
 
 __all__ = ["verl_kk_layout", "nemo_ffd_layout", "kk_partition", "BASELINES", "check_layout"]
 

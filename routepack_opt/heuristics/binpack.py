@@ -26,7 +26,7 @@ import time
 import numba
 import numpy as np
 
-from routepack_opt.errors import InputError
+from routepack_opt.core.errors import InputError
 
 __all__ = [
     "check_sizes", "lower_bound_l1", "lower_bound_l2", "lower_bound_dff", "lower_bound",

@@ -25,8 +25,8 @@ import time
 
 import numpy as np
 
-from routepack_opt.errors import InfeasibleError, InputError
-from routepack_opt.topology import Topology
+from routepack_opt.core.errors import InfeasibleError, InputError
+from routepack_opt.core.topology import Topology
 
 __all__ = ["equal_count_layout", "equal_counts_ok", "count_fit_decreasing"]
 

@@ -4,7 +4,7 @@ One module per framework; each imports the framework (torch, verl, megatron-core
 functions that need it, so ``import routepack_opt.integrations`` stays cheap and works without any
 of them installed. These modules import the rest of the package, never the other way round.
 
-- :mod:`.replay`   — routes as the frameworks record them → a :class:`~routepack_opt.window.Window`
+- :mod:`.replay`   — routes as the frameworks record them → a :class:`~routepack_opt.core.window.Window`
 - :mod:`.slime`    — drop-in for ``slime.utils.dp_schedule.build_dp_schedule``
 - :mod:`.verl`     — drop-in for ``verl.utils.seqlen_balancing.rearrange_micro_batches``
 - :mod:`.megatron` — logical→physical expert placement for Megatron-Core ``MoELayer``

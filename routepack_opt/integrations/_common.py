@@ -9,11 +9,11 @@ import dataclasses
 
 import numpy as np
 
-from routepack_opt.cost import CostModel, resolve_cost
-from routepack_opt.errors import InputError
-from routepack_opt.plan import Plan
-from routepack_opt.topology import Topology
-from routepack_opt.window import Window
+from routepack_opt.core.cost import CostModel, resolve_cost
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.plan import Plan
+from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import Window
 
 __all__ = ["length_only_window", "clip_to_cap", "plan_cells", "as_cost", "PlannedCells"]
 

@@ -26,8 +26,8 @@ import dataclasses
 
 import numpy as np
 
-from routepack_opt.errors import InputError
-from routepack_opt.plan import check_placement
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.plan import check_placement
 
 __all__ = ["remap_routing", "apply_expert_placement", "PlacementHandle", "rank_token_counts",
            "expert_slot_tensors", "migrate_experts", "physical_to_logical"]

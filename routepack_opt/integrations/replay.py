@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Iterable
 import numpy as np
 
-from routepack_opt.errors import InputError
-from routepack_opt.window import Window
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.window import Window
 
 __all__ = ["ReplayImport", "import_replay", "window_from_replay", "FORMATS", "moe_layers",
            "slime_pad_routes", "save_window_atomic"]
@@ -410,7 +410,7 @@ def save_window_atomic(window: Window, path: str | Path, inputs: Iterable = ()) 
     import os
     import tempfile
 
-    from routepack_opt.window import save_window
+    from routepack_opt.core.window import save_window
 
     path = Path(path)
     if not path.parent.exists():

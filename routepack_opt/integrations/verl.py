@@ -41,9 +41,9 @@ import dataclasses
 
 import numpy as np
 
-from routepack_opt.errors import InputError
+from routepack_opt.core.errors import InputError
 from routepack_opt.integrations._common import as_cost, length_only_window, plan_cells
-from routepack_opt.topology import Topology
+from routepack_opt.core.topology import Topology
 
 __all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths",
            "balance_batch_partitions", "balance_batch", "GlobalBalance"]
@@ -121,7 +121,7 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
     parts = [[j for it in pc.cells[r][0] for j in range(it * g, it * g + g)] for r in range(rows)]
     if use_dynamic_bsz_balance:
         # verl's pipeline-bubble order: heaviest in the middle, lighter ones at both ends.
-        from routepack_opt.evaluate import Evaluator
+        from routepack_opt.core.evaluate import Evaluator
 
         pl = pc.plan
         J_R = Evaluator(window, topo, as_cost(cost)).costs(pl.placement, pl.row, pl.slot, rows)[:, 0]
@@ -137,7 +137,7 @@ def expert_map_from_batch(batch, num_experts: int, ep_size: int, *, dp_group=Non
     """LPT logical→physical map ``[L, E]`` (Graham 1969, then swap refinement) from the batch's
     ``routed_experts [B, S, layers, top_k]`` and ``attention_mask``, loads summed over
     ``dp_group`` so every rank gets the same map."""
-    from routepack_opt.heuristics.placement import lpt_placement, swap_refine
+    from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
     from routepack_opt.integrations.replay import import_replay
 
     if "routed_experts" not in batch.keys():

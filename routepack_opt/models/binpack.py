@@ -27,7 +27,7 @@ import time
 import numba
 import numpy as np
 
-from routepack_opt.errors import InputError, RoutePackError
+from routepack_opt.core.errors import InputError, RoutePackError
 from routepack_opt.heuristics.binpack import (best_packing, check_sizes, is_packing, lower_bound)
 
 __all__ = ["BinPackResult", "solve_bin_packing", "arcflow_graph", "METHODS"]

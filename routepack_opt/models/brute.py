@@ -21,8 +21,8 @@ import itertools
 
 import numpy as np
 
-from routepack_opt.errors import InputError
-from routepack_opt.evaluate import Score
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.evaluate import Score
 from routepack_opt.models.layout_common import LayoutInstance, prefeasibility
 
 __all__ = ["brute_force_layout", "BruteResult", "set_partitions", "brute_force_bins"]

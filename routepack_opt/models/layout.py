@@ -13,14 +13,14 @@ import dataclasses
 
 import numpy as np
 
-from routepack_opt.cost import CostModel
-from routepack_opt.errors import InputError
-from routepack_opt.evaluate import Evaluator
+from routepack_opt.core.cost import CostModel
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.models.layout_common import (MAX_BINARIES, LayoutInstance, LayoutResult,
                                                 canonical_layout, gap_of, is_canonical,
                                                 symmetry_groups)
-from routepack_opt.topology import Topology
-from routepack_opt.window import Window
+from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import Window
 
 __all__ = ["solve_layout", "LayoutResult", "LayoutInstance", "SOLVERS", "symmetry_groups",
            "canonical_layout", "is_canonical"]

@@ -41,11 +41,11 @@ import dataclasses
 
 import numpy as np
 
-from routepack_opt.cost import CostModel
-from routepack_opt.errors import InputError
-from routepack_opt.evaluate import Evaluator, Score, check_objective
-from routepack_opt.topology import Topology
-from routepack_opt.window import Window
+from routepack_opt.core.cost import CostModel
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.evaluate import Evaluator, Score, check_objective
+from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import Window
 
 __all__ = ["LayoutInstance", "LayoutResult", "STATUSES", "solver_result", "symmetry_groups", "canonical_layout",
            "is_canonical", "prefeasibility", "MAX_BINARIES", "BuildTimeout", "BuildClock"]
@@ -134,7 +134,7 @@ class LayoutInstance:
         return self.evaluator.score(self.placement, row_N, slot_N, self.rows, self.objective)
 
     def violations(self, row_N, slot_N) -> list[str]:
-        from routepack_opt.plan import Plan
+        from routepack_opt.core.plan import Plan
 
         plan = Plan(self.topology, self.rows, self.placement, row_N, slot_N, self.objective)
         return plan.validate(self.window)

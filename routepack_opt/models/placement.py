@@ -17,7 +17,7 @@ largest group sum (the busiest rank). The model:
 The hint is LPT improved by pairwise swaps off the busiest rank
 (:func:`routepack_opt.heuristics.placement.swap_refine`). A layer whose hint already meets the combinatorial lower bound (average, and the
 pigeonhole/cardinality bounds below) is proved optimal without calling the solver. Every returned
-placement is re-checked through :func:`routepack_opt.evaluate.expert_rank_loads`.
+placement is re-checked through :func:`routepack_opt.core.evaluate.expert_rank_loads`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
-from routepack_opt.errors import InputError
-from routepack_opt.evaluate import expert_rank_loads
-from routepack_opt.heuristics.placement import lpt_placement, placement_from_ranks, swap_refine
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.evaluate import expert_rank_loads
+from routepack_opt.heuristics.placement.lpt import lpt_placement, placement_from_ranks, swap_refine
 
 __all__ = ["PlacementReport", "exact_placement", "solve_layer", "layer_lower_bound"]
 

@@ -1,5 +1,5 @@
 """Exact row-aware placement of ONE layer (CP-SAT), the other layers and the layout held fixed —
-the exact counterpart of one layer step of :mod:`routepack_opt.heuristics.refine_placement`,
+the exact counterpart of one layer step of :mod:`routepack_opt.heuristics.placement.refine`,
 used to prove how far the swap local search is from the per-layer optimum.
 
 Legend: E experts, P EP ranks, K = R·G (row, shard) pairs, k = r·G + g.
@@ -31,7 +31,7 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
-from routepack_opt.errors import InputError
+from routepack_opt.core.errors import InputError
 
 __all__ = ["LayerProblem", "LayerPlacementResult", "layer_objective", "solve_layer_cpsat",
            "brute_force_layer", "layer_problem", "layer_gaps"]
@@ -55,7 +55,7 @@ class LayerProblem:
 
 
 def layer_problem(state, l: int) -> LayerProblem:
-    """The layer-l problem of a :class:`~routepack_opt.heuristics.refine_placement.RowAwareState`
+    """The layer-l problem of a :class:`~routepack_opt.heuristics.placement.refine.RowAwareState`
     with every other layer at its current placement."""
     base = state.Abase_K + state.gamma * (state.Mtot_K - state.M_LK[l]) + state.ro
     return LayerProblem(V_EK=np.asarray(state.V_LEK[l]), base_K=np.asarray(base, dtype=np.float64),

@@ -4,7 +4,7 @@ Legend (shape suffixes): N samples, T tokens, L MoE layers, K router top-k, R ro
 per DP slot), n samples of one micro-batch.
 
 Tokens of the whole window are laid out in sample order (sample 0's tokens, then sample 1's, ...),
-which is how routing replay records them (:meth:`routepack_opt.window.Window.from_routes`). A
+which is how routing replay records them (:meth:`routepack_opt.core.window.Window.from_routes`). A
 micro-batch concatenates the tokens of its cell's samples ("packing"); ``cu_seqlens`` marks the
 sample boundaries so attention stays per sample (varlen attention), ``position_ids`` restart at 0
 in every sample, and ``token_index`` says where each packed token sits in the window order, so the
@@ -18,9 +18,9 @@ import dataclasses
 import numpy as np
 import torch
 
-from routepack_opt.errors import InputError
-from routepack_opt.plan import Plan
-from routepack_opt.window import Window
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.plan import Plan
+from routepack_opt.core.window import Window
 
 __all__ = ["MicroBatch", "RankBatches", "build_microbatches", "routes_from_counts",
            "synthetic_tokens", "sample_offsets"]

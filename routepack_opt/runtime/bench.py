@@ -18,7 +18,7 @@ cost model for a model of ``layers`` layers: one stage with ``alpha = layers·α
 so CPU time stays bounded), every cell's attention and every (row, shard, layer, rank) expert
 workload, and composes ``J[r,g] = layers·max_{d∈g} A[r,d] + Σ_l max_p X[r,g,l,p]`` — docs/model.md with
 measured times in place of the model — then both objectives' makespans. The prediction for the
-same scaled window comes from :mod:`routepack_opt.evaluate` with the calibrated cost.
+same scaled window comes from :mod:`routepack_opt.core.evaluate` with the calibrated cost.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ import time
 import numpy as np
 import torch
 
-from routepack_opt.cost import CostModel, Stage
-from routepack_opt.errors import InputError
-from routepack_opt.evaluate import rank_loads, row_shard_costs, score_from_J
-from routepack_opt.plan import OBJECTIVES, Plan
+from routepack_opt.core.cost import CostModel, Stage
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.evaluate import rank_loads, row_shard_costs, score_from_J
+from routepack_opt.core.plan import OBJECTIVES, Plan
 from routepack_opt.runtime.model import varlen_causal_attention
 from routepack_opt.runtime.moe import swiglu
-from routepack_opt.window import Window
+from routepack_opt.core.window import Window
 
 __all__ = ["BenchConfig", "bench_config", "resolve_device", "KernelBench", "nnls", "fit",
            "calibrate", "measure_plan", "scale_window"]

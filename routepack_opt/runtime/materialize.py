@@ -24,8 +24,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from routepack_opt.errors import InputError
-from routepack_opt.plan import check_placement
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.plan import check_placement
 from routepack_opt.runtime.moe import MoELayer
 
 __all__ = ["MoveReport", "materialize", "slot_state_tensors"]

@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from routepack_opt.errors import InputError
-from routepack_opt.plan import Plan
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.plan import Plan
 from routepack_opt.runtime.batches import build_microbatches, routes_from_counts, synthetic_tokens
 from routepack_opt.runtime.materialize import materialize
 from routepack_opt.runtime.model import TinyMoE, TinyMoEConfig, logical_expert_tensors
 from routepack_opt.testing import random_layout, random_window
-from routepack_opt.topology import Topology
+from routepack_opt.core.topology import Topology
 
 __all__ = ["VerifyConfig", "RunResult", "verify_runtime", "run_single", "run_distributed",
            "compare_runs", "make_setup"]

@@ -1,0 +1,245 @@
+"""The plan: per-layer expert placement plus a packing of samples into R rows × D cells (docs/formats.md).
+
+Internally a layout is two arrays, ``row_N`` and ``slot_N`` (the cell of each sample); the JSON
+form lists cells as ``R × D`` lists of sample ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from routepack_opt.core.errors import InputError, load_document
+from routepack_opt.core.io import atomic_write_text
+from routepack_opt.core.topology import Topology
+
+__all__ = ["Plan", "load_plan", "PLAN_FORMAT", "cells_from_assignment", "assignment_from_cells",
+           "check_placement"]
+
+PLAN_FORMAT = "routepack-plan/1"
+OBJECTIVES = ("max-sum", "sum-max")
+
+
+def cells_from_assignment(row_N, slot_N, rows: int, dp: int) -> list[list[list[int]]]:
+    """``R × D`` lists of sample ids (ascending) from per-sample row and slot."""
+    row_N = np.asarray(row_N, dtype=np.int64)
+    slot_N = np.asarray(slot_N, dtype=np.int64)
+    cells: list[list[list[int]]] = [[[] for _ in range(dp)] for _ in range(rows)]
+    order = np.lexsort((np.arange(row_N.size), slot_N, row_N))
+    for i in order.tolist():
+        cells[row_N[i]][slot_N[i]].append(i)
+    return cells
+
+
+def assignment_from_cells(cells, num_samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample (row, slot) from cells; -1 where a sample is in no cell. Raises on duplicates."""
+    row_N = np.full(num_samples, -1, dtype=np.int64)
+    slot_N = np.full(num_samples, -1, dtype=np.int64)
+    for r, row in enumerate(cells):
+        for d, cell in enumerate(row):
+            for i in cell:
+                if not 0 <= i < num_samples:
+                    raise InputError(f"plan: sample id {i} in cell ({r}, {d}) is outside 0..{num_samples - 1}")
+                if row_N[i] >= 0:
+                    raise InputError(f"plan: sample {i} appears twice (cells ({row_N[i]}, {slot_N[i]}) and ({r}, {d}))")
+                row_N[i], slot_N[i] = r, d
+    return row_N, slot_N
+
+
+def check_placement(placement, num_layers: int | None = None, num_experts: int | None = None) -> list[str]:
+    """Violations of the placement rule: each ``π[l]`` a permutation of 0..E-1."""
+    errs = []
+    pl = np.asarray(placement)
+    if pl.ndim != 2:
+        return [f"placement: expected [L, E], got shape {pl.shape}"]
+    L, E = pl.shape
+    if num_layers is not None and L != num_layers:
+        errs.append(f"placement: {L} layers, window has {num_layers}")
+    if num_experts is not None and E != num_experts:
+        errs.append(f"placement: {E} experts per layer, window has {num_experts}")
+    ref = np.arange(E)
+    for l in range(L):
+        if not np.array_equal(np.sort(pl[l]), ref):
+            errs.append(f"placement: layer {l} is not a permutation of 0..{E - 1}")
+    return errs
+
+
+@dataclasses.dataclass
+class Plan:
+    """A plan. ``placement[l, e]`` is the physical slot of logical expert e at layer l (rank =
+    slot // (E/P)); ``row`` and ``slot`` give each sample's cell. ``score``, ``lower_bound`` and
+    ``certificate`` are reports: :func:`routepack_opt.core.evaluate.evaluate_plan` recomputes them."""
+
+    topology: Topology
+    rows: int
+    placement: np.ndarray
+    row: np.ndarray
+    slot: np.ndarray
+    objective: str = "max-sum"
+    score: dict | None = None
+    lower_bound: float | None = None
+    certificate: dict | None = None
+    info: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        self.placement = np.asarray(self.placement, dtype=np.int64)
+        self.row = np.asarray(self.row, dtype=np.int64)
+        self.slot = np.asarray(self.slot, dtype=np.int64)
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"plan: objective must be one of {OBJECTIVES}, got {self.objective!r}")
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.row.size)
+
+    def cells(self) -> list[list[list[int]]]:
+        return cells_from_assignment(self.row, self.slot, self.rows, self.topology.dp)
+
+    def cell_index(self) -> np.ndarray:
+        """``cell_N = row · D + slot``."""
+        return self.row * self.topology.dp + self.slot
+
+    # --- validation ------------------------------------------------------------------------
+    def validate(self, window=None) -> list[str]:
+        """Every violated rule in words (empty list: valid). With a window, also capacity and
+        coverage against its samples."""
+        topo = self.topology
+        errs: list[str] = []
+        if not isinstance(self.rows, (int, np.integer)) or self.rows < 1:
+            return [f"rows: must be a positive integer, got {self.rows!r}"]
+        if self.rows < topo.min_rows:
+            errs.append(f"rows: {self.rows} < min_rows {topo.min_rows}")
+        if self.rows % topo.row_multiple:
+            errs.append(f"rows: {self.rows} is not a multiple of row_multiple {topo.row_multiple}")
+        L = E = None
+        if window is not None:
+            L, E = window.num_layers, window.num_experts
+        errs += check_placement(self.placement, L, E)
+        if self.placement.ndim == 2 and self.placement.shape[1] % topo.ep:
+            errs.append(f"placement: E={self.placement.shape[1]} not divisible by ep={topo.ep}")
+        n = self.num_samples if window is None else window.num_samples
+        if self.row.shape != (n,) or self.slot.shape != (n,):
+            errs.append(f"cells: cover {self.row.size} samples, window has {n}")
+            return errs
+        missing = np.flatnonzero(self.row < 0)
+        if missing.size:
+            errs.append(f"coverage: samples {missing[:10].tolist()} are in no cell")
+        inr = (self.row >= 0) & (self.row < self.rows) & (self.slot >= 0) & (self.slot < topo.dp)
+        if not inr[self.row >= 0].all():
+            errs.append("cells: a sample sits outside the R × D grid")
+            return errs
+        cell = (self.row * topo.dp + self.slot)[self.row >= 0]
+        members = np.bincount(cell, minlength=self.rows * topo.dp)
+        empty = np.flatnonzero(members == 0)
+        if empty.size:
+            errs.append("nonempty: empty cells " + ", ".join(
+                f"({c // topo.dp}, {c % topo.dp})" for c in empty[:10].tolist())
+                + (f" (+{empty.size - 10} more)" if empty.size > 10 else ""))
+        if topo.equal_samples_per_slot:
+            if n % topo.dp:
+                errs.append(f"equal samples: N={n} samples do not divide over D={topo.dp} slots")
+            else:
+                per_D = np.bincount(self.slot[self.row >= 0], minlength=topo.dp)
+                bad = np.flatnonzero(per_D != n // topo.dp)
+                if bad.size:
+                    errs.append(f"equal samples: every slot must hold N/D = {n // topo.dp} samples; "
+                                + ", ".join(f"slot {d} holds {int(per_D[d])}" for d in bad[:10].tolist())
+                                + (f" (+{bad.size - 10} more)" if bad.size > 10 else ""))
+        if window is not None:
+            lens = window.lengths[self.row >= 0]
+            tokens = np.bincount(cell, weights=lens, minlength=self.rows * topo.dp)
+            over = np.flatnonzero(tokens > topo.capacity)
+            for c in over[:10].tolist():
+                errs.append(f"capacity: cell ({c // topo.dp}, {c % topo.dp}) holds {int(tokens[c])} "
+                            f"tokens > capacity {topo.capacity}")
+        return errs
+
+    # --- JSON ----------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        d = {"format": PLAN_FORMAT, "topology": self.topology.to_dict(), "rows": int(self.rows),
+             "placement": self.placement.tolist(), "cells": self.cells(),
+             "objective": self.objective}
+        if self.score is not None:
+            d["score"] = self.score
+        if self.lower_bound is not None:
+            d["lower_bound"] = float(self.lower_bound)
+        if self.certificate is not None:
+            d["certificate"] = self.certificate
+        if self.info:
+            d["info"] = self.info
+        return d
+
+    def save(self, path: str | Path) -> None:
+        # Strict JSON (never Infinity/NaN): a non-finite number is refused before anything is written.
+        atomic_write_text(path, dumps_strict(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def from_json(cls, d: dict, num_samples: int | None = None) -> "Plan":
+        if not isinstance(d, dict):
+            raise InputError("plan: expected a JSON object")
+        if d.get("format") != PLAN_FORMAT:
+            raise InputError(f"plan: format must be '{PLAN_FORMAT}', got {d.get('format')!r}")
+        missing = [k for k in ("topology", "rows", "placement", "cells") if k not in d]
+        if missing:
+            raise InputError(f"plan: missing key(s) {', '.join(missing)}")
+        topo = Topology.from_dict(d["topology"])
+        rows = d["rows"]
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise InputError(f"plan: rows must be a positive integer, got {rows!r}")
+        cells = d["cells"]
+        if (not isinstance(cells, list) or len(cells) != rows
+                or not all(isinstance(r, list) and len(r) == topo.dp for r in cells)
+                or not all(isinstance(c, list) for r in cells for c in r)
+                or not all(isinstance(i, int) and not isinstance(i, bool) for r in cells for c in r for i in c)):
+            raise InputError(f"plan: cells must be {rows} rows × {topo.dp} slots of integer sample-id lists")
+        raw_pl = d["placement"]
+        if (not isinstance(raw_pl, list) or not all(isinstance(r, list) for r in raw_pl)
+                or not all(isinstance(x, int) and not isinstance(x, bool) for r in raw_pl for x in r)):
+            raise InputError("plan: placement must be L lists of E integers (no floats, strings or booleans)")
+        try:
+            placement = np.asarray(raw_pl, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            raise InputError("plan: placement must be L lists of E integers") from None
+        if placement.ndim != 2:
+            raise InputError("plan: placement must be L lists of E integers")
+        errs = check_placement(placement)
+        if errs:
+            raise InputError("plan: " + errs[0])
+        n = num_samples if num_samples is not None else 1 + max((i for r in cells for c in r for i in c), default=-1)
+        row_N, slot_N = assignment_from_cells(cells, n)
+        objective = d.get("objective", "max-sum")
+        if objective not in OBJECTIVES:
+            raise InputError(f"plan: objective must be one of {OBJECTIVES}, got {objective!r}")
+        return cls(topology=topo, rows=rows, placement=placement, row=row_N, slot=slot_N,
+                   objective=objective, score=d.get("score"), lower_bound=d.get("lower_bound"),
+                   certificate=d.get("certificate"), info=d.get("info") or {})
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    return x
+
+
+def dumps_strict(obj, **kw) -> str:
+    """``json.dumps`` that refuses NaN and infinities (not JSON) with an InputError naming the cause."""
+    try:
+        return json.dumps(_jsonable(obj), allow_nan=False, **kw)
+    except ValueError:
+        raise InputError("result holds a non-finite number (NaN or infinity): the cost model or "
+                         "input makes the score overflow; use finite, realistic coefficients") from None
+
+
+def load_plan(path: str | Path, num_samples: int | None = None) -> Plan:
+    return load_document(path, "plan", "json", lambda d: Plan.from_json(d, num_samples=num_samples))

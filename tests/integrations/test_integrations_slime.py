@@ -1,0 +1,191 @@
+"""slime seam: routepack's build_dp_schedule keeps slime's return contract and every invariant slime's
+own tests (tests/test_dp_schedule.py in THUDM/slime) assert. slime is not on PyPI, so these run the
+same scenarios against ours instead of importing slime."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from routepack_opt.core.errors import InputError
+from routepack_opt.integrations import slime as rp_slime
+from routepack_opt.integrations.slime import build_dp_schedule, plan_dp_schedule
+
+SWEEPS = dict(max_sweeps=20)
+
+
+def make_args(max_tokens_per_gpu=10, dynamic=True, **kw):
+    return SimpleNamespace(micro_batch_size=1, use_dynamic_batch_size=dynamic,
+                           max_tokens_per_gpu=max_tokens_per_gpu, balance_data=False,
+                           balance_by_flops=False, **kw)
+
+
+def make_tp(dp_size=1, cp_size=1, vpp_size=1, mb_group=1):
+    return {"dp_size": dp_size, "cp_size": cp_size, "vpp_size": vpp_size,
+            "microbatch_group_size_per_vp_stage": mb_group}
+
+
+def assert_invariants(partitions, mbi, nmb, *, dp_size, expected, total_lengths, max_per_bin):
+    """slime's documented invariants, checked the way its tests check them."""
+    seen = set()
+    for r in range(dp_size):
+        assert len(mbi[r]) == sum(nmb), f"rank {r}: mbs count mismatch"
+        assert [i for mbs in mbi[r] for i in mbs] == list(range(len(partitions[r])))
+        assert seen.isdisjoint(partitions[r])
+        seen.update(partitions[r])
+        assert all(len(mbs) >= 1 for mbs in mbi[r]), "empty micro-batch"
+        for mbs in mbi[r]:
+            tot = sum(total_lengths[partitions[r][i]] for i in mbs)
+            if tot > max_per_bin:
+                assert len(mbs) == 1, f"mbs of {tot} tokens > {max_per_bin} holds {len(mbs)} samples"
+    assert seen == set(expected)
+
+
+def test_dynamic_uniform():
+    """Uniform lengths, dp=2: the cap holds and every sample is placed once."""
+    tl = [5] * 8
+    p, m, n, g = build_dp_schedule(make_args(10), make_tp(2), tl, global_batch_size=8,
+                                   rollout_indices=list(range(8)), **SWEEPS)
+    assert g == [8]
+    assert_invariants(p, m, n, dp_size=2, expected=range(8), total_lengths=tl, max_per_bin=10)
+
+
+def test_oversized_sample_lands_alone():
+    """A sample longer than max_tokens_per_gpu·cp_size is alone in its micro-batch (slime's rule)."""
+    tl = [15, 3, 3, 3, 3, 3, 3, 3]
+    sched = plan_dp_schedule(make_args(10), make_tp(2), tl, global_batch_size=8,
+                             rollout_indices=list(range(8)), **SWEEPS)
+    p, m, n, _ = sched.as_slime()
+    assert_invariants(p, m, n, dp_size=2, expected=range(8), total_lengths=tl, max_per_bin=10)
+    r = next(r for r in range(2) if 0 in p[r])
+    local = p[r].index(0)
+    assert [mbs for mbs in m[r] if local in mbs] == [[local]]
+    assert sched.reports[0]["oversize_samples"] == [0]
+
+
+def test_cp_size_scales_the_cap():
+    """The cap is max_tokens_per_gpu · cp_size."""
+    tl = [7] * 8
+    p, m, n, _ = build_dp_schedule(make_args(5), make_tp(2, cp_size=2), tl, global_batch_size=8,
+                                   rollout_indices=list(range(8)), **SWEEPS)
+    assert_invariants(p, m, n, dp_size=2, expected=range(8), total_lengths=tl, max_per_bin=10)
+    assert all(len(mbs) == 1 for r in range(2) for mbs in m[r])
+
+
+def test_vpp_rounds_to_mb_group():
+    """With vpp_size > 1 the per-rank micro-batch count is a multiple of microbatch_group_size_per_vp_stage."""
+    tl = [4] * 32
+    p, m, n, _ = build_dp_schedule(make_args(8), make_tp(2, vpp_size=2, mb_group=3), tl,
+                                   global_batch_size=16, rollout_indices=list(range(32)), **SWEEPS)
+    assert n and all(k % 3 == 0 for k in n)
+    assert_invariants(p, m, n, dp_size=2, expected=range(32), total_lengths=tl, max_per_bin=8)
+
+
+def test_rollout_grouping_keeps_samples_together():
+    """A rollout's samples (compact/subagent) stay in one step."""
+    ri = [0, 0, 0, 1, 1, 2, 2, 2, 2]
+    tl = [3] * 9
+    p, m, n, g = build_dp_schedule(make_args(12), make_tp(1), tl, global_batch_size=1, rollout_indices=ri, **SWEEPS)
+    assert g == [1, 1, 1]
+    cursor, expect = 0, [[0, 1, 2], [3, 4], [5, 6, 7, 8]]
+    for s, k in enumerate(n):
+        locs = sorted(j for mbs in m[0][cursor:cursor + k] for j in mbs)
+        assert sorted(p[0][j] for j in locs) == expect[s]
+        cursor += k
+    assert_invariants(p, m, n, dp_size=1, expected=range(9), total_lengths=tl, max_per_bin=12)
+
+
+def test_trims_trailing_rollouts_and_reports_them():
+    """Trailing rollouts that do not fill a step are dropped (as slime does) and reported."""
+    ri = [0, 0, 1, 2, 2, 3, 4, 4]
+    tl = [3] * 8
+    sched = plan_dp_schedule(make_args(12), make_tp(1), tl, global_batch_size=2, rollout_indices=ri, **SWEEPS)
+    p, m, n, g = sched.as_slime()
+    assert g == [2, 2]
+    assert sched.dropped_samples == [6, 7]
+    assert_invariants(p, m, n, dp_size=1, expected=range(6), total_lengths=tl, max_per_bin=12)
+
+
+def test_rejects_when_fewer_rollouts_than_gbs():
+    """Fewer rollouts than global_batch_size is one clear InputError (slime: AssertionError)."""
+    with pytest.raises(InputError, match="num_rollouts"):
+        build_dp_schedule(make_args(12), make_tp(1), [3] * 6, global_batch_size=4,
+                          rollout_indices=[0, 0, 1, 1, 2, 2])
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(dynamic=False), "dynamic"),
+    (dict(tl=[3, 3, 3]), "rollout_indices"),
+    (dict(tl=[3, 0, 3, 3]), "at least 1 token"),
+    (dict(tp=make_tp(8)), "dp_size 8"),
+    (dict(tp={"dp_size": 2}), "missing"),
+])
+def test_bad_input_is_one_clear_error(bad, match):
+    """Static path, mismatched lengths, empty samples, too few samples per rank, bad config → InputError."""
+    args = make_args(12, dynamic=bad.get("dynamic", True))
+    with pytest.raises(InputError, match=match):
+        build_dp_schedule(args, bad.get("tp", make_tp(1)), bad.get("tl", [3, 3, 3, 3]),
+                          global_batch_size=4, rollout_indices=[0, 1, 2, 3])
+
+
+def _slime_routes(rng, lens, La, K, E, hot):
+    """slime-format routes (len - 1 recorded) with a skewed expert popularity."""
+    p = np.ones(E)
+    p[hot] = 12.0
+    p /= p.sum()
+    out = []
+    for n in lens:
+        g = rng.gumbel(size=(n - 1, La, E)) + np.log(p)
+        out.append(np.argsort(-g, axis=2)[:, :, :K].astype(np.int64))
+    return out
+
+
+def test_routed_experts_plan_with_expert_loads_and_return_the_map():
+    """With routed_experts the step plans with expert loads: valid, LPT map per step, no worse than identity placement."""
+    from routepack_opt.core.evaluate import Evaluator
+    from routepack_opt.integrations.replay import import_replay
+    from routepack_opt.core.plan import assignment_from_cells
+    from routepack_opt.core.cost import get_preset
+    from routepack_opt.core.topology import Topology
+
+    rng = np.random.default_rng(3)
+    E, La, K, dp, ep = 8, 2, 2, 4, 2
+    tl = [int(x) for x in rng.integers(20, 200, size=32)]
+    routes = _slime_routes(rng, tl, La, K, E, hot=[0, 1])
+    args = make_args(400, num_experts=E, expert_model_parallel_size=ep)
+    sched = plan_dp_schedule(args, make_tp(dp), tl, global_batch_size=32, rollout_indices=list(range(32)),
+                             routed_experts=routes, **SWEEPS)
+    p, m, n, _ = sched.as_slime()
+    assert_invariants(p, m, n, dp_size=dp, expected=range(32), total_lengths=tl, max_per_bin=400)
+    l2p = sched.logical_to_physical[0]
+    assert l2p.shape == (La, E) and all(sorted(row) == list(range(E)) for row in l2p)
+    # Rebuild the step's cells from slime's output and score them with the one evaluator.
+    window = import_replay(routes, format="slime", num_experts=E, lengths=tl).window
+    R = n[0]
+    cells = [[[p[d][i] for i in m[d][r]] for d in range(dp)] for r in range(R)]
+    row, slot = assignment_from_cells(cells, 32)
+    ev = Evaluator(window, Topology(dp=dp, ep=ep, capacity=400), get_preset("qwen3-30b-a3b").cost)
+    ours = ev.score(l2p, row, slot, R, "max-sum").makespan
+    ident = ev.score(np.tile(np.arange(E), (La, 1)), row, slot, R, "max-sum").makespan
+    assert ours <= ident
+    assert sched.reports[0]["score"]["makespan"] == pytest.approx(ours)
+
+
+def test_routed_experts_count_mismatch_is_an_error():
+    """routed_experts with a different sample count than total_lengths is an InputError."""
+    rng = np.random.default_rng(0)
+    tl = [5] * 4
+    routes = _slime_routes(rng, tl[:3], 2, 2, 4, hot=[0])
+    with pytest.raises(InputError, match="routed_experts"):
+        build_dp_schedule(make_args(10, num_experts=4), make_tp(1), tl, global_batch_size=4,
+                          rollout_indices=list(range(4)), routed_experts=routes)
+
+
+def test_install_patches_the_module_attribute():
+    """install() points module.build_dp_schedule at ours (with options) and returns the old one."""
+    mod = SimpleNamespace(build_dp_schedule="slime's")
+    old = rp_slime.install(mod, max_sweeps=5)
+    assert old == "slime's"
+    p, m, n, g = mod.build_dp_schedule(make_args(10), make_tp(2), [5] * 4, global_batch_size=4,
+                                       rollout_indices=list(range(4)))
+    assert_invariants(p, m, n, dp_size=2, expected=range(4), total_lengths=[5] * 4, max_per_bin=10)
