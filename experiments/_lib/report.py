@@ -1,0 +1,103 @@
+"""Report writers: markdown tables, atomic text and JSON files, matplotlib figures (Agg).
+
+A table is built from a header and rows of values; numbers are formatted per column, so a
+script states its columns once instead of hand-writing ``| ... |`` lines::
+
+    table(["preset", "gain", "s"], [("olmoe", 0.0123, 1.5)], formats={"gain": pct, "s": ".2f"})
+    # ['| preset | gain | s |', '|---|---|---|', '| olmoe | +1.23% | 1.50 |']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+Format = str | Callable[[object], str]
+MISSING = "—"
+_RULE = {"l": "---", "r": "---:", "c": ":---:", "-": "---"}
+
+
+def pct(x: float) -> str:
+    """A relative change as a signed percentage with two decimals: 0.0123 → ``+1.23%``."""
+    return f"{100 * x:+.2f}%"
+
+
+def cell(value, fmt: Format | None = None) -> str:
+    """One table cell: strings as they are, None as ``—``, other values through ``fmt`` (a
+    format spec such as ``".2f"`` or ``",.0f"``, or a callable), else ``str``."""
+    if value is None:
+        return MISSING
+    if isinstance(value, str):
+        return value
+    if fmt is None:
+        return str(value)
+    return fmt(value) if callable(fmt) else format(value, fmt)
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence], formats: Mapping[str | int, Format] | None = None,
+          align: str | None = None) -> list[str]:
+    """A markdown table as lines: header, rule, one line per row. ``formats`` maps a column
+    (its header or its index) to a format for that column's non-string values; ``align`` is one
+    letter per column (``l``, ``r``, ``c``; ``-`` = unspecified, the default)."""
+    n = len(columns)
+    fmts: list[Format | None] = [None] * n
+    for key, f in (formats or {}).items():
+        fmts[key if isinstance(key, int) else list(columns).index(key)] = f
+    if align is not None and len(align) != n:
+        raise ValueError(f"align has {len(align)} letters for {n} columns")
+    rule = [_RULE[a] for a in (align or "-" * n)]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(rule) + "|"]
+    for i, row in enumerate(rows):
+        row = list(row)
+        if len(row) != n:
+            raise ValueError(f"row {i} has {len(row)} cells for {n} columns: {row!r}")
+        lines.append("| " + " | ".join(cell(v, f) for v, f in zip(row, fmts)) + " |")
+    return lines
+
+
+def write_text(path: Path | str, text: str) -> Path:
+    """Write ``text`` atomically (a temporary file in the same folder, then ``os.replace``), so a
+    reader or a stopped run never sees half a file. Creates the folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_md(path: Path | str, lines: Iterable[str]) -> Path:
+    """Markdown from lines (one newline after each, a final newline), atomically."""
+    return write_text(path, "\n".join(lines) + "\n")
+
+
+def write_json(path: Path | str, obj, indent: int | None = 1) -> Path:
+    """JSON atomically; numpy scalars and other floats-like values are written as floats."""
+    return write_text(path, json.dumps(obj, indent=indent, default=float) + "\n")
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (no display; imported only when plotting)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_fig(fig, path: Path | str, dpi: int = 120) -> Path:
+    """Save ``fig`` to ``path`` (folder created) and close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
