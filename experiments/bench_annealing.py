@@ -1,6 +1,6 @@
 """Benchmark the population annealer (docs/pipeline.md, step 3) at production size.
 
-    python experiments/bench_annealing.py            # writes experiments/results/bench_annealing.md
+    python experiments/bench_annealing.py            # writes experiments/results/bench_annealing/bench_annealing.md
 
 Window: qwen3-30b-a3b-shaped trace (L=48) with E=256 experts, k=8, N=1024 samples; topology
 D=32, P=8 (G=4), C=8192; LPT placement; rows = the fewest rows the NeMo-FFD baseline fills.
@@ -27,6 +27,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from _lib import report, settings
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.evaluate import Evaluator, rank_loads
 from routepack_opt.heuristics import annealing as A
@@ -34,7 +35,6 @@ from routepack_opt.heuristics.baselines import nemo_ffd_layout, verl_kk_layout
 from routepack_opt.heuristics.placement.lpt import lpt_placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.core.io import atomic_write_text
 
 
 def production_instance(seed: int = 0, num_samples: int = 1024, num_layers: int = 48):
@@ -84,7 +84,7 @@ def main():
     ap.add_argument("--moves", type=int, default=200_000, help="proposals per replica for the rate")
     ap.add_argument("--seeds", type=int, default=1, help="trace seeds for the default-budget run")
     ap.add_argument("--ladder-seeds", type=int, default=3, help="trace seeds for the ladder rate")
-    ap.add_argument("-o", default=str(Path(__file__).parent / "results" / "bench_annealing.md"))
+    ap.add_argument("-o", default=str(settings.RESULTS / "bench_annealing" / "bench_annealing.md"))
     args = ap.parse_args()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = ["# Population annealing benchmark", "",
@@ -174,7 +174,7 @@ def main():
               "by the load average shown above. Gaps are makespan / lower bound (docs/model.md) with LPT",
               "placement; `best baseline` is the better of NeMo-FFD and verl-KK at the same rows."]
     Path(args.o).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(args.o), "\n".join(lines) + "\n")
+    report.write_md(args.o, lines)
     print(f"wrote {args.o}")
 
 

@@ -1,21 +1,20 @@
 """Benchmark the foundation: trace generation and the one evaluator at production size.
 
-    python experiments/bench_foundation.py   # writes experiments/results/bench_foundation.md
+    python experiments/bench_foundation.py   # writes experiments/results/bench_foundation/bench_foundation.md
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 
+from _lib import report, settings
 from routepack_opt.core.cost import PRESETS
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.testing import random_layout
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.core.io import atomic_write_text
 
 
 def best_of(fn, repeat=5):
@@ -46,10 +45,9 @@ def main():
     full = best_of(lambda: ev.evaluate(pl, row, slot, R), repeat=10)
     rows.append(("full evaluation: both objectives + both bounds", *full))
     lines = ["# Foundation benchmarks", "", "`python experiments/bench_foundation.py` on the 2-core dev machine.", "",
-             "| what | best (ms) | median (ms) |", "|---|---|---|"]
-    lines += [f"| {name} | {b * 1e3:.1f} | {m * 1e3:.1f} |" for name, b, m in rows]
-    out = Path(__file__).parent / "results" / "bench_foundation.md"
-    atomic_write_text(out, "\n".join(lines) + "\n")
+             *report.table(("what", "best (ms)", "median (ms)"), [(name, b * 1e3, m * 1e3) for name, b, m in rows],
+                           formats={1: ".1f", 2: ".1f"})]
+    report.write_md(settings.RESULTS / "bench_foundation" / "bench_foundation.md", lines)
     print("\n".join(lines))
 
 

@@ -3,7 +3,8 @@ table over N and D, and anytime curves.
 
     python experiments/bench_latency.py [--parts cold,prod,scale,anytime] [--quick]
 
-Writes ``experiments/results/bench_latency.md`` (+ ``bench_latency.json``, ``bench_latency_anytime.png``).
+Writes ``experiments/results/bench_latency/bench_latency.md`` (+ ``bench_latency.json``,
+``bench_latency_anytime.png``).
 
 Windows: the qwen3-30b-a3b trace shape with L=48, E=256, top-8, capacity 8192 (the production
 window of the issues: N=1,024, D=32, P=8). Windows larger than 4,096 samples are copies of
@@ -33,9 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
+from _lib import report as rep
+from _lib import settings
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "experiments" / "results"
+RESULTS = settings.RESULTS / "bench_latency"
 SHAPE = dict(num_experts=256, num_layers=48, capacity=8192)
 CAP, EP, COST = 8192, 8, "qwen3-30b-a3b"
 
@@ -191,10 +195,11 @@ def write(report: dict) -> None:
         lines += ["## Cold vs warm start (`routepack plan`, production window N=1,024, D=32)", "",
                   "Cold = an empty numba cache (`ROUTEPACK_CACHE_DIR`): the kernels compile before the "
                   "clock starts, so the plan is the warm one.", "",
-                  "| start | time limit | process wall s | warm-up s | plan s | makespan µs |", "|---|---|---|---|---|---|"]
-        for r in report["cold"]:
-            lines.append(f"| {r['state']} | {r['limit'] or 'none (budget)'} | {r['wall']:.1f} | "
-                         f"{(r['warmup'] or 0):.1f} | {r['plan_seconds']:.2f} | {r['makespan']:,.1f} |")
+                  ]
+        lines += rep.table(("start", "time limit", "process wall s", "warm-up s", "plan s", "makespan µs"),
+                           [(r["state"], r["limit"] or "none (budget)", r["wall"], r["warmup"] or 0,
+                             r["plan_seconds"], r["makespan"]) for r in report["cold"]],
+                           formats={2: ".1f", 3: ".1f", 4: ".2f", 5: ",.1f"})
         lines.append("")
     if "prod" in report:
         p = report["prod"]
@@ -209,37 +214,34 @@ def write(report: dict) -> None:
                   f"{p['median_total'] / p['peers']['verl-kk']:.0f}×", ""]
     if "scale" in report:
         lines += ["## Scaling (default budget, one process per point)", "",
-                  "| N | D | rows | plan s | µs per sample | peak RSS GiB | counts GiB | gap to LB | gain over baseline | sweeps |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in report["scale"]:
-            if "error" in r:
-                lines.append(f"| {r['N']} | {r['D']} | — | — | — | — | — | — | — | {r['error']} |")
-                continue
-            lines.append(f"| {r['N']} | {r['D']} | {r['rows']} | {r['seconds']:.2f} | {r['seconds'] / r['N'] * 1e6:.0f} | "
-                         f"{r['peak_bytes'] / 2**30:.2f} | {r['counts_bytes'] / 2**30:.2f} | {r['gap']:.4f} | "
-                         f"{r['gain'] * 100:+.1f} % | {r['sweeps']} |")
+                  ]
+        rows = [(r["N"], r["D"], None, None, None, None, None, None, None, r["error"]) if "error" in r else
+                (r["N"], r["D"], r["rows"], r["seconds"], r["seconds"] / r["N"] * 1e6, r["peak_bytes"] / 2**30,
+                 r["counts_bytes"] / 2**30, r["gap"], r["gain"], r["sweeps"]) for r in report["scale"]]
+        lines += rep.table(("N", "D", "rows", "plan s", "µs per sample", "peak RSS GiB", "counts GiB", "gap to LB",
+                            "gain over baseline", "sweeps"), rows,
+                           formats={3: ".2f", 4: ".0f", 5: ".2f", 6: ".2f", 7: ".4f", 8: lambda g: f"{g * 100:+.1f} %"})
         lines.append("")
     if "anytime" in report:
         lines += ["## Anytime curves", "", "![anytime](bench_latency_anytime.png)", "",
-                  "| run | after 10 % of the time | 50 % | 100 % | best at s |", "|---|---|---|---|---|"]
+                  ]
+        rows = []
         for name, pts in report["anytime"].items():
             t_end = pts[-1][0]
             def at(frac):
                 vals = [e for s, e in pts if s <= frac * t_end]
-                return f"{vals[-1]:,.0f}" if vals else "—"
-            lines.append(f"| {name} | {at(0.1)} | {at(0.5)} | {at(1.0)} | {t_end:.2f} |")
+                return vals[-1] if vals else None
+            rows.append((name, at(0.1), at(0.5), at(1.0), t_end))
+        lines += rep.table(("run", "after 10 % of the time", "50 %", "100 %", "best at s"), rows,
+                           formats={1: ",.0f", 2: ",.0f", 3: ",.0f", 4: ".2f"})
         lines.append("")
         _plot(report["anytime"])
-    _atomic(RESULTS / "bench_latency.md", "\n".join(lines) + "\n")
-    _atomic(RESULTS / "bench_latency.json", json.dumps(report, indent=1) + "\n")
+    rep.write_md(RESULTS / "bench_latency.md", lines)
+    rep.write_text(RESULTS / "bench_latency.json", json.dumps(report, indent=1) + "\n")
 
 
 def _plot(curves: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = rep.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, pts in curves.items():
         s, e = zip(*pts)
@@ -249,13 +251,7 @@ def _plot(curves: dict) -> None:
     ax.set_xscale("log")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / "bench_latency_anytime.png", dpi=110)
-
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    rep.save_fig(fig, RESULTS / "bench_latency_anytime.png", dpi=110)
 
 
 def main() -> None:

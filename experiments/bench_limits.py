@@ -1,7 +1,7 @@
 """Are time limits honoured at every size? ``routepack plan`` and ``routepack exact`` as a user runs
 them (one process each, wall time measured from outside), against their ``--time-limit``.
 
-    python experiments/bench_limits.py [--quick] [--out experiments/results/bench_limits.md]
+    python experiments/bench_limits.py [--quick] [--out experiments/results/bench_limits/bench_limits.md]
 
 Windows: the qwen3-30b-a3b trace shape with L=48, E=256, top-8, capacity 8192. N=1,024 and 16,384
 are generated; N=65,536 is 16 copies of a generated 4,096-sample window (the generator's memory,
@@ -66,7 +66,7 @@ def _load_seconds(path: Path) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="N=1,024 and 16,384 only, one limit")
-    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_limits.md"))
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_limits" / "bench_limits.md"))
     args = ap.parse_args()
     sizes = [(1024, 32), (16384, 128)] + ([] if args.quick else [(65536, 256)])
     limits = [5.0] if args.quick else [5.0, 30.0]

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from _lib import report, settings
 from routepack_opt.certify import BinPackUndecided, certify_rows
-from routepack_opt.core.io import atomic_write_text
 from routepack_opt.core.topology import Topology
 
 # The external BPP collection (not shipped): $ROUTEPACK_BPP_DIR, else ../shared/data/bpp beside the repo.
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="first K instances of each set")
     ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per instance")
     ap.add_argument("--workers", type=int, default=2, help="CP-SAT workers")
-    here = Path(__file__).resolve().parent / "results"
+    here = settings.RESULTS / "bpp_certify"
     ap.add_argument("--out", type=Path, default=here / "bpp_certify.md")
     ap.add_argument("--jsonl", type=Path, default=None, help="per-instance results (default: OUT with .jsonl)")
     args = ap.parse_args(argv)
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
                 rows_by_set[name].append(row)
                 print(f"{name} {row['name']}: rows {row['rows']} (opt {row['optimum']}) {row['status']} "
                       f"{row['method']} {row['seconds']:.2f}s", flush=True)
-            atomic_write_text(args.out, summarize(rows_by_set, args.time_limit, args.workers))
+            report.write_text(args.out, summarize(rows_by_set, args.time_limit, args.workers))
     print(summarize(rows_by_set, args.time_limit, args.workers))
     return 0
 

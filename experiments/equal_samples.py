@@ -1,6 +1,6 @@
 """Equal samples per DP slot (verl's DP balance): move rate and quality at production size.
 
-    python experiments/equal_samples.py          # writes experiments/results/equal_samples.md
+    python experiments/equal_samples.py          # writes experiments/results/equal_samples/equal_samples.md
 
 Window and topology of ``bench_annealing.py`` (qwen3-30b-a3b-shaped, N=1024, L=48, E=256, k=8;
 D=32, P=8, C=8192, LPT placement, R = the bench's rows). (1) Move evaluations per CPU second at
@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from _lib import report, settings  # noqa: E402
 from bench_annealing import move_rate, production_instance  # noqa: E402
 
 from routepack_opt.certify import certify_rows  # noqa: E402
@@ -31,7 +32,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--moves", type=int, default=200_000, help="proposals per replica for the rate")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("-o", default=str(Path(__file__).parent / "results" / "equal_samples.md"))
+    ap.add_argument("-o", default=str(settings.RESULTS / "equal_samples" / "equal_samples.md"))
     args = ap.parse_args()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     window, topo, cost, pl, b, R, seeds = production_instance(0)
@@ -79,8 +80,7 @@ def main():
               "must stay in its slot, and on these tight cells (R = the fewest rows) few such",
               "relocations fit (the feasible share), so relocate-only evaluates fewer moves per second;",
               "the default mix (70 % swaps) is little affected."]
-    Path(args.o).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.o).write_text("\n".join(lines) + "\n")
+    report.write_md(args.o, lines)
     print(f"wrote {args.o}")
 
 

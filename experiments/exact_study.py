@@ -1,14 +1,14 @@
 """Heuristic vs exact: how often the exact layout models prove optimality, how fast, and how far
 the population annealer is from the proved optimum (docs/pipeline.md, step 4).
 
-    python experiments/exact_study.py            # resumes; writes experiments/results/exact_study.{jsonl,md}
+    python experiments/exact_study.py            # resumes; writes experiments/results/exact_study/exact_study.{jsonl,md}
     python experiments/exact_study.py --quick    # 4 windows, short limits (smoke test)
     python experiments/exact_study.py --addendum # CP-SAT with 1 worker (fixed heaviest-first search)
                                                  # on the windows N ≤ 24 the main run left open
     python experiments/exact_study.py --max-n 24 # the windows N ≤ 24 with the shipped procedure only
                                                  # (`solve_layout(solver="cpsat")`: block decomposition,
                                                  # then CP-SAT; 60 s in all per window); writes
-                                                 # experiments/results/exact_study_n24.{jsonl,md}
+                                                 # experiments/results/exact_study/exact_study_n24.{jsonl,md}
 
 Windows: synthetic RL traces (`routepack_opt.trace.generate_window`) of N = 12..32 samples from
 four presets, shrunk to L = 4 MoE layers, E = 8 experts, top-2 (so the models stay small; the
@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from _lib import report, settings
 from routepack_opt.certify import certify_rows
 from routepack_opt.core.cost import PRESETS, resolve_cost
 from routepack_opt.core.evaluate import Evaluator
@@ -46,9 +47,8 @@ from routepack_opt.models.layout import solve_layout
 from routepack_opt.pipeline import baseline_layouts
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.core.io import atomic_write_text
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = settings.RESULTS / "exact_study"
 PRESET_NAMES = ["qwen3-30b-a3b", "ling-hybrid", "olmoe-1b-7b", "deepseek-v3"]
 TOPOLOGIES = [(4, 2), (4, 4), (6, 2), (2, 2), (8, 4)]
 SIZES = {12: 9, 16: 9, 20: 9, 24: 9, 28: 7, 32: 7}  # 50 windows
@@ -313,7 +313,7 @@ def run_resumable(todo, jl: Path, md: Path, run, summary, describe) -> tuple[lis
         recs.append(rec)
         with jl.open("a") as f:
             f.write(json.dumps(rec) + "\n")
-        atomic_write_text(md, summary(recs, time.perf_counter() - t0))
+        report.write_text(md, summary(recs, time.perf_counter() - t0))
         print(describe(rec), flush=True)
     return recs, time.perf_counter() - t0
 
@@ -339,7 +339,7 @@ def main():
         recs, secs = run_resumable(todo, jl, md, lambda spec: run_window(*spec, shipped=True),
                                    lambda recs, t: summarise(recs, len(todo), t, shipped=True),
                                    describe)
-        atomic_write_text(md, summarise(recs, len(todo), secs, shipped=True) + crosscheck_md(recs))
+        report.write_text(md, summarise(recs, len(todo), secs, shipped=True) + crosscheck_md(recs))
         return
     if args.addendum:
         recs = {r["id"]: r for r in load(RESULTS / "exact_study.jsonl")}
@@ -355,7 +355,7 @@ def main():
                 print(a, flush=True)
         md = RESULTS / "exact_study.md"
         text = md.read_text().split("\n## Addendum")[0].rstrip("\n") + "\n"
-        atomic_write_text(md, text + addendum_md(adds, recs))
+        report.write_text(md, text + addendum_md(adds, recs))
         return
     stem = "exact_study_quick" if args.quick else "exact_study"
     jl, md = RESULTS / f"{stem}.jsonl", RESULTS / f"{stem}.md"
@@ -369,7 +369,7 @@ def main():
 
     recs, secs = run_resumable(todo, jl, md, lambda spec: run_window(*spec, quick=args.quick),
                                lambda recs, t: summarise(recs, len(todo), t), describe)
-    atomic_write_text(md, summarise(recs, len(todo), secs))
+    report.write_text(md, summarise(recs, len(todo), secs))
 
 
 if __name__ == "__main__":

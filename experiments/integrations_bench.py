@@ -1,6 +1,6 @@
 """Ours vs each framework's own function, on windows built from routes in that framework's format.
 
-    python experiments/integrations_bench.py [--slime-src DIR] [--seeds 3] [-o experiments/results/integrations.md]
+    python experiments/integrations_bench.py [--slime-src DIR] [--seeds 3] [-o experiments/results/integrations_bench/integrations.md]
 
 - slime: per-sample routes ``[len-1, layers, top_k]`` with a dense first layer (all-zero rows),
   imported with ``import_replay(format="slime")``. slime's own ``build_dp_schedule`` (round-robin,
@@ -282,7 +282,7 @@ def main(argv=None):
     ap.add_argument("--verl-ranks", type=int, default=2)
     ap.add_argument("--verl-layers", type=int, default=4)
     ap.add_argument("--sweeps", type=int, default=50, help="annealing sweeps per replica (deterministic)")
-    ap.add_argument("-o", "--output", default=str(ROOT / "experiments/results/integrations.md"))
+    ap.add_argument("-o", "--output", default=str(ROOT / "experiments/results/integrations_bench/integrations.md"))
     args = ap.parse_args(argv)
     seeds = list(range(args.seeds))
     t0 = time.perf_counter()

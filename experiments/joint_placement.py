@@ -23,7 +23,7 @@ every step), ``joint`` (joint every step, migration ignored) and ``joint-sticky`
 current placement: makespan + migration time). Reported per strategy over steps 1..S-1: Σ
 makespan, Σ migration time, Σ (makespan + migration), bytes moved.
 
-Writes ``experiments/results/joint_placement.md``.
+Writes ``experiments/results/joint_placement/joint_placement.{md,json}``.
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ from routepack_opt.heuristics.placement.refine import RefineConfig, refine_place
 from routepack_opt.heuristics.placement.migration import align_slots, migration_cost
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_sequence, generate_window
-from routepack_opt.core.io import atomic_write_text
+from _lib import report, settings
 
 PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "ling-hybrid", "deepseek-v3")
 OBJECTIVES = ("max-sum", "sum-max")
-OUT = Path(__file__).resolve().parent / "results" / "joint_placement.md"
+OUT = settings.RESULTS / "joint_placement" / "joint_placement.md"
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
@@ -345,9 +345,9 @@ def main(argv=None):
         res["4"] = part4(args.seed, args.gap_time_limit, anneal_cfg)
         res["meta"]["4"] = {"command": cmd, "seconds": time.perf_counter() - t0}
     out_md.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_json, json.dumps(res, indent=1, default=float))
+    report.write_text(out_json, json.dumps(res, indent=1, default=float))
     text = render(res)
-    atomic_write_text(out_md, text)
+    report.write_text(out_md, text)
     print(text)
 
 

@@ -81,7 +81,7 @@ def build(E, topk, hidden, ffn, seed):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "experiments/results")))
+    ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "experiments/results/megatron_gpu_check")))
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=4096)

@@ -13,7 +13,7 @@ layers proved optimal, and the global EP-rank load CV and busiest-rank ratio
 Part 2: the baselines (verl-kk, nemo-ffd) at N=4096, D=64 on trace lengths (deepseek-v3 preset,
 capacity 8192), rows R = ⌈bins/D⌉ of the best FFD/BFD packing (R* when the certifier says so).
 
-Writes ``experiments/results/placement_gap.md``.
+Writes ``experiments/results/placement_gap/placement_gap.md``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -33,10 +32,10 @@ from routepack_opt.heuristics.placement.lpt import (identity_placement, lpt_plac
 from routepack_opt.models.placement import exact_placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.core.io import atomic_write_text
+from _lib import report, settings
 
 PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "ling-hybrid", "deepseek-v3")
-OUT = Path(__file__).resolve().parent / "results" / "placement_gap.md"
+OUT = settings.RESULTS / "placement_gap" / "placement_gap.md"
 
 
 def placement_study(samples: int, seeds: int, time_limit: float) -> list[str]:
@@ -160,8 +159,7 @@ def main():
         "them, so its cells came from the named bin packing, dealt to slots by equal-size KK. "
         "Timings are wall-clock on a shared machine with other jobs running (medians are noisy; "
         "best is the closer figure for an idle core).", ""])
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(OUT, text)
+    report.write_text(OUT, text)
     print(text)
 
 

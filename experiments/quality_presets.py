@@ -1,6 +1,6 @@
 """Packing quality of the shipped planner on generated windows of every preset (issue 4).
 
-    python experiments/quality_presets.py            # writes experiments/results/quality_presets.md
+    python experiments/quality_presets.py            # writes experiments/results/quality_presets/quality_presets.md
 
 For each preset (its own layers, experts, top-k, DP × EP and capacity), two trace seeds, N = 1024
 samples, and both objectives: the length-only baseline (identity placement + verl-KK packing),
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from routepack_opt.compare import compare_plans
 from routepack_opt.core.cost import PRESETS, resolve_cost
@@ -23,9 +22,9 @@ from routepack_opt.heuristics.annealing import AnnealConfig
 from routepack_opt.pipeline import plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.core.io import atomic_write_text
+from _lib import report, settings
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = settings.RESULTS / "quality_presets"
 
 
 def run(preset: str, seed: int, objective: str, samples: int) -> dict:
@@ -78,8 +77,7 @@ def main():
               f"default budget at most {100 * worst_10x:.2f} % above the 10× run (target ≤ 1 %).",
               "", "Makespans in µs (predicted by the preset's cost model); `plan s` is the pipeline's "
               "wall time for the default budget on the (shared) 2-core machine."]
-    Path(args.o).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(args.o), "\n".join(lines) + "\n")
+    report.write_md(args.o, lines)
     print(f"wrote {args.o}")
 
 

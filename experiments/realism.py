@@ -27,7 +27,7 @@ x axis is the *measured* figure. Where joint placement stops paying: its makespa
 routepack against its extra planning time.
 
 Size: one seed, N = 512 (the referee studies use more); the box is a shared 2-core machine, so
-plan times are pessimistic. Writes ``experiments/results/realism.{md,json}`` and three plots.
+plan times are pessimistic. Writes ``experiments/results/realism/realism.{md,json}`` and three plots.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from _lib import settings
+from _lib.report import write_md, write_text
 from routepack_opt.compare import compare_plans, plan_metrics
 from routepack_opt.core.cost import PRESETS, resolve_cost
 from routepack_opt.core.evaluate import Evaluator
@@ -48,7 +50,7 @@ from routepack_opt.stats import routing_dispersion, skew_stats
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import DEFAULT_DISPERSION, PRESET_SKEW, generate_window
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = settings.RESULTS / "realism"
 LEGACY = dict(expert_skew=0.7, domain_strength=0.6, group_noise=0.3, sample_noise=0.3)
 PLANS = ("reorder", "packing", "routepack", "joint")
 REAL_DISPERSION = {"one web-text stream (64 experts, top-6)": 1.18, "i.i.d. tokens, same aggregate": 0.89}
@@ -284,8 +286,8 @@ def report(st: Setting, cal, mapping, head, sens, seconds: float) -> Path:
           "dispersion and busiest/mean place you on the curves above; its `implications` give the "
           "evaluator's placement-only gain and the bound no plan can beat for your topology."]
     path = st.out / "realism.md"
-    path.write_text("\n".join(L) + "\n")
-    (st.out / "realism.json").write_text(json.dumps({"calibration": cal, "knob": mapping, "headline": head,
+    write_md(path, L)
+    write_text(st.out / "realism.json", json.dumps({"calibration": cal, "knob": mapping, "headline": head,
                                                       "sensitivity": sens}, indent=1))
     return path
 

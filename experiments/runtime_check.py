@@ -12,7 +12,7 @@
    calibrated cost) — every cell and expert workload timed with torch, both objectives composed,
    compared with the evaluator's prediction.
 
-Writes experiments/results/runtime_check.md (+ .json, + the calibrated cost TOML).
+Writes experiments/results/runtime_check/runtime_check.md (+ .json, + the calibrated cost TOML).
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from routepack_opt.runtime.bench import bench_config, calibrate, measure_plan
 from routepack_opt.runtime.verify import VerifyConfig, verify_runtime
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.core.io import atomic_write_text
+from _lib import settings
+from _lib.report import write_text
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = settings.RESULTS / "runtime_check"
 
 
 def verify_part(quick: bool) -> list[dict]:
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.render:
         res = json.loads(Path(args.out).with_suffix(".json").read_text())
-        atomic_write_text(Path(args.out), report(res, args, RESULTS / f"runtime_check_cost_{args.device}.toml"))
+        write_text(Path(args.out), report(res, args, RESULTS / f"runtime_check_cost_{args.device}.toml"))
         return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
@@ -128,8 +129,8 @@ def main(argv=None) -> int:
                   f"pred {o['max-sum']['predicted_us']:,.0f} ratio {o['max-sum']['ratio']:.3f} | sum-max ratio "
                   f"{o['sum-max']['ratio']:.3f} | J R² {m['J_r2']:.3f}", flush=True)
     res["seconds"] = round(time.perf_counter() - t_all, 1)
-    atomic_write_text(Path(args.out).with_suffix(".json"), json.dumps(res, indent=1, default=str) + "\n")
-    atomic_write_text(Path(args.out), report(res, args, cost_path))
+    write_text(Path(args.out).with_suffix(".json"), json.dumps(res, indent=1, default=str) + "\n")
+    write_text(Path(args.out), report(res, args, cost_path))
     print(f"wrote {args.out}")
     return 0
 
@@ -174,7 +175,7 @@ def report(res: dict, args, cost_path: Path) -> str:
           f"c {a['coef']['intercept']:.4g} µs | {a['r2']:.4f} | {a['rel_residual_median']:.3f} | {a['rel_residual_max']:.3f} | {a['points']} |",
           f"| experts (1 rank, 1 layer) | γ·W + c | γ {e['coef']['gamma']:.4g} µs/token, c {e['coef']['intercept']:.4g} µs "
           f"| {e['r2']:.4f} | {e['rel_residual_median']:.3f} | {e['rel_residual_max']:.3f} | {e['points']} |",
-          "", f"Cost file for {c['layers']} layers: `{cost_path.relative_to(RESULTS.parent.parent)}` "
+          "", f"Cost file for {c['layers']} layers: `{cost_path.relative_to(settings.ROOT)}` "
           f"(alpha {cal['cost']['alpha']:.4g}, beta {cal['cost']['beta']:.4g}, gamma {cal['cost']['gamma']:.4g}, "
           f"row_overhead {cal['cost']['row_overhead']:.4g}).", "",
           "## 3. Measured vs predicted step time", "",
