@@ -38,7 +38,7 @@ def resolve_placement(window: Window, topology: Topology, placement) -> tuple[np
         if placement in ("lpt", "joint"):
             # Graham's LPT, then swaps off the busiest rank: never worse than LPT, and within
             # 0.3% of the proved per-layer bound where plain LPT is up to ~9% off
-            # (experiments/results/placement_gap.md).
+            # (experiments/results/placement_gap/placement_gap.md).
             return swap_refine(load, lpt_placement(load, topology.ep), topology.ep), "lpt"
         if placement == "lpt-plain":
             return lpt_placement(load, topology.ep), "lpt-plain"
@@ -182,7 +182,7 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
 
             remaining = clock.left()
             # Default budget: 3 rounds of (4 refinement passes + annealing): deterministic, and
-            # most of the gain of longer runs (experiments/results/joint_placement.md).
+            # most of the gain of longer runs (experiments/results/joint_placement/joint_placement.md).
             jr = joint_search(window, topology, cost, R, objective, pl, (row, slot), time_limit=remaining,
                               seed=seed, max_rounds=3, current_placement=current_placement,
                               config=JointConfig(refine=RefineConfig(max_passes=4),

@@ -15,7 +15,7 @@ What the generator models, and why:
   (shapes ``domain_strength``, ``group_noise``, ``sample_noise``), scaled together so the window's
   routing dispersion at ``dispersion_tokens`` tokens (``routepack_opt.stats``) hits ``dispersion``.
   The scale is found by bisection on a fixed pilot window — a measured mapping, not a formula
-  (target → measured dispersion per preset: experiments/results/realism.md, section 1).
+  (target → measured dispersion per preset: experiments/results/realism/realism.md, section 1).
   Default 1.2: one real web-text stream measured 1.18 (a single-task RL batch is near that end);
   before this calibration the presets sat at ≈ 3–4.7.
 - ``domains="olmoe"`` / ``"mixtral"``: each prompt group draws one of the real per-domain expert

@@ -84,7 +84,7 @@ def _text(res: dict) -> str:
         lines.append("  ≈ 1: samples route like the aggregate — packing can do little on the expert side; "
                      "placement (aggregate balance) is what matters" if x < 1.5 else
                      "  > 1.5: sample-specific routing (co-activation) — packing and joint placement "
-                     "have expert-side room (experiments/results/realism.md reads off the gains)")
+                     "have expert-side room (experiments/results/realism/realism.md reads off the gains)")
         lines.append("  reference (real data): one web-text stream 1.18, i.i.d. tokens 0.89; mixed-domain "
                      "batches ≈ 3–6")
     else:

@@ -44,7 +44,7 @@ def solve_layout(window: Window, topology: Topology, cost: CostModel, placement,
     block decomposition (:mod:`routepack_opt.models.layout_blocks`) first; then one CP-SAT worker
     on the fixed heaviest-first search; then the ``num_workers`` portfolio. It proved all 36
     windows with N ≤ 24 of ``experiments/exact_study.py`` within 60 s each
-    (``experiments/results/exact_study_n24.md``). ``solver="highs"`` is the cell-level MILP alone.
+    (``experiments/results/exact_study/exact_study_n24.md``). ``solver="highs"`` is the cell-level MILP alone.
     """
     if solver not in SOLVERS:
         raise InputError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
