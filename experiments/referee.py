@@ -48,7 +48,7 @@ from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.core.io import atomic_write_text
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, rank_load_cv
-from routepack_opt.pipeline import plan, resolve_placement, resolve_rows
+from routepack_opt.pipeline import resolve_placement, resolve_rows, solve
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
 
@@ -200,8 +200,8 @@ class Planner:
         if time_limit is None and key in self._cache:
             return self._cache[key]
         t0 = time.perf_counter()
-        p = plan(self.window, self.topology, cost or self.cost, objective, self.lpt, self.rows,
-                 time_limit, sweeps, seed)
+        p = solve(self.window, self.topology, cost or self.cost, objective=objective,
+                  placement=self.lpt, rows=self.rows, time_limit=time_limit, max_sweeps=sweeps, seed=seed)
         out = (p.row, p.slot, time.perf_counter() - t0, p)
         if time_limit is None:
             self._cache[key] = out
@@ -768,8 +768,8 @@ def overhead_rows(st: Setting, samples: int = 1024) -> list[dict]:
         w_prev = generate_window(preset, samples, st.seed, step=0)
         w = generate_window(preset, samples, st.seed, step=1)
         prev_pl, _ = resolve_placement(w_prev, topo, "lpt")
-        p = plan(w, topo, cost, "max-sum", "lpt", None, None, None, st.seed)
-        tm = p.info["timings"]
+        p = solve(w, topo, cost, objective="max-sum", placement="lpt", seed=st.seed)
+        tm = p.report.timings
         mig = migration_cost(prev_pl, align_slots(p.placement, prev_pl, topo.ep), topo, cost)
         t_place = tm["placement"]
         t_pack = tm["total"] - tm["placement"]
