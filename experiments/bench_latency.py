@@ -81,7 +81,7 @@ def _child(n: int, dp: int) -> None:
     print(json.dumps({"N": n, "D": dp, "rows": p.rows, "seconds": seconds, "makespan": p.score["makespan"],
                       "gap": p.score["makespan"] / p.lower_bound, "gain": 1 - p.score["makespan"] / base,
                       "peak_bytes": peak, "counts_bytes": int(w.counts.nbytes),
-                      "timings": p.info["timings"], "sweeps": p.info.get("search", {}).get("sweeps")}))
+                      "timings": p.info["timings"], "sweeps": p.report.search.sweeps if p.report.search else None}))
 
 
 # ------------------------------------------------------------------ parts
@@ -174,7 +174,7 @@ def part_anytime(quick: bool) -> dict:
         pl, _ = resolve_placement(w, topo, "lpt")
         R, _ = resolve_rows(w, topo, None)
         b = Evaluator(w, topo, cost).rank_loads(pl)
-        seeds = list(baseline_layouts(w, topo, R).values())
+        seeds = [lay.arrays() for lay in baseline_layouts(w, topo, R).values()]
         for mult in (1, 5):
             cfg = AnnealConfig(sweeps=200 * mult)
             res = anneal(w.lengths, b, topo, cost, R, "max-sum", seeds, config=cfg, seed=0)

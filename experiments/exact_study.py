@@ -82,7 +82,7 @@ def run_window(wid, preset, N, D, P, seed, objective, quick=False, shipped=False
     pl = lpt_placement(w.expert_loads(), P)
     ev = Evaluator(w, topo, cost)
     b = ev.rank_loads(pl)
-    seeds = list(baseline_layouts(w, topo, R).values())
+    seeds = [lay.arrays() for lay in baseline_layouts(w, topo, R).values()]
     rec = {"id": wid, "preset": preset, "N": N, "D": D, "P": P, "G": D // P, "R": R,
            "objective": objective, "seed": seed, "lower_bound": ev.lower_bound(pl, R),
            "baseline": min(ev.score(pl, r, s, R, objective).makespan for r, s in seeds)}
@@ -134,7 +134,7 @@ def run_addendum(rec: dict) -> dict:
     (fixed search), warm-started from the annealer as in the main run, 60 s."""
     w, topo, cost, pl, ev = _setup(rec["preset"], rec["N"], rec["D"], rec["P"], rec["seed"], rec["R"])
     R, objective = rec["R"], rec["objective"]
-    seeds = list(baseline_layouts(w, topo, R).values())
+    seeds = [lay.arrays() for lay in baseline_layouts(w, topo, R).values()]
     starts = [anneal(w.lengths, ev.rank_loads(pl), topo, cost, R, objective, seeds, seed=0, max_sweeps=s)
               for s in (None, 1000)]
     start = min(((a.row, a.slot) for a in starts), key=lambda rs: ev.score(pl, *rs, R, objective).key)

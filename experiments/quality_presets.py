@@ -19,7 +19,7 @@ from routepack_opt.compare import compare_plans
 from routepack_opt.core.cost import PRESETS, resolve_cost
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.heuristics.annealing import AnnealConfig
-from routepack_opt.pipeline import plan
+from routepack_opt.pipeline import solve
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
 from _lib import report, settings
@@ -32,12 +32,12 @@ def run(preset: str, seed: int, objective: str, samples: int) -> dict:
     window = generate_window(preset, samples, seed=seed)
     topo = Topology(cfg.dp, cfg.ep, cfg.capacity)
     cost = resolve_cost(preset)
-    table, plans = compare_plans(window, topo, cost, objective, seed=seed, exact=False, joint=False)
+    table, plans = compare_plans(window, topo, cost, objective=objective, seed=seed, exact=False, joint=False)
     rows = {m["name"]: m for m in table}
     rp = plans["routepack"]
     t0 = time.perf_counter()
-    long = plan(window, topo, cost, objective, "lpt", rp.rows, max_sweeps=10 * AnnealConfig().sweeps,
-                seed=seed, certificate=rp.certificate)
+    long = solve(window, topo, cost, objective=objective, placement="lpt", rows=rp.rows,
+                 max_sweeps=10 * AnnealConfig().sweeps, seed=seed, certificate=rp.certificate)
     long_s = time.perf_counter() - t0
     ev = Evaluator(window, topo, cost)
     ms = {name: ev.score(p.placement, p.row, p.slot, p.rows, objective).makespan

@@ -30,7 +30,7 @@ import torch
 
 from routepack_opt.core.cost import save_cost
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.pipeline import baseline_layouts, layout_plan, plan as run_plan, resolve_rows
+from routepack_opt.pipeline import baseline_layouts, build_plan, resolve_rows, solve
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement
 from routepack_opt.runtime.bench import bench_config, calibrate, measure_plan
 from routepack_opt.runtime.verify import VerifyConfig, verify_runtime
@@ -61,11 +61,11 @@ def plans_for(window, topo, cost, time_limit: float):
     ev = Evaluator(window, topo, cost)
     ident = identity_placement(window.num_layers, window.num_experts)
     lpt = lpt_placement(window.expert_loads(), topo.ep)
-    row, slot = baseline_layouts(window, topo, R)["verl-kk"]
+    layout = baseline_layouts(window, topo, R)["verl-kk"]
     out = {
-        "baseline": layout_plan(window, topo, cost, ident, row, slot, R, "max-sum", certificate=cert, evaluator=ev),
-        "reorder": layout_plan(window, topo, cost, lpt, row, slot, R, "max-sum", certificate=cert, evaluator=ev),
-        "routepack": run_plan(window, topo, cost, "max-sum", "lpt", None, time_limit, None, 0),
+        "baseline": build_plan(ev, ident, layout, "max-sum", certificate=cert),
+        "reorder": build_plan(ev, lpt, layout, "max-sum", certificate=cert),
+        "routepack": solve(window, topo, cost, objective="max-sum", placement="lpt", time_limit=time_limit),
     }
     return out
 

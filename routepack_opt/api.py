@@ -27,13 +27,23 @@ import threading
 import time
 from concurrent.futures import Future
 
+from typing import Any
+
 import numpy as np
 
 from routepack_opt.core.cost import CostModel, resolve_cost
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.layout import Layout
 from routepack_opt.core.plan import OBJECTIVES, Plan, check_placement
+from routepack_opt.core.report import PlanReport
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
+from routepack_opt.heuristics.equal_counts import count_fit_decreasing
+from routepack_opt.params import PlannerParams
+from routepack_opt import pipeline
+from routepack_opt.pipeline import DEFAULT_PARAMS, baseline_layouts, build_plan, resolve_placement, solve
+from routepack_opt.warmup import groups_for, warm as warm_kernels
 
 __all__ = ["MicroBatchPlan", "PlanOptions", "plan_micro_batches", "AsyncPlanner", "window_from"]
 
@@ -68,7 +78,8 @@ class PlanOptions:
     ``"joint"``. ``pp_multiple`` makes the micro-batch count a multiple of the pipeline schedule
     (PP × VPP). ``time_limit`` bounds the search (anytime); ``max_sweeps`` + ``seed`` make it
     bit-identical. ``equal_samples_per_slot``: every DP rank gets exactly N / dp_size samples
-    (verl's DP balance; N must divide by dp_size).
+    (verl's DP balance; N must divide by dp_size). ``params``: the planner's parameters
+    (:class:`routepack_opt.PlannerParams`, e.g. ``PlannerParams.from_toml(path)``).
     """
 
     dp_size: int | None = None
@@ -85,6 +96,7 @@ class PlanOptions:
     seed: int = 0
     current_placement: object = None
     equal_samples_per_slot: bool = False
+    params: PlannerParams = DEFAULT_PARAMS
 
     def __post_init__(self):
         for name in ("dp_size", "ep_size", "max_tokens"):
@@ -102,18 +114,28 @@ class PlanOptions:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
                 raise InputError(f"{name} must be an integer ≥ {lo}, got {v!r}")
+        if not isinstance(self.params, PlannerParams):
+            raise InputError(f"params must be a PlannerParams, got {self.params!r}")
         self.topology()  # dp/ep/capacity/row rules checked here, in the caller's thread
 
+    @classmethod
+    def of(cls, options: dict[str, Any]) -> "PlanOptions":
+        """From keyword options; an unknown one is an ``InputError`` naming it."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InputError(f"unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        return cls(**options)
+
     def topology(self) -> Topology:
+        # required: __post_init__ refused None
+        assert self.dp_size is not None and self.ep_size is not None and self.max_tokens is not None
         return Topology(dp=self.dp_size, ep=self.ep_size, capacity=self.max_tokens,
                         min_rows=self.min_micro_batches, row_multiple=self.pp_multiple,
                         equal_samples_per_slot=self.equal_samples_per_slot)
 
     def cost_model(self) -> CostModel:
         return self.cost if isinstance(self.cost, CostModel) else resolve_cost(self.cost)
-
-
-_D = PlanOptions  # the defaults of both signatures below are PlanOptions' own
 
 
 def _check_seconds(name: str, v) -> float:
@@ -139,41 +161,29 @@ def _to_result(p: Plan) -> MicroBatchPlan:
     mbs = [[cells[r][d] for r in range(p.rows)] for d in range(p.topology.dp)]
     l2p = p.placement.copy()
     p2l = np.argsort(l2p, axis=1).astype(np.int64)
-    rep = dict(p.info)
+    rep = p.info  # the report's JSON form: what a trainer logs
     rep["certificate"] = p.certificate
     return MicroBatchPlan(mbs, p2l, l2p, p, rep)
 
 
 def _plan(window: Window, opts: PlanOptions, *, rows=None, certificate=None, time_limit=None,
           stop=None) -> MicroBatchPlan:
-    """The pipeline on ``window`` with ``opts`` (``rows``/``certificate``/``time_limit`` override)."""
-    from routepack_opt.pipeline import plan
-
-    p = plan(window, opts.topology(), opts.cost_model(), opts.objective, opts.placement,
-             opts.num_micro_batches if rows is None else rows,
-             opts.time_limit if time_limit is None else time_limit, opts.max_sweeps, opts.seed,
-             current_placement=opts.current_placement, certificate=certificate, stop=stop)
+    """:func:`solve` on ``window`` with ``opts`` (``rows``/``certificate``/``time_limit`` override)."""
+    p = solve(window, opts.topology(), opts.cost_model(), objective=opts.objective,
+              placement=opts.placement, rows=opts.num_micro_batches if rows is None else rows,
+              params=opts.params, time_limit=opts.time_limit if time_limit is None else time_limit,
+              max_sweeps=opts.max_sweeps, seed=opts.seed, current_placement=opts.current_placement,
+              certificate=certificate, stop=stop)
     return _to_result(p)
 
 
 def plan_micro_batches(lengths, counts=None, *, routes=None, num_experts: int | None = None,
-                       dp_size: int | None = None, ep_size: int | None = None,
-                       max_tokens: int | None = None, cost: str | CostModel = _D.cost,
-                       objective: str = _D.objective, placement=_D.placement,
-                       num_micro_batches: int | None = None, pp_multiple: int = _D.pp_multiple,
-                       min_micro_batches: int = _D.min_micro_batches,
-                       time_limit: float | None = None, max_sweeps: int | None = None,
-                       seed: int = _D.seed, current_placement=None,
-                       equal_samples_per_slot: bool = _D.equal_samples_per_slot) -> MicroBatchPlan:
-    """Plan one optimizer step (options: :class:`PlanOptions`). The window is per-sample
-    ``counts`` [N, L, E] or per-token ``routes`` [T, L, k] with ``num_experts``. Numba kernels
-    are compiled (or loaded from the cache) before ``time_limit`` starts counting."""
-    opts = PlanOptions(dp_size=dp_size, ep_size=ep_size, max_tokens=max_tokens, cost=cost,
-                       objective=objective, placement=placement,
-                       num_micro_batches=num_micro_batches, pp_multiple=pp_multiple,
-                       min_micro_batches=min_micro_batches, time_limit=time_limit,
-                       max_sweeps=max_sweeps, seed=seed, current_placement=current_placement,
-                       equal_samples_per_slot=equal_samples_per_slot)
+                       **options: Any) -> MicroBatchPlan:
+    """Plan one optimizer step. ``options`` are :class:`PlanOptions`' fields (``dp_size``,
+    ``ep_size``, ``max_tokens`` required; an unknown one is an ``InputError``). The window is
+    per-sample ``counts`` [N, L, E] or per-token ``routes`` [T, L, k] with ``num_experts``. Numba
+    kernels are compiled (or loaded from the cache) before ``time_limit`` starts counting."""
+    opts = PlanOptions.of(options)
     return _plan(window_from(lengths, counts, routes, num_experts), opts)
 
 
@@ -186,9 +196,9 @@ def plan_micro_batches(lengths, counts=None, *, routes=None, num_experts: int | 
 class _Job:
     """One submitted window and what planning it has produced so far."""
 
-    lengths: object
-    counts: object
-    routes: object
+    lengths: Any
+    counts: Any
+    routes: Any
     num_experts: int | None
     opts: PlanOptions
     deadline_at: float  # time.monotonic() by which result() should answer (plus grace)
@@ -232,21 +242,13 @@ class AsyncPlanner:
         self._worker: threading.Thread | None = None
         self._closed = False
         if warm:
-            from routepack_opt.warmup import warm as warm_kernels
-
             threading.Thread(target=warm_kernels, name="routepack-warmup", daemon=True).start()
 
     # --- caller side ---------------------------------------------------------------------------
     def submit(self, lengths, counts=None, *, deadline: float, routes=None,
-               num_experts: int | None = None, dp_size: int | None = None,
-               ep_size: int | None = None, max_tokens: int | None = None,
-               cost: str | CostModel = _D.cost, objective: str = _D.objective,
-               placement=_D.placement, num_micro_batches: int | None = None,
-               pp_multiple: int = _D.pp_multiple, min_micro_batches: int = _D.min_micro_batches,
-               time_limit: float | None = None, max_sweeps: int | None = None,
-               seed: int = _D.seed, current_placement=None,
-               equal_samples_per_slot: bool = _D.equal_samples_per_slot) -> Future:
-        """Start planning a window (options as :func:`plan_micro_batches`); ``deadline``: seconds
+               num_experts: int | None = None, **options: Any) -> Future:
+        """Start planning a window (``options``: :class:`PlanOptions`' fields, as
+        :func:`plan_micro_batches`); ``deadline``: seconds
         from now until ``result()`` answers (the search's time limit is what is left of it, or
         ``time_limit`` if smaller). Returns a Future of the plan (or the worker's fallback;
         cancelled if superseded). Raises only ``InputError`` for bad options, never because an
@@ -254,12 +256,7 @@ class AsyncPlanner:
         deadline = _check_seconds("deadline", deadline)
         if (counts is None) == (routes is None):
             raise InputError("give exactly one of counts=[N, L, E] or routes=[T, L, k]")
-        opts = PlanOptions(dp_size=dp_size, ep_size=ep_size, max_tokens=max_tokens, cost=cost,
-                           objective=objective, placement=placement,
-                           num_micro_batches=num_micro_batches, pp_multiple=pp_multiple,
-                           min_micro_batches=min_micro_batches, time_limit=time_limit,
-                           max_sweeps=max_sweeps, seed=seed, current_placement=current_placement,
-                           equal_samples_per_slot=equal_samples_per_slot)
+        opts = PlanOptions.of(options)
         job = _Job(lengths, counts, routes, num_experts, opts, time.monotonic() + deadline, Future())
         with self._cv:
             if self._closed:
@@ -315,6 +312,8 @@ class AsyncPlanner:
                 if self._closed:
                     return
                 job, self._pending = self._pending, None
+            if job is None:  # unreachable: the wait ends with a job or closed
+                continue
             try:
                 self._run(job)
             except BaseException as exc:  # recorded; result() returns the fallback
@@ -326,20 +325,18 @@ class AsyncPlanner:
                 self._finish(job)
 
     def _run(self, job: _Job) -> None:
-        from routepack_opt import pipeline
-        from routepack_opt.warmup import groups_for, warm
-
         opts = job.opts
         job.stage = "warm-up"
-        warm(groups_for(opts.placement))  # waits for the background warm-up if it is running
+        warm_kernels(groups_for(opts.placement))  # waits for the background warm-up if it is running
         if job.cancel.is_set():
             return
         window = window_from(job.lengths, job.counts, job.routes, job.num_experts)
         topo, cost = opts.topology(), opts.cost_model()
         job.stage = "certify"
         left = job.deadline_at - time.monotonic()
+        c = opts.params.certify
         rows, cert = pipeline.resolve_rows(window, topo, opts.num_micro_batches,
-                                           time_limit=min(10.0, max(0.05, 0.5 * left)))
+                                  time_limit=min(c.time_limit, max(0.05, 0.5 * left)), method=c.method)
         job.stage = "fallback"
         fb = self._fallback(window, topo, cost, opts, rows, cert)
         with job.lock:
@@ -359,13 +356,12 @@ class AsyncPlanner:
     @staticmethod
     def _fallback(window, topo, cost, opts, rows, cert) -> MicroBatchPlan:
         """Identity (or the materialized) placement + the first length-only baseline at R."""
-        from routepack_opt.pipeline import baseline_layouts, layout_plan, resolve_placement
-
         pl, _ = resolve_placement(window, topo, "identity" if opts.current_placement is None
                                   else opts.current_placement)
-        name, (row, slot) = next(iter(baseline_layouts(window, topo, rows).items()))
-        return _to_result(layout_plan(window, topo, cost, pl, row, slot, rows, opts.objective,
-                                      {"fallback": f"deadline: baseline {name}"}, cert))
+        name, layout = next(iter(baseline_layouts(window, topo, rows).items()))
+        return _to_result(build_plan(Evaluator(window, topo, cost), pl, layout, opts.objective,
+                                     report=PlanReport(fallback=f"deadline: baseline {name}"),
+                                     certificate=cert))
 
     def _finish(self, job: _Job) -> None:
         job.stage = "done"
@@ -452,19 +448,17 @@ def _quick_plan(job: _Job) -> MicroBatchPlan:
     if R * D > N:
         raise InputError(f"the quick fallback needs {R}×{D} cells but the window has {N} samples")
     if topo.equal_samples_per_slot:  # count-limited first fit (numpy only), fewest rows it fills
-        from routepack_opt.heuristics.equal_counts import count_fit_decreasing
-
         topo.check_samples(N)
         while R * D <= N:
             got = count_fit_decreasing(lengths, R, D, C)
             if got is not None:
-                p = Plan(topo, R, placement, got[0], got[1], objective=opts.objective,
-                         info={"fallback": "deadline: quick count-limited first-fit fallback"})
+                p = Plan.from_layout(topo, placement, Layout(got[0], got[1], R), opts.objective,
+                                     report=PlanReport(fallback="deadline: quick count-limited first-fit fallback"))
                 return _to_result(p)
             R += m
         raise InputError(f"the quick fallback found no layout with N/D = {N // D} samples per slot")
     # split bins until there are R·D of them (every cell nonempty; a split never overfills)
-    members = [[] for _ in range(bins)]
+    members: list[list[int]] = [[] for _ in range(bins)]
     for i in order.tolist():
         members[bin_N[i]].append(i)
     k = 0
@@ -477,6 +471,6 @@ def _quick_plan(job: _Job) -> MicroBatchPlan:
     for c, ids in enumerate(members):
         row[ids] = c // D
         slot[ids] = c % D
-    p = Plan(topo, R, placement, row, slot, objective=opts.objective,
-             info={"fallback": "deadline: quick best-fit fallback (no plan, no baseline in time)"})
+    p = Plan.from_layout(topo, placement, Layout(row, slot, R), opts.objective,
+                         report=PlanReport(fallback="deadline: quick best-fit fallback (no plan, no baseline in time)"))
     return _to_result(p)

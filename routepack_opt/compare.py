@@ -8,14 +8,20 @@ packing), ``routepack`` (LPT + population annealing), and where available ``join
 
 from __future__ import annotations
 
-import time
-
+from rich.table import Table
 
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.layout import Layout
 from routepack_opt.core.plan import Plan
+from routepack_opt.core.report import PlanReport
+from routepack_opt.core.timing import Timings
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
+from routepack_opt.heuristics.baselines import BASELINES
+from routepack_opt.heuristics.placement.lpt import rank_load_cv
+from routepack_opt.params import PlannerParams
+from routepack_opt.pipeline import DEFAULT_PARAMS, build_plan, resolve_placement, resolve_rows, solve
 
 __all__ = ["plan_metrics", "compare_plans", "format_table"]
 
@@ -24,9 +30,7 @@ EXACT_MAX_SAMPLES = 24
 
 def plan_metrics(ev: Evaluator, plan: Plan, objective: str, seconds: float) -> dict:
     """Makespans under both objectives, LB gap, EP-rank CV, worst row-local EP peak, attention tail."""
-    from routepack_opt.heuristics.placement.lpt import rank_load_cv
-
-    e = ev.evaluate(plan.placement, plan.row, plan.slot, plan.rows, objective)
+    e = ev.evaluate_layout(plan.placement, plan.layout, objective)
     J, A_SRG, M_RGL = ev.costs(plan.placement, plan.row, plan.slot, plan.rows, parts=True)
     return {"makespan_max_sum": e.scores["max-sum"].makespan,
             "makespan_sum_max": e.scores["sum-max"].makespan,
@@ -38,65 +42,54 @@ def plan_metrics(ev: Evaluator, plan: Plan, objective: str, seconds: float) -> d
             "rows": plan.rows, "plan_seconds": seconds}
 
 
-def compare_plans(window: Window, topology: Topology, cost: CostModel, objective: str = "max-sum",
-                  rows: int | None = None, time_limit: float | None = None, seed: int = 0,
-                  max_sweeps: int | None = None, exact: bool | None = None,
-                  exact_time_limit: float = 30.0, joint: bool = True, current_placement=None,
-                  progress=None, config=None) -> tuple[list[dict], dict[str, Plan]]:
-    """Plans for every row of the comparison and their metrics (first row = baseline)."""
-    from routepack_opt.heuristics.baselines import BASELINES
-    from routepack_opt.pipeline import layout_plan, plan, resolve_placement, resolve_rows
-
+def compare_plans(window: Window, topology: Topology, cost: CostModel, *, objective: str = "max-sum",
+                  rows: int | None = None, params: PlannerParams = DEFAULT_PARAMS,
+                  time_limit: float | None = None, max_sweeps: int | None = None, seed: int = 0,
+                  exact: bool | None = None, exact_time_limit: float = 30.0, joint: bool = True,
+                  current_placement=None, progress=None) -> tuple[list[dict], dict[str, Plan]]:
+    """Plans for every row of the comparison and their metrics (first row = baseline). Every
+    searched row is :func:`routepack_opt.solve` with the same ``params``, budget and seed, at the
+    same R (certified once; its time is added to every row's)."""
     ev = Evaluator(window, topology, cost)
-    t0 = time.perf_counter()
-    R, cert = resolve_rows(window, topology, rows)
-    t_cert = time.perf_counter() - t0
+    timings = Timings()
+    with timings.stage("certify"):
+        R, cert = resolve_rows(window, topology, rows)
     plans: dict[str, Plan] = {}
-    secs: dict[str, float] = {}
     base_fn = BASELINES["verl-kk"]
     for name, kind in (("baseline", "identity"), ("reorder", "lpt")):
-        t0 = time.perf_counter()
-        pl, _ = resolve_placement(window, topology, kind)
-        row, slot = base_fn(window.lengths, topology, R)
-        plans[name] = layout_plan(window, topology, cost, pl, row, slot, R, objective,
-                                  {"packing": "verl-kk"}, cert, ev)
-        secs[name] = time.perf_counter() - t0 + t_cert
-    t0 = time.perf_counter()
-    plans["routepack"] = plan(window, topology, cost, objective, "lpt", R, time_limit, max_sweeps,
-                              seed, config, progress=progress, certificate=cert)
-    secs["routepack"] = time.perf_counter() - t0 + t_cert
+        with timings.stage(name):
+            pl, _ = resolve_placement(window, topology, kind)
+            layout = Layout(*base_fn(window.lengths, topology, R), R)
+            plans[name] = build_plan(ev, pl, layout, objective,
+                                     report=PlanReport(notes={"packing": "verl-kk"}), certificate=cert)
+    searched = {"routepack": dict(placement="lpt", progress=progress)}
     if joint:
-        try:
-            import routepack_opt.heuristics.placement.joint  # noqa: F401
-        except ImportError:
-            joint = False
-    if joint:
-        t0 = time.perf_counter()
-        plans["joint"] = plan(window, topology, cost, objective, "joint", R, time_limit, max_sweeps, seed, config,
-                              certificate=cert)
-        secs["joint"] = time.perf_counter() - t0 + t_cert
+        searched["joint"] = dict(placement="joint")
         if current_placement is not None:
-            t0 = time.perf_counter()
-            plans["joint-sticky"] = plan(window, topology, cost, objective, "joint", R, time_limit,
-                                         max_sweeps, seed, config, current_placement=current_placement,
-                                         certificate=cert)
-            secs["joint-sticky"] = time.perf_counter() - t0 + t_cert
+            searched["joint-sticky"] = dict(placement="joint", current_placement=current_placement)
+    for name, options in searched.items():
+        with timings.stage(name):
+            plans[name] = solve(window, topology, cost, objective=objective, rows=R, params=params,
+                                time_limit=time_limit, max_sweeps=max_sweeps, seed=seed,
+                                certificate=cert, **options)
+    secs = {name: timings.seconds[name] + timings.seconds["certify"] for name in plans}
     if exact is None:
         exact = window.num_samples <= EXACT_MAX_SAMPLES
     if exact:
-        try:
+        try:  # OR-Tools and Pyomo: imported only for the exact row
             from routepack_opt.models.layout import solve_layout
         except ImportError:
             exact = False
     if exact:
-        t0 = time.perf_counter()
         rp = plans["routepack"]
-        res = solve_layout(window, topology, cost, rp.placement, R, objective, solver="cpsat",
-                           time_limit=exact_time_limit, warm_start=(rp.row, rp.slot))
+        with timings.stage("exact"):
+            res = solve_layout(window, topology, cost, rp.placement, R, objective, solver="cpsat",
+                               time_limit=exact_time_limit, warm_start=rp.layout.arrays())
         if res.row is not None:
-            plans["exact"] = layout_plan(window, topology, cost, rp.placement, res.row, res.slot, R,
-                                         objective, {"status": res.status, "bound": res.bound}, cert, ev)
-            secs["exact"] = time.perf_counter() - t0
+            plans["exact"] = build_plan(ev, rp.placement, Layout(res.row, res.slot, R), objective,
+                                        report=PlanReport(notes={"status": res.status, "bound": res.bound}),
+                                        certificate=cert)
+            secs["exact"] = timings.seconds["exact"]
     table = []
     base = None
     for name, p in plans.items():
@@ -105,19 +98,16 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, objective
         m["gain"] = (base - m["makespan"]) / base
         m["name"] = name
         if name == "exact":
-            m["status"] = p.info.get("status")
-        mig = p.info.get("joint", {}).get("migration")
-        if mig:
-            m["experts_moved"] = mig.get("experts_moved")
-            m["bytes_moved"] = mig.get("bytes_total")
+            m["status"] = p.report.notes.get("status")
+        if p.report.joint is not None and p.report.joint.migration:
+            m["experts_moved"] = p.report.joint.migration.get("experts_moved")
+            m["bytes_moved"] = p.report.joint.migration.get("bytes_total")
         table.append(m)
     return table, plans
 
 
 def format_table(table: list[dict], objective: str):
     """A rich Table of the comparison."""
-    from rich.table import Table
-
     t = Table(title=f"RoutePack comparison (objective {objective}, times in ms)")
     for col in ("plan", "max-sum", "sum-max", f"gain ({objective})", "gap to LB", "EP-rank CV",
                 "row EP peak", "attn tail", "plan time"):

@@ -5,7 +5,7 @@ code to disk). On a fresh install the first plan would compile for ~30 s, inside
 time limit, and return a worse plan. :func:`warm` runs every planning kernel once, for every
 type signature the planner calls it with, on tiny windows, so that:
 
-- the pipeline (:func:`routepack_opt.pipeline.plan`) and the annealer call ``warm()`` at their
+- the pipeline (:func:`routepack_opt.pipeline.solve`) and the annealer call ``warm()`` at their
   entry, *before* their time-limit clocks start: compilation never counts against a limit;
 - ``routepack warmup`` does it ahead of time (at install or image build), for every group, and
   reports what it compiled and what it loaded from the cache;
@@ -197,15 +197,15 @@ def _warm_plan() -> None:
     import numpy as np
 
     from routepack_opt.heuristics import annealing, binpack
-    from routepack_opt.pipeline import plan
+    from routepack_opt.pipeline import solve
 
-    w, topo, cost, cfg = _tiny_problem()
+    w, topo, cost, params = _tiny_problem()
     for objective in ("max-sum", "sum-max"):
         # the whole pipeline: placement, R*, baselines, evaluator, annealer (a tiny ladder: the
         # kernels' types do not depend on its size)
-        plan(w, topo, cost, objective, "lpt", max_sweeps=2, seed=0, config=cfg)
-    plan(w, topo, cost, "max-sum", "identity", time_limit=0.05, seed=0, config=cfg)
-    plan(w, topo, cost, "sum-max", "lpt-plain", max_sweeps=1, seed=0, config=cfg)
+        solve(w, topo, cost, objective=objective, placement="lpt", max_sweeps=2, seed=0, params=params)
+    solve(w, topo, cost, objective="max-sum", placement="identity", time_limit=0.05, seed=0, params=params)
+    solve(w, topo, cost, objective="sum-max", placement="lpt-plain", max_sweeps=1, seed=0, params=params)
     annealing.warm_storage(*annealing.STORAGES[0])  # the ordinary storage (compiled above)
     # R* escalation past the cheap bounds: MBS' and the overflow tabu search on K bins
     sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
@@ -218,18 +218,20 @@ def _tiny_problem():
     from routepack_opt.core.cost import get_preset
     from routepack_opt.heuristics.annealing import AnnealConfig
     from routepack_opt.core.topology import Topology
+    from routepack_opt.params import PlannerParams
 
-    cfg = AnnealConfig(population=2, temperatures=2, calibration_moves=16)
-    return _tiny_window(0), Topology(dp=4, ep=2, capacity=64), get_preset("olmoe-1b-7b").cost, cfg
+    params = PlannerParams(anneal=AnnealConfig(population=2, temperatures=2, calibration_moves=16))
+    return _tiny_window(0), Topology(dp=4, ep=2, capacity=64), get_preset("olmoe-1b-7b").cost, params
 
 
 def _warm_joint() -> None:
     from routepack_opt.heuristics.placement.lpt import identity_placement
-    from routepack_opt.pipeline import plan
+    from routepack_opt.pipeline import solve
 
-    w, topo, cost, cfg = _tiny_problem()
+    w, topo, cost, params = _tiny_problem()
     ident = identity_placement(w.num_layers, w.num_experts)
-    plan(w, topo, cost, "max-sum", "joint", max_sweeps=2, seed=0, config=cfg, current_placement=ident)
+    solve(w, topo, cost, objective="max-sum", placement="joint", max_sweeps=2, seed=0, params=params,
+          current_placement=ident)
 
 
 def _warm_storage() -> None:
@@ -262,7 +264,7 @@ def _warm_blocks() -> None:
     w = _tiny_window(1, n=8, experts=4, max_len=30)
     topo = Topology(dp=2, ep=2, capacity=64)
     cost = get_preset("olmoe-1b-7b").cost
-    start = next(iter(baseline_layouts(w, topo, 2).values()))
+    start = next(iter(baseline_layouts(w, topo, 2).values())).arrays()
     for objective in ("max-sum", "sum-max"):
         inst = LayoutInstance.build(w, topo, cost, identity_placement(w.num_layers, w.num_experts),
                                     2, objective)

@@ -168,7 +168,7 @@ def test_anneal_stop_cancels_cooperatively(window):
     topo = Topology(dp=8, ep=4, capacity=4096)
     b = Evaluator(window, topo, COST).rank_loads(identity_placement(window.num_layers, window.num_experts))
     R = pipeline.resolve_rows(window, topo, None)[0]
-    res = anneal(window.lengths, b, topo, COST, R, "max-sum", list(baseline_layouts(window, topo, R).values()),
+    res = anneal(window.lengths, b, topo, COST, R, "max-sum", [lay.arrays() for lay in baseline_layouts(window, topo, R).values()],
                  max_sweeps=200, seed=0, stop=lambda: True)
     assert res.stats["temperatures_done"] == 1 and res.stats["sweeps"] <= 2
     cells = res.row * topo.dp + res.slot

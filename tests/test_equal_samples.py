@@ -117,7 +117,7 @@ def test_seed_layouts_keep_equal_counts(C):
     seeds = baseline_layouts(w, topo, R)
     assert "nemo-ffd" not in seeds and seeds
     pl = np.tile(np.arange(8), (2, 1))
-    for row, slot in list(seeds.values()) + [verl_kk_layout(w.lengths, topo, R)]:
+    for row, slot in [lay.arrays() for lay in seeds.values()] + [verl_kk_layout(w.lengths, topo, R)]:
         assert Plan(topo, R, pl, row, slot).validate(w) == []
         assert equal_counts_ok(slot, 4)
 
@@ -325,17 +325,17 @@ def test_solve_layout_rejects_indivisible_window():
 
 
 def test_pipeline_plan_keeps_equal_counts_and_round_trips(tmp_path):
-    """plan() with the option (lpt and joint placement) returns a valid plan with N/D samples per
+    """solve() with the option (lpt and joint placement) returns a valid plan with N/D samples per
     slot; its JSON carries the option and reads back into a plan that still validates."""
     from routepack_opt.core.cost import CostModel, Stage
-    from routepack_opt.pipeline import plan
+    from routepack_opt.pipeline import solve
     from routepack_opt.core.plan import load_plan
 
     cost = CostModel(stages=(Stage("full_attn", alpha=0.02, beta=4e-5),), gamma=0.01, row_overhead=5.0)
     w = random_window(64, 4, 16, 2, max_len=400, seed=11, skew=1.2)
     topo = Topology(dp=4, ep=2, capacity=1200, equal_samples_per_slot=True)
     for placement in ("lpt", "joint"):
-        p = plan(w, topo, cost, "max-sum", placement, max_sweeps=8, seed=3)
+        p = solve(w, topo, cost, objective="max-sum", placement=placement, max_sweeps=8, seed=3)
         assert p.validate(w) == [] and equal_counts_ok(p.slot, 4)
         assert p.to_json()["topology"]["equal_samples_per_slot"] is True
     p.save(tmp_path / "p.json")

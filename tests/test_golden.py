@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from routepack_opt.core.cost import CostModel, Stage
-from routepack_opt.pipeline import plan
+from routepack_opt.pipeline import solve
 from routepack_opt.testing import random_window
 from routepack_opt.core.topology import Topology
 
@@ -34,7 +34,7 @@ def _plans():
         topo = Topology(**targs)
         for objective in ("max-sum", "sum-max"):
             for placement in ("lpt", "joint"):
-                p = plan(window, topo, COST, objective, placement, max_sweeps=8, seed=3)
+                p = solve(window, topo, COST, objective=objective, placement=placement, max_sweeps=8, seed=3)
                 d = json.loads(json.dumps(p.to_json()))
                 cert = {k: v for k, v in d["certificate"].items() if k != "seconds"}
                 out[f"{name}/{objective}/{placement}"] = {**{k: d[k] for k in KEYS}, "certificate": cert,

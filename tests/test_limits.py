@@ -86,7 +86,7 @@ def test_stages_before_the_search_count_against_the_limit(window, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(pipeline, "resolve_rows", slow_rows)
-    p = pipeline.plan(window, topo, COST, time_limit=0.2)
+    p = pipeline.solve(window, topo, COST, time_limit=0.2)
     assert p.validate(window) == []
     assert "no search" in p.info["fallback"]
     assert "search" not in p.info
@@ -97,14 +97,14 @@ def test_search_gets_what_the_earlier_stages_left(window, monkeypatch):
     used (and the final-scoring reserve), not the whole limit again."""
     topo = Topology(dp=8, ep=4, capacity=4096)
     seen = {}
-    real = annealing.anneal
+    real = pipeline.anneal
 
     def spy(*args, **kwargs):
         seen["time_limit"] = kwargs["time_limit"]
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(annealing, "anneal", spy)
-    pipeline.plan(window, topo, COST, time_limit=5.0, max_sweeps=2)
+    monkeypatch.setattr(pipeline, "anneal", spy)
+    pipeline.solve(window, topo, COST, time_limit=5.0, max_sweeps=2)
     assert 0 < seen["time_limit"] <= 5.0 - 0.02  # at least the reserve's floor is kept back
 
 
@@ -112,7 +112,7 @@ def test_search_gets_what_the_earlier_stages_left(window, monkeypatch):
 def test_pipeline_time_limit_must_be_positive_and_finite(window, bad):
     """A zero, negative, NaN or infinite time limit is an input error."""
     with pytest.raises(InputError, match="time limit"):
-        pipeline.plan(window, Topology(dp=8, ep=4, capacity=4096), COST, time_limit=bad)
+        pipeline.solve(window, Topology(dp=8, ep=4, capacity=4096), COST, time_limit=bad)
 
 
 def test_exact_model_build_stops_at_the_limit(window):
@@ -121,7 +121,7 @@ def test_exact_model_build_stops_at_the_limit(window):
     topo = Topology(dp=8, ep=4, capacity=4096)
     rows = pipeline.resolve_rows(window, topo, None)[0]
     pl = lpt_placement(window.expert_loads(), topo.ep)
-    row, slot = next(iter(pipeline.baseline_layouts(window, topo, rows).values()))
+    row, slot = next(iter(pipeline.baseline_layouts(window, topo, rows).values())).arrays()
     for solver in ("cpsat", "highs"):
         res = solve_layout(window, topo, COST, pl, rows, "max-sum", solver=solver, time_limit=1e-4,
                            warm_start=(row, slot))

@@ -9,8 +9,8 @@ from routepack_opt.api import AsyncPlanner, plan_micro_batches
 from routepack_opt.core.cost import PRESETS
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import evaluate_plan
-from routepack_opt.heuristics.annealing import AnnealConfig
-from routepack_opt.pipeline import plan
+from routepack_opt.params import PlannerParams
+from routepack_opt.pipeline import solve
 from routepack_opt.core.plan import load_plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
@@ -25,9 +25,9 @@ def window():
 
 
 def test_plan_is_valid_and_rescored(window):
-    """plan() returns a valid plan at R* whose reported score is the evaluator's."""
+    """solve() returns a valid plan at R* whose reported score is the evaluator's."""
     topo = Topology(dp=8, ep=4, capacity=4096)
-    p = plan(window, topo, COST, "max-sum", max_sweeps=20, seed=1)
+    p = solve(window, topo, COST, objective="max-sum", max_sweeps=20, seed=1)
     assert p.validate(window) == []
     assert p.rows == p.certificate["rows"]
     e = evaluate_plan(window, p, COST)
@@ -42,7 +42,7 @@ def test_plan_never_worse_than_length_only_baselines(window):
 
     topo = Topology(dp=8, ep=4, capacity=4096)
     for obj in ("max-sum", "sum-max"):
-        table, plans = compare_plans(window, topo, COST, obj, max_sweeps=20, seed=0, exact=False, joint=False)
+        table, plans = compare_plans(window, topo, COST, objective=obj, max_sweeps=20, seed=0, exact=False, joint=False)
         by = {m["name"]: m for m in table}
         assert by["routepack"]["makespan"] <= by["reorder"]["makespan"] * (1 + 1e-12)
         assert {p.rows for p in plans.values()} == {plans["baseline"].rows}
@@ -51,8 +51,8 @@ def test_plan_never_worse_than_length_only_baselines(window):
 def test_same_seed_same_plan(window):
     """Same inputs, seed and sweep budget → the identical plan."""
     topo = Topology(dp=8, ep=4, capacity=4096)
-    a = plan(window, topo, COST, "sum-max", max_sweeps=15, seed=7)
-    b = plan(window, topo, COST, "sum-max", max_sweeps=15, seed=7)
+    a = solve(window, topo, COST, objective="sum-max", max_sweeps=15, seed=7)
+    b = solve(window, topo, COST, objective="sum-max", max_sweeps=15, seed=7)
     assert np.array_equal(a.row, b.row) and np.array_equal(a.slot, b.slot)
     assert np.array_equal(a.placement, b.placement)
 
@@ -60,12 +60,12 @@ def test_same_seed_same_plan(window):
 def test_rows_rules_and_errors(window):
     """--rows below R*, against the row rules, or needing more samples than N is an InputError."""
     topo = Topology(dp=8, ep=4, capacity=4096)
-    p = plan(window, topo, COST, max_sweeps=5, rows=4)
+    p = solve(window, topo, COST, max_sweeps=5, rows=4)
     assert p.rows == 4 and p.validate(window) == []
     with pytest.raises(InputError, match="needs|need"):
-        plan(window, topo, COST, max_sweeps=5, rows=13)
+        solve(window, topo, COST, max_sweeps=5, rows=13)
     with pytest.raises(InputError, match="row rules"):
-        plan(window, Topology(dp=8, ep=4, capacity=4096, row_multiple=3), COST, max_sweeps=5, rows=4)
+        solve(window, Topology(dp=8, ep=4, capacity=4096, row_multiple=3), COST, max_sweeps=5, rows=4)
 
 
 def test_plan_cli_writes_valid_plan_and_keeps_placement(run_cli, tmp_path, window):
@@ -115,12 +115,12 @@ def test_joint_placement_plan_and_sticky(window):
     from routepack_opt.heuristics.placement.lpt import identity_placement
 
     topo = Topology(dp=8, ep=4, capacity=4096)
-    rp = plan(window, topo, COST, "max-sum", max_sweeps=10, seed=0)
-    jp = plan(window, topo, COST, "max-sum", "joint", max_sweeps=10, seed=0)
+    rp = solve(window, topo, COST, objective="max-sum", max_sweeps=10, seed=0)
+    jp = solve(window, topo, COST, objective="max-sum", placement="joint", max_sweeps=10, seed=0)
     assert jp.validate(window) == [] and "fallback" not in jp.info
     assert jp.score["makespan"] <= rp.score["makespan"] * (1 + 1e-9)
-    sticky = plan(window, topo, COST, "max-sum", "joint", max_sweeps=10, seed=0,
-                  current_placement=identity_placement(window.num_layers, window.num_experts))
+    sticky = solve(window, topo, COST, objective="max-sum", placement="joint", max_sweeps=10, seed=0,
+                   current_placement=identity_placement(window.num_layers, window.num_experts))
     assert sticky.validate(window) == [] and "joint" in sticky.info
 
 
@@ -134,8 +134,8 @@ def test_compare_cli_uses_anneal_config(run_cli, tmp_path, window):
     code, out, err = run_cli(*args, "--config", tmp_path / "a.toml")
     assert code == 0, err
     rows = {r["name"]: r for r in json.loads(out)["rows"]}
-    p = plan(window, Topology(dp=8, ep=4, capacity=4096), COST, "max-sum", rows=rows["routepack"]["rows"],
-             config=AnnealConfig.from_toml(tmp_path / "a.toml"))
+    p = solve(window, Topology(dp=8, ep=4, capacity=4096), COST, objective="max-sum",
+              rows=rows["routepack"]["rows"], params=PlannerParams.from_toml(tmp_path / "a.toml"))
     assert rows["routepack"]["makespan"] == pytest.approx(p.score["makespan"])
     (tmp_path / "b.toml").write_text("bogus = 1\n")
     code, _, err = run_cli(*args, "--config", tmp_path / "b.toml")

@@ -14,7 +14,7 @@ import pytest
 from routepack_opt.core.cost import PRESETS
 from routepack_opt.heuristics import annealing
 from routepack_opt.heuristics.placement.lpt import identity_placement
-from routepack_opt.pipeline import plan
+from routepack_opt.pipeline import solve
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
 from routepack_opt.warmup import configure_cache, numba_kernels, warm
@@ -42,9 +42,10 @@ def test_after_warm_planning_compiles_nothing_new():
     topo = Topology(dp=8, ep=4, capacity=8192)
     ident = identity_placement(w.num_layers, w.num_experts)
     for objective in ("max-sum", "sum-max"):
-        plan(w, topo, COST, objective, "lpt", max_sweeps=2, seed=0)
-        plan(w, topo, COST, objective, "joint", max_sweeps=2, seed=0, current_placement=ident)
-        plan(w, topo, COST, objective, "identity", time_limit=0.2, seed=0)
+        solve(w, topo, COST, objective=objective, placement="lpt", max_sweeps=2, seed=0)
+        solve(w, topo, COST, objective=objective, placement="joint", max_sweeps=2, seed=0,
+              current_placement=ident)
+        solve(w, topo, COST, objective=objective, placement="identity", time_limit=0.2, seed=0)
     new = _new(before, _signatures())
     assert not new, f"compiled after warm(): {new}"
 
@@ -68,7 +69,7 @@ def test_rare_load_storage_compiles_before_the_annealer_clock(monkeypatch):
     counts = np.zeros((8, 1, 4), dtype=np.int64)
     counts[np.arange(8), 0, rng.integers(0, 4, size=8)] = lengths
     big = Window(lengths, counts, top_k=1)
-    plan(big, Topology(dp=2, ep=2, capacity=65_536), COST, "max-sum", max_sweeps=2, seed=0)
+    solve(big, Topology(dp=2, ep=2, capacity=65_536), COST, objective="max-sum", max_sweeps=2, seed=0)
     assert marks["storage"] == ("int32", "int32")
     new = _new(marks["after"], _signatures())
     assert not new, f"compiled after warm_storage(): {new}"

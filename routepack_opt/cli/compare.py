@@ -28,12 +28,13 @@ def run(args) -> None:
 
     from routepack_opt.compare import compare_plans, format_table
 
-    window, topo, cost, current, cfg = planning_inputs(args)
+    window, topo, cost, current, params = planning_inputs(args)
     exact = {"auto": None, "yes": True, "no": False}[args.exact]
     with progress_bar(sys.stderr.isatty() and not args.json, "planning") as cb:
-        table, _ = compare_plans(window, topo, cost, args.objective, args.rows, args.time_limit,
-                                 args.seed, args.max_sweeps, exact, args.exact_time_limit,
-                                 current_placement=current, progress=cb, config=cfg)
+        table, _ = compare_plans(window, topo, cost, objective=args.objective, rows=args.rows,
+                                 params=params, time_limit=args.time_limit, max_sweeps=args.max_sweeps,
+                                 seed=args.seed, exact=exact, exact_time_limit=args.exact_time_limit,
+                                 current_placement=current, progress=cb)
     if args.json:
         emit(args, {"objective": args.objective, "rows": table})
     else:

@@ -75,7 +75,7 @@ def run(args) -> None:
     console.print(f"[bold]R*[/] = {cert.rows} rows ({cert.status}, lower bound {cert.lower_bound}, "
                   f"by {cert.method}, {cert.seconds * 1e3:.1f} ms)")
     with progress_bar(sys.stderr.isatty() and not args.json, "planning") as cb:
-        table, plans = compare_plans(window, topo, cost, args.objective, time_limit=args.time_limit,
+        table, plans = compare_plans(window, topo, cost, objective=args.objective, time_limit=args.time_limit,
                                      seed=args.seed, exact=False, progress=cb)
     console.print(format_table(table, args.objective))
     plans["routepack"].save(out / "plan.json")

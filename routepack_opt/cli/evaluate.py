@@ -29,7 +29,7 @@ def run(args) -> None:
     plan = load_plan(args.plan, num_samples=window.num_samples)
     plan.topology.check_experts(window.num_experts)
     if args.equal_samples_per_slot and not plan.topology.equal_samples_per_slot:
-        plan.topology = dataclasses.replace(plan.topology, equal_samples_per_slot=True)
+        plan = dataclasses.replace(plan, topology=dataclasses.replace(plan.topology, equal_samples_per_slot=True))
     plan.topology.check_samples(window.num_samples)
     ev = evaluate_plan(window, plan, cost_from_args(args), args.objective)
     rep = ev.report()

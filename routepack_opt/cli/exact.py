@@ -7,6 +7,8 @@ import time
 from routepack_opt.cli.common import (nonneg_float, positive_float, positive_int, add_cost, add_json, add_objective, add_topology, add_window,
                                       cost_from_args, emit, output_path, topology_from_args)
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.layout import Layout
+from routepack_opt.core.report import PlanReport
 from routepack_opt.core.window import load_window
 
 
@@ -45,7 +47,7 @@ def _placement(value: str, window, topology):
 
 def warm_start(window, topology, cost, placement, rows, objective, seconds, evaluator):
     """The best of the length-only baselines and a short population-annealing run (by the
-    evaluator's lexicographic score): (row_N, slot_N, name)."""
+    evaluator's lexicographic score): (layout, name)."""
     from routepack_opt.pipeline import baseline_layouts
 
     cands = dict(baseline_layouts(window, topology, rows, time_limit=max(seconds, 0.05)))
@@ -54,19 +56,19 @@ def warm_start(window, topology, cost, placement, rows, objective, seconds, eval
             from routepack_opt.heuristics.annealing import anneal
 
             res = anneal(window.lengths, evaluator.rank_loads(placement), topology, cost, rows,
-                         objective, list(cands.values()), seed=0, time_limit=seconds)
-            cands["anneal"] = (res.row, res.slot)
+                         objective, [c.arrays() for c in cands.values()], seed=0, time_limit=seconds)
+            cands["anneal"] = Layout(res.row, res.slot, rows)
         except ImportError:
             pass
-    scored = {k: evaluator.score(placement, r, s, rows, objective).key for k, (r, s) in cands.items()}
+    scored = {k: evaluator.score_layout(placement, c, objective).key for k, c in cands.items()}
     best = min(scored, key=scored.get)
-    return cands[best][0], cands[best][1], best
+    return cands[best], best
 
 
 def run(args) -> dict:
     from routepack_opt.core.evaluate import Evaluator, check_objective
     from routepack_opt.models.layout import solve_layout
-    from routepack_opt.pipeline import layout_plan, resolve_rows
+    from routepack_opt.pipeline import build_plan, resolve_rows
 
     out = output_path(args.output, args.window, args.cost,
                       args.placement if args.placement.endswith(".json") else None)
@@ -87,11 +89,11 @@ def run(args) -> dict:
     rows, cert = resolve_rows(window, topo, args.rows, min(10.0, 0.1 * args.time_limit))
     ev = Evaluator(window, topo, cost)
     warm_s = min(10.0, 0.1 * args.time_limit) if args.warm_time is None else max(0.0, args.warm_time)
-    row0, slot0, warm_name = warm_start(window, topo, cost, placement, rows, objective, warm_s, ev)
-    warm_score = ev.score(placement, row0, slot0, rows, objective)
+    layout0, warm_name = warm_start(window, topo, cost, placement, rows, objective, warm_s, ev)
+    warm_score = ev.score_layout(placement, layout0, objective)
     left = max(0.05 * args.time_limit, args.time_limit - (time.perf_counter() - t_start))
     res = solve_layout(window, topo, cost, placement, rows, objective, solver=args.solver,
-                       time_limit=left, warm_start=(row0, slot0),
+                       time_limit=left, warm_start=layout0.arrays(),
                        lexicographic=args.lexicographic, evaluator=ev)
     if res.status == "infeasible":
         raise InputError(f"no feasible layout with {rows} rows × {topo.dp} slots under capacity "
@@ -105,11 +107,10 @@ def run(args) -> dict:
               "warm_start": {"method": warm_name, "makespan": warm_score.makespan},
               "certificate": cert}
     if out is not None and res.row is not None:
-        plan = layout_plan(window, topo, cost, placement, res.row, res.slot, rows, objective,
-                           info={"method": f"exact-{args.solver}", "exact_status": res.status,
-                                 "exact_bound": res.bound, "exact_gap": res.gap,
-                                 "exact_seconds": res.seconds, "placement_kind": pl_kind},
-                           certificate=cert, evaluator=ev)
+        notes = {"method": f"exact-{args.solver}", "exact_status": res.status,
+                 "exact_bound": res.bound, "exact_gap": res.gap, "exact_seconds": res.seconds}
+        plan = build_plan(ev, placement, Layout(res.row, res.slot, rows), objective,
+                          report=PlanReport(placement_kind=pl_kind, notes=notes), certificate=cert)
         plan.save(out)
         result["plan"] = str(out)
     text = (f"exact ({args.solver}, {objective}, R={rows}, placement {pl_kind}): {res.status}\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 from routepack_opt.cli.common import (nonneg_int, positive_float, positive_int, add_cost, add_json, add_objective, add_topology, add_window,
                                       cost_from_args, emit, output_path, topology_from_args)
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.plan import load_plan
+from routepack_opt.core.plan import check_placement, load_plan
 from routepack_opt.core.window import load_window
 
 
@@ -18,15 +18,17 @@ def add_search_args(p) -> None:
     p.add_argument("--time-limit", type=positive_float, help="search time limit in seconds (anytime)")
     p.add_argument("--max-sweeps", type=positive_int, help="sweep budget: with --seed, a bit-identical plan")
     p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--config", metavar="ANNEAL.toml", help="population-annealing parameters (TOML)")
+    p.add_argument("--config", metavar="PARAMS.toml",
+                   help="planner parameters: [anneal], [joint], [refine], [certify], [seeds] (docs/cli.md)")
 
 
-def load_config(args):
+def load_params(args):
+    """The ``--config`` file's :class:`PlannerParams` (the defaults without one)."""
+    from routepack_opt.params import PlannerParams
+
     if not getattr(args, "config", None):
-        return None
-    from routepack_opt.heuristics.annealing import AnnealConfig
-
-    return AnnealConfig.from_toml(args.config)
+        return PlannerParams()
+    return PlannerParams.from_toml(args.config)
 
 
 def placement_arg(value: str, window):
@@ -38,19 +40,17 @@ def placement_arg(value: str, window):
 
 
 def planning_inputs(args):
-    """(window, topology, cost, materialized placement or None, anneal config or None) from the
+    """(window, topology, cost, materialized placement or None, planner parameters) from the
     flags shared by ``plan`` and ``compare``."""
     window = load_window(args.window)
     topo = topology_from_args(args)
     cost = cost_from_args(args)
     current = load_plan(args.placement_from).placement if args.placement_from else None
     if current is not None:
-        from routepack_opt.core.plan import check_placement
-
         errs = check_placement(current, window.num_layers, window.num_experts)
         if errs:
             raise InputError(f"--placement-from {args.placement_from}: does not fit the window: {errs[0]}")
-    return window, topo, cost, current, load_config(args)
+    return window, topo, cost, current, load_params(args)
 
 
 @contextlib.contextmanager
@@ -84,31 +84,34 @@ def register(sub) -> None:
 
 
 def run(args) -> None:
-    from routepack_opt.pipeline import plan
+    from routepack_opt.pipeline import solve
 
     out = output_path(args.output, args.window, args.cost, args.placement_from, args.config,
                       args.placement if args.placement.endswith(".json") else None)
-    window, topo, cost, current, cfg = planning_inputs(args)
+    window, topo, cost, current, params = planning_inputs(args)
     placement = placement_arg(args.placement, window)
     with progress_bar(sys.stderr.isatty() and not args.json) as cb:
-        p = plan(window, topo, cost, args.objective, placement, args.rows, args.time_limit,
-                 args.max_sweeps, args.seed, cfg, progress=cb, current_placement=current)
+        p = solve(window, topo, cost, objective=args.objective, placement=placement, rows=args.rows,
+                  params=params, time_limit=args.time_limit, max_sweeps=args.max_sweeps,
+                  seed=args.seed, progress=cb, current_placement=current)
     if out:
         p.save(out)
-    i = p.info
+    r = p.report
+    e = r.evaluation
+    assert e is not None and r.timings is not None and p.certificate is not None  # solve() fills them
+    seconds, warmup = r.timings["total"], r.timings.get("warmup", 0.0)
     res = {"path": str(out) if out else None, "rows": p.rows, "objective": p.objective,
-           "makespan": i["makespan"], "total": i["total"], "peak": i["peak"],
-           "other_objective": i["other_objective"], "other_makespan": i["other_makespan"],
-           "lower_bound": i["lower_bound"], "gap": i["gap"], "certificate": p.certificate,
-           "placement": i.get("placement_kind"), "seconds": i["timings"]["total"],
-           "warmup_seconds": i["timings"].get("warmup", 0.0),
-           "fallback": i.get("fallback")}
-    text = (f"plan: R={p.rows} ({p.certificate['status']} R*={p.certificate['rows']} by {p.certificate['method']}), "
-            f"placement {i.get('placement_kind')}, objective {p.objective}\n"
-            f"  makespan {i['makespan']:,.1f} µs  ({i['other_objective']}: {i['other_makespan']:,.1f})  "
-            f"LB {i['lower_bound']:,.1f}  gap {i['gap']:.4f}  in {i['timings']['total']:.2f} s"
-            + (f" (+ {i['timings']['warmup']:.1f} s numba warm-up, see routepack warmup)"
-               if i["timings"].get("warmup", 0.0) >= 1.0 else "")
-            + (f"\n  note: {i['fallback']}" if i.get("fallback") else "")
+           "makespan": e.makespan, "total": e.total, "peak": e.peak,
+           "other_objective": e.other_objective, "other_makespan": e.other_makespan,
+           "lower_bound": e.lower_bound, "gap": e.gap, "certificate": p.certificate,
+           "placement": r.placement_kind, "seconds": seconds, "warmup_seconds": warmup,
+           "fallback": r.fallback}
+    cert = p.certificate
+    text = (f"plan: R={p.rows} ({cert['status']} R*={cert['rows']} by {cert['method']}), "
+            f"placement {r.placement_kind}, objective {p.objective}\n"
+            f"  makespan {e.makespan:,.1f} µs  ({e.other_objective}: {e.other_makespan:,.1f})  "
+            f"LB {e.lower_bound:,.1f}  gap {e.gap:.4f}  in {seconds:.2f} s"
+            + (f" (+ {warmup:.1f} s numba warm-up, see routepack warmup)" if warmup >= 1.0 else "")
+            + (f"\n  note: {r.fallback}" if r.fallback else "")
             + (f"\n  wrote {out}" if out else ""))
     emit(args, res, text)

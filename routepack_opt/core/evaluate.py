@@ -21,6 +21,7 @@ import numpy as np
 
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.layout import Layout
 from routepack_opt.core.plan import OBJECTIVES, Plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
@@ -204,11 +205,19 @@ class Evaluator:
                           lower_bound=self.lower_bound(placement_LE, rows),
                           placement_free_lower_bound=self.placement_free_lower_bound(rows))
 
+    def score_layout(self, placement_LE, layout: Layout, objective: str) -> Score:
+        """:meth:`score` of a :class:`Layout`."""
+        return self.score(placement_LE, layout.row, layout.slot, layout.rows, objective)
+
+    def evaluate_layout(self, placement_LE, layout: Layout, objective: str = "max-sum") -> Evaluation:
+        """:meth:`evaluate` of a :class:`Layout`."""
+        return self.evaluate(placement_LE, layout.row, layout.slot, layout.rows, objective)
+
     def evaluate_plan(self, plan: Plan, objective: str | None = None) -> Evaluation:
         errs = plan.validate(self.window)
         if errs:
             raise InputError("invalid plan: " + "; ".join(errs[:5]) + (f" (+{len(errs) - 5} more)" if len(errs) > 5 else ""))
-        return self.evaluate(plan.placement, plan.row, plan.slot, plan.rows, objective or plan.objective)
+        return self.evaluate_layout(plan.placement, plan.layout, objective or plan.objective)
 
 
 def evaluate_plan(window: Window, plan: Plan, cost: CostModel, objective: str | None = None) -> Evaluation:

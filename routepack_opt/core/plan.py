@@ -14,6 +14,8 @@ import numpy as np
 
 from routepack_opt.core.errors import InputError, load_document
 from routepack_opt.core.io import atomic_write_text
+from routepack_opt.core.layout import Layout, check_rows
+from routepack_opt.core.report import PlanReport
 from routepack_opt.core.topology import Topology
 
 __all__ = ["Plan", "load_plan", "PLAN_FORMAT", "cells_from_assignment", "assignment_from_cells",
@@ -67,11 +69,15 @@ def check_placement(placement, num_layers: int | None = None, num_experts: int |
     return errs
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """A plan. ``placement[l, e]`` is the physical slot of logical expert e at layer l (rank =
-    slot // (E/P)); ``row`` and ``slot`` give each sample's cell. ``score``, ``lower_bound`` and
-    ``certificate`` are reports: :func:`routepack_opt.core.evaluate.evaluate_plan` recomputes them."""
+    slot // (E/P)); ``row`` and ``slot`` give each sample's cell, ``rows`` is R — together the
+    plan's :attr:`layout`. ``score``, ``lower_bound``, ``certificate`` and ``report`` are reports:
+    :func:`routepack_opt.core.evaluate.evaluate_plan` recomputes the scores.
+
+    Immutable: built once, complete (``routepack_opt.pipeline.build_plan`` builds a scored one;
+    ``dataclasses.replace`` gives a changed copy). ``info`` is the report's JSON form."""
 
     topology: Topology
     rows: int
@@ -82,14 +88,41 @@ class Plan:
     score: dict | None = None
     lower_bound: float | None = None
     certificate: dict | None = None
-    info: dict = dataclasses.field(default_factory=dict)
+    report: PlanReport = PlanReport()
+    layout: Layout = dataclasses.field(init=False, repr=False, compare=False)
 
-    def __post_init__(self):
-        self.placement = np.asarray(self.placement, dtype=np.int64)
-        self.row = np.asarray(self.row, dtype=np.int64)
-        self.slot = np.asarray(self.slot, dtype=np.int64)
+    def __post_init__(self) -> None:
+        placement = np.array(self.placement, dtype=np.int64)
+        placement.flags.writeable = False
+        object.__setattr__(self, "placement", placement)
         if self.objective not in OBJECTIVES:
             raise InputError(f"plan: objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if not isinstance(self.report, PlanReport):
+            raise InputError(f"plan: report must be a PlanReport, got {type(self.report).__name__}")
+        try:
+            layout = Layout(self.row, self.slot, self.rows)
+        except InputError:  # kept as built; validate() names what is wrong
+            layout = None
+        if layout is not None:
+            object.__setattr__(self, "layout", layout)
+            object.__setattr__(self, "rows", layout.rows)
+            object.__setattr__(self, "row", layout.row)
+            object.__setattr__(self, "slot", layout.slot)
+        else:
+            object.__setattr__(self, "row", np.asarray(self.row, dtype=np.int64))
+            object.__setattr__(self, "slot", np.asarray(self.slot, dtype=np.int64))
+
+    @classmethod
+    def from_layout(cls, topology: Topology, placement, layout: Layout, objective: str = "max-sum",
+                    **reports) -> "Plan":
+        """A plan from a :class:`Layout` (``reports``: ``score``, ``lower_bound``,
+        ``certificate``, ``report``)."""
+        return cls(topology, layout.rows, placement, layout.row, layout.slot, objective, **reports)
+
+    @property
+    def info(self) -> dict:
+        """The report as the JSON object of a plan file's ``info`` (a fresh dict each call)."""
+        return self.report.to_json()
 
     @property
     def num_samples(self) -> int:
@@ -108,8 +141,10 @@ class Plan:
         coverage against its samples."""
         topo = self.topology
         errs: list[str] = []
-        if not isinstance(self.rows, (int, np.integer)) or self.rows < 1:
-            return [f"rows: must be a positive integer, got {self.rows!r}"]
+        try:
+            check_rows(self.rows, "rows:")
+        except InputError as exc:
+            return [str(exc)]
         if self.rows < topo.min_rows:
             errs.append(f"rows: {self.rows} < min_rows {topo.min_rows}")
         if self.rows % topo.row_multiple:
@@ -168,8 +203,9 @@ class Plan:
             d["lower_bound"] = float(self.lower_bound)
         if self.certificate is not None:
             d["certificate"] = self.certificate
-        if self.info:
-            d["info"] = self.info
+        info = self.report.to_json()
+        if info:
+            d["info"] = info
         return d
 
     def save(self, path: str | Path) -> None:
@@ -187,8 +223,7 @@ class Plan:
             raise InputError(f"plan: missing key(s) {', '.join(missing)}")
         topo = Topology.from_dict(d["topology"])
         rows = d["rows"]
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise InputError(f"plan: rows must be a positive integer, got {rows!r}")
+        check_rows(rows, "plan: rows")
         cells = d["cells"]
         if (not isinstance(cells, list) or len(cells) != rows
                 or not all(isinstance(r, list) and len(r) == topo.dp for r in cells)
@@ -215,7 +250,7 @@ class Plan:
             raise InputError(f"plan: objective must be one of {OBJECTIVES}, got {objective!r}")
         return cls(topology=topo, rows=rows, placement=placement, row=row_N, slot=slot_N,
                    objective=objective, score=d.get("score"), lower_bound=d.get("lower_bound"),
-                   certificate=d.get("certificate"), info=d.get("info") or {})
+                   certificate=d.get("certificate"), report=PlanReport.from_json(d.get("info") or {}))
 
 
 def _jsonable(x):

@@ -30,11 +30,13 @@ from __future__ import annotations
 import time
 
 import heapq
+from typing import Callable
 
 import numba
 import numpy as np
 
 from routepack_opt.core.errors import InfeasibleError, InputError
+from routepack_opt.core.layout import check_rows
 from routepack_opt.heuristics.placement.lpt import lpt_assign
 from routepack_opt.core.topology import Topology
 
@@ -172,9 +174,7 @@ def _prepare(lengths, topology: Topology, rows) -> tuple[np.ndarray, int, int, i
     len_N = len_N.astype(np.int64)
     if (len_N < 1).any():
         raise InputError("lengths: every sample needs at least 1 token")
-    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
-        raise InputError(f"rows must be a positive integer, got {rows!r}")
-    R, D, C = int(rows), topology.dp, topology.capacity
+    R, D, C = check_rows(rows), topology.dp, topology.capacity
     N = len_N.size
     if len_N.max() > C:
         raise InfeasibleError(f"samples {np.flatnonzero(len_N > C)[:8].tolist()} are longer than the capacity {C}")
@@ -464,4 +464,6 @@ def nemo_ffd_layout(lengths, topology: Topology, rows: int, deal: str = "balance
     return _deal(len_N, cell_N, R, D, deal)
 
 
-BASELINES = {"verl-kk": verl_kk_layout, "nemo-ffd": nemo_ffd_layout}
+# name → layout(lengths, topology, rows, time_limit=...) -> (row_N, slot_N)
+BASELINES: dict[str, Callable[..., tuple[np.ndarray, np.ndarray]]] = {
+    "verl-kk": verl_kk_layout, "nemo-ffd": nemo_ffd_layout}

@@ -81,14 +81,15 @@ def plan_cells(window: Window, topology: Topology, cost, *, objective: str = "ma
                placement="lpt", rows: int | None = None, time_limit: float | None = None,
                max_sweeps: int | None = None, seed: int = 0, current_placement=None) -> PlannedCells:
     """One call into the pipeline; every seam plans through here."""
-    from routepack_opt.pipeline import plan
+    from routepack_opt.pipeline import solve  # numba and OR-Tools: imported on the first plan
 
     if window.num_samples < topology.dp:
         raise InputError(f"{window.num_samples} samples cannot give every one of {topology.dp} DP "
                          "ranks a non-empty micro-batch")
-    p = plan(window, topology, as_cost(cost), objective, placement, rows, time_limit, max_sweeps,
-             seed, current_placement=current_placement)
-    rep = dict(p.info)
+    p = solve(window, topology, as_cost(cost), objective=objective, placement=placement, rows=rows,
+              time_limit=time_limit, max_sweeps=max_sweeps, seed=seed,
+              current_placement=current_placement)
+    rep = p.info
     rep["score"] = p.score
     rep["certificate"] = p.certificate
     return PlannedCells(p.cells(), p, rep)

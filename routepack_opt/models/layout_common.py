@@ -44,6 +44,7 @@ import numpy as np
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator, Score, check_objective
+from routepack_opt.core.layout import check_rows
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 
@@ -96,8 +97,7 @@ class LayoutInstance:
     def build(cls, window: Window, topology: Topology, cost: CostModel, placement, rows: int,
               objective: str, evaluator: Evaluator | None = None) -> "LayoutInstance":
         check_objective(objective)
-        if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
-            raise InputError(f"rows must be a positive integer, got {rows!r}")
+        check_rows(rows)
         evaluator = evaluator or Evaluator(window, topology, cost)
         placement = np.asarray(placement, dtype=np.int64)
         b_NLP = evaluator.rank_loads(placement)
