@@ -64,7 +64,7 @@ def _child(n: int, dp: int) -> None:
     from routepack_opt.core.evaluate import Evaluator
     from routepack_opt.heuristics.baselines import verl_kk_layout
     from routepack_opt.heuristics.placement.lpt import identity_placement
-    from routepack_opt.pipeline import plan
+    from routepack_opt.pipeline import solve
     from routepack_opt.core.topology import Topology
     from routepack_opt.warmup import warm
 
@@ -72,7 +72,7 @@ def _child(n: int, dp: int) -> None:
     w = make_window(n)
     topo, cost = Topology(dp=dp, ep=EP, capacity=CAP), resolve_cost(COST)
     t = time.perf_counter()
-    p = plan(w, topo, cost)
+    p = solve(w, topo, cost)
     seconds = time.perf_counter() - t
     ev = Evaluator(w, topo, cost)
     row, slot = verl_kk_layout(w.lengths, topo, p.rows)
@@ -81,7 +81,7 @@ def _child(n: int, dp: int) -> None:
     print(json.dumps({"N": n, "D": dp, "rows": p.rows, "seconds": seconds, "makespan": p.score["makespan"],
                       "gap": p.score["makespan"] / p.lower_bound, "gain": 1 - p.score["makespan"] / base,
                       "peak_bytes": peak, "counts_bytes": int(w.counts.nbytes),
-                      "timings": p.info["timings"], "sweeps": p.report.search.sweeps if p.report.search else None}))
+                      "timings": dict(p.report.timings), "sweeps": p.report.search.sweeps if p.report.search else None}))
 
 
 # ------------------------------------------------------------------ parts
@@ -113,7 +113,7 @@ def part_cold(tmp: Path, quick: bool) -> list[dict]:
 def part_prod() -> dict:
     from routepack_opt.core.cost import resolve_cost
     from routepack_opt.heuristics.baselines import nemo_ffd_layout, verl_kk_layout
-    from routepack_opt.pipeline import plan
+    from routepack_opt.pipeline import solve
     from routepack_opt.core.topology import Topology
     from routepack_opt.warmup import warm
 
@@ -123,10 +123,10 @@ def part_prod() -> dict:
     totals, makespans, stages = [], [], []
     for _ in range(5):
         t = time.perf_counter()
-        p = plan(w, topo, cost)
+        p = solve(w, topo, cost)
         totals.append(time.perf_counter() - t)
         makespans.append(p.score["makespan"])
-        stages.append(p.info["timings"])
+        stages.append(p.report.timings)
     peers = {}
     for name, fn in (("verl-kk", verl_kk_layout), ("nemo-ffd", nemo_ffd_layout)):
         ts = []

@@ -20,7 +20,7 @@ from _lib.referee import Planner, Setting, header, main, write
 from _lib.report import pct
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.pipeline import plan, resolve_placement
+from routepack_opt.pipeline import resolve_placement, solve
 from routepack_opt.trace import generate_window
 
 STUDY = "budget"
@@ -118,8 +118,8 @@ def overhead_rows(st: Setting, samples: int = 1024) -> list[dict]:
         w_prev = generate_window(preset, samples, st.seed, step=0)
         w = generate_window(preset, samples, st.seed, step=1)
         prev_pl, _ = resolve_placement(w_prev, topo, "lpt")
-        p = plan(w, topo, cost, "max-sum", "lpt", None, None, None, st.seed)
-        tm = p.info["timings"]
+        p = solve(w, topo, cost, objective="max-sum", placement="lpt", seed=st.seed)
+        tm = p.report.timings
         mig = migration_cost(prev_pl, align_slots(p.placement, prev_pl, topo.ep), topo, cost)
         t_place = tm["placement"]
         t_pack = tm["total"] - tm["placement"]

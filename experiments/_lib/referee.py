@@ -24,7 +24,7 @@ from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.lpt import identity_placement, rank_load_cv
-from routepack_opt.pipeline import plan, resolve_placement, resolve_rows
+from routepack_opt.pipeline import resolve_placement, resolve_rows, solve
 from routepack_opt.trace import generate_window
 
 from . import report, settings
@@ -149,8 +149,8 @@ class Planner:
         if time_limit is None and key in self._cache:
             return self._cache[key]
         t0 = time.perf_counter()
-        p = plan(self.window, self.topology, cost or self.cost, objective, self.lpt, self.rows,
-                 time_limit, sweeps, seed)
+        p = solve(self.window, self.topology, cost or self.cost, objective=objective,
+                  placement=self.lpt, rows=self.rows, time_limit=time_limit, max_sweeps=sweeps, seed=seed)
         out = (p.row, p.slot, time.perf_counter() - t0, p)
         if time_limit is None:
             self._cache[key] = out
