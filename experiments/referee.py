@@ -869,7 +869,7 @@ def study_peers(st: Setting, objective: str = "max-sum") -> Path:
             t0 = time.perf_counter(); lpt = lpt_placement(load, P); acc["lpt_ms"].append(1e3 * (time.perf_counter() - t0))
             t0 = time.perf_counter(); ep_ = eplb_balanced_packing(load, P); acc["eplb_ms"].append(1e3 * (time.perf_counter() - t0))
             t0 = time.perf_counter(); sw = swap_refine(load, lpt, P); acc["swap_ms"].append(1e3 * (time.perf_counter() - t0))
-            rep = exact_placement(load, P, time_limit=tl)
+            rep = exact_placement(load, P, sw, lpt, time_limit=tl)
             bound = rep.bound_L.astype(np.float64)
             pk_of = lambda pl: expert_rank_loads(load, pl, P).max(axis=1)  # noqa: E731
             acc["lgap"] += (pk_of(lpt) / bound).tolist()

@@ -1,6 +1,6 @@
 """RoutePack: plan each optimizer step of MoE RL training — expert placement and packing."""
 
-from routepack_opt.warmup import configure_cache
+from routepack_opt.core.cache import configure_cache
 
 configure_cache()  # ROUTEPACK_CACHE_DIR → NUMBA_CACHE_DIR, before anything imports numba
 

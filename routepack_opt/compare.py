@@ -44,6 +44,7 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, objective
                   exact_time_limit: float = 30.0, joint: bool = True, current_placement=None,
                   progress=None, config=None) -> tuple[list[dict], dict[str, Plan]]:
     """Plans for every row of the comparison and their metrics (first row = baseline)."""
+    from routepack_opt.certify import pack_into_bins
     from routepack_opt.heuristics.baselines import BASELINES
     from routepack_opt.pipeline import layout_plan, plan, resolve_placement, resolve_rows
 
@@ -57,7 +58,7 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, objective
     for name, kind in (("baseline", "identity"), ("reorder", "lpt")):
         t0 = time.perf_counter()
         pl, _ = resolve_placement(window, topology, kind)
-        row, slot = base_fn(window.lengths, topology, R)
+        row, slot = base_fn(window.lengths, topology, R, exact_pack=pack_into_bins)
         plans[name] = layout_plan(window, topology, cost, pl, row, slot, R, objective,
                                   {"packing": "verl-kk"}, cert, ev)
         secs[name] = time.perf_counter() - t0 + t_cert

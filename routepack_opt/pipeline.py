@@ -14,7 +14,8 @@ import numpy as np
 
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InfeasibleError, InputError
-from routepack_opt.core.evaluate import Evaluator, check_objective
+from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.objective import check_objective
 from routepack_opt.core.plan import Plan, check_placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
@@ -79,6 +80,7 @@ def baseline_layouts(window: Window, topology: Topology, rows: int,
     """Every length-only baseline layout at exactly ``rows`` rows (name → (row_N, slot_N)).
     ``time_limit`` bounds them all together (their cap repair and, on tight windows, the exact
     packing of their last resort)."""
+    from routepack_opt.certify import pack_into_bins
     from routepack_opt.heuristics.baselines import BASELINES
 
     out = {}
@@ -86,7 +88,7 @@ def baseline_layouts(window: Window, topology: Topology, rows: int,
     for k, (name, fn) in enumerate(BASELINES.items()):
         share = (end - time.perf_counter()) / (len(BASELINES) - k)  # an even split of what is left
         try:
-            out[name] = fn(window.lengths, topology, rows, time_limit=max(0.05, share))
+            out[name] = fn(window.lengths, topology, rows, time_limit=max(0.05, share), exact_pack=pack_into_bins)
         except InfeasibleError:
             continue
     if not out:
@@ -125,7 +127,7 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
     from routepack_opt.heuristics.annealing import AnnealConfig, anneal
     from routepack_opt.warmup import groups_for, warm
 
-    check_objective(objective)
+    objective = check_objective(objective)
     t_warm = time.perf_counter()
     warm(groups_for(placement))
     t_warm = time.perf_counter() - t_warm

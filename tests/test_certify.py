@@ -10,7 +10,7 @@ from routepack_opt.certify import (BinPackUndecided, Certificate, certify_rows, 
                                    spread_to_nonempty)
 from routepack_opt.cli import main
 from routepack_opt.core.errors import InputError
-from routepack_opt.heuristics.binpack import is_packing, lower_bound
+from routepack_opt.core.bounds import bin_lower_bound, is_packing
 from routepack_opt.testing import random_window
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import save_window
@@ -153,7 +153,7 @@ def test_pack_into_bins_against_brute_force():
         C = int(rng.integers(10, 30))
         sizes = rng.integers(C // 4, C // 2 + 3, size=int(rng.integers(4, 9)))
         opt = brute_force_bins(sizes, C)
-        gap = lower_bound(sizes, C)[0] < opt  # the exact models, not the bounds, decide these
+        gap = bin_lower_bound(sizes, C)[0] < opt  # the exact models, not the bounds, decide these
         if (gap and gaps >= 4) or (not gap and plain >= 20):
             continue
         gaps, plain = gaps + gap, plain + (not gap)

@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from routepack_opt.certify import certify_rows
+from routepack_opt.certify import certify_rows, pack_into_bins
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import rank_loads, row_shard_costs, score_from_J
 from routepack_opt.heuristics import annealing as A
@@ -117,7 +117,7 @@ def test_seed_layouts_keep_equal_counts(C):
     seeds = baseline_layouts(w, topo, R)
     assert "nemo-ffd" not in seeds and seeds
     pl = np.tile(np.arange(8), (2, 1))
-    for row, slot in list(seeds.values()) + [verl_kk_layout(w.lengths, topo, R)]:
+    for row, slot in list(seeds.values()) + [verl_kk_layout(w.lengths, topo, R, exact_pack=pack_into_bins)]:
         assert Plan(topo, R, pl, row, slot).validate(w) == []
         assert equal_counts_ok(slot, 4)
 
@@ -128,7 +128,7 @@ def test_seed_layouts_keep_equal_counts(C):
 def _eq_instance(ti, seed, n=40):
     w, topo, pl, b, R = instance(TOPOLOGIES[ti], seed=seed, n=n)
     topo = _eq(topo)
-    row, slot = equal_count_layout(w.lengths, topo, R)
+    row, slot = equal_count_layout(w.lengths, topo, R, exact_pack=pack_into_bins)
     return w, topo, pl, b, R, row, slot
 
 

@@ -11,7 +11,7 @@ from routepack_opt import pipeline
 from routepack_opt.core.cost import PRESETS
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.heuristics import annealing, baselines
+from routepack_opt.heuristics import annealing, cells
 from routepack_opt.heuristics.placement.lpt import lpt_placement
 from routepack_opt.models.layout import solve_layout
 from routepack_opt.core.topology import Topology
@@ -57,11 +57,11 @@ def test_repair_in_pieces_equals_one_pass(monkeypatch):
     lengths = rng.integers(50, 900, size=400)
     cells0 = rng.integers(0, 64, size=400)
     whole = cells0.copy()
-    ok = baselines._repair_capacity(lengths, whole, 8, 8, 2000)
+    ok = cells.repair_capacity(lengths, whole, 8, 8, 2000)
     for piece_ops in (1, 3 * (400 + 64)):
-        monkeypatch.setattr(baselines, "_REPAIR_PIECE_OPS", piece_ops)
+        monkeypatch.setattr(cells, "_REPAIR_PIECE_OPS", piece_ops)
         again = cells0.copy()
-        assert baselines._repair_capacity(lengths, again, 8, 8, 2000) == ok
+        assert cells.repair_capacity(lengths, again, 8, 8, 2000) == ok
         assert np.array_equal(again, whole)
 
 
@@ -72,7 +72,7 @@ def test_repair_stops_at_a_past_deadline():
     cells = rng.integers(0, 64, size=400)
     tokens = np.bincount(cells, weights=lengths, minlength=64)
     assert (tokens > 2000).any()
-    assert baselines._repair_capacity(lengths, cells, 8, 8, 2000, deadline=time.perf_counter() - 1) is False
+    assert cells.repair_capacity(lengths, cells, 8, 8, 2000, deadline=time.perf_counter() - 1) is False
 
 
 def test_stages_before_the_search_count_against_the_limit(window, monkeypatch):

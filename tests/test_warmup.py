@@ -17,7 +17,8 @@ from routepack_opt.heuristics.placement.lpt import identity_placement
 from routepack_opt.pipeline import plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.warmup import configure_cache, numba_kernels, warm
+from routepack_opt.core.cache import configure_cache
+from routepack_opt.warmup import numba_kernels, warm
 from routepack_opt.core.window import Window, save_window
 
 from conftest import REPO

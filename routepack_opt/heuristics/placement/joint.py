@@ -34,7 +34,8 @@ import numpy as np
 
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.evaluate import Evaluator, Score, check_objective
+from routepack_opt.core.evaluate import Evaluator, Score
+from routepack_opt.core.objective import check_objective
 from routepack_opt.heuristics.placement.refine import RefineConfig, refine_placement
 from routepack_opt.heuristics.placement.migration import Migration, align_slots, migration_cost
 from routepack_opt.core.plan import check_placement
@@ -168,7 +169,7 @@ def joint_search(window: Window, topology: Topology, cost: CostModel, rows: int,
     (module doc). ``layout0`` is ``(row_N, slot_N)``, feasible at ``rows``; ``packer`` defaults to
     the population annealer with ``config.anneal_sweeps``."""
     t0 = time.perf_counter()
-    check_objective(objective)
+    objective = check_objective(objective)
     L, E = window.num_layers, window.num_experts
     placement0 = np.asarray(placement0, dtype=np.int64)
     errs = check_placement(placement0, L, E)
