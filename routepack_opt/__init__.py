@@ -12,4 +12,8 @@ from routepack_opt.core.plan import Plan, load_plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window, load_window, save_window
 
+__all__ = ["AsyncPlanner", "MicroBatchPlan", "PlanOptions", "plan_micro_batches", "CostModel", "Stage",
+           "get_preset", "load_cost", "InputError", "Evaluator", "evaluate_plan", "Plan", "load_plan",
+           "Topology", "Window", "load_window", "save_window"]
+
 __version__ = "0.1.0"

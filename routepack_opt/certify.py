@@ -36,12 +36,12 @@ import numpy as np
 
 from routepack_opt.core.bounds import bin_lower_bound, check_sizes, is_packing, lower_bound_l1, lower_bound_l2
 from routepack_opt.core.errors import BinPackUndecided, InfeasibleError, InputError
-from routepack_opt.heuristics.equal_counts import equal_count_layout
-from routepack_opt.models.equal_counts import decide_equal_counts
-from routepack_opt.heuristics.binpack import best_packing, fixed_bins_search, minimum_bin_slack
-from routepack_opt.models.binpack import solve_bin_packing
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
+from routepack_opt.heuristics.binpack import best_packing, fixed_bins_search, minimum_bin_slack
+from routepack_opt.heuristics.equal_counts import equal_count_layout
+from routepack_opt.models.binpack import solve_bin_packing
+from routepack_opt.models.equal_counts import decide_equal_counts
 
 __all__ = ["Certificate", "certify_rows", "pack_into_bins", "spread_to_nonempty", "BinPackUndecided"]
 

@@ -68,7 +68,7 @@ def routing_dispersion(window: Window, tokens: int = 64, seed: int = 0,
     if max_samples is not None and max_samples < 1:
         raise InputError(f"max_samples must be ≥ 1, got {max_samples}")
     rng = np.random.default_rng(np.random.SeedSequence([abs(int(seed)), 15]))
-    K, (N, L, E) = window.top_k, window.counts.shape
+    K, (_, L, E) = window.top_k, window.counts.shape
     eligible = np.flatnonzero(window.lengths >= tokens)
     if max_samples is not None and eligible.size > max_samples:
         eligible = np.sort(rng.choice(eligible, size=max_samples, replace=False))

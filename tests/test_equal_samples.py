@@ -8,18 +8,17 @@ import itertools
 
 import numpy as np
 import pytest
+from cases import COST, TOPOLOGIES, instance
 
 from routepack_opt.certify import certify_rows, pack_into_bins
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.evaluate import rank_loads, row_shard_costs, score_from_J
+from routepack_opt.core.evaluate import row_shard_costs, score_from_J
+from routepack_opt.core.plan import Plan
+from routepack_opt.core.testing import random_window
+from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics import annealing as A
 from routepack_opt.heuristics.baselines import verl_kk_layout
 from routepack_opt.heuristics.equal_counts import equal_count_layout, equal_counts_ok
-from routepack_opt.core.plan import Plan
-from routepack_opt.testing import random_window
-from routepack_opt.core.topology import Topology
-
-from cases import COST, TOPOLOGIES, instance
 
 
 def _eq(topo: Topology) -> Topology:
@@ -210,13 +209,13 @@ def test_anneal_rejects_a_seed_with_unequal_counts():
 
 # ------------------------------------------------------------------ exact models
 
+from cases import TOY  # noqa: E402
+
 from routepack_opt.core.evaluate import Evaluator  # noqa: E402
+from routepack_opt.core.testing import random_layout  # noqa: E402
 from routepack_opt.models import layout_blocks  # noqa: E402
 from routepack_opt.models.brute import brute_force_layout  # noqa: E402
-from routepack_opt.models.layout import (LayoutInstance, canonical_layout, is_canonical,  # noqa: E402
-                                         solve_layout)
-from routepack_opt.testing import random_layout  # noqa: E402
-from cases import TOY  # noqa: E402
+from routepack_opt.models.layout import LayoutInstance, canonical_layout, is_canonical, solve_layout  # noqa: E402
 
 # (N, dp, ep, rows, capacity, seed): N divisible by dp; small enough to enumerate every cell order.
 EQ_CASES = [
@@ -328,8 +327,8 @@ def test_pipeline_plan_keeps_equal_counts_and_round_trips(tmp_path):
     """plan() with the option (lpt and joint placement) returns a valid plan with N/D samples per
     slot; its JSON carries the option and reads back into a plan that still validates."""
     from routepack_opt.core.cost import CostModel, Stage
-    from routepack_opt.pipeline import plan
     from routepack_opt.core.plan import load_plan
+    from routepack_opt.pipeline import plan
 
     cost = CostModel(stages=(Stage("full_attn", alpha=0.02, beta=4e-5),), gamma=0.01, row_overhead=5.0)
     w = random_window(64, 4, 16, 2, max_len=400, seed=11, skew=1.2)

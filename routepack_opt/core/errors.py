@@ -10,7 +10,6 @@ import tomllib
 from pathlib import Path
 
 
-
 class RoutePackError(Exception):
     """Base class of RoutePack's own errors."""
 

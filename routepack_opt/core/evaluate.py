@@ -41,7 +41,9 @@ def rank_loads(counts_NLE: np.ndarray, placement_LE: np.ndarray, ep: int) -> np.
         raise InputError(f"placement: expected shape [{L}, {E}], got {list(placement_LE.shape)}")
     if placement_LE.size and (placement_LE.min() < 0 or placement_LE.max() >= E):
         raise InputError(f"placement: slots must be in 0..{E - 1}")
-    from routepack_opt.core.projection import project_counts  # numba, imported on first use
+    # numba (~0.15 s to import) on first use, the only such import in core: `import routepack_opt`
+    # (which loads this module) stays free of numba, and the CLI's --help and input errors fast
+    from routepack_opt.core.projection import project_counts
 
     rank_LE = np.ascontiguousarray(placement_LE // (E // ep))
     return project_counts(np.ascontiguousarray(counts_NLE), rank_LE, int(ep))
@@ -186,7 +188,8 @@ class Evaluator:
     def evaluate_plan(self, plan: Plan, objective: Objective | str | None = None) -> Evaluation:
         errs = plan.validate(self.window)
         if errs:
-            raise InputError("invalid plan: " + "; ".join(errs[:5]) + (f" (+{len(errs) - 5} more)" if len(errs) > 5 else ""))
+            more = f" (+{len(errs) - 5} more)" if len(errs) > 5 else ""
+            raise InputError("invalid plan: " + "; ".join(errs[:5]) + more)
         return self.evaluate(plan.placement, plan.row, plan.slot, plan.rows, objective or plan.objective)
 
 

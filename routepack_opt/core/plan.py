@@ -198,7 +198,7 @@ class Plan:
         atomic_write_text(path, dumps_strict(self.to_json(), indent=1) + "\n")
 
     @classmethod
-    def from_json(cls, d: dict, num_samples: int | None = None) -> "Plan":
+    def from_json(cls, d: dict, num_samples: int | None = None) -> Plan:
         if not isinstance(d, dict):
             raise InputError("plan: expected a JSON object")
         if d.get("format") != PLAN_FORMAT:

@@ -23,22 +23,22 @@ Both return a feasible layout whenever one exists (``binpack_opt(len, C) ≤ R·
 greedy construction breaks the cap and moving or swapping samples cannot fix it, the last resort
 packs into at most R·D bins (FFD/BFD, else the caller's exact packer ``exact_pack``, e.g.
 :func:`routepack_opt.certify.pack_into_bins`; without one, InfeasibleError says so),
-splits bins until there are exactly R·D nonempty cells and deals them to (row, slot). :class:`InfeasibleError` when no layout exists.
+splits bins until there are exactly R·D nonempty cells and deals them to (row, slot).
+:class:`InfeasibleError` when no layout exists.
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from routepack_opt.core.errors import BinPackUndecided, InfeasibleError, InputError
 from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.binpack import best_packing, first_fit_decreasing
-from routepack_opt.heuristics.cells import (check_layout, kk_partition, order_rows, prepare_lengths,
-                                            repair_capacity)
+from routepack_opt.heuristics.cells import check_layout, kk_partition, order_rows, prepare_lengths, repair_capacity
 from routepack_opt.heuristics.equal_counts import equal_count_layout
 from routepack_opt.heuristics.placement.lpt import lpt_assign
 

@@ -27,8 +27,7 @@ import numpy as np
 
 from routepack_opt.core.errors import BinPackUndecided, InfeasibleError, InputError
 from routepack_opt.core.topology import Topology
-from routepack_opt.heuristics.cells import (check_layout, kk_partition, order_rows, prepare_lengths,
-                                            repair_capacity)
+from routepack_opt.heuristics.cells import check_layout, kk_partition, order_rows, prepare_lengths, repair_capacity
 
 __all__ = ["equal_count_layout", "equal_counts_ok", "count_fit_decreasing"]
 

@@ -27,9 +27,9 @@ import time
 import numba
 import numpy as np
 
+from routepack_opt.core.bounds import bin_lower_bound, check_sizes, is_packing
 from routepack_opt.core.errors import InputError, RoutePackError
 from routepack_opt.models import _solvers
-from routepack_opt.core.bounds import bin_lower_bound, check_sizes, is_packing
 
 __all__ = ["BinPackResult", "solve_bin_packing", "arcflow_graph", "METHODS"]
 

@@ -199,7 +199,8 @@ def applicable(inst: LayoutInstance) -> bool:
     small = _kind(inst) != "shard" or inst.rows * inst.topology.num_shards <= 12
     # Blocks are (row, shard) cell sets chosen independently of slot totals: the decomposition
     # cannot express equal samples per slot, so it is skipped then (CP-SAT/HiGHS model it).
-    return not inst.topology.equal_samples_per_slot and inst.topology.ep <= 2 and inst.num_samples <= 30 and small and prefeasibility(inst) is None
+    return (not inst.topology.equal_samples_per_slot and inst.topology.ep <= 2 and inst.num_samples <= 30
+            and small and prefeasibility(inst) is None)
 
 
 def block_bounds(inst: LayoutInstance) -> tuple[int, int, int]:

@@ -38,6 +38,7 @@ permutations), so the orderings still combine to exactly one representative.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator, Score
 from routepack_opt.core.objective import Objective, check_objective
+from routepack_opt.core.plan import Plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 
@@ -71,8 +73,6 @@ class BuildClock:
         self.deadline = deadline
 
     def check(self) -> None:
-        import time
-
         if self.deadline is not None and time.perf_counter() > self.deadline:
             raise BuildTimeout("the model was not built within the time limit")
 
@@ -95,7 +95,7 @@ class LayoutInstance:
 
     @classmethod
     def build(cls, window: Window, topology: Topology, cost: CostModel, placement, rows: int,
-              objective: Objective | str, evaluator: Evaluator | None = None) -> "LayoutInstance":
+              objective: Objective | str, evaluator: Evaluator | None = None) -> LayoutInstance:
         objective = check_objective(objective)
         if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
             raise InputError(f"rows must be a positive integer, got {rows!r}")
@@ -135,8 +135,6 @@ class LayoutInstance:
         return self.evaluator.score(self.placement, row_N, slot_N, self.rows, self.objective)
 
     def violations(self, row_N, slot_N) -> list[str]:
-        from routepack_opt.core.plan import Plan
-
         plan = Plan(self.topology, self.rows, self.placement, row_N, slot_N, self.objective)
         return plan.validate(self.window)
 
@@ -326,12 +324,10 @@ def is_canonical(row_N, slot_N, topology: Topology, rows: int, objective: Object
     return bool(np.array_equal(r2, row_N) and np.array_equal(s2, slot_N))
 
 
-def solver_result(inst: "LayoutInstance", solver: str, status: str, layout, bound: float, t0: float,
-                  claimed, rounding_error: float, lexicographic: bool, info: dict) -> "LayoutResult":
+def solver_result(inst: LayoutInstance, solver: str, status: str, layout, bound: float, t0: float,
+                  claimed, rounding_error: float, lexicographic: bool, info: dict) -> LayoutResult:
     """A :class:`LayoutResult` whose objective is the evaluator's score of the solver's layout
     (never the solver's own claim); a layout that breaks a plan rule is an internal bug."""
-    import time
-
     score = None
     row = slot = None
     if layout is not None:

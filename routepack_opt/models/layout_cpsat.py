@@ -42,9 +42,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from routepack_opt.core.objective import Objective
-from routepack_opt.models import _solvers
-from routepack_opt.models.layout_common import (BuildClock, BuildTimeout, LayoutInstance, LayoutResult, canonical_layout,
-                                                lex_better, solver_result, prefeasibility, symmetry_groups)
+from routepack_opt.models import _solvers, layout_blocks
+from routepack_opt.models.layout_common import (
+    BuildClock,
+    BuildTimeout,
+    LayoutInstance,
+    LayoutResult,
+    canonical_layout,
+    lex_better,
+    prefeasibility,
+    solver_result,
+    symmetry_groups,
+)
 
 if TYPE_CHECKING:
     from ortools.sat.python.cp_model import CpSolver
@@ -112,8 +121,6 @@ def solve_cpsat(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
                        {"reason": reason})
     done: list[dict] = []  # earlier phases: layout, bound, info
     if decompose and warm_start is not None and not lexicographic:
-        from routepack_opt.models import layout_blocks
-
         if layout_blocks.applicable(inst):
             pre = layout_blocks.solve_blocks(inst, DECOMPOSE_SHARE * time_limit, warm_start)
             if pre["status"] == "optimal":
@@ -456,9 +463,9 @@ class _Model:
             Mval[r, g, l] = int((y @ inst.b_NLP[:, l, :]).max())
             m.add_hint(mv, Mval[r, g, l])
         J = np.zeros((R, G), dtype=np.int64)
-        for (s, r, g), v in Aval.items():
+        for (_s, r, g), v in Aval.items():
             J[r, g] += v
-        for (r, g, l), v in Mval.items():
+        for (r, g, _l), v in Mval.items():
             J[r, g] += self.sc.K * v
         if "Z" in self.obj_vars:
             m.add_hint(self.obj_vars["Z"], int(J.sum(axis=0).max()))

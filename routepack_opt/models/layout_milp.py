@@ -4,7 +4,8 @@ Legend: N samples, L layers, P EP ranks, D DP slots, G shards, R rows, S stages,
 
 The same model as :mod:`routepack_opt.models.layout_cpsat`, with continuous costs (no integer
 scaling): binaries ``x[i,c]``; coverage, capacity, nonempty; epigraph variables for the attention
-stage maxima ``A[s,r,g]`` (with the single-sample cuts ``A[s,r,g] ≥ a_si Σ_{d∈g} x[i,(r,d)]``) and the per-layer EP-rank maxima ``M[r,g,l]``; ``max-sum`` minimises
+stage maxima ``A[s,r,g]`` (with the single-sample cuts ``A[s,r,g] ≥ a_si Σ_{d∈g} x[i,(r,d)]``) and
+the per-layer EP-rank maxima ``M[r,g,l]``; ``max-sum`` minimises
 ``Z ≥ Σ_r J[r,g]``, ``sum-max`` minimises ``Σ_r K[r]`` with ``K[r] ≥ J[r,g]``; an optional
 lexicographic second stage fixes the makespan and minimises ``Σ J``; min-index symmetry breaking
 (:mod:`routepack_opt.models.layout_common`).
@@ -32,8 +33,17 @@ import numpy as np
 
 from routepack_opt.core.objective import Objective
 from routepack_opt.models import _solvers
-from routepack_opt.models.layout_common import (BuildClock, BuildTimeout, LayoutInstance, LayoutResult, canonical_layout,
-                                                lex_better, solver_result, prefeasibility, symmetry_groups)
+from routepack_opt.models.layout_common import (
+    BuildClock,
+    BuildTimeout,
+    LayoutInstance,
+    LayoutResult,
+    canonical_layout,
+    lex_better,
+    prefeasibility,
+    solver_result,
+    symmetry_groups,
+)
 
 if TYPE_CHECKING:
     import pyomo.environ as pyo

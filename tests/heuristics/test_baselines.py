@@ -2,23 +2,23 @@
 exists, InfeasibleError when none does, deterministic and fast."""
 
 
-import numpy as np
-import pytest
-from hypothesis import given, settings, strategies as st
-
-from routepack_opt.core.errors import InfeasibleError
 import functools
 
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from routepack_opt.certify import pack_into_bins
-from routepack_opt.heuristics import baselines
-from routepack_opt.heuristics.cells import check_layout, kk_partition
-from routepack_opt.heuristics.binpack import best_packing
-from routepack_opt.heuristics.placement.lpt import identity_placement
-from routepack_opt.models.binpack import solve_bin_packing
+from routepack_opt.core.errors import InfeasibleError
 from routepack_opt.core.plan import Plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
-
+from routepack_opt.heuristics import baselines
+from routepack_opt.heuristics.binpack import best_packing
+from routepack_opt.heuristics.cells import check_layout, kk_partition
+from routepack_opt.heuristics.placement.lpt import identity_placement
+from routepack_opt.models.binpack import solve_bin_packing
 
 # The baselines as the pipeline runs them: with the certifier's exact packer as their last resort.
 verl_kk_layout = functools.partial(baselines.verl_kk_layout, exact_pack=pack_into_bins)

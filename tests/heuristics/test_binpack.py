@@ -1,21 +1,24 @@
 """Bin-packing bounds (routepack_opt.core.bounds) and constructive packings (routepack_opt.heuristics.binpack)."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from routepack_opt.core.errors import InputError
-from routepack_opt.core.bounds import (bin_lower_bound, is_packing, lower_bound_dff, lower_bound_l1,
-                                       lower_bound_l2)
-from routepack_opt.heuristics.binpack import (best_fit_decreasing, best_packing, bins_used,
-                                              first_fit_decreasing, fixed_bins_search, minimum_bin_slack)
-from routepack_opt.models.brute import brute_force_bins
-
 from conftest import require_bpp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from routepack_opt.core.bounds import bin_lower_bound, is_packing, lower_bound_dff, lower_bound_l1, lower_bound_l2
+from routepack_opt.core.errors import InputError
+from routepack_opt.heuristics.binpack import (
+    best_fit_decreasing,
+    best_packing,
+    bins_used,
+    first_fit_decreasing,
+    fixed_bins_search,
+    minimum_bin_slack,
+)
+from routepack_opt.models.brute import brute_force_bins
 
 instances = st.integers(5, 60).flatmap(
     lambda C: st.tuples(st.just(C), st.lists(st.integers(1, C), min_size=1, max_size=8)))

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from routepack_opt.core.errors import InputError
 from routepack_opt.core.bounds import bin_lower_bound, is_packing
+from routepack_opt.core.errors import InputError
 from routepack_opt.heuristics.binpack import best_packing
 from routepack_opt.models.binpack import arcflow_graph, solve_bin_packing
 from routepack_opt.models.brute import brute_force_bins

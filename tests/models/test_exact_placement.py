@@ -4,15 +4,16 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from routepack_opt.core.bounds import layer_lower_bound
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import expert_rank_loads
-from routepack_opt.core.bounds import layer_lower_bound
+from routepack_opt.core.plan import check_placement
+from routepack_opt.core.testing import random_window
 from routepack_opt.heuristics.placement.lpt import lpt_placement, placement_ranks, swap_refine
 from routepack_opt.models.placement import PlacementReport, exact_placement, solve_layer
-from routepack_opt.core.plan import check_placement
-from routepack_opt.testing import random_window
 
 
 def _exact(load_LE, P, **kw) -> PlacementReport:

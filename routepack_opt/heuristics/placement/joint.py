@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -36,11 +36,12 @@ from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator, Score
 from routepack_opt.core.objective import check_objective
-from routepack_opt.heuristics.placement.refine import RefineConfig, refine_placement
-from routepack_opt.heuristics.placement.migration import Migration, align_slots, migration_cost
 from routepack_opt.core.plan import check_placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
+from routepack_opt.heuristics import annealing
+from routepack_opt.heuristics.placement.migration import Migration, align_slots, migration_cost
+from routepack_opt.heuristics.placement.refine import RefineConfig, refine_placement
 
 __all__ = ["JointConfig", "JointResult", "joint_search", "anneal_packer", "Packer"]
 
@@ -91,8 +92,6 @@ class JointResult:
 def anneal_packer(window: Window, topology: Topology, cost: CostModel, rows: int, objective: str,
                   config=None, max_sweeps: int | None = None) -> Packer:
     """The population annealer (:mod:`routepack_opt.heuristics.annealing`) as a packer."""
-    from routepack_opt.heuristics import annealing  # written in parallel; import on use
-
     cfg = config if config is not None else annealing.AnnealConfig()
 
     def pack(b_NLP, seeds, seed, time_limit):

@@ -33,13 +33,13 @@ import numba
 import numpy as np
 
 from routepack_opt.core.cost import CostModel
-from routepack_opt.core.evaluate import Score, row_shard_costs
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.evaluate import Score, row_shard_costs
 from routepack_opt.core.objective import Objective, check_objective
-from routepack_opt.heuristics.placement.migration import align_slots, per_expert_time
 from routepack_opt.core.plan import check_placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
+from routepack_opt.heuristics.placement.migration import align_slots, per_expert_time
 
 __all__ = ["RefineConfig", "RefineResult", "RowAwareState", "refine_placement",
            "row_shard_expert_loads", "attention_base"]
