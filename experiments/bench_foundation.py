@@ -12,7 +12,7 @@ import numpy as np
 from _lib import report, settings
 from routepack_opt.core.cost import PRESETS
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.testing import random_layout
+from routepack_opt.core.testing import random_layout
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
 

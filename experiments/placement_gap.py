@@ -25,7 +25,8 @@ import time
 import numpy as np
 
 from routepack_opt.core.cost import get_preset
-from routepack_opt.heuristics.baselines import BASELINES, check_layout, nemo_ffd_layout
+from routepack_opt.heuristics.baselines import BASELINES, nemo_ffd_layout
+from routepack_opt.heuristics.cells import check_layout
 from routepack_opt.heuristics.binpack import best_packing
 from routepack_opt.heuristics.placement.lpt import (identity_placement, lpt_placement, rank_load_cv,
                                                 rank_peak_ratio, swap_refine)
@@ -61,7 +62,7 @@ def placement_study(samples: int, seeds: int, time_limit: float) -> list[str]:
             t0 = time.perf_counter()
             swap_refine(load, lpt, P)
             acc["swap_ms"].append((time.perf_counter() - t0) * 1e3)
-            rep = exact_placement(load, P, time_limit=time_limit)
+            rep = exact_placement(load, P, swap_refine(load, lpt, P), lpt, time_limit=time_limit)
             acc["lgap"] += rep.lpt_gap_L.tolist()
             acc["sgap"] += rep.hint_gap_L.tolist()
             acc["egap"] += rep.gap_L.tolist()

@@ -271,7 +271,7 @@ def report(st: Setting, cal, mapping, head, sens, seconds: float) -> Path:
         rows = [r for r in sens if r["axis"] == axis]
         if not rows:
             continue
-        L += [f"### vs {axis}", "", f"| preset | objective | target | measured dispersion | measured skew | "
+        L += [f"### vs {axis}", "", "| preset | objective | target | measured dispersion | measured skew | "
               + " | ".join(PLANS) + " | joint − routepack | joint saves (ms) | joint extra plan (s) |",
               "|---|---|---|---|---|" + "---|" * (len(PLANS) + 3)]
         for r in rows:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from routepack_opt.warmup import configure_cache
+from routepack_opt.core.cache import configure_cache
 
 configure_cache()  # ROUTEPACK_CACHE_DIR → NUMBA_CACHE_DIR, before anything imports numba
 
@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from routepack_opt.api import AsyncPlanner, MicroBatchPlan, PlanOptions, plan_micro_batches, window_from
     from routepack_opt.params import PlannerParams
     from routepack_opt.pipeline import solve
+
+__all__ = ["AsyncPlanner", "MicroBatchPlan", "PlanOptions", "plan_micro_batches", "CostModel", "Stage",
+           "get_preset", "load_cost", "InputError", "Evaluator", "evaluate_plan", "Plan", "load_plan",
+           "Topology", "Window", "load_window", "save_window"]
 
 __version__ = "0.1.0"
 

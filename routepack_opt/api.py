@@ -35,7 +35,8 @@ from routepack_opt.core.cost import CostModel, resolve_cost
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout
-from routepack_opt.core.plan import OBJECTIVES, Plan, check_placement
+from routepack_opt.core.objective import check_objective
+from routepack_opt.core.plan import Plan, check_placement
 from routepack_opt.core.report import PlanReport
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
@@ -102,8 +103,7 @@ class PlanOptions:
         for name in ("dp_size", "ep_size", "max_tokens"):
             if getattr(self, name) is None:
                 raise InputError(f"{name} is required (e.g. {name}=8)")
-        if self.objective not in OBJECTIVES:
-            raise InputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        check_objective(self.objective)
         if not isinstance(self.cost, (str, CostModel)):
             raise InputError(f"cost must be a preset name, a TOML path or a CostModel, got {self.cost!r}")
         if self.time_limit is not None:

@@ -34,13 +34,14 @@ import time
 
 import numpy as np
 
-from routepack_opt.core.errors import InputError, RoutePackError
-from routepack_opt.heuristics.binpack import (best_packing, check_sizes, fixed_bins_search, is_packing,
-                                              lower_bound, lower_bound_l1, lower_bound_l2,
-                                              minimum_bin_slack)
-from routepack_opt.models.binpack import solve_bin_packing
+from routepack_opt.core.bounds import bin_lower_bound, check_sizes, is_packing, lower_bound_l1, lower_bound_l2
+from routepack_opt.core.errors import BinPackUndecided, InfeasibleError, InputError
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
+from routepack_opt.heuristics.binpack import best_packing, fixed_bins_search, minimum_bin_slack
+from routepack_opt.heuristics.equal_counts import equal_count_layout
+from routepack_opt.models.binpack import solve_bin_packing
+from routepack_opt.models.equal_counts import decide_equal_counts
 
 __all__ = ["Certificate", "certify_rows", "pack_into_bins", "spread_to_nonempty", "BinPackUndecided"]
 
@@ -54,10 +55,6 @@ _TABU_FIRST_S = 0.5  # the first, short tabu run straight from FFD/BFD
 def _mbs_nodes(n: int) -> int:
     """Search nodes per MBS' bin: 20k on benchmark sizes, fewer on production windows (N·nodes ≈ 4M)."""
     return int(min(20_000, max(500, 4_000_000 // max(n, 1))))
-
-
-class BinPackUndecided(RoutePackError):
-    """Neither a packing into the requested bins nor a proof of impossibility within the limit."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +170,7 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
         no_rows(lb_bins)
     K = r_lo * D
     if ub_bins > K:
-        full_lb, full_name = lower_bound(sizes_N, C)
+        full_lb, full_name = bin_lower_bound(sizes_N, C)
         if full_lb > lb_bins:
             lb_bins, lb_name = full_lb, full_name
             r_lo = _next_valid(-(-lb_bins // D), topology)
@@ -252,10 +249,6 @@ _EQUAL_EXACT_MAX_BINARIES = 200_000
 def _certify_equal(lengths_N, topology: Topology, time_limit: float, t0: float, method: str,
                    num_workers: int) -> Certificate:
     """R* with N / D samples per slot (see the module docstring)."""
-    from routepack_opt.core.errors import InfeasibleError
-    from routepack_opt.heuristics.equal_counts import equal_count_layout
-    from routepack_opt.models.equal_counts import decide_equal_counts
-
     N, D, C = lengths_N.size, topology.dp, topology.capacity
     m = N // D
     free = dataclasses.replace(topology, equal_samples_per_slot=False)
@@ -265,7 +258,7 @@ def _certify_equal(lengths_N, topology: Topology, time_limit: float, t0: float, 
     except BinPackUndecided:  # no valid R decided without counts: the plain bin bound is all we have
         base = None
     lb_rows = base.lower_bound if base is not None else _next_valid(
-        -(-lower_bound(*check_sizes(lengths_N, C))[0] // D), topology)
+        -(-bin_lower_bound(*check_sizes(lengths_N, C))[0] // D), topology)
     r_max = m // topology.row_multiple * topology.row_multiple  # R ≤ m: every cell nonempty
     elapsed = lambda: time.perf_counter() - t0  # noqa: E731
     how = base.method if base is not None else "bounds"
@@ -285,7 +278,7 @@ def _certify_equal(lengths_N, topology: Topology, time_limit: float, t0: float, 
         left = max(0.05, time_limit - elapsed())
         try:
             layout = equal_count_layout(lengths_N, topology, R, time_limit=min(left, 0.25 * time_limit + 0.05),
-                                        info=info)
+                                        info=info, exact_pack=pack_into_bins)
         except InfeasibleError:
             layout = None
         if layout is not None:
@@ -366,7 +359,7 @@ def pack_into_bins(sizes, capacity, num_bins: int, time_limit: float = 10.0, *,
         return np.zeros(0, dtype=np.int64)
     if num_bins < 1:
         return None
-    lb, _ = lower_bound(sizes_N, C)
+    lb, _ = bin_lower_bound(sizes_N, C)
     if lb > num_bins:
         return None
     pack_N, ub, _ = best_packing(sizes_N, C)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from routepack_opt.certify import pack_into_bins
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout
@@ -59,7 +60,7 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, *, object
     for name, kind in (("baseline", "identity"), ("reorder", "lpt")):
         with timings.stage(name):
             pl, _ = resolve_placement(window, topology, kind)
-            layout = Layout(*base_fn(window.lengths, topology, R), R)
+            layout = Layout(*base_fn(window.lengths, topology, R, exact_pack=pack_into_bins), R)
             plans[name] = build_plan(ev, pl, layout, objective,
                                      report=PlanReport(notes={"packing": "verl-kk"}), certificate=cert)
     searched = {"routepack": dict(placement="lpt", progress=progress)}

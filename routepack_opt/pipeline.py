@@ -13,11 +13,12 @@ from typing import Callable
 
 import numpy as np
 
-from routepack_opt.certify import certify_rows
+from routepack_opt.certify import certify_rows, pack_into_bins
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InfeasibleError, InputError
-from routepack_opt.core.evaluate import Evaluator, check_objective
+from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout, check_rows
+from routepack_opt.core.objective import check_objective
 from routepack_opt.core.plan import Plan, check_placement
 from routepack_opt.core.report import EvaluationSummary, JointStats, PlanReport, SearchStats
 from routepack_opt.core.timing import Timings
@@ -92,7 +93,7 @@ def baseline_layouts(window: Window, topology: Topology, rows: int,
     for k, (name, fn) in enumerate(BASELINES.items()):
         share = (end - time.perf_counter()) / (len(BASELINES) - k)  # an even split of what is left
         try:
-            row, slot = fn(window.lengths, topology, rows, time_limit=max(0.05, share))
+            row, slot = fn(window.lengths, topology, rows, time_limit=max(0.05, share), exact_pack=pack_into_bins)
         except InfeasibleError:
             continue
         out[name] = Layout(row, slot, rows)
@@ -133,7 +134,7 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     before the joint stage) cancels cooperatively: the best layout so far is returned;
     ``progress(fraction)`` reports the annealer's progress. Numba kernels are compiled or loaded
     by ``warm()`` before the clock starts (``timings["warmup"]``, not part of ``total``)."""
-    check_objective(objective)
+    objective = check_objective(objective)
     if not isinstance(params, PlannerParams):
         raise InputError(f"params must be a PlannerParams, got {type(params).__name__}")
     warmup = Timings()

@@ -19,8 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from routepack_opt.certify import pack_into_bins
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.objective import Objective
 from routepack_opt.core.window import Window
+from routepack_opt.heuristics.baselines import verl_kk_layout
+from routepack_opt.pipeline import resolve_placement, resolve_rows
 
 __all__ = ["routing_dispersion", "dispersion_of_counts", "length_stats", "skew_stats",
            "window_stats", "implications"]
@@ -63,7 +68,7 @@ def routing_dispersion(window: Window, tokens: int = 64, seed: int = 0,
     if max_samples is not None and max_samples < 1:
         raise InputError(f"max_samples must be ≥ 1, got {max_samples}")
     rng = np.random.default_rng(np.random.SeedSequence([abs(int(seed)), 15]))
-    K, (N, L, E) = window.top_k, window.counts.shape
+    K, (_, L, E) = window.top_k, window.counts.shape
     eligible = np.flatnonzero(window.lengths >= tokens)
     if max_samples is not None and eligible.size > max_samples:
         eligible = np.sort(rng.choice(eligible, size=max_samples, replace=False))
@@ -137,24 +142,20 @@ def implications(window: Window, topology, cost) -> dict:
     packing), and the bounds. ``any_plan_max_gain`` = 1 − placement-free LB / baseline: no plan
     (placement + packing) can gain more. ``placement_lb_drop`` = 1 − placement-free LB / LB of
     the identity placement: how far any placement can lower the bound at all."""
-    from routepack_opt.core.evaluate import Evaluator
-    from routepack_opt.heuristics.baselines import verl_kk_layout
-    from routepack_opt.pipeline import resolve_placement, resolve_rows
-
     ev = Evaluator(window, topology, cost)
     R, cert = resolve_rows(window, topology, None)
-    row, slot = verl_kk_layout(window.lengths, topology, R)
+    row, slot = verl_kk_layout(window.lengths, topology, R, exact_pack=pack_into_bins)
     ident, _ = resolve_placement(window, topology, "identity")
     lpt, _ = resolve_placement(window, topology, "lpt")
     out = {"rows": int(R)}
-    for objective in ("max-sum", "sum-max"):
+    for objective in Objective:
         base = ev.score(ident, row, slot, R, objective).makespan
         reo = ev.score(lpt, row, slot, R, objective).makespan
         out[objective] = {"baseline": base, "reorder": reo, "reorder_gain": (base - reo) / base}
     lb_id = ev.lower_bound(ident, R)
     lb_lpt = ev.lower_bound(lpt, R)
     lb_free = ev.placement_free_lower_bound(R)
-    base = out["max-sum"]["baseline"]
+    base = out[Objective.MAX_SUM]["baseline"]
     J, A_SRG, M_RGL = ev.costs(ident, row, slot, R, parts=True)
     load_LE = window.expert_loads().astype(np.float64)
     expert_free = cost.gamma * np.maximum(load_LE.sum(axis=1) / topology.ep, load_LE.max(axis=1)).sum()

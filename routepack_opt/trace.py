@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 from importlib import resources
 from pathlib import Path
 
@@ -48,6 +47,7 @@ import numpy as np
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.window import Window, available_memory, counts_dtype, write_window_npz
+from routepack_opt.stats import routing_dispersion
 
 __all__ = ["TraceConfig", "trace_config", "generate_window", "generate_sequence", "write_trace",
            "domain_profiles", "routing_scale", "memory_needed", "DEFAULT_DISPERSION", "PRESET_SKEW", "PER_SAMPLE_BYTES"]
@@ -162,7 +162,7 @@ def _rng(*key: int) -> np.random.Generator:
 _DOMAIN_MODELS = {"olmoe": ("OLMoE-1B-7B", 16), "mixtral": ("Mixtral-8x7B", 32)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _domain_records(model: str) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
     name, _ = _DOMAIN_MODELS[model]
     text = resources.files("routepack_opt").joinpath("data/domain_expert_counts.json").read_text()
@@ -379,8 +379,6 @@ _PILOT_SAMPLES, _PILOT_LAYERS, _PILOT_SEED = 512, 4, 2**31 - 1
 
 
 def _pilot_dispersion(cfg: TraceConfig, scale: float) -> float:
-    from routepack_opt.stats import routing_dispersion
-
     pc = dataclasses.replace(cfg, num_layers=min(cfg.num_layers, _PILOT_LAYERS))
     st = _setup(pc, _PILOT_SAMPLES, _PILOT_SEED, 0, 0, scale)
     counts = np.concatenate([_block_counts(st, b) for b in range(st.num_blocks())])
@@ -442,7 +440,8 @@ def _check_memory(cfg: TraceConfig, num_samples: int, in_memory: bool) -> None:
 def _prepare(preset, num_samples, seed, step, routing_step, overrides):
     cfg = trace_config(preset, **overrides)
     N = _check_num_samples(num_samples)
-    for name, v in (("seed", seed), ("step", step)) + ((("routing_step", routing_step),) if routing_step is not None else ()):
+    checks = (("seed", seed), ("step", step)) + ((("routing_step", routing_step),) if routing_step is not None else ())
+    for name, v in checks:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
             raise InputError(f"trace: {name} must be an integer ≥ 0, got {v!r}")
     return cfg, N, step if routing_step is None else routing_step

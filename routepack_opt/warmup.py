@@ -5,8 +5,8 @@ code to disk). On a fresh install the first plan would compile for ~30 s, inside
 time limit, and return a worse plan. :func:`warm` runs every planning kernel once, for every
 type signature the planner calls it with, on tiny windows, so that:
 
-- the pipeline (:func:`routepack_opt.pipeline.solve`) and the annealer call ``warm()`` at their
-  entry, *before* their time-limit clocks start: compilation never counts against a limit;
+- the pipeline (:func:`routepack_opt.pipeline.solve`) calls ``warm()`` at its entry, *before*
+  its time-limit clock starts: compilation never counts against a limit;
 - ``routepack warmup`` does it ahead of time (at install or image build), for every group, and
   reports what it compiled and what it loaded from the cache;
 - :class:`routepack_opt.api.AsyncPlanner` starts it in a background thread when created.
@@ -19,32 +19,50 @@ first use, off its clock (:func:`routepack_opt.heuristics.annealing.warm_storage
 
 ``warm()`` runs once per process per group (later calls return the first report at once); a lock
 makes concurrent callers wait for the one warm-up instead of compiling twice, and a call from
-inside the warm-up itself (the pipeline it drives calls ``warm()`` again) returns immediately.
+inside the warm-up itself (a kernel's caller that calls ``warm()`` again) returns immediately.
 
-Where the cache lives (docs/cli.md): numba writes next to the sources (``__pycache__``) or, when
-that is not writable, into a per-user cache. ``NUMBA_CACHE_DIR`` moves it (e.g. a directory baked
-into a container image, or one shared by the ranks of a node); ``ROUTEPACK_CACHE_DIR`` does the
-same for RoutePack alone and is copied into ``NUMBA_CACHE_DIR`` (when that is unset) by
-:func:`configure_cache` at ``import routepack_opt`` — numba reads it when *it* is imported, so it
-must be set before. This module imports numba only inside :func:`warm`.
+The warmers drive the same functions the pipeline does — placement, the R* certifier, the
+baselines, the evaluator, the annealer, joint placement, the exact models' numba parts — on tiny
+windows; this module sits above them and below the pipeline, so it cannot call the pipeline
+itself. Where the cache lives: :mod:`routepack_opt.core.cache`.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import os
 import threading
 import time
 
-__all__ = ["configure_cache", "warm", "groups_for", "GROUPS", "numba_kernels"]
+import numpy as np
+from numba.core import config as numba_config
+from numba.core.dispatcher import Dispatcher
+
+from routepack_opt.certify import certify_rows, pack_into_bins
+from routepack_opt.core.bounds import lower_bound_l1
+from routepack_opt.core.cost import get_preset
+from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.objective import Objective
+from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import Window
+from routepack_opt.heuristics import annealing, binpack
+from routepack_opt.heuristics.baselines import BASELINES, verl_kk_layout
+from routepack_opt.heuristics.placement.joint import JointConfig, joint_search
+from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
+from routepack_opt.heuristics.placement.refine import RefineConfig
+from routepack_opt.models import binpack as exact_binpack
+from routepack_opt.models import layout_blocks
+from routepack_opt.models.layout_common import LayoutInstance
+
+__all__ = ["warm", "groups_for", "GROUPS", "numba_kernels"]
 
 log = logging.getLogger(__name__)
 
 # The modules whose numba kernels each group compiles.
 GROUPS = {
     "plan": ("routepack_opt.core.projection", "routepack_opt.heuristics.placement.lpt",
-             "routepack_opt.heuristics.binpack", "routepack_opt.heuristics.baselines",
+             "routepack_opt.heuristics.binpack", "routepack_opt.heuristics.cells",
+             "routepack_opt.heuristics.baselines",
              "routepack_opt.heuristics.annealing"),
     # row-aware joint placement and migration (``--placement joint``, compare), warmed when used
     "joint": ("routepack_opt.heuristics.placement.refine", "routepack_opt.heuristics.placement.migration"),
@@ -60,15 +78,6 @@ _local = threading.local()  # .depth > 0 while this thread runs a warm-up
 _done: dict[str, dict] = {}
 
 
-def configure_cache() -> str | None:
-    """Point numba's cache at ``ROUTEPACK_CACHE_DIR`` unless ``NUMBA_CACHE_DIR`` is already set.
-    Cheap (no numba import); effective only if numba has not been imported yet."""
-    ours = os.environ.get("ROUTEPACK_CACHE_DIR")
-    if ours and not os.environ.get("NUMBA_CACHE_DIR"):
-        os.environ["NUMBA_CACHE_DIR"] = ours
-    return os.environ.get("NUMBA_CACHE_DIR") or None
-
-
 def groups_for(placement) -> tuple[str, ...]:
     """The warm-up groups a plan with this ``placement`` argument needs."""
     return ("plan", "joint") if isinstance(placement, str) and placement == "joint" else ("plan",)
@@ -76,8 +85,6 @@ def groups_for(placement) -> tuple[str, ...]:
 
 def numba_kernels(groups=tuple(GROUPS)) -> dict:
     """``{"module.function": dispatcher}`` for every numba kernel of ``groups``."""
-    from numba.core.dispatcher import Dispatcher
-
     out = {}
     for g in groups:
         for name in GROUPS[g]:
@@ -164,25 +171,17 @@ def _merge(groups, fresh=()) -> dict:
 
 
 def _cache_dir() -> str:
-    try:
-        from numba.core import config
-
-        return config.CACHE_DIR or "(numba default: __pycache__ beside the sources, else per-user)"
-    except Exception:  # pragma: no cover
-        return os.environ.get("NUMBA_CACHE_DIR", "")
+    return numba_config.CACHE_DIR or "(numba default: __pycache__ beside the sources, else per-user)"
 
 
 # ---------------------------------------------------------------------------------------------
-# the warmers: real code paths on tiny windows, so the argument types are exactly the planner's
+# the warmers: the pipeline's code paths on tiny windows, so the argument types are exactly the
+# planner's (tests/test_warmup.py checks that planning afterwards compiles nothing new)
 # ---------------------------------------------------------------------------------------------
 
 
 def _tiny_window(seed: int, n: int = 24, layers: int = 2, experts: int = 8, top_k: int = 2,
-                 max_len: int = 40):
-    import numpy as np
-
-    from routepack_opt.core.window import Window
-
+                 max_len: int = 40) -> Window:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, max_len + 1, size=n)
     counts = np.zeros((n, layers, experts), dtype=np.int64)
@@ -193,59 +192,66 @@ def _tiny_window(seed: int, n: int = 24, layers: int = 2, experts: int = 8, top_
     return Window(lengths, counts, top_k=top_k)
 
 
+def _tiny_problem():
+    cfg = annealing.AnnealConfig(population=2, temperatures=2, calibration_moves=16)
+    return _tiny_window(0), Topology(dp=4, ep=2, capacity=64), get_preset("olmoe-1b-7b").cost, cfg
+
+
+def _placements(window: Window, ep: int) -> dict[str, np.ndarray]:
+    """The pipeline's placements: ``lpt`` (LPT + swaps), ``lpt-plain``, ``identity``."""
+    load = window.expert_loads()
+    lpt = lpt_placement(load, ep)
+    return {"lpt": swap_refine(load, lpt, ep), "lpt-plain": lpt,
+            "identity": identity_placement(window.num_layers, window.num_experts)}
+
+
+def _seeds(window: Window, topology: Topology, rows: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [fn(window.lengths, topology, rows, time_limit=1.0, exact_pack=pack_into_bins)
+            for fn in BASELINES.values()]
+
+
 def _warm_plan() -> None:
-    import numpy as np
-
-    from routepack_opt.heuristics import annealing, binpack
-    from routepack_opt.pipeline import solve
-
-    w, topo, cost, params = _tiny_problem()
-    for objective in ("max-sum", "sum-max"):
-        # the whole pipeline: placement, R*, baselines, evaluator, annealer (a tiny ladder: the
-        # kernels' types do not depend on its size)
-        solve(w, topo, cost, objective=objective, placement="lpt", max_sweeps=2, seed=0, params=params)
-    solve(w, topo, cost, objective="max-sum", placement="identity", time_limit=0.05, seed=0, params=params)
-    solve(w, topo, cost, objective="sum-max", placement="lpt-plain", max_sweeps=1, seed=0, params=params)
+    w, topo, cost, cfg = _tiny_problem()
+    pls = _placements(w, topo.ep)
+    R = certify_rows(w, topo, time_limit=1.0).rows
+    seeds = _seeds(w, topo, R)
+    ev = Evaluator(w, topo, cost)
+    # (placement, objective, budget) as solve() runs them: sweep budgets and a time limit
+    runs = [("lpt", Objective.MAX_SUM, {"max_sweeps": 2}), ("lpt", Objective.SUM_MAX, {"max_sweeps": 2}),
+            ("identity", Objective.MAX_SUM, {"time_limit": 0.05}),
+            ("lpt-plain", Objective.SUM_MAX, {"max_sweeps": 1})]
+    for name, objective, budget in runs:
+        pl = pls[name]
+        for row, slot in seeds:
+            ev.score(pl, row, slot, R, objective)
+        res = annealing.anneal(w.lengths, ev.rank_loads(pl), topo, cost, R, objective, seeds,
+                               config=cfg, seed=0, **budget)
+        ev.evaluate(pl, res.row, res.slot, R, objective)
     annealing.warm_storage(*annealing.STORAGES[0])  # the ordinary storage (compiled above)
     # R* escalation past the cheap bounds: MBS' and the overflow tabu search on K bins
     sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
     binpack.best_packing(sizes, 64)
     binpack.minimum_bin_slack(sizes, 64, restarts=1, seed=0)
-    binpack.fixed_bins_search(sizes, 64, binpack.lower_bound_l1(sizes, 64), max_iters=50)
-
-
-def _tiny_problem():
-    from routepack_opt.core.cost import get_preset
-    from routepack_opt.heuristics.annealing import AnnealConfig
-    from routepack_opt.core.topology import Topology
-    from routepack_opt.params import PlannerParams
-
-    params = PlannerParams(anneal=AnnealConfig(population=2, temperatures=2, calibration_moves=16))
-    return _tiny_window(0), Topology(dp=4, ep=2, capacity=64), get_preset("olmoe-1b-7b").cost, params
+    binpack.fixed_bins_search(sizes, 64, lower_bound_l1(sizes, 64), max_iters=50)
 
 
 def _warm_joint() -> None:
-    from routepack_opt.heuristics.placement.lpt import identity_placement
-    from routepack_opt.pipeline import solve
-
-    w, topo, cost, params = _tiny_problem()
-    ident = identity_placement(w.num_layers, w.num_experts)
-    solve(w, topo, cost, objective="max-sum", placement="joint", max_sweeps=2, seed=0, params=params,
-          current_placement=ident)
+    """Joint placement as ``solve(placement="joint", current_placement=...)`` runs it."""
+    w, topo, cost, cfg = _tiny_problem()
+    pls = _placements(w, topo.ep)
+    R = certify_rows(w, topo, time_limit=1.0).rows
+    seeds = _seeds(w, topo, R)
+    joint_search(w, topo, cost, R, Objective.MAX_SUM, pls["lpt"], seeds[0], seed=0, max_rounds=3,
+                 current_placement=pls["identity"],
+                 config=JointConfig(refine=RefineConfig(max_passes=4), anneal_sweeps=2))
 
 
 def _warm_storage() -> None:
-    from routepack_opt.heuristics import annealing
-
     for storage in annealing.STORAGES[1:]:
         annealing.warm_storage(*storage)
 
 
 def _warm_exact() -> None:
-    import numpy as np
-
-    from routepack_opt.models import binpack as exact_binpack
-
     sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
     exact_binpack.arcflow_graph(sizes, 64)
     exact_binpack.arcflow_graph(sizes, 64, max_bins=7)
@@ -254,18 +260,11 @@ def _warm_exact() -> None:
 
 def _warm_blocks() -> None:
     """The block decomposition's enumeration and exact-cover search (``routepack exact``)."""
-    from routepack_opt.core.cost import get_preset
-    from routepack_opt.heuristics.placement.lpt import identity_placement
-    from routepack_opt.models import layout_blocks
-    from routepack_opt.models.layout_common import LayoutInstance
-    from routepack_opt.pipeline import baseline_layouts
-    from routepack_opt.core.topology import Topology
-
     w = _tiny_window(1, n=8, experts=4, max_len=30)
     topo = Topology(dp=2, ep=2, capacity=64)
     cost = get_preset("olmoe-1b-7b").cost
-    start = next(iter(baseline_layouts(w, topo, 2).values())).arrays()
-    for objective in ("max-sum", "sum-max"):
+    start = verl_kk_layout(w.lengths, topo, 2, exact_pack=pack_into_bins)
+    for objective in Objective:
         inst = LayoutInstance.build(w, topo, cost, identity_placement(w.num_layers, w.num_experts),
                                     2, objective)
         if layout_blocks.applicable(inst):

@@ -7,9 +7,9 @@ import numpy as np
 
 from routepack_opt.core.cost import CostModel, Stage
 from routepack_opt.core.evaluate import rank_loads
+from routepack_opt.core.testing import random_window
 from routepack_opt.core.topology import Topology
 from routepack_opt.models.layout import LayoutInstance
-from routepack_opt.testing import random_window
 
 # Hybrid-attention cost with a noticeable quadratic term and row overhead: every part of J counts.
 COST = CostModel(stages=(Stage("lin", 0.02, 0.0), Stage("full", 0.01, 2e-4)), gamma=0.05,

@@ -8,18 +8,17 @@ import itertools
 
 import numpy as np
 import pytest
+from cases import COST, TOPOLOGIES, instance
 
-from routepack_opt.certify import certify_rows
+from routepack_opt.certify import certify_rows, pack_into_bins
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.evaluate import rank_loads, row_shard_costs, score_from_J
+from routepack_opt.core.evaluate import row_shard_costs, score_from_J
+from routepack_opt.core.plan import Plan
+from routepack_opt.core.testing import random_window
+from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics import annealing as A
 from routepack_opt.heuristics.baselines import verl_kk_layout
 from routepack_opt.heuristics.equal_counts import equal_count_layout, equal_counts_ok
-from routepack_opt.core.plan import Plan
-from routepack_opt.testing import random_window
-from routepack_opt.core.topology import Topology
-
-from cases import COST, TOPOLOGIES, instance
 
 
 def _eq(topo: Topology) -> Topology:
@@ -117,7 +116,7 @@ def test_seed_layouts_keep_equal_counts(C):
     seeds = baseline_layouts(w, topo, R)
     assert "nemo-ffd" not in seeds and seeds
     pl = np.tile(np.arange(8), (2, 1))
-    for row, slot in [lay.arrays() for lay in seeds.values()] + [verl_kk_layout(w.lengths, topo, R)]:
+    for row, slot in [lay.arrays() for lay in seeds.values()] + [verl_kk_layout(w.lengths, topo, R, exact_pack=pack_into_bins)]:
         assert Plan(topo, R, pl, row, slot).validate(w) == []
         assert equal_counts_ok(slot, 4)
 
@@ -128,7 +127,7 @@ def test_seed_layouts_keep_equal_counts(C):
 def _eq_instance(ti, seed, n=40):
     w, topo, pl, b, R = instance(TOPOLOGIES[ti], seed=seed, n=n)
     topo = _eq(topo)
-    row, slot = equal_count_layout(w.lengths, topo, R)
+    row, slot = equal_count_layout(w.lengths, topo, R, exact_pack=pack_into_bins)
     return w, topo, pl, b, R, row, slot
 
 
@@ -210,13 +209,13 @@ def test_anneal_rejects_a_seed_with_unequal_counts():
 
 # ------------------------------------------------------------------ exact models
 
+from cases import TOY  # noqa: E402
+
 from routepack_opt.core.evaluate import Evaluator  # noqa: E402
+from routepack_opt.core.testing import random_layout  # noqa: E402
 from routepack_opt.models import layout_blocks  # noqa: E402
 from routepack_opt.models.brute import brute_force_layout  # noqa: E402
-from routepack_opt.models.layout import (LayoutInstance, canonical_layout, is_canonical,  # noqa: E402
-                                         solve_layout)
-from routepack_opt.testing import random_layout  # noqa: E402
-from cases import TOY  # noqa: E402
+from routepack_opt.models.layout import LayoutInstance, canonical_layout, is_canonical, solve_layout  # noqa: E402
 
 # (N, dp, ep, rows, capacity, seed): N divisible by dp; small enough to enumerate every cell order.
 EQ_CASES = [

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from routepack_opt.core.cost import CostModel, Stage
+from routepack_opt.core.testing import random_window
 from routepack_opt.pipeline import solve
-from routepack_opt.testing import random_window
 from routepack_opt.core.topology import Topology
 
 GOLDEN = Path(__file__).parent / "golden" / "plans.json"

@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 
 from routepack_opt import pipeline
+from routepack_opt.core.bounds import is_packing
 from routepack_opt.core.cost import PRESETS
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.heuristics import annealing, baselines
+from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import check_window_memory, load_window
+from routepack_opt.heuristics import annealing, cells
 from routepack_opt.heuristics.placement.lpt import lpt_placement
 from routepack_opt.models.layout import solve_layout
-from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.core.window import check_window_memory, load_window
 
 COST = PRESETS["olmoe-1b-7b"].cost
 
@@ -57,11 +58,11 @@ def test_repair_in_pieces_equals_one_pass(monkeypatch):
     lengths = rng.integers(50, 900, size=400)
     cells0 = rng.integers(0, 64, size=400)
     whole = cells0.copy()
-    ok = baselines._repair_capacity(lengths, whole, 8, 8, 2000)
+    ok = cells.repair_capacity(lengths, whole, 8, 8, 2000)
     for piece_ops in (1, 3 * (400 + 64)):
-        monkeypatch.setattr(baselines, "_REPAIR_PIECE_OPS", piece_ops)
+        monkeypatch.setattr(cells, "_REPAIR_PIECE_OPS", piece_ops)
         again = cells0.copy()
-        assert baselines._repair_capacity(lengths, again, 8, 8, 2000) == ok
+        assert cells.repair_capacity(lengths, again, 8, 8, 2000) == ok
         assert np.array_equal(again, whole)
 
 
@@ -69,10 +70,10 @@ def test_repair_stops_at_a_past_deadline():
     """With the deadline gone the repair reports failure (the caller's last resort takes over)."""
     rng = np.random.default_rng(4)
     lengths = rng.integers(50, 900, size=400)
-    cells = rng.integers(0, 64, size=400)
-    tokens = np.bincount(cells, weights=lengths, minlength=64)
+    cell_N = rng.integers(0, 64, size=400)
+    tokens = np.bincount(cell_N, weights=lengths, minlength=64)
     assert (tokens > 2000).any()
-    assert baselines._repair_capacity(lengths, cells, 8, 8, 2000, deadline=time.perf_counter() - 1) is False
+    assert cells.repair_capacity(lengths, cell_N, 8, 8, 2000, deadline=time.perf_counter() - 1) is False
 
 
 def test_stages_before_the_search_count_against_the_limit(window, monkeypatch):
@@ -183,7 +184,7 @@ def test_mbs_out_of_time_still_returns_a_packing(monkeypatch):
     sizes = np.random.default_rng(8).integers(5, 60, size=300)
     monkeypatch.setattr(binpack, "_MBS_CALL_OPS", 300)  # one bin per call: the clock is checked
     bin_N, used = binpack.minimum_bin_slack(sizes, 100, time_limit=1e-9)
-    assert binpack.is_packing(sizes, 100, bin_N) and used == binpack.best_packing(sizes, 100)[1]
+    assert is_packing(sizes, 100, bin_N) and used == binpack.best_packing(sizes, 100)[1]
 
 
 def test_tabu_run_stops_at_its_deadline():

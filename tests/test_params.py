@@ -18,7 +18,7 @@ from routepack_opt.heuristics.annealing import AnnealConfig
 from routepack_opt.heuristics.placement.refine import RefineConfig
 from routepack_opt.params import CertifyParams, JointParams, PlannerParams
 from routepack_opt.pipeline import solve
-from routepack_opt.testing import random_window
+from routepack_opt.core.testing import random_window
 
 COST = PRESETS["olmoe-1b-7b"].cost
 

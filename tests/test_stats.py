@@ -5,9 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from routepack_opt.stats import (_subsample_routes, dispersion_of_counts, length_stats,
-                                 routing_dispersion, skew_stats)
 from routepack_opt.core.window import Window, save_window
+from routepack_opt.stats import _subsample_routes, dispersion_of_counts, length_stats, routing_dispersion, skew_stats
 
 
 def _iid_window(N=300, L=3, E=16, K=2, length=256, seed=0, disjoint=False):

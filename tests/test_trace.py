@@ -58,9 +58,9 @@ import sys  # noqa: E402
 import pytest  # noqa: E402
 
 from routepack_opt.core.errors import InputError  # noqa: E402
+from routepack_opt.core.window import load_window  # noqa: E402
 from routepack_opt.stats import routing_dispersion, skew_stats  # noqa: E402
 from routepack_opt.trace import DEFAULT_DISPERSION, domain_profiles, write_trace  # noqa: E402
-from routepack_opt.core.window import load_window  # noqa: E402
 
 
 def test_default_is_the_calibrated_single_task_setting():

@@ -10,17 +10,17 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import REPO
 
+from routepack_opt.core.cache import configure_cache
 from routepack_opt.core.cost import PRESETS
+from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import Window, save_window
 from routepack_opt.heuristics import annealing
 from routepack_opt.heuristics.placement.lpt import identity_placement
 from routepack_opt.pipeline import solve
-from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from routepack_opt.warmup import configure_cache, numba_kernels, warm
-from routepack_opt.core.window import Window, save_window
-
-from conftest import REPO
+from routepack_opt.warmup import numba_kernels, warm
 
 COST = PRESETS["qwen3-30b-a3b"].cost
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 
 from routepack_opt.cli.common import add_json, add_topology, add_window, emit
 from routepack_opt.core.cost import PRESETS, resolve_cost

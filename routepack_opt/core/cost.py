@@ -110,7 +110,7 @@ class CostModel:
         return "\n".join(lines) + "\n"
 
     @classmethod
-    def from_dict(cls, data: dict, name: str = "custom") -> "CostModel":
+    def from_dict(cls, data: dict, name: str = "custom") -> CostModel:
         if not isinstance(data, dict):
             raise InputError("cost: expected a table")
         missing = [k for k in ("gamma", "stage") if k not in data]

@@ -5,6 +5,10 @@ CLI prints its message as one ``error:`` line and exits 2. Anything else escapin
 internal failure (exit 1).
 """
 
+import json
+import tomllib
+from pathlib import Path
+
 
 class RoutePackError(Exception):
     """Base class of RoutePack's own errors."""
@@ -18,14 +22,14 @@ class InfeasibleError(RoutePackError):
     """No feasible layout exists for the given window, topology and rows."""
 
 
+class BinPackUndecided(RoutePackError):
+    """Neither a packing into the requested bins nor a proof of impossibility within the limit."""
+
+
 def load_document(path, what: str, fmt: str, build):
     """``build(data)`` of the TOML (``fmt="toml"``) or JSON (``"json"``) file at ``path``. A
     missing, unreadable or malformed file, or data ``build`` rejects, is one InputError that
     names the file (``what``: the kind of file, for the message)."""
-    import json
-    import tomllib
-    from pathlib import Path
-
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such {what} file")

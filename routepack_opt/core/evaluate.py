@@ -19,21 +19,17 @@ import dataclasses
 
 import numpy as np
 
+from routepack_opt.core.bounds import layout_lower_bound, placement_free_lower_bound
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.layout import Layout
-from routepack_opt.core.plan import OBJECTIVES, Plan
+from routepack_opt.core.objective import Objective, check_objective
+from routepack_opt.core.plan import Plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 
 __all__ = ["rank_loads", "Score", "Evaluation", "Evaluator", "row_shard_costs", "score_from_J",
-           "lower_bound", "placement_free_lower_bound", "evaluate_plan", "check_objective"]
-
-
-def check_objective(objective: str) -> str:
-    if objective not in OBJECTIVES:
-        raise InputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    return objective
+           "evaluate_plan"]
 
 
 def rank_loads(counts_NLE: np.ndarray, placement_LE: np.ndarray, ep: int) -> np.ndarray:
@@ -46,7 +42,9 @@ def rank_loads(counts_NLE: np.ndarray, placement_LE: np.ndarray, ep: int) -> np.
         raise InputError(f"placement: expected shape [{L}, {E}], got {list(placement_LE.shape)}")
     if placement_LE.size and (placement_LE.min() < 0 or placement_LE.max() >= E):
         raise InputError(f"placement: slots must be in 0..{E - 1}")
-    from routepack_opt.core.projection import project_counts  # numba, imported on first use
+    # numba (~0.15 s to import) on first use, the only such import in core: `import routepack_opt`
+    # (which loads this module) stays free of numba, and the CLI's --help and input errors fast
+    from routepack_opt.core.projection import project_counts
 
     rank_LE = np.ascontiguousarray(placement_LE // (E // ep))
     return project_counts(np.ascontiguousarray(counts_NLE), rank_LE, int(ep))
@@ -61,7 +59,7 @@ def expert_rank_loads(load_LE: np.ndarray, placement_LE: np.ndarray, ep: int) ->
 class Score:
     """Lexicographic score of one objective; compare with ``key``."""
 
-    objective: str
+    objective: Objective
     makespan: float
     total: float
     peak: float
@@ -74,16 +72,15 @@ class Score:
         return {"makespan": self.makespan, "total": self.total, "peak": self.peak}
 
 
-def score_from_J(J_RG: np.ndarray, objective: str) -> Score:
+def score_from_J(J_RG: np.ndarray, objective: Objective | str) -> Score:
     """Lexicographic score of a row × shard cost matrix."""
+    objective = check_objective(objective)
     total = float(J_RG.sum())
     peak = float(J_RG.max())
-    if objective == "max-sum":
+    if objective is Objective.MAX_SUM:
         makespan = float(J_RG.sum(axis=0).max())
-    elif objective == "sum-max":
-        makespan = float(J_RG.max(axis=1).sum())
     else:
-        check_objective(objective)
+        makespan = float(J_RG.max(axis=1).sum())
     return Score(objective, makespan, total, peak)
 
 
@@ -113,30 +110,13 @@ def row_shard_costs(lengths_N, b_NLP, row_N, slot_N, rows: int, topology: Topolo
     return J_RG
 
 
-def lower_bound(lengths_N, Lagg_LP, rows: int, topology: Topology, cost: CostModel) -> float:
-    """docs/model.md bound for a given placement and R (valid for both objectives):
-    (Σ_s(α_s Σlen + β_s Σlen²)/P + γ Σ_l max_p Lagg[l,p] + R·G·row_overhead) / G."""
-    lengths_N = np.asarray(lengths_N, dtype=np.float64)
-    attn = sum(s.alpha * lengths_N.sum() + s.beta * (lengths_N ** 2).sum() for s in cost.stages)
-    G = topology.num_shards
-    expert = cost.gamma * float(np.asarray(Lagg_LP, dtype=np.float64).max(axis=1).sum())
-    return float((attn / topology.ep + expert + rows * G * cost.row_overhead) / G)
-
-
-def placement_free_lower_bound(lengths_N, load_LE, rows: int, topology: Topology, cost: CostModel) -> float:
-    """The bound for any placement: max_p Lagg[l,p] ≥ max(Σ_e load[l,e] / P, max_e load[l,e])."""
-    load_LE = np.asarray(load_LE, dtype=np.float64)
-    best_LP = np.maximum(load_LE.sum(axis=1) / topology.ep, load_LE.max(axis=1))[:, None]
-    return lower_bound(lengths_N, best_LP, rows, topology, cost)
-
-
 @dataclasses.dataclass(frozen=True)
 class Evaluation:
     """Both objectives' scores, the bounds and the gap of one layout."""
 
-    objective: str
+    objective: Objective
     J: np.ndarray
-    scores: dict[str, Score]
+    scores: dict[Objective, Score]
     lower_bound: float
     placement_free_lower_bound: float
 
@@ -149,13 +129,13 @@ class Evaluation:
         return self.score.makespan / self.lower_bound if self.lower_bound > 0 else float("inf")
 
     def report(self) -> dict:
-        other = "sum-max" if self.objective == "max-sum" else "max-sum"
+        other = Objective.SUM_MAX if self.objective is Objective.MAX_SUM else Objective.MAX_SUM
         s = self.score
         return {"objective": self.objective, "makespan": s.makespan, "total": s.total,
                 "peak": s.peak, "other_objective": other,
                 "other_makespan": self.scores[other].makespan,
-                "makespan_max_sum": self.scores["max-sum"].makespan,
-                "makespan_sum_max": self.scores["sum-max"].makespan,
+                "makespan_max_sum": self.scores[Objective.MAX_SUM].makespan,
+                "makespan_sum_max": self.scores[Objective.SUM_MAX].makespan,
                 "lower_bound": self.lower_bound,
                 "placement_free_lower_bound": self.placement_free_lower_bound, "gap": self.gap}
 
@@ -188,20 +168,21 @@ class Evaluator:
         return row_shard_costs(self.window.lengths, self.rank_loads(placement_LE), row_N, slot_N,
                                rows, self.topology, self.cost, parts=parts)
 
-    def score(self, placement_LE, row_N, slot_N, rows: int, objective: str) -> Score:
-        return score_from_J(self.costs(placement_LE, row_N, slot_N, rows), check_objective(objective))
+    def score(self, placement_LE, row_N, slot_N, rows: int, objective: Objective | str) -> Score:
+        return score_from_J(self.costs(placement_LE, row_N, slot_N, rows), objective)
 
     def lower_bound(self, placement_LE, rows: int) -> float:
         Lagg_LP = expert_rank_loads(self._load_LE, placement_LE, self.topology.ep)
-        return lower_bound(self.window.lengths, Lagg_LP, rows, self.topology, self.cost)
+        return layout_lower_bound(self.window.lengths, Lagg_LP, rows, self.topology, self.cost)
 
     def placement_free_lower_bound(self, rows: int) -> float:
         return placement_free_lower_bound(self.window.lengths, self._load_LE, rows, self.topology, self.cost)
 
-    def evaluate(self, placement_LE, row_N, slot_N, rows: int, objective: str = "max-sum") -> Evaluation:
+    def evaluate(self, placement_LE, row_N, slot_N, rows: int,
+                 objective: Objective | str = Objective.MAX_SUM) -> Evaluation:
         J = self.costs(placement_LE, row_N, slot_N, rows)
         return Evaluation(objective=check_objective(objective), J=J,
-                          scores={o: score_from_J(J, o) for o in OBJECTIVES},
+                          scores={o: score_from_J(J, o) for o in Objective},
                           lower_bound=self.lower_bound(placement_LE, rows),
                           placement_free_lower_bound=self.placement_free_lower_bound(rows))
 
@@ -213,13 +194,15 @@ class Evaluator:
         """:meth:`evaluate` of a :class:`Layout`."""
         return self.evaluate(placement_LE, layout.row, layout.slot, layout.rows, objective)
 
-    def evaluate_plan(self, plan: Plan, objective: str | None = None) -> Evaluation:
+    def evaluate_plan(self, plan: Plan, objective: Objective | str | None = None) -> Evaluation:
         errs = plan.validate(self.window)
         if errs:
-            raise InputError("invalid plan: " + "; ".join(errs[:5]) + (f" (+{len(errs) - 5} more)" if len(errs) > 5 else ""))
+            more = f" (+{len(errs) - 5} more)" if len(errs) > 5 else ""
+            raise InputError("invalid plan: " + "; ".join(errs[:5]) + more)
         return self.evaluate_layout(plan.placement, plan.layout, objective or plan.objective)
 
 
-def evaluate_plan(window: Window, plan: Plan, cost: CostModel, objective: str | None = None) -> Evaluation:
+def evaluate_plan(window: Window, plan: Plan, cost: CostModel,
+                  objective: Objective | str | None = None) -> Evaluation:
     """Validate ``plan`` against ``window`` and score it (both objectives, bounds, gap)."""
     return Evaluator(window, plan.topology, cost).evaluate_plan(plan, objective)

@@ -16,6 +16,8 @@ import signal
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from routepack_opt.core.errors import InputError
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_open", "save_npz", "check_output_path"]
@@ -64,8 +66,6 @@ def atomic_write_text(path, text: str) -> None:
 
 def save_npz(path, compressed: bool = True, **arrays) -> None:
     """``np.savez(_compressed)`` of ``arrays`` to ``path``, atomically (no ``.npz`` appended)."""
-    import numpy as np
-
     with atomic_open(path, "wb") as fh:
         (np.savez_compressed if compressed else np.savez)(fh, **arrays)
 

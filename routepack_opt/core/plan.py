@@ -16,13 +16,13 @@ from routepack_opt.core.errors import InputError, load_document
 from routepack_opt.core.io import atomic_write_text
 from routepack_opt.core.layout import Layout, check_rows
 from routepack_opt.core.report import PlanReport
+from routepack_opt.core.objective import Objective, check_objective
 from routepack_opt.core.topology import Topology
 
 __all__ = ["Plan", "load_plan", "PLAN_FORMAT", "cells_from_assignment", "assignment_from_cells",
-           "check_placement"]
+           "check_placement", "placement_from_ranks"]
 
 PLAN_FORMAT = "routepack-plan/1"
-OBJECTIVES = ("max-sum", "sum-max")
 
 
 def cells_from_assignment(row_N, slot_N, rows: int, dp: int) -> list[list[list[int]]]:
@@ -69,6 +69,25 @@ def check_placement(placement, num_layers: int | None = None, num_experts: int |
     return errs
 
 
+def placement_from_ranks(rank_LE, load_LE, ep: int) -> np.ndarray:
+    """Slots from per-expert ranks (each rank holding exactly M = E/P experts): rank p's experts
+    take slots ``p·M ..`` by decreasing load, ties by expert id (the order LPT fills them)."""
+    rank_LE = np.asarray(rank_LE, dtype=np.int64)
+    load_LE = np.asarray(load_LE)
+    L, E = rank_LE.shape
+    M = E // ep
+    placement = np.empty((L, E), dtype=np.int64)
+    ids = np.arange(E)
+    for l in range(L):
+        order = np.lexsort((ids, -load_LE[l], rank_LE[l]))
+        r = rank_LE[l, order]
+        pos = ids - np.searchsorted(r, r)
+        if r.min() < 0 or r.max() >= ep or not (np.bincount(r, minlength=ep) == M).all():
+            raise InputError(f"placement: layer {l} does not give every rank the same number of experts")
+        placement[l, order] = r * M + pos
+    return placement
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """A plan. ``placement[l, e]`` is the physical slot of logical expert e at layer l (rank =
@@ -84,7 +103,7 @@ class Plan:
     placement: np.ndarray
     row: np.ndarray
     slot: np.ndarray
-    objective: str = "max-sum"
+    objective: Objective = Objective.MAX_SUM
     score: dict | None = None
     lower_bound: float | None = None
     certificate: dict | None = None
@@ -95,8 +114,10 @@ class Plan:
         placement = np.array(self.placement, dtype=np.int64)
         placement.flags.writeable = False
         object.__setattr__(self, "placement", placement)
-        if self.objective not in OBJECTIVES:
-            raise InputError(f"plan: objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        try:
+            object.__setattr__(self, "objective", check_objective(self.objective))
+        except InputError as exc:
+            raise InputError(f"plan: {exc}") from None
         if not isinstance(self.report, PlanReport):
             raise InputError(f"plan: report must be a PlanReport, got {type(self.report).__name__}")
         try:
@@ -213,7 +234,7 @@ class Plan:
         atomic_write_text(path, dumps_strict(self.to_json(), indent=1) + "\n")
 
     @classmethod
-    def from_json(cls, d: dict, num_samples: int | None = None) -> "Plan":
+    def from_json(cls, d: dict, num_samples: int | None = None) -> Plan:
         if not isinstance(d, dict):
             raise InputError("plan: expected a JSON object")
         if d.get("format") != PLAN_FORMAT:
@@ -245,9 +266,7 @@ class Plan:
             raise InputError("plan: " + errs[0])
         n = num_samples if num_samples is not None else 1 + max((i for r in cells for c in r for i in c), default=-1)
         row_N, slot_N = assignment_from_cells(cells, n)
-        objective = d.get("objective", "max-sum")
-        if objective not in OBJECTIVES:
-            raise InputError(f"plan: objective must be one of {OBJECTIVES}, got {objective!r}")
+        objective = d.get("objective", Objective.MAX_SUM)  # checked by __post_init__
         return cls(topology=topo, rows=rows, placement=placement, row=row_N, slot=slot_N,
                    objective=objective, score=d.get("score"), lower_bound=d.get("lower_bound"),
                    certificate=d.get("certificate"), report=PlanReport.from_json(d.get("info") or {}))

@@ -114,7 +114,8 @@ class Topology:
         if self.equal_samples_per_slot and num_samples % self.dp:
             raise InputError(
                 f"topology: equal_samples_per_slot needs N divisible by D, got N={num_samples} "
-                f"samples and D={self.dp} DP slots (N % D = {num_samples % self.dp}): drop {num_samples % self.dp} or add "
+                f"samples and D={self.dp} DP slots (N % D = {num_samples % self.dp}): "
+                f"drop {num_samples % self.dp} or add "
                 f"{self.dp - num_samples % self.dp} samples (verl too requires the batch to divide "
                 "by the DP size)")
 
@@ -136,7 +137,7 @@ class Topology:
                 **({"equal_samples_per_slot": True} if self.equal_samples_per_slot else {})}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Topology":
+    def from_dict(cls, d: dict) -> Topology:
         if not isinstance(d, dict):
             raise InputError("topology: expected an object with dp, ep, capacity")
         missing = [k for k in ("dp", "ep", "capacity") if k not in d]

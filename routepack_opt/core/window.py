@@ -14,6 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+try:
+    import resource  # POSIX only
+except ImportError:  # pragma: no cover
+    resource = None
+
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.io import atomic_open
 
@@ -163,14 +168,14 @@ class Window:
         """Aggregate load ``load_LE[l, e] = Σ_i counts[i, l, e]`` (docs/pipeline.md, step 1)."""
         return self.counts.sum(axis=0, dtype=np.int64)
 
-    def replace(self, **changes) -> "Window":
+    def replace(self, **changes) -> Window:
         """A new window with some fields changed (validated again)."""
         fields = dict(lengths=self.lengths, counts=self.counts, top_k=self.top_k,
                       group_ids=self.group_ids, step=self.step)
         fields.update(changes)
         return Window(**fields)
 
-    def subset(self, idx) -> "Window":
+    def subset(self, idx) -> Window:
         """The window restricted to samples ``idx`` (in that order)."""
         idx = np.asarray(idx, dtype=np.int64)
         return Window(self.lengths[idx], self.counts[idx], self.top_k,
@@ -178,7 +183,7 @@ class Window:
 
     # --- routes ------------------------------------------------------------------------------
     @classmethod
-    def from_routes(cls, lengths, routes, num_experts: int, group_ids=None, step=None) -> "Window":
+    def from_routes(cls, lengths, routes, num_experts: int, group_ids=None, step=None) -> Window:
         """Aggregate per-token replayed routes into counts.
 
         ``routes_TLK[t, l, j]`` is the logical expert of token t's j-th choice at MoE layer l, for
@@ -225,8 +230,8 @@ def available_memory() -> int | None:
     ``MemAvailable``; None when none of them can be read."""
     limits = []
     try:
-        import resource
-
+        if resource is None:
+            raise OSError("no resource module")
         soft = resource.getrlimit(resource.RLIMIT_AS)[0]
         if soft != resource.RLIM_INFINITY:
             with open("/proc/self/statm") as fh:

@@ -21,292 +21,35 @@ largest micro-batch of every slot.
 
 Both return a feasible layout whenever one exists (``binpack_opt(len, C) ≤ R·D ≤ N``): if the
 greedy construction breaks the cap and moving or swapping samples cannot fix it, the last resort
-packs into at most R·D bins (FFD/BFD, else the exact :func:`routepack_opt.certify.pack_into_bins`),
-splits bins until there are exactly R·D nonempty cells and deals them to (row, slot). :class:`InfeasibleError` when no layout exists.
+packs into at most R·D bins (FFD/BFD, else the caller's exact packer ``exact_pack``, e.g.
+:func:`routepack_opt.certify.pack_into_bins`; without one, InfeasibleError says so),
+splits bins until there are exactly R·D nonempty cells and deals them to (row, slot).
+:class:`InfeasibleError` when no layout exists.
 """
 
 from __future__ import annotations
 
-import time
-
 import heapq
-from typing import Callable
+import time
+from collections.abc import Callable
 
-import numba
 import numpy as np
 
-from routepack_opt.core.errors import InfeasibleError, InputError
-from routepack_opt.core.layout import check_rows
-from routepack_opt.heuristics.placement.lpt import lpt_assign
+from routepack_opt.core.errors import BinPackUndecided, InfeasibleError, InputError
 from routepack_opt.core.topology import Topology
+from routepack_opt.heuristics.binpack import best_packing, first_fit_decreasing
+from routepack_opt.heuristics.cells import check_layout, kk_partition, order_rows, prepare_lengths, repair_capacity
+from routepack_opt.heuristics.equal_counts import equal_count_layout
+from routepack_opt.heuristics.placement.lpt import lpt_assign
 
-__all__ = ["verl_kk_layout", "nemo_ffd_layout", "kk_partition", "BASELINES", "check_layout"]
+__all__ = ["verl_kk_layout", "nemo_ffd_layout", "BASELINES", "ExactPacker"]
 
-
-# ------------------------------------------------------------------ Karmarkar–Karp (k-way LDM)
-
-
-@numba.njit(cache=True)
-def _heap_less(spread, sid, a, b):
-    # max-spread first; equal spreads: lower state id first (deterministic)
-    return spread[a] > spread[b] or (spread[a] == spread[b] and sid[a] < sid[b])
-
-
-@numba.njit(cache=True)
-def _heap_push(heap, size, spread, sid, s):
-    heap[size] = s
-    i = size
-    while i > 0:
-        parent = (i - 1) // 2
-        if _heap_less(spread, sid, heap[i], heap[parent]):
-            heap[i], heap[parent] = heap[parent], heap[i]
-            i = parent
-        else:
-            break
-    return size + 1
-
-
-@numba.njit(cache=True)
-def _heap_pop(heap, size, spread, sid):
-    top = heap[0]
-    size -= 1
-    heap[0] = heap[size]
-    i = 0
-    while True:
-        left = 2 * i + 1
-        if left >= size:
-            break
-        child = left
-        if left + 1 < size and _heap_less(spread, sid, heap[left + 1], heap[left]):
-            child = left + 1
-        if _heap_less(spread, sid, heap[child], heap[i]):
-            heap[i], heap[child] = heap[child], heap[i]
-            i = child
-        else:
-            break
-    return top, size
-
-
-@numba.njit(cache=True)
-def _sort_state(sums_k, head_k):
-    order = np.argsort(-sums_k, kind="mergesort")
-    s = sums_k[order].copy()
-    h = head_k[order].copy()
-    sums_k[:] = s
-    head_k[:] = h
-
-
-@numba.njit(cache=True)
-def _kk_kernel(values_n, k, chunk):
-    """k-way largest differencing. Items sorted ascending (stable) form initial states of
-    ``chunk`` items, one per set (``chunk = k``: equal sizes; the partial chunk is the lightest;
-    ``chunk = 1``: free sizes). Repeatedly merge the two states of largest spread, pairing the
-    heaviest set of one with the lightest of the other. Returns the part of each item, parts
-    numbered by decreasing sum."""
-    n = values_n.size
-    order = np.argsort(values_n, kind="mergesort")
-    S = (n + chunk - 1) // chunk
-    sums = np.zeros((S, k), dtype=np.float64)
-    head = np.full((S, k), -1, dtype=np.int64)
-    nxt = np.full(n, -1, dtype=np.int64)
-    tail = np.arange(n)
-    spread = np.zeros(S, dtype=np.float64)
-    sid = np.arange(S)
-    heap = np.empty(S, dtype=np.int64)
-    size = 0
-    first = n - (S - 1) * chunk
-    pos = 0
-    for s in range(S):
-        m = first if s == 0 else chunk
-        for t in range(m):
-            it = order[pos]
-            pos += 1
-            sums[s, t] = values_n[it]
-            head[s, t] = it
-        _sort_state(sums[s], head[s])
-        spread[s] = sums[s, 0] - sums[s, k - 1]
-        size = _heap_push(heap, size, spread, sid, s)
-    while size > 1:
-        s0, size = _heap_pop(heap, size, spread, sid)
-        s1, size = _heap_pop(heap, size, spread, sid)
-        for i in range(k):
-            j = k - 1 - i
-            sums[s0, i] += sums[s1, j]
-            h0 = head[s0, i]
-            h1 = head[s1, j]
-            if h0 < 0:
-                head[s0, i] = h1
-            elif h1 >= 0:
-                nxt[tail[h0]] = h1
-                tail[h0] = tail[h1]
-        _sort_state(sums[s0], head[s0])
-        spread[s0] = sums[s0, 0] - sums[s0, k - 1]
-        size = _heap_push(heap, size, spread, sid, s0)
-    part = np.full(n, -1, dtype=np.int64)
-    last = heap[0]
-    for i in range(k):
-        it = head[last, i]
-        while it >= 0:
-            part[it] = i
-            it = nxt[it]
-    return part
-
-
-def kk_partition(values, k: int, equal_size: bool = False) -> np.ndarray:
-    """Karmarkar–Karp k-way partition of ``values``: the part (0..k-1, by decreasing sum) of each
-    item. ``equal_size``: part sizes differ by at most one (verl's ``equal_size``; exact when
-    k divides n). With n ≥ k positive values every part is nonempty."""
-    v = np.ascontiguousarray(values, dtype=np.float64)
-    if v.ndim != 1 or k < 1:
-        raise InputError(f"kk_partition: need 1-d values and k ≥ 1, got shape {v.shape}, k={k}")
-    if v.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    return _kk_kernel(v, int(k), int(k) if equal_size else 1)
-
-
-# ------------------------------------------------------------------ feasibility and repair
-
-
-def _prepare(lengths, topology: Topology, rows) -> tuple[np.ndarray, int, int, int]:
-    len_N = np.asarray(lengths)
-    if len_N.ndim != 1 or len_N.size == 0:
-        raise InputError(f"lengths: expected a nonempty 1-d array, got shape {len_N.shape}")
-    len_N = len_N.astype(np.int64)
-    if (len_N < 1).any():
-        raise InputError("lengths: every sample needs at least 1 token")
-    R, D, C = check_rows(rows), topology.dp, topology.capacity
-    N = len_N.size
-    if len_N.max() > C:
-        raise InfeasibleError(f"samples {np.flatnonzero(len_N > C)[:8].tolist()} are longer than the capacity {C}")
-    if R * D > N:
-        raise InfeasibleError(f"{R}×{D} = {R * D} cells need at least that many samples; the window has {N}")
-    if -(-int(len_N.sum()) // C) > R * D:
-        raise InfeasibleError(f"{int(len_N.sum())} tokens do not fit in {R}×{D} cells of capacity {C}")
-    return len_N, R, D, C
-
-
-def check_layout(lengths, row_N, slot_N, rows: int, dp: int, capacity: int) -> bool:
-    """Coverage (each sample in one cell of the R × D grid), capacity and nonempty cells."""
-    row_N = np.asarray(row_N)
-    slot_N = np.asarray(slot_N)
-    n = np.asarray(lengths).size
-    if row_N.shape != (n,) or slot_N.shape != (n,):
-        return False
-    if row_N.min() < 0 or row_N.max() >= rows or slot_N.min() < 0 or slot_N.max() >= dp:
-        return False
-    cell = row_N * dp + slot_N
-    members = np.bincount(cell, minlength=rows * dp)
-    tokens = np.bincount(cell, weights=np.asarray(lengths, dtype=np.float64), minlength=rows * dp)
-    return bool((members >= 1).all() and (tokens <= capacity).all())
-
-
-@numba.njit(cache=True)
-def _repair_step(len_N, cell_N, tokens, D, c, C):
-    """One overflow-lowering step on overfull cell c (in place); False if none exists.
-
-    Move one of its samples to the cell with the most room where it fits (same slot preferred;
-    the smallest sample that removes the whole excess, else the largest that fits; the source
-    keeps ≥ 1 sample); if none fits anywhere, swap one of its samples with a shorter sample of
-    another cell that has room for the difference (the smallest difference that removes the
-    whole excess, else the largest)."""
-    N = len_N.size
-    K = tokens.size
-    excess = tokens[c] - C
-    members = 0
-    for i in range(N):
-        if cell_N[i] == c:
-            members += 1
-    if members >= 2:
-        for same in (True, False):
-            dest = -1
-            room = -1
-            for k in range(K):
-                if k != c and (not same or k % D == c % D) and C - tokens[k] > room:
-                    room = C - tokens[k]
-                    dest = k
-            if dest < 0:
-                continue
-            chosen = -1
-            for i in range(N):  # smallest sufficient, else largest fitting (ties: lower id)
-                if cell_N[i] != c or len_N[i] > room:
-                    continue
-                if chosen < 0:
-                    chosen = i
-                    continue
-                a, b = len_N[i], len_N[chosen]
-                if b >= excess:
-                    if excess <= a < b:
-                        chosen = i
-                elif a > b:
-                    chosen = i
-            if chosen >= 0:
-                cell_N[chosen] = dest
-                tokens[c] -= len_N[chosen]
-                tokens[dest] += len_N[chosen]
-                return True
-    best_i = -1
-    best_j = -1
-    best_score = 0
-    for i in range(N):
-        if cell_N[i] != c:
-            continue
-        for j in range(N):
-            k = cell_N[j]
-            if k == c:
-                continue
-            d = len_N[i] - len_N[j]
-            if d <= 0 or d > C - tokens[k]:
-                continue
-            score = 2 * C - d if d >= excess else d
-            if score > best_score:
-                best_score = score
-                best_i = i
-                best_j = j
-    if best_i < 0:
-        return False
-    k = cell_N[best_j]
-    cell_N[best_i] = k
-    cell_N[best_j] = c
-    d = len_N[best_i] - len_N[best_j]
-    tokens[c] -= d
-    tokens[k] += d
-    return True
-
-
-@numba.njit(cache=True)
-def _repair_cells(len_N, cell_N, tokens, D, C, cells):
-    """Repair steps on each of ``cells`` (in order) while it is overfull; True if any step."""
-    progress = False
-    for c in cells:
-        while tokens[c] > C and _repair_step(len_N, cell_N, tokens, D, c, C):
-            progress = True
-    return progress
-
-
-_REPAIR_PIECE_OPS = 2e7  # ~ work per compiled call of the repair (a few ms): clock checks between
-
-
-def _repair_capacity(len_N, cell_N, R: int, D: int, C: int, deadline: float | None = None) -> bool:
-    """Make every cell fit the cap by moves and swaps (``cell_N`` changed in place), in passes
-    over the overfull cells, worst first. Every step lowers the total overflow and creates none,
-    so this ends; returns whether all cells now fit (False: a pass made no step, or the
-    ``time.perf_counter()`` ``deadline`` passed). A step costs O(N): at N = 65,536 with thousands
-    of overfull cells the passes take seconds, so they run in pieces with the clock checked."""
-    len_N = np.ascontiguousarray(len_N, dtype=np.int64)
-    tokens = np.bincount(cell_N, weights=len_N, minlength=R * D).astype(np.int64)
-    piece = max(1, int(_REPAIR_PIECE_OPS // (len_N.size + R * D)))  # cells per compiled call
-    while True:
-        over = np.flatnonzero(tokens > C)
-        if over.size == 0:
-            return True
-        over = over[np.argsort(-tokens[over], kind="mergesort")]
-        progress = False
-        for start in range(0, over.size, piece):
-            progress |= bool(_repair_cells(len_N, cell_N, tokens, D, C, over[start:start + piece]))
-            if deadline is not None and time.perf_counter() >= deadline:
-                return False
-        if not progress:
-            return False
+# An exact packer into at most ``num_bins`` bins: ``exact_pack(sizes, capacity, num_bins,
+# time_limit)`` returns a bin id per item, None when proved impossible, and raises
+# BinPackUndecided when undecided in time. The certifier's
+# :func:`routepack_opt.certify.pack_into_bins` is one; it sits above the heuristics (it runs the
+# exact models), so callers pass it in rather than the baselines importing it.
+ExactPacker = Callable[[np.ndarray, int, int, float], "np.ndarray | None"]
 
 
 def _split_until(len_N, bin_N, num_cells: int) -> np.ndarray:
@@ -366,13 +109,15 @@ def _deal(len_N, cell_N, R: int, D: int, deal: str) -> tuple[np.ndarray, np.ndar
     return row_K[cell_N], slot_K[cell_N]
 
 
-def _pack_exact(len_N, C: int, num_bins: int, time_limit: float) -> np.ndarray:
-    """A packing into at most ``num_bins`` bins (the R* certifier's :func:`pack_into_bins`), or
-    InfeasibleError: proved impossible, or (said so in the message) undecided in time."""
-    from routepack_opt.certify import BinPackUndecided, pack_into_bins
-
+def _pack_exact(len_N, C: int, num_bins: int, time_limit: float,
+                exact_pack: ExactPacker | None) -> np.ndarray:
+    """A packing into at most ``num_bins`` bins by ``exact_pack``, or InfeasibleError: proved
+    impossible, undecided in time, or no exact packer given (each said so in the message)."""
+    if exact_pack is None:
+        raise InfeasibleError(f"FFD/BFD need more than {num_bins} bins of capacity {C} and no exact "
+                              f"packer was given (exact_pack=routepack_opt.certify.pack_into_bins)")
     try:
-        bins = pack_into_bins(len_N, C, num_bins, time_limit=time_limit)
+        bins = exact_pack(len_N, C, num_bins, time_limit)
     except BinPackUndecided as exc:
         raise InfeasibleError(f"no packing into {num_bins} bins of capacity {C} found within "
                               f"{time_limit}s (undecided: {exc})") from None
@@ -381,60 +126,49 @@ def _pack_exact(len_N, C: int, num_bins: int, time_limit: float) -> np.ndarray:
     return np.asarray(bins, dtype=np.int64)
 
 
-def _last_resort(len_N, R: int, D: int, C: int, deal: str, time_limit: float, info: dict):
+def _last_resort(len_N, R: int, D: int, C: int, deal: str, time_limit: float, info: dict,
+                 exact_pack: ExactPacker | None):
     """FFD/BFD into ≤ R·D bins if they fit, else the exact packing; split to R·D cells; deal."""
-    from routepack_opt.heuristics.binpack import best_packing
-
     bin_N, used, how = best_packing(len_N, C)
     if used <= R * D:
         info["fallback"] = how
     else:
         info["fallback"] = "exact-binpack"
-        bin_N = _pack_exact(len_N, C, R * D, time_limit)
+        bin_N = _pack_exact(len_N, C, R * D, time_limit, exact_pack)
     cell_N = _split_until(len_N, bin_N, R * D)
     return _deal(len_N, cell_N, R, D, deal)
 
 
-def _finish(len_N, row_N, slot_N, R, D, C, deal, time_limit, info):
+def _finish(len_N, row_N, slot_N, R, D, C, deal, time_limit, info, exact_pack):
     """Make the layout strict on the cap (repair for up to half of ``time_limit``, then the last
     resort); order rows."""
     cell_N = row_N * D + slot_N
     t0 = time.perf_counter()
-    if not _repair_capacity(len_N, cell_N, R, D, C, t0 + 0.5 * time_limit):
+    if not repair_capacity(len_N, cell_N, R, D, C, t0 + 0.5 * time_limit):
         left = max(0.05, time_limit - (time.perf_counter() - t0))
-        return _last_resort(len_N, R, D, C, deal, left, info)
-    row_N, slot_N = _order_rows(len_N, cell_N // D, cell_N % D, R, D)
+        return _last_resort(len_N, R, D, C, deal, left, info, exact_pack)
+    row_N, slot_N = order_rows(len_N, cell_N // D, cell_N % D, R, D)
     if not check_layout(len_N, row_N, slot_N, R, D, C):  # not reachable when repair succeeds
-        return _last_resort(len_N, R, D, C, deal, time_limit, info)
+        return _last_resort(len_N, R, D, C, deal, time_limit, info, exact_pack)
     return row_N, slot_N
-
-
-def _order_rows(len_N, row_N, slot_N, R: int, D: int):
-    """Renumber rows inside every slot by decreasing tokens (ties: old row)."""
-    cell_N = row_N * D + slot_N
-    tok_RD = np.bincount(cell_N, weights=len_N, minlength=R * D).reshape(R, D)
-    rank_RD = np.empty((R, D), dtype=np.int64)
-    order_RD = np.argsort(-tok_RD, axis=0, kind="stable")
-    rank_RD[order_RD, np.arange(D)[None, :]] = np.arange(R)[:, None]
-    return rank_RD[row_N, slot_N], slot_N
 
 
 # ------------------------------------------------------------------ the baselines
 
 
 def verl_kk_layout(lengths, topology: Topology, rows: int, time_limit: float = 10.0,
-                   info: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   info: dict | None = None, *, exact_pack: ExactPacker | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """verl-style layout: KK over slots (equal sample counts where possible), then KK over the
     R micro-batches of each slot; overfull cells repaired by moves and swaps. If that fails
     (tight windows), cells come from a cap-feasible bin packing and are dealt to slots by KK
     with equal sizes (R each). ``time_limit`` bounds the exact packing; ``info`` (optional dict)
-    receives ``fallback`` (``FFD``/``BFD``/``exact-binpack``) when the last resort was used."""
+    receives ``fallback`` (``FFD``/``BFD``/``exact-binpack``) when the last resort was used;
+    ``exact_pack`` (see :data:`ExactPacker`) is that last resort's exact packing."""
     if topology.equal_samples_per_slot:
         # verl's own split (KK, equal sizes), kept exact: repairs stay inside a slot
-        from routepack_opt.heuristics.equal_counts import equal_count_layout
-
-        return equal_count_layout(lengths, topology, rows, time_limit, info)
-    len_N, R, D, C = _prepare(lengths, topology, rows)
+        return equal_count_layout(lengths, topology, rows, time_limit, info, exact_pack=exact_pack)
+    len_N, R, D, C = prepare_lengths(lengths, topology, rows)
     info = {} if info is None else info
     slot_N = kk_partition(len_N, D, equal_size=True)
     row_N = np.empty_like(slot_N)
@@ -443,23 +177,23 @@ def verl_kk_layout(lengths, topology: Topology, rows: int, time_limit: float = 1
     for d in range(D):
         idx = by_slot[starts[d]:starts[d + 1]]
         row_N[idx] = kk_partition(len_N[idx], R, equal_size=False)
-    return _finish(len_N, row_N, slot_N, R, D, C, "kk", time_limit, info)
+    return _finish(len_N, row_N, slot_N, R, D, C, "kk", time_limit, info, exact_pack)
 
 
 def nemo_ffd_layout(lengths, topology: Topology, rows: int, deal: str = "balanced",
-                    time_limit: float = 10.0, info: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    time_limit: float = 10.0, info: dict | None = None, *,
+                    exact_pack: ExactPacker | None = None) -> tuple[np.ndarray, np.ndarray]:
     """NeMo-RL-style layout: FFD bins of cap C, heaviest bins split until R·D, dealt R per slot
     (``deal``: ``balanced`` by tokens, or ``round-robin``). Splitting bins does not keep sample
     counts, so with ``equal_samples_per_slot`` it raises InfeasibleError (the seeds skip it)."""
-    from routepack_opt.heuristics.binpack import first_fit_decreasing
     if topology.equal_samples_per_slot:
         raise InfeasibleError("nemo-ffd does not keep equal sample counts per slot")
 
-    len_N, R, D, C = _prepare(lengths, topology, rows)
+    len_N, R, D, C = prepare_lengths(lengths, topology, rows)
     info = {} if info is None else info
     bin_N, used = first_fit_decreasing(len_N, C)
     if used > R * D:
-        return _last_resort(len_N, R, D, C, deal, time_limit, info)
+        return _last_resort(len_N, R, D, C, deal, time_limit, info, exact_pack)
     cell_N = _split_until(len_N, bin_N, R * D)
     return _deal(len_N, cell_N, R, D, deal)
 

@@ -10,7 +10,7 @@ that succeeds wins; all length-only):
 - ``kk``: verl's split — Karmarkar–Karp over slots with equal sizes (verl's ``equal_size``, exact
   sizes since D divides N), then each slot's m samples into R cells by KK, overfull cells
   repaired by moves and swaps *inside the slot*, else the slot is bin-packed into R bins
-  (FFD/BFD, then the exact packing of :func:`routepack_opt.certify.pack_into_bins`);
+  (FFD/BFD, then the caller's exact packer, e.g. :func:`routepack_opt.certify.pack_into_bins`);
 - ``count-ffd`` / ``count-bfd``: first-/best-fit decreasing over all R·D cells where a slot
   takes no more than m samples (Johnson 1973's FFD with a cardinality limit per slot group),
   then empty cells of a slot take a lone sample from the slot's fullest cells.
@@ -25,8 +25,9 @@ import time
 
 import numpy as np
 
-from routepack_opt.core.errors import InfeasibleError, InputError
+from routepack_opt.core.errors import BinPackUndecided, InfeasibleError, InputError
 from routepack_opt.core.topology import Topology
+from routepack_opt.heuristics.cells import check_layout, kk_partition, order_rows, prepare_lengths, repair_capacity
 
 __all__ = ["equal_count_layout", "equal_counts_ok", "count_fit_decreasing"]
 
@@ -53,17 +54,17 @@ def _spread_in_slot(len_N, row_N, R: int) -> bool:
     return bool((cnt > 0).all())
 
 
-def _pack_slot(len_g, R: int, C: int, deadline: float) -> np.ndarray | None:
-    """The R-cell rows of one slot's samples: KK, in-slot repair, else a bin packing; None if
-    none found."""
-    from routepack_opt.certify import BinPackUndecided, pack_into_bins
-    from routepack_opt.heuristics.baselines import _repair_capacity, kk_partition
-
+def _pack_slot(len_g, R: int, C: int, deadline: float, exact_pack) -> np.ndarray | None:
+    """The R-cell rows of one slot's samples: KK, in-slot repair, else a bin packing by
+    ``exact_pack`` (see :data:`routepack_opt.heuristics.baselines.ExactPacker`); None if none
+    found or no packer given."""
     row = kk_partition(len_g, R, equal_size=False).astype(np.int64)
-    if _repair_capacity(len_g, row, R, 1, C, deadline):  # one slot: cells are its rows
+    if repair_capacity(len_g, row, R, 1, C, deadline):  # one slot: cells are its rows
         return row
+    if exact_pack is None:
+        return None
     try:
-        bins = pack_into_bins(len_g, C, R, time_limit=max(0.05, deadline - time.perf_counter()))
+        bins = exact_pack(len_g, C, R, max(0.05, deadline - time.perf_counter()))
     except BinPackUndecided:
         return None
     if bins is None:
@@ -73,14 +74,12 @@ def _pack_slot(len_g, R: int, C: int, deadline: float) -> np.ndarray | None:
     return row if _spread_in_slot(len_g, row, R) else None
 
 
-def _kk_groups(len_N, R: int, D: int, C: int, deadline: float):
-    from routepack_opt.heuristics.baselines import kk_partition
-
+def _kk_groups(len_N, R: int, D: int, C: int, deadline: float, exact_pack):
     slot_N = kk_partition(len_N, D, equal_size=True).astype(np.int64)
     row_N = np.empty_like(slot_N)
     for d in range(D):
         idx = np.flatnonzero(slot_N == d)
-        row = _pack_slot(len_N[idx], R, C, deadline)
+        row = _pack_slot(len_N[idx], R, C, deadline, exact_pack)
         if row is None:
             return None
         row_N[idx] = row
@@ -117,13 +116,14 @@ def count_fit_decreasing(len_N, R: int, D: int, C: int, best: bool = False):
 
 
 def equal_count_layout(lengths, topology: Topology, rows: int, time_limit: float = 10.0,
-                       info: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+                       info: dict | None = None, *, exact_pack=None) -> tuple[np.ndarray, np.ndarray]:
     """A layout at exactly ``rows`` rows with N / D samples in every slot (module docstring).
     ``info["construction"]`` names the construction that succeeded. InputError when N % D != 0;
-    InfeasibleError when no construction succeeds (not a proof)."""
-    from routepack_opt.heuristics.baselines import _prepare, check_layout
-
-    len_N, R, D, C = _prepare(lengths, topology, rows)
+    InfeasibleError when no construction succeeds (not a proof). ``exact_pack``: the exact
+    packing of a slot whose KK split breaks the cap (see
+    :data:`routepack_opt.heuristics.baselines.ExactPacker`); without it that slot fails the
+    ``kk`` construction."""
+    len_N, R, D, C = prepare_lengths(lengths, topology, rows)
     N = len_N.size
     if N % D:
         raise InputError(f"equal samples per slot: N={N} samples do not divide over D={D} slots")
@@ -131,15 +131,13 @@ def equal_count_layout(lengths, topology: Topology, rows: int, time_limit: float
         raise InfeasibleError(f"{R} rows need ≥ {R} samples per slot; each slot holds N/D = {N // D}")
     info = {} if info is None else info
     deadline = time.perf_counter() + time_limit
-    tries = (("kk", lambda: _kk_groups(len_N, R, D, C, deadline)),
+    tries = (("kk", lambda: _kk_groups(len_N, R, D, C, deadline, exact_pack)),
              ("count-ffd", lambda: count_fit_decreasing(len_N, R, D, C)),
              ("count-bfd", lambda: count_fit_decreasing(len_N, R, D, C, best=True)))
     for name, build in tries:
         got = build()
         if got is not None and check_layout(len_N, got[0], got[1], R, D, C) and equal_counts_ok(got[1], D):
-            from routepack_opt.heuristics.baselines import _order_rows
-
             info["construction"] = name
-            return _order_rows(len_N, got[0], got[1], R, D)
+            return order_rows(len_N, got[0], got[1], R, D)
     raise InfeasibleError(f"no equal-count layout with {R} rows found by KK, count-FFD or count-BFD "
                           f"(N={N}, D={D}, capacity {C})")

@@ -14,6 +14,7 @@ from routepack_opt.core.errors import InputError
 from routepack_opt.core.plan import Plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
+from routepack_opt.pipeline import solve
 
 __all__ = ["length_only_window", "clip_to_cap", "plan_cells", "as_cost", "PlannedCells"]
 
@@ -81,7 +82,6 @@ def plan_cells(window: Window, topology: Topology, cost, *, objective: str = "ma
                placement="lpt", rows: int | None = None, time_limit: float | None = None,
                max_sweeps: int | None = None, seed: int = 0, current_placement=None) -> PlannedCells:
     """One call into the pipeline; every seam plans through here."""
-    from routepack_opt.pipeline import solve  # numba and OR-Tools: imported on the first plan
 
     if window.num_samples < topology.dp:
         raise InputError(f"{window.num_samples} samples cannot give every one of {topology.dp} DP "

@@ -23,11 +23,16 @@ placements.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.plan import check_placement
+from routepack_opt.integrations import _deps
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["remap_routing", "apply_expert_placement", "PlacementHandle", "rank_token_counts",
            "expert_slot_tensors", "migrate_experts", "physical_to_logical"]
@@ -43,7 +48,7 @@ def physical_to_logical(logical_to_physical_LE) -> np.ndarray:
 
 
 def _perm_index(physical_to_logical_E, E: int, device):
-    import torch
+    torch = _deps.torch()
 
     idx = torch.as_tensor(np.asarray(physical_to_logical_E), dtype=torch.long, device=device)
     if idx.dim() != 1 or idx.numel() != E or not torch.equal(torch.sort(idx).values, torch.arange(E, device=device)):
@@ -78,7 +83,7 @@ class PlacementHandle:
     _orig_route: object = None
 
     def set(self, physical_to_logical_E) -> None:
-        import torch
+        torch = _deps.torch()
 
         self.physical_to_logical = torch.as_tensor(np.asarray(physical_to_logical_E), dtype=torch.long)
 
@@ -114,7 +119,7 @@ def expert_slot_tensors(experts, optimizer=None, include_grads: bool = True) -> 
     ``bias{s}``), their grads, and optimizer state — a torch optimizer's per-parameter tensors,
     or a Megatron ``DistributedOptimizer``'s fp32 master + ``exp_avg`` + ``exp_avg_sq`` shard
     (``_get_main_param_and_optimizer_states``) where this rank owns one."""
-    import torch
+    torch = _deps.torch()
 
     if hasattr(experts, "local_experts"):
         per_slot = [list(m.parameters()) for m in experts.local_experts]
@@ -153,8 +158,8 @@ def _optimizer_tensors(optimizer, p, torch) -> list:
     return [state[k] for k in sorted(state) if torch.is_tensor(state[k]) and state[k].dim() > 0]
 
 
-def _raw(tensors) -> "torch.Tensor":
-    import torch
+def _raw(tensors) -> torch.Tensor:
+    torch = _deps.torch()
 
     return torch.cat([t.detach().reshape(-1).view(torch.uint8).clone() for t in tensors])
 
@@ -175,8 +180,8 @@ def migrate_experts(slot_tensors, old_physical_to_logical, new_physical_to_logic
     :func:`expert_slot_tensors` per layer); ``*_physical_to_logical[l, s]`` global maps ``[L, E]``,
     identical on every rank of the EP ``group``. Returns what moved (the same ``experts_moved``
     on every rank)."""
-    import torch
-    import torch.distributed as dist
+    torch = _deps.torch()
+    dist = _deps.torch_distributed()
 
     old = np.asarray(old_physical_to_logical, dtype=np.int64)
     new = np.asarray(new_physical_to_logical, dtype=np.int64)

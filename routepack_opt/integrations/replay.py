@@ -29,12 +29,16 @@ large replays. In-memory inputs (a verl batch, slime's list) are read one sample
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
+
 import numpy as np
 
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.window import Window
+from routepack_opt.core.window import Window, save_window
+from routepack_opt.integrations import _deps
 
 __all__ = ["ReplayImport", "import_replay", "window_from_replay", "FORMATS", "moe_layers",
            "slime_pad_routes", "save_window_atomic"]
@@ -254,7 +258,8 @@ def _from_verl(routed, attention_mask, E: int, moe_layer_freq, top_k):
         dup = _duplicate_rows(r) & ~unrouted
         if dup.any():
             t, l = np.argwhere(dup)[0]
-            raise InputError(f"routed_experts: sample {i} position {pos[t]} picks the same expert twice at layer {keep[l]}")
+            raise InputError(f"routed_experts: sample {i} position {pos[t]} picks the same expert twice "
+                             f"at layer {keep[l]}")
         if unrouted.any():
             imputed += int(unrouted.any(axis=1).sum())
             r = _impute(r, unrouted, i)
@@ -307,9 +312,7 @@ def _load_file(path: Path, lengths):
                 raise InputError(f"{path}: missing array 'routes' (has {sorted(data.files)})")
             return data["routes"], (data["lengths"] if lengths is None and "lengths" in data.files else lengths)
         if suf == ".safetensors":
-            from safetensors import safe_open
-
-            fh = safe_open(str(path), framework="np")
+            fh = _deps.safe_open()(str(path), framework="np")
             keys = set(fh.keys())
             if "routes" not in keys:
                 raise InputError(f"{path}: missing tensor 'routes' (has {sorted(keys)})")
@@ -317,9 +320,7 @@ def _load_file(path: Path, lengths):
                 lengths = fh.get_tensor("lengths")
             return _SafetensorsRoutes(fh), lengths
         if suf in (".pt", ".pth"):
-            import torch
-
-            obj = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+            obj = _deps.torch().load(path, map_location="cpu", mmap=True, weights_only=True)
             return obj, lengths
     except InputError:
         raise
@@ -407,11 +408,6 @@ def window_from_replay(source, **kwargs) -> Window:
 def save_window_atomic(window: Window, path: str | Path, inputs: Iterable = ()) -> Path:
     """Write a window ``.npz`` atomically (temp file in the target directory, fsync, ``os.replace``),
     refusing to write over any of ``inputs``."""
-    import os
-    import tempfile
-
-    from routepack_opt.core.window import save_window
-
     path = Path(path)
     if not path.parent.exists():
         raise InputError(f"{path}: directory {path.parent} does not exist")

@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.topology import Topology
 from routepack_opt.integrations._common import clip_to_cap, length_only_window, plan_cells
 from routepack_opt.integrations.replay import import_replay
-from routepack_opt.core.topology import Topology
 
 __all__ = ["build_dp_schedule", "plan_dp_schedule", "SlimeSchedule", "install"]
 

@@ -41,9 +41,14 @@ import dataclasses
 
 import numpy as np
 
+from routepack_opt.certify import certify_rows
 from routepack_opt.core.errors import InputError
-from routepack_opt.integrations._common import as_cost, length_only_window, plan_cells
+from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.topology import Topology
+from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
+from routepack_opt.integrations import _deps
+from routepack_opt.integrations._common import as_cost, length_only_window, plan_cells
+from routepack_opt.integrations.replay import import_replay
 
 __all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths",
            "balance_batch_partitions", "balance_batch", "GlobalBalance"]
@@ -61,8 +66,8 @@ def batch_lengths(batch) -> tuple[np.ndarray, int]:
 
 
 def _dist_reduce(values: list[int], op: str, dp_group) -> list[int]:
-    import torch
-    import torch.distributed as dist
+    torch = _deps.torch()
+    dist = _deps.torch_distributed()
 
     if not (dist.is_available() and dist.is_initialized()) or dp_group is None:
         return values
@@ -86,7 +91,7 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
     (a sample or forced group longer than the cap, a batch not divisible into groups, fewer
     groups than the agreed micro-batch count).
     """
-    from verl.utils import tensordict_utils as tu
+    tu = _deps.verl_tensordict_utils()
 
     lens_N, _ = batch_lengths(batch)
     N = int(lens_N.shape[0])
@@ -107,7 +112,6 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
     topo = Topology(dp=1, ep=1, capacity=cap, min_rows=int(min_num_micro_batch or 1),
                     row_multiple=int(num_batches_divided_by or 1))
     window = length_only_window(item_len)
-    from routepack_opt.certify import certify_rows
 
     rows = int(certify_rows(window, topo, time_limit=10.0).rows)
     if sync:
@@ -121,7 +125,6 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
     parts = [[j for it in pc.cells[r][0] for j in range(it * g, it * g + g)] for r in range(rows)]
     if use_dynamic_bsz_balance:
         # verl's pipeline-bubble order: heaviest in the middle, lighter ones at both ends.
-        from routepack_opt.core.evaluate import Evaluator
 
         pl = pc.plan
         J_R = Evaluator(window, topo, as_cost(cost)).costs(pl.placement, pl.row, pl.slot, rows)[:, 0]
@@ -137,8 +140,6 @@ def expert_map_from_batch(batch, num_experts: int, ep_size: int, *, dp_group=Non
     """LPT logical→physical map ``[L, E]`` (Graham 1969, then swap refinement) from the batch's
     ``routed_experts [B, S, layers, top_k]`` and ``attention_mask``, loads summed over
     ``dp_group`` so every rank gets the same map."""
-    from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
-    from routepack_opt.integrations.replay import import_replay
 
     if "routed_experts" not in batch.keys():
         raise InputError("batch has no 'routed_experts' (enable routing replay in the rollout)")
@@ -171,7 +172,6 @@ class GlobalBalance:
 def _global_window(lens_N, batch, num_experts, moe_layer_freq):
     if num_experts is None or batch is None or "routed_experts" not in batch.keys():
         return length_only_window(lens_N)
-    from routepack_opt.integrations.replay import import_replay
 
     w = import_replay(batch["routed_experts"], format="verl", num_experts=num_experts,
                       attention_mask=batch["attention_mask"], moe_layer_freq=moe_layer_freq).window
@@ -212,8 +212,8 @@ def balance_batch(batch, dp_size: int, metrics: dict | None = None, *, max_token
     """verl's ``_balance_batch`` on a ``DataProto``: plan (:func:`balance_batch_partitions`,
     ``options`` passed on), reorder the batch in place so that the dispatch's equal chunks are
     the planned ranks, and add verl's balance metrics to ``metrics``."""
-    import torch
-    from verl.utils.seqlen_balancing import log_seqlen_unbalance
+    torch = _deps.torch()
+    log_seqlen_unbalance = _deps.verl_log_seqlen_unbalance()
 
     gb = balance_batch_partitions(batch.batch, dp_size, max_token_len=max_token_len, **options)
     batch.reorder(torch.tensor([j for part in gb.partitions for j in part]))

@@ -10,7 +10,9 @@ verl loads every ``verl.plugins`` entry point during ``import verl`` (policy
 from __future__ import annotations
 
 import functools
+import importlib
 import os
+import sys
 
 __all__ = ["activate", "PATCHED_MODULES"]
 
@@ -23,15 +25,13 @@ PATCHED_MODULES = ("verl.utils.seqlen_balancing", "verl.workers.engine.utils")
 def activate(cost: str | None = None) -> list[str]:
     """Point verl's ``rearrange_micro_batches`` (where verl binds it) at RoutePack's; returns the
     modules patched."""
-    import importlib
-
+    # Imported here, not at the top: verl imports this plugin during its own import, and until
+    # ROUTEPACK_VERL asks for it the planner (numba, the pipeline) must not load.
     from routepack_opt.integrations import verl as rp_verl
 
     fn = functools.partial(rp_verl.rearrange_micro_batches,
                            cost=cost or os.environ.get("ROUTEPACK_COST", "qwen3-30b-a3b"))
     fn.__routepack__ = True
-    import sys
-
     done = []
     for name in PATCHED_MODULES:
         if name != PATCHED_MODULES[0] and name not in sys.modules:

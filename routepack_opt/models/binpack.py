@@ -27,8 +27,9 @@ import time
 import numba
 import numpy as np
 
+from routepack_opt.core.bounds import bin_lower_bound, check_sizes, is_packing
 from routepack_opt.core.errors import InputError, RoutePackError
-from routepack_opt.heuristics.binpack import (best_packing, check_sizes, is_packing, lower_bound)
+from routepack_opt.models import _solvers
 
 __all__ = ["BinPackResult", "solve_bin_packing", "arcflow_graph", "METHODS"]
 
@@ -86,8 +87,7 @@ def _compact(bin_N: np.ndarray) -> np.ndarray:
 def cpsat_solver(time_limit: float, num_workers: int):
     """A CP-SAT solver with the time limit (10 ms at least), workers and fixed seed these
     bin-packing models use."""
-    from ortools.sat.python import cp_model
-
+    cp_model = _solvers.cp_model()
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
     solver.parameters.num_workers = int(num_workers)
@@ -96,8 +96,7 @@ def cpsat_solver(time_limit: float, num_workers: int):
 
 
 def _solve_cpsat(sizes_N, C, lb, max_bins, hint_N, time_limit, num_workers, decision):
-    from ortools.sat.python import cp_model
-
+    cp_model = _solvers.cp_model()
     w, b, type_N = _types(sizes_N)
     m, K = w.size, max_bins
     model = cp_model.CpModel()
@@ -251,9 +250,8 @@ def arcflow_graph(sizes, capacity, max_bins: int | None = None) -> dict:
 
 
 def _solve_arcflow(sizes_N, C, lb, max_bins, hint_N, time_limit, graph=None):
-    import pyomo.environ as pyo
-    from pyomo.contrib.appsi.solvers import Highs
-
+    pyo = _solvers.pyomo()
+    Highs, _ = _solvers.appsi_highs()
     t0 = time.perf_counter()
     g = graph if graph is not None else arcflow_graph(sizes_N, C, max_bins)
     if not g["alive_source"]:  # no bin path wastes little enough: K bins are impossible
@@ -330,7 +328,8 @@ def _solve_arcflow(sizes_N, C, lb, max_bins, hint_N, time_limit, graph=None):
     if 3.0 * built > time_limit:
         return "unknown", None, lb, None
     opt.config.time_limit = max(0.05, float(time_limit - 3.0 * built))
-    res = opt.solve(mdl)
+    with _solvers.quiet_appsi_highs():
+        res = opt.solve(mdl)
     tc = res.termination_condition.name
     if tc in ("infeasible", "infeasibleOrUnbounded"):
         return "infeasible", None, max_bins + 1, None
@@ -389,10 +388,13 @@ def solve_bin_packing(sizes, capacity, *, max_bins: int | None = None, method: s
                       presolve: bool = True) -> BinPackResult:
     """Minimise the bins of a packing of ``sizes`` into bins of ``capacity`` (≤ ``max_bins``).
 
-    ``max_bins`` defaults to the FFD/BFD count. ``decision=True`` only asks whether a packing
+    ``hint`` is a packing ``bin_N`` to warm-start from: the caller's heuristic packing, e.g.
+    :func:`routepack_opt.heuristics.binpack.best_packing` (FFD/BFD) — the models import no
+    heuristic; without one, one item per bin. ``max_bins`` defaults to the hint's bin count.
+    ``decision=True`` only asks whether a packing
     into ``max_bins`` bins exists (CP-SAT drops the objective; arc-flow still minimises, which
-    costs little). ``lower_bound_hint`` is a bound already proved (default: L1/L2/DFF);
-    ``hint`` a packing ``bin_N`` to warm-start from (default: FFD/BFD). ``method`` is one of
+    costs little). ``lower_bound_hint`` is a bound already proved (default: L1/L2/DFF).
+    ``method`` is one of
     ``auto``, ``cpsat``, ``arcflow``; ``num_workers`` is CP-SAT's thread count. With
     ``presolve=False`` the model runs even when the bounds already close (for tests).
     """
@@ -403,10 +405,10 @@ def solve_bin_packing(sizes, capacity, *, max_bins: int | None = None, method: s
     n = sizes_N.size
     if n == 0:
         return BinPackResult("optimal", 0, 0, np.zeros(0, np.int64), "bounds", 0.0)
-    lb, _ = lower_bound(sizes_N, C)
+    lb, _ = bin_lower_bound(sizes_N, C)
     if lower_bound_hint is not None:
         lb = max(lb, int(lower_bound_hint))
-    heur_N, heur_bins, _ = best_packing(sizes_N, C)
+    heur_N, heur_bins = np.arange(n, dtype=np.int64), n  # one item per bin: always a packing
     if hint is not None:
         hint_N = np.asarray(hint, dtype=np.int64)
         if is_packing(sizes_N, C, hint_N) and np.unique(hint_N).size <= heur_bins:

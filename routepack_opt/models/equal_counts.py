@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from routepack_opt.models import _solvers
 from routepack_opt.models.binpack import cpsat_solver
 
 __all__ = ["decide_equal_counts"]
@@ -26,35 +27,34 @@ def decide_equal_counts(lengths, dp: int, rows: int, capacity: int, time_limit: 
                         hint=None, num_workers: int = 1) -> tuple[str, np.ndarray | None, np.ndarray | None]:
     """(status, row_N, slot_N): ``feasible`` with a layout, ``infeasible`` (proved), or
     ``unknown`` (time ran out)."""
-    from ortools.sat.python import cp_model
-
+    cp_model = _solvers.cp_model()
     len_N = np.asarray(lengths, dtype=np.int64)
     N, D, R, C = len_N.size, int(dp), int(rows), int(capacity)
     if N % D or R * D > N or (len_N > C).any():
         return "infeasible", None, None
     m = N // D
     md = cp_model.CpModel()
-    x = {(i, r, d): md.NewBoolVar(f"x[{i},{r},{d}]") for i in range(N) for r in range(R) for d in range(D)}
+    x = {(i, r, d): md.new_bool_var(f"x[{i},{r},{d}]") for i in range(N) for r in range(R) for d in range(D)}
     for i in range(N):  # coverage
-        md.AddExactlyOne(x[i, r, d] for r in range(R) for d in range(D))
+        md.add_exactly_one(x[i, r, d] for r in range(R) for d in range(D))
     for r in range(R):
         for d in range(D):
-            md.Add(sum(int(len_N[i]) * x[i, r, d] for i in range(N)) <= C)  # capacity
-            md.AddBoolOr([x[i, r, d] for i in range(N)])  # nonempty
+            md.add(sum(int(len_N[i]) * x[i, r, d] for i in range(N)) <= C)  # capacity
+            md.add_bool_or([x[i, r, d] for i in range(N)])  # nonempty
     for d in range(D):  # equal counts
-        md.Add(sum(x[i, r, d] for i in range(N) for r in range(R)) == m)
-    md.Add(x[int(np.argmax(len_N)), 0, 0] == 1)  # symmetry: the longest sample in cell (0, 0)
+        md.add(sum(x[i, r, d] for i in range(N) for r in range(R)) == m)
+    md.add(x[int(np.argmax(len_N)), 0, 0] == 1)  # symmetry: the longest sample in cell (0, 0)
     if hint is not None:
         hr, hs = hint
         for (i, r, d), v in x.items():
-            md.AddHint(v, int(hr[i] == r and hs[i] == d))
+            md.add_hint(v, int(hr[i] == r and hs[i] == d))
     solver = cpsat_solver(time_limit, num_workers)
-    st = solver.Solve(md)
+    st = solver.solve(md)
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         row_N = np.empty(N, dtype=np.int64)
         slot_N = np.empty(N, dtype=np.int64)
         for (i, r, d), v in x.items():
-            if solver.Value(v):
+            if solver.value(v):
                 row_N[i], slot_N[i] = r, d
         return "feasible", row_N, slot_N
     if st == cp_model.INFEASIBLE:

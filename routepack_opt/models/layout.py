@@ -16,11 +16,19 @@ import numpy as np
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.models.layout_common import (MAX_BINARIES, LayoutInstance, LayoutResult,
-                                                canonical_layout, gap_of, is_canonical,
-                                                symmetry_groups)
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
+from routepack_opt.models.layout_common import (
+    MAX_BINARIES,
+    LayoutInstance,
+    LayoutResult,
+    canonical_layout,
+    gap_of,
+    is_canonical,
+    symmetry_groups,
+)
+from routepack_opt.models.layout_cpsat import solve_cpsat
+from routepack_opt.models.layout_milp import solve_milp
 
 __all__ = ["solve_layout", "LayoutResult", "LayoutInstance", "SOLVERS", "symmetry_groups",
            "canonical_layout", "is_canonical"]
@@ -61,12 +69,8 @@ def solve_layout(window: Window, topology: Topology, cost: CostModel, placement,
     if warm_start is not None:
         warm_start = _check_warm_start(inst, warm_start)
     if solver == "cpsat":
-        from routepack_opt.models.layout_cpsat import solve_cpsat
-
         res = solve_cpsat(inst, time_limit, warm_start, lexicographic, symmetry, num_workers)
     else:
-        from routepack_opt.models.layout_milp import solve_milp
-
         res = solve_milp(inst, time_limit, warm_start, lexicographic, symmetry)
     return _never_worse_than_start(inst, res, warm_start)
 

@@ -42,12 +42,15 @@ scheme of Baldacci, Christofides & Mingozzi (2008, set-partitioning VRP).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
 import numba as nb
 import numpy as np
 
+from routepack_opt.core.objective import Objective
+from routepack_opt.models import _solvers
 from routepack_opt.models.layout_common import LayoutInstance, prefeasibility
 
 __all__ = ["solve_blocks", "enumerate_blocks", "block_bounds", "applicable", "BlockSet"]
@@ -196,7 +199,8 @@ def applicable(inst: LayoutInstance) -> bool:
     small = _kind(inst) != "shard" or inst.rows * inst.topology.num_shards <= 12
     # Blocks are (row, shard) cell sets chosen independently of slot totals: the decomposition
     # cannot express equal samples per slot, so it is skipped then (CP-SAT/HiGHS model it).
-    return not inst.topology.equal_samples_per_slot and inst.topology.ep <= 2 and inst.num_samples <= 30 and small and prefeasibility(inst) is None
+    return (not inst.topology.equal_samples_per_slot and inst.topology.ep <= 2 and inst.num_samples <= 30
+            and small and prefeasibility(inst) is None)
 
 
 def block_bounds(inst: LayoutInstance) -> tuple[int, int, int]:
@@ -240,8 +244,7 @@ class _Lp:
     """A HiGHS model built column-wise: rows first (bounds), then columns with sparse entries."""
 
     def __init__(self, row_lo, row_hi, time_limit: float):
-        import highspy
-
+        highspy = _solvers.highspy()
         self.h = h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", 1)
@@ -378,7 +381,7 @@ def _kind(inst: LayoutInstance) -> str:
     objective with R = 1: the makespan is Σ_r max over the row's blocks), "shard" (max-sum)."""
     if inst.topology.num_shards == 1:
         return "sum"
-    if inst.objective == "sum-max" or inst.rows == 1:
+    if inst.objective == Objective.SUM_MAX or inst.rows == 1:
         return "row"
     return "shard"
 
@@ -396,8 +399,6 @@ def _arrange(inst: LayoutInstance, costs: np.ndarray) -> list[tuple[int, int]]:
         for n, k in enumerate(order):
             cells[k] = (n // G, n % G)
     else:  # shards of R blocks: min-max grouping by enumeration (R·G is small)
-        import itertools
-
         best, best_groups = math.inf, None
         idx = list(range(costs.size))
 

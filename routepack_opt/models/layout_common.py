@@ -38,13 +38,15 @@ permutations), so the orderings still combine to exactly one representative.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
 from routepack_opt.core.cost import CostModel
-from routepack_opt.core.errors import InputError
-from routepack_opt.core.evaluate import Evaluator, Score, check_objective
+from routepack_opt.core.evaluate import Evaluator, Score
 from routepack_opt.core.layout import check_rows
+from routepack_opt.core.objective import Objective, check_objective
+from routepack_opt.core.plan import Plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 
@@ -71,8 +73,6 @@ class BuildClock:
         self.deadline = deadline
 
     def check(self) -> None:
-        import time
-
         if self.deadline is not None and time.perf_counter() > self.deadline:
             raise BuildTimeout("the model was not built within the time limit")
 
@@ -86,7 +86,7 @@ class LayoutInstance:
     cost: CostModel
     placement: np.ndarray  # [L, E]
     rows: int
-    objective: str
+    objective: Objective
     evaluator: Evaluator
     b_NLP: np.ndarray  # per-rank loads under the placement
     coef_SN: np.ndarray  # α_s·len + β_s·len² (µs) per stage and sample
@@ -95,8 +95,8 @@ class LayoutInstance:
 
     @classmethod
     def build(cls, window: Window, topology: Topology, cost: CostModel, placement, rows: int,
-              objective: str, evaluator: Evaluator | None = None) -> "LayoutInstance":
-        check_objective(objective)
+              objective: Objective | str, evaluator: Evaluator | None = None) -> LayoutInstance:
+        objective = check_objective(objective)
         check_rows(rows)
         evaluator = evaluator or Evaluator(window, topology, cost)
         placement = np.asarray(placement, dtype=np.int64)
@@ -134,8 +134,6 @@ class LayoutInstance:
         return self.evaluator.score(self.placement, row_N, slot_N, self.rows, self.objective)
 
     def violations(self, row_N, slot_N) -> list[str]:
-        from routepack_opt.core.plan import Plan
-
         plan = Plan(self.topology, self.rows, self.placement, row_N, slot_N, self.objective)
         return plan.validate(self.window)
 
@@ -175,7 +173,7 @@ class LayoutResult:
     slot: np.ndarray | None
     score: Score | None = None
     solver: str = ""
-    objective_name: str = "max-sum"
+    objective_name: Objective = Objective.MAX_SUM
     rows: int = 0
     claimed: float | None = None  # the solver's own makespan (µs, unscaled)
     rounding_error: float = 0.0  # worst-case |scaled model − true cost| of any layout (µs)
@@ -223,11 +221,11 @@ def gap_of(objective: float | None, bound: float) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def symmetry_groups(topology: Topology, rows: int, objective: str) -> list[list[list[int]]]:
+def symmetry_groups(topology: Topology, rows: int, objective: Objective | str) -> list[list[list[int]]]:
     """Groups of interchangeable units, coarse levels first. Each group is an ordered list of
     units; each unit is a list of cell ids ``r·D + d``. The models order the units of each group
     by their smallest sample."""
-    check_objective(objective)
+    objective = check_objective(objective)
     D, P, G, R = topology.dp, topology.ep, topology.num_shards, rows
     S = topology.slots_of_shard()
 
@@ -236,7 +234,7 @@ def symmetry_groups(topology: Topology, rows: int, objective: str) -> list[list[
 
     groups: list[list[list[int]]] = []
     eq = topology.equal_samples_per_slot  # only levels that keep whole slots (module docstring)
-    if objective == "max-sum":
+    if objective == Objective.MAX_SUM:
         if G > 1:  # whole shards
             groups.append([[c for r in range(R) for c in block(r, g)] for g in range(G)])
         if R > 1:  # rows inside each shard
@@ -255,12 +253,12 @@ def symmetry_groups(topology: Topology, rows: int, objective: str) -> list[list[
     return groups
 
 
-def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: str, order=None
+def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: Objective | str, order=None
                      ) -> tuple[np.ndarray, np.ndarray]:
     """The orbit representative of a layout under the objective's symmetries (same score):
     units ordered by smallest sample at every level (see the module docstring). ``order``: the
     sample ids in the order that defines "smallest" (default 0..N-1)."""
-    check_objective(objective)
+    objective = check_objective(objective)
     row_N = np.asarray(row_N, dtype=np.int64)
     slot_N = np.asarray(slot_N, dtype=np.int64)
     N = row_N.size
@@ -289,7 +287,7 @@ def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: st
         return new_out, new_in
 
     if topology.equal_samples_per_slot:  # levels that keep whole slots (module docstring)
-        if objective == "max-sum":  # whole shards, then rows inside a shard
+        if objective == Objective.MAX_SUM:  # whole shards, then rows inside a shard
             new_g, new_r = relabel(g_N, G, row_N, R)
         else:  # whole rows, then whole shards
             new_r = np.empty(N, np.int64)
@@ -305,7 +303,7 @@ def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: st
             for j2, j in enumerate(order_j):
                 new_j[sh & (j_N == j)] = j2
         return new_r, S[new_g, new_j]
-    if objective == "max-sum":  # whole shards, then rows inside a shard
+    if objective == Objective.MAX_SUM:  # whole shards, then rows inside a shard
         new_g, new_r = relabel(g_N, G, row_N, R)
     else:  # whole rows, then shards inside a row
         new_r, new_g = relabel(row_N, R, g_N, G)
@@ -319,18 +317,16 @@ def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: st
     return new_r, S[new_g, new_j]
 
 
-def is_canonical(row_N, slot_N, topology: Topology, rows: int, objective: str, order=None) -> bool:
+def is_canonical(row_N, slot_N, topology: Topology, rows: int, objective: Objective | str, order=None) -> bool:
     """Does the layout satisfy the symmetry-breaking constraints of both models?"""
     r2, s2 = canonical_layout(row_N, slot_N, topology, rows, objective, order)
     return bool(np.array_equal(r2, row_N) and np.array_equal(s2, slot_N))
 
 
-def solver_result(inst: "LayoutInstance", solver: str, status: str, layout, bound: float, t0: float,
-                  claimed, rounding_error: float, lexicographic: bool, info: dict) -> "LayoutResult":
+def solver_result(inst: LayoutInstance, solver: str, status: str, layout, bound: float, t0: float,
+                  claimed, rounding_error: float, lexicographic: bool, info: dict) -> LayoutResult:
     """A :class:`LayoutResult` whose objective is the evaluator's score of the solver's layout
     (never the solver's own claim); a layout that breaks a plan rule is an internal bug."""
-    import time
-
     score = None
     row = slot = None
     if layout is not None:

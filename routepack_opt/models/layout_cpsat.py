@@ -37,12 +37,26 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
-from ortools.sat.python import cp_model
 
-from routepack_opt.models.layout_common import (BuildClock, BuildTimeout, LayoutInstance, LayoutResult, canonical_layout,
-                                                lex_better, solver_result, prefeasibility, symmetry_groups)
+from routepack_opt.core.objective import Objective
+from routepack_opt.models import _solvers, layout_blocks
+from routepack_opt.models.layout_common import (
+    BuildClock,
+    BuildTimeout,
+    LayoutInstance,
+    LayoutResult,
+    canonical_layout,
+    lex_better,
+    prefeasibility,
+    solver_result,
+    symmetry_groups,
+)
+
+if TYPE_CHECKING:
+    from ortools.sat.python.cp_model import CpSolver
 
 __all__ = ["solve_cpsat", "CpsatScaling"]
 
@@ -52,8 +66,6 @@ __all__ = ["solve_cpsat", "CpsatScaling"]
 # multi-worker portfolio (only when num_workers > 1).
 DECOMPOSE_SHARE = 0.75
 FIXED_SHARE = 1 / 3
-
-_FIXED_SEARCH = type(cp_model.CpSolver().parameters.search_branching).FIXED_SEARCH
 
 
 class CpsatScaling:
@@ -109,8 +121,6 @@ def solve_cpsat(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
                        {"reason": reason})
     done: list[dict] = []  # earlier phases: layout, bound, info
     if decompose and warm_start is not None and not lexicographic:
-        from routepack_opt.models import layout_blocks
-
         if layout_blocks.applicable(inst):
             pre = layout_blocks.solve_blocks(inst, DECOMPOSE_SHARE * time_limit, warm_start)
             if pre["status"] == "optimal":
@@ -171,6 +181,7 @@ def _solve_model(inst, t0, time_limit, warm_start, lexicographic, num_workers, s
                  rel_error, params, branching) -> LayoutResult:
     """The CP-SAT model itself (module docstring). Building it counts against ``time_limit``:
     past it the build stops and the result is ``unknown`` with ``info["build_timeout"]``."""
+    cp_model = _solvers.cp_model()
     t_phase = time.perf_counter()
     sc = CpsatScaling(inst, rel_error)
     try:
@@ -192,19 +203,20 @@ def _solve_model(inst, t0, time_limit, warm_start, lexicographic, num_workers, s
     build_s = time.perf_counter() - t_phase
 
     if branching and num_workers == 1:
-        params = {"search_branching": _FIXED_SEARCH, **(params or {})}
+        fixed_search = type(cp_model.CpSolver().parameters.search_branching).FIXED_SEARCH
+        params = {"search_branching": fixed_search, **(params or {})}
     solver = _solver(time_limit - build_s, num_workers, seed, params)
-    status = solver.Solve(m.model)
-    info = {"stage1_status": solver.StatusName(status), "scale_unit_us": sc.unit,
+    status = solver.solve(m.model)
+    info = {"stage1_status": solver.status_name(status), "scale_unit_us": sc.unit,
             "num_binaries": int(m.x.size), "symmetry_breaking": symmetry, "build_seconds": build_s}
     if status == cp_model.INFEASIBLE:
         return _result(inst, "infeasible", None, float("inf"), t0, None, sc.error, lexicographic, info)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        bound = _bound(inst, sc, solver.BestObjectiveBound())
+        bound = _bound(inst, sc, solver.best_objective_bound)
         return _result(inst, "unknown", None, bound, t0, None, sc.error, lexicographic, info)
     optimal = status == cp_model.OPTIMAL
-    bound = _bound(inst, sc, solver.BestObjectiveBound())
-    makespan_scaled = int(round(solver.ObjectiveValue()))
+    bound = _bound(inst, sc, solver.best_objective_bound)
+    makespan_scaled = int(round(solver.objective_value))
     layout = m.layout(solver)
     claimed = sc.to_us(makespan_scaled) + inst.constant()
 
@@ -213,8 +225,8 @@ def _solve_model(inst, t0, time_limit, warm_start, lexicographic, num_workers, s
         m.fix_makespan_minimise_total(makespan_scaled)
         m.hint(*layout)
         solver2 = _solver(remaining, num_workers, seed, params)
-        status2 = solver2.Solve(m.model)
-        info["stage2_status"] = solver2.StatusName(status2)
+        status2 = solver2.solve(m.model)
+        info["stage2_status"] = solver2.status_name(status2)
         if status2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             layout2 = m.layout(solver2)
             # the scaled makespan is fixed, the true one may move within the rounding error:
@@ -227,7 +239,8 @@ def _solve_model(inst, t0, time_limit, warm_start, lexicographic, num_workers, s
                    sc.error, lexicographic, info)
 
 
-def _solver(time_limit, num_workers, seed, params) -> cp_model.CpSolver:
+def _solver(time_limit, num_workers, seed, params) -> CpSolver:
+    cp_model = _solvers.cp_model()
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(max(time_limit, 0.01))
     solver.parameters.num_workers = int(num_workers)
@@ -255,13 +268,14 @@ class _Model:
     """Variables and constraint families of the CP-SAT layout model."""
 
     def __init__(self, inst: LayoutInstance, sc: CpsatScaling, deadline: float | None = None):
+        cp_model = _solvers.cp_model()
         self.inst, self.sc = inst, sc
         topo = inst.topology
         N, R, D, G, P = inst.num_samples, inst.rows, topo.dp, topo.num_shards, topo.ep
         L = inst.window.num_layers
         self.clock = clock = BuildClock(deadline)
         self.model = model = cp_model.CpModel()
-        self.x = np.array([[model.NewBoolVar(f"x[{i},{c}]") for c in range(R * D)]
+        self.x = np.array([[model.new_bool_var(f"x[{i},{c}]") for c in range(R * D)]
                            for i in range(N)], dtype=object)
         self.cells_RGP = np.array([[[r * D + int(inst.slots_GP[g, j]) for j in range(P)]
                                     for g in range(G)] for r in range(R)])
@@ -281,33 +295,36 @@ class _Model:
     def add_coverage(self):
         """Every sample sits in exactly one cell."""
         for i in range(self.x.shape[0]):
-            self.model.AddExactlyOne(self.x[i].tolist())
+            self.model.add_exactly_one(self.x[i].tolist())
 
     def add_capacity(self):
         """Tokens of a cell stay within the micro-batch capacity."""
+        cp_model = _solvers.cp_model()
         lengths = self.inst.window.lengths.tolist()
         for c in range(self.x.shape[1]):
-            self.model.Add(cp_model.LinearExpr.WeightedSum(self.x[:, c].tolist(), lengths)
+            self.model.add(cp_model.LinearExpr.weighted_sum(self.x[:, c].tolist(), lengths)
                            <= self.inst.topology.capacity)
 
     def add_nonempty(self):
         """Every cell holds at least one sample (equal micro-batch counts on every slot)."""
         for c in range(self.x.shape[1]):
-            self.model.AddBoolOr(self.x[:, c].tolist())
+            self.model.add_bool_or(self.x[:, c].tolist())
 
     def add_equal_counts(self):
         """With equal_samples_per_slot: every slot d holds N / D samples over its rows,
         Σ_{r,i} x[i,(r,d)] = N / D."""
+        cp_model = _solvers.cp_model()
         topo = self.inst.topology
         if not topo.equal_samples_per_slot:
             return
         N, D, R = self.x.shape[0], topo.dp, self.inst.rows
         for d in range(D):
-            self.model.Add(cp_model.LinearExpr.Sum([self.x[i, r * D + d] for i in range(N)
+            self.model.add(cp_model.LinearExpr.sum([self.x[i, r * D + d] for i in range(N)
                                                     for r in range(R)]) == N // D)
 
     def add_attention(self) -> dict:
         """A[s,r,g] ≥ the scaled attention cost of every cell of shard g in row r."""
+        cp_model = _solvers.cp_model()
         A = {}
         coef_SN = self.sc.coef_SN
         R, G, P = self.cells_RGP.shape
@@ -319,20 +336,21 @@ class _Model:
             for r in range(R):
                 self.clock.check()
                 for g in range(G):
-                    a = self.model.NewIntVar(0, ub, f"A[{s},{r},{g}]")
+                    a = self.model.new_int_var(0, ub, f"A[{s},{r},{g}]")
                     cells = self.cells_RGP[r, g]
                     for c in cells:
-                        self.model.Add(a >= cp_model.LinearExpr.WeightedSum(self.x[:, c].tolist(), coefs))
+                        self.model.add(a >= cp_model.LinearExpr.weighted_sum(self.x[:, c].tolist(), coefs))
                     if len(cells) > 1:  # single-sample cuts: valid, not implied by the LP
                         for i in range(len(coefs)):
                             if coefs[i]:
-                                self.model.Add(a >= coefs[i] * cp_model.LinearExpr.Sum(
+                                self.model.add(a >= coefs[i] * cp_model.LinearExpr.sum(
                                     [self.x[i, c] for c in cells]))
                     A[s, r, g] = a
         return A
 
     def add_expert_maxima(self) -> dict:
         """M[r,g,l] ≥ the tokens the (row, shard) block sends to each EP rank at layer l."""
+        cp_model = _solvers.cp_model()
         M = {}
         if self.sc.K == 0:
             return M
@@ -349,22 +367,24 @@ class _Model:
                     if not ranks:
                         continue
                     ub = int(b_NLP[:, l, :].sum(axis=0).max())
-                    m = self.model.NewIntVar(0, ub, f"M[{r},{g},{l}]")
+                    m = self.model.new_int_var(0, ub, f"M[{r},{g},{l}]")
                     for p in ranks:
                         w = b_NLP[:, l, p].tolist() * len(cells)
-                        self.model.Add(m >= cp_model.LinearExpr.WeightedSum(xs, w))
+                        self.model.add(m >= cp_model.LinearExpr.weighted_sum(xs, w))
                     M[r, g, l] = m
         return M
 
     def _row_shard_cost(self, r, g):
+        cp_model = _solvers.cp_model()
         terms = [a for (s, rr, gg), a in self.A.items() if rr == r and gg == g]
         weights = [1] * len(terms)
         ms = [m for (rr, gg, l), m in self.M.items() if rr == r and gg == g]
-        return cp_model.LinearExpr.WeightedSum(terms + ms, weights + [self.sc.K] * len(ms))
+        return cp_model.LinearExpr.weighted_sum(terms + ms, weights + [self.sc.K] * len(ms))
 
     def add_symmetry_breaking(self):
         """Min-index ordering of interchangeable units (valid for the objective, see
         :mod:`routepack_opt.models.layout_common`)."""
+        cp_model = _solvers.cp_model()
         order = self.inst.order_N.tolist()
         for units in symmetry_groups(self.inst.topology, self.inst.rows, self.inst.objective):
             for j in range(1, len(units)):
@@ -376,15 +396,16 @@ class _Model:
                     rhs = [self.x[k, c] for c in prev for k in order[:n]]
                     if not rhs:
                         for v in lhs:
-                            self.model.Add(v == 0)
+                            self.model.add(v == 0)
                     else:
-                        self.model.Add(cp_model.LinearExpr.Sum(lhs) <= cp_model.LinearExpr.Sum(rhs))
+                        self.model.add(cp_model.LinearExpr.sum(lhs) <= cp_model.LinearExpr.sum(rhs))
 
     def add_branching(self):
         """Search heaviest samples first, each into its lowest feasible cell (the order the
         symmetry breaking uses)."""
+        cp_model = _solvers.cp_model()
         xs = [self.x[i, c] for i in self.inst.order_N for c in range(self.x.shape[1])]
-        self.model.AddDecisionStrategy(xs, cp_model.CHOOSE_FIRST, cp_model.SELECT_MAX_VALUE)
+        self.model.add_decision_strategy(xs, cp_model.CHOOSE_FIRST, cp_model.SELECT_MAX_VALUE)
 
     def minimise_makespan(self):
         R, G = self.cells_RGP.shape[:2]
@@ -394,32 +415,32 @@ class _Model:
         # The docs/model.md bound in scaled units (valid for every layout up to the rounding error).
         lb = self.inst.lower_bound() - self.inst.constant() - self.sc.error
         lb_scaled = max(0, int(math.floor(lb / self.sc.unit)))
-        if self.inst.objective == "max-sum":
-            z = self.model.NewIntVar(min(lb_scaled, ub), ub, "Z")
+        if self.inst.objective == Objective.MAX_SUM:
+            z = self.model.new_int_var(min(lb_scaled, ub), ub, "Z")
             for g in range(G):
-                self.model.Add(z >= sum(self.J[r, g] for r in range(R)))
+                self.model.add(z >= sum(self.J[r, g] for r in range(R)))
             self.makespan = z
             self.obj_vars = {"Z": z}
         else:
-            k = [self.model.NewIntVar(0, ub, f"K[{r}]") for r in range(R)]
+            k = [self.model.new_int_var(0, ub, f"K[{r}]") for r in range(R)]
             for r in range(R):
                 for g in range(G):
-                    self.model.Add(k[r] >= self.J[r, g])
+                    self.model.add(k[r] >= self.J[r, g])
             self.makespan = sum(k)
-            self.model.Add(self.makespan >= lb_scaled)
+            self.model.add(self.makespan >= lb_scaled)
             self.obj_vars = {"K": k}
-        self.model.Minimize(self.makespan)
+        self.model.minimize(self.makespan)
 
     def fix_makespan_minimise_total(self, makespan_scaled: int):
         """Lexicographic stage 2: keep the makespan, minimise the summed row-shard cost."""
-        self.model.Add(self.makespan <= makespan_scaled)
-        self.model.Minimize(sum(self.J.values()))
+        self.model.add(self.makespan <= makespan_scaled)
+        self.model.minimize(sum(self.J.values()))
 
     # --- hints and solutions ----------------------------------------------------------------
     def hint(self, row_N, slot_N):
         """A complete hint: assignment and every auxiliary variable at its implied value."""
         m = self.model
-        m.ClearHints()
+        m.clear_hints()
         inst = self.inst
         D = inst.topology.dp
         cell_N = row_N * D + slot_N
@@ -430,32 +451,32 @@ class _Model:
             if i % 64 == 0:
                 self.clock.check()
             for c in range(C):
-                m.AddHint(self.x[i, c], int(onehot[i, c]))
+                m.add_hint(self.x[i, c], int(onehot[i, c]))
         R, G, P = self.cells_RGP.shape
         Aval = {}
         for (s, r, g), a in self.A.items():
             Aval[s, r, g] = int(max(self.sc.coef_SN[s] @ onehot[:, c] for c in self.cells_RGP[r, g]))
-            m.AddHint(a, Aval[s, r, g])
+            m.add_hint(a, Aval[s, r, g])
         Mval = {}
         for (r, g, l), mv in self.M.items():
             y = onehot[:, self.cells_RGP[r, g]].sum(axis=1)
             Mval[r, g, l] = int((y @ inst.b_NLP[:, l, :]).max())
-            m.AddHint(mv, Mval[r, g, l])
+            m.add_hint(mv, Mval[r, g, l])
         J = np.zeros((R, G), dtype=np.int64)
-        for (s, r, g), v in Aval.items():
+        for (_s, r, g), v in Aval.items():
             J[r, g] += v
-        for (r, g, l), v in Mval.items():
+        for (r, g, _l), v in Mval.items():
             J[r, g] += self.sc.K * v
         if "Z" in self.obj_vars:
-            m.AddHint(self.obj_vars["Z"], int(J.sum(axis=0).max()))
+            m.add_hint(self.obj_vars["Z"], int(J.sum(axis=0).max()))
         else:
             for r, k in enumerate(self.obj_vars["K"]):
-                m.AddHint(k, int(J[r].max()))
+                m.add_hint(k, int(J[r].max()))
 
-    def layout(self, solver: cp_model.CpSolver) -> tuple[np.ndarray, np.ndarray]:
+    def layout(self, solver: CpSolver) -> tuple[np.ndarray, np.ndarray]:
         D = self.inst.topology.dp
         N, C = self.x.shape
-        cell_N = np.array([next(c for c in range(C) if solver.BooleanValue(self.x[i, c]))
+        cell_N = np.array([next(c for c in range(C) if solver.boolean_value(self.x[i, c]))
                            for i in range(N)], dtype=np.int64)
         return cell_N // D, cell_N % D
 

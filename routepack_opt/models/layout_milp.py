@@ -4,7 +4,8 @@ Legend: N samples, L layers, P EP ranks, D DP slots, G shards, R rows, S stages,
 
 The same model as :mod:`routepack_opt.models.layout_cpsat`, with continuous costs (no integer
 scaling): binaries ``x[i,c]``; coverage, capacity, nonempty; epigraph variables for the attention
-stage maxima ``A[s,r,g]`` (with the single-sample cuts ``A[s,r,g] ≥ a_si Σ_{d∈g} x[i,(r,d)]``) and the per-layer EP-rank maxima ``M[r,g,l]``; ``max-sum`` minimises
+stage maxima ``A[s,r,g]`` (with the single-sample cuts ``A[s,r,g] ≥ a_si Σ_{d∈g} x[i,(r,d)]``) and
+the per-layer EP-rank maxima ``M[r,g,l]``; ``max-sum`` minimises
 ``Z ≥ Σ_r J[r,g]``, ``sum-max`` minimises ``Σ_r K[r]`` with ``K[r] ≥ J[r,g]``; an optional
 lexicographic second stage fixes the makespan and minimises ``Σ J``; min-index symmetry breaking
 (:mod:`routepack_opt.models.layout_common`).
@@ -25,20 +26,30 @@ from the makespan recomputed from its own solution, the claim is not trusted (st
 
 from __future__ import annotations
 
-import logging
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyomo.environ as pyo
-from pyomo.contrib.appsi.base import TerminationCondition
-from pyomo.contrib.appsi.solvers import Highs
 
-from routepack_opt.models.layout_common import (BuildClock, BuildTimeout, LayoutInstance, LayoutResult, canonical_layout,
-                                                lex_better, solver_result, prefeasibility, symmetry_groups)
+from routepack_opt.core.objective import Objective
+from routepack_opt.models import _solvers
+from routepack_opt.models.layout_common import (
+    BuildClock,
+    BuildTimeout,
+    LayoutInstance,
+    LayoutResult,
+    canonical_layout,
+    lex_better,
+    prefeasibility,
+    solver_result,
+    symmetry_groups,
+)
+
+if TYPE_CHECKING:
+    import pyomo.environ as pyo
+    from pyomo.contrib.appsi.solvers import Highs
 
 __all__ = ["solve_milp", "build_milp"]
-
-logging.getLogger("pyomo.contrib.appsi.solvers.highs").setLevel(logging.ERROR)
 
 MIP_REL_GAP = 1e-9
 
@@ -50,6 +61,7 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
                deadline: float | None = None) -> tuple[pyo.ConcreteModel, float]:
     """The Pyomo model and its cost unit (µs per model unit). Past ``deadline`` (a
     ``time.perf_counter()`` value) the build stops with :class:`BuildTimeout`."""
+    pyo = _solvers.pyomo()
     clock = BuildClock(deadline)
     topo = inst.topology
     N, R, D, G, P = inst.num_samples, inst.rows, topo.dp, topo.num_shards, topo.ep
@@ -117,7 +129,7 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
         return (sum(m.A[s, r, g] for s in stages) + gamma * sum(m.M[r, g, l] for l in layers))
 
     m.J = pyo.Expression(range(R), range(G), rule=lambda m, r, g: J(r, g))
-    if inst.objective == "max-sum":
+    if inst.objective == Objective.MAX_SUM:
         m.Z = pyo.Var(domain=pyo.NonNegativeReals)
         m.epi = pyo.Constraint(range(G), rule=lambda m, g: m.Z >= sum(m.J[r, g] for r in range(R)))
         m.makespan = pyo.Expression(expr=m.Z)
@@ -177,7 +189,7 @@ def _set_start(m, inst: LayoutInstance, row_N, slot_N) -> None:
                 v = float((y @ inst.b_NLP[:, l, :]).max())
                 m.M[r, g, l].set_value(v)
                 J[r, g] += m._gamma * v
-    if inst.objective == "max-sum":
+    if inst.objective == Objective.MAX_SUM:
         m.Z.set_value(float(J.sum(axis=0).max()))
     else:
         for r in range(R):
@@ -185,6 +197,7 @@ def _set_start(m, inst: LayoutInstance, row_N, slot_N) -> None:
 
 
 def _layout(m, inst: LayoutInstance) -> tuple[np.ndarray, np.ndarray]:
+    pyo = _solvers.pyomo()
     D = inst.topology.dp
     N, C = inst.num_samples, inst.num_cells
     vals = np.array([[pyo.value(m.x[i, c]) for c in range(C)] for i in range(N)])
@@ -193,6 +206,7 @@ def _layout(m, inst: LayoutInstance) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _highs(time_limit: float, threads: int | None, presolve: bool = True) -> Highs:
+    Highs, _ = _solvers.appsi_highs()
     opt = Highs()
     opt.config.time_limit = float(max(time_limit, 0.01))
     opt.config.mip_gap = MIP_REL_GAP
@@ -211,6 +225,8 @@ def solve_milp(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
                lexicographic: bool = False, symmetry: bool = True, threads: int | None = None
                ) -> LayoutResult:
     """Solve the layout MILP with HiGHS through Pyomo's appsi interface."""
+    pyo = _solvers.pyomo()
+    _, TerminationCondition = _solvers.appsi_highs()
     t0 = time.perf_counter()
     reason = prefeasibility(inst)
     if reason is not None:
@@ -230,7 +246,8 @@ def solve_milp(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
     build_s = time.perf_counter() - t0
     presolve = warm_start is None  # see the module docstring: HiGHS presolve + MIP start is unsafe
     opt = _highs(max(0.01, time_limit - build_s), threads, presolve)
-    res = opt.solve(m)
+    with _solvers.quiet_appsi_highs():
+        res = opt.solve(m)
     tc = res.termination_condition
     info = {"stage1_status": str(tc.name), "model_unit_us": unit, "build_seconds": build_s,
             "num_binaries": inst.num_samples * inst.num_cells, "symmetry_breaking": symmetry}
@@ -256,7 +273,8 @@ def solve_milp(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
         m.obj.deactivate()
         m.total.activate()
         opt2 = _highs(remaining, threads, presolve=False)  # stage 2 starts from stage 1
-        res2 = opt2.solve(m)
+        with _solvers.quiet_appsi_highs():
+            res2 = opt2.solve(m)
         info["stage2_status"] = str(res2.termination_condition.name)
         if res2.best_feasible_objective is not None:
             res2.solution_loader.load_vars()

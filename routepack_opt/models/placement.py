@@ -14,10 +14,12 @@ largest group sum (the busiest rank). The model:
     symmetry: ranks are interchangeable, so order them by their heaviest expert
     minimise z,  z ∈ [combinatorial lower bound, hint makespan]
 
-The hint is LPT improved by pairwise swaps off the busiest rank
-(:func:`routepack_opt.heuristics.placement.swap_refine`). A layer whose hint already meets the combinatorial lower bound (average, and the
+The hint is the caller's (the CLI and the experiments pass LPT improved by pairwise swaps off the
+busiest rank, :func:`routepack_opt.heuristics.placement.lpt.swap_refine`; the models import no
+heuristic). A layer whose hint already meets the combinatorial lower bound (average, and the
 pigeonhole/cardinality bounds below) is proved optimal without calling the solver. Every returned
-placement is re-checked through :func:`routepack_opt.core.evaluate.expert_rank_loads`.
+placement is re-checked through :func:`routepack_opt.core.evaluate.expert_rank_loads`. The bound is
+:func:`routepack_opt.core.bounds.layer_lower_bound`.
 """
 
 from __future__ import annotations
@@ -26,38 +28,14 @@ import dataclasses
 import time
 
 import numpy as np
-from ortools.sat.python import cp_model
 
+from routepack_opt.core.bounds import layer_lower_bound
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import expert_rank_loads
-from routepack_opt.heuristics.placement.lpt import lpt_placement, placement_from_ranks, swap_refine
+from routepack_opt.core.plan import check_placement, placement_from_ranks
+from routepack_opt.models import _solvers
 
 __all__ = ["PlacementReport", "exact_placement", "solve_layer", "layer_lower_bound"]
-
-_STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
-           cp_model.INFEASIBLE: "infeasible", cp_model.MODEL_INVALID: "invalid",
-           cp_model.UNKNOWN: "unknown"}
-
-
-def layer_lower_bound(load_E, ep: int) -> int:
-    """A lower bound on the busiest rank's load of any placement of one layer.
-
-    With loads a_0 ≥ a_1 ≥ … and M = E/P places per rank:
-    - average: ⌈Σ a / P⌉;
-    - cardinality/pigeonhole, for k = 0..M-1: among the kP+1 heaviest experts some rank holds
-      k+1, weighing at least the k+1 lightest of them, a_{kP-k} + … + a_{kP}; its other M-k-1
-      experts weigh at least the M-k-1 lightest of all.
-    """
-    a = np.sort(np.asarray(load_E, dtype=np.int64))[::-1]
-    E = a.size
-    M = E // ep
-    best = -(-int(a.sum()) // ep)
-    tail = np.concatenate([[0], np.cumsum(a[::-1])])  # tail[m] = sum of the m lightest
-    for k in range(M):
-        top = int(a[k * ep - k: k * ep + 1].sum())
-        best = max(best, top + int(tail[M - k - 1]))
-    return best
-
 
 @dataclasses.dataclass(frozen=True)
 class _LayerResult:
@@ -69,16 +47,15 @@ class _LayerResult:
     seconds: float
 
 
-def solve_layer(load_E, ep: int, hint_ranks_E=None, time_limit: float = 1.0, num_workers: int = 1,
+def solve_layer(load_E, ep: int, hint_ranks_E, time_limit: float = 1.0, num_workers: int = 1,
                 seed: int = 0) -> _LayerResult:
-    """Minimise the busiest rank of one layer. ``hint_ranks_E`` (default: LPT + swaps) is the
-    start and the fallback; the result is never worse than the hint."""
+    """Minimise the busiest rank of one layer. ``hint_ranks_E`` (each expert's rank, E/P per rank;
+    e.g. LPT + swaps) is the start and the fallback; the result is never worse than the hint."""
+    cp_model = _solvers.cp_model()
     t0 = time.perf_counter()
     load_E = np.asarray(load_E, dtype=np.int64)
     E = load_E.size
     M = E // ep
-    if hint_ranks_E is None:
-        hint_ranks_E = swap_refine(load_E[None], lpt_placement(load_E[None], ep), ep)[0] // M
     hint_ranks_E = np.asarray(hint_ranks_E, dtype=np.int64)
     hint_ms = int(np.bincount(hint_ranks_E, weights=load_E, minlength=ep).max())
     lb = layer_lower_bound(load_E, ep)
@@ -95,46 +72,47 @@ def solve_layer(load_E, ep: int, hint_ranks_E=None, time_limit: float = 1.0, num
     relabel = {p: q for q, p in enumerate(sorted(first, key=first.get))}
 
     model = cp_model.CpModel()
-    x = {(j, p): model.NewBoolVar(f"x[{j},{p}]") for j in range(E) for p in range(ep)}
-    z = model.NewIntVar(lb, hint_ms, "z")
+    x = {(j, p): model.new_bool_var(f"x[{j},{p}]") for j in range(E) for p in range(ep)}
+    z = model.new_int_var(lb, hint_ms, "z")
     # every expert on exactly one rank
     for j in range(E):
-        model.AddExactlyOne(x[j, p] for p in range(ep))
+        model.add_exactly_one(x[j, p] for p in range(ep))
     # every rank holds exactly M experts, and its load is at most z
     for p in range(ep):
-        model.Add(sum(x[j, p] for j in range(E)) == M)
-        model.Add(sum(int(a[j]) * x[j, p] for j in range(E)) <= z)
+        model.add(sum(x[j, p] for j in range(E)) == M)
+        model.add(sum(int(a[j]) * x[j, p] for j in range(E)) <= z)
     # symmetry: rank p may take expert j only if rank p-1 already holds an expert heavier than j
     # (ranks ordered by their heaviest expert). y[j, p] = rank p holds one of experts 0..j.
     y = {}
     for p in range(ep):
         for j in range(E):
-            y[j, p] = model.NewBoolVar(f"y[{j},{p}]")
+            y[j, p] = model.new_bool_var(f"y[{j},{p}]")
             prev = [y[j - 1, p]] if j else []
-            model.AddBoolOr(prev + [x[j, p]]).OnlyEnforceIf(y[j, p])
-            model.AddImplication(x[j, p], y[j, p])
+            model.add_bool_or(prev + [x[j, p]]).only_enforce_if(y[j, p])
+            model.add_implication(x[j, p], y[j, p])
             if prev:
-                model.AddImplication(prev[0], y[j, p])
+                model.add_implication(prev[0], y[j, p])
             if p > 0:
                 if j == 0:
-                    model.Add(x[j, p] == 0)
+                    model.add(x[j, p] == 0)
                 else:
-                    model.AddImplication(x[j, p], y[j - 1, p - 1])
-    model.Minimize(z)
+                    model.add_implication(x[j, p], y[j - 1, p - 1])
+    model.minimize(z)
     for j in range(E):
         for p in range(ep):
-            model.AddHint(x[j, p], int(relabel[int(hint_j[j])] == p))
+            model.add_hint(x[j, p], int(relabel[int(hint_j[j])] == p))
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
     solver.parameters.num_workers = int(num_workers)
     solver.parameters.random_seed = int(seed)
-    code = solver.Solve(model)
-    status = _STATUS.get(code, "unknown")
-    bound = max(lb, int(np.ceil(solver.BestObjectiveBound() - 1e-9))) if status in ("optimal", "feasible") else lb
+    code = solver.solve(model)
+    status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
+              cp_model.INFEASIBLE: "infeasible", cp_model.MODEL_INVALID: "invalid"}.get(code, "unknown")
+    bound = max(lb, int(np.ceil(solver.best_objective_bound - 1e-9))) if status in ("optimal", "feasible") else lb
     ranks_E, makespan = hint_ranks_E, hint_ms
     if status in ("optimal", "feasible"):
-        ranks_j = np.array([[solver.Value(x[j, p]) for p in range(ep)] for j in range(E)]).argmax(axis=1)
+        ranks_j = np.array([[solver.value(x[j, p]) for p in range(ep)] for j in range(E)]).argmax(axis=1)
         cand = np.empty(E, dtype=np.int64)
         cand[order] = ranks_j
         ms = int(np.bincount(cand, weights=load_E, minlength=ep).max())
@@ -204,12 +182,15 @@ def _ratio(num, den) -> np.ndarray:
     return np.divide(num, den, out=np.ones_like(num), where=den > 0)
 
 
-def exact_placement(load_LE, ep: int, time_limit: float = 1.0, num_workers: int = 1,
-                    seed: int = 0) -> PlacementReport:
-    """Per-layer exact placement (CP-SAT, ``time_limit`` seconds per layer, LPT as hint).
+def exact_placement(load_LE, ep: int, hint_LE, lpt_LE=None, time_limit: float = 1.0,
+                    num_workers: int = 1, seed: int = 0) -> PlacementReport:
+    """Per-layer exact placement (CP-SAT, ``time_limit`` seconds per layer, ``hint_LE`` as hint).
 
-    Returns the best placement found (never worse than LPT at any layer), each layer's status,
-    objective and proved bound, and LPT's proved gap. Loads must be integers ≥ 0.
+    ``hint_LE`` is a heuristic placement [L, E] (the CLI and experiments pass LPT + swaps,
+    :func:`routepack_opt.heuristics.placement.lpt.swap_refine`); ``lpt_LE`` the plain LPT one the
+    report's ``lpt_*`` figures describe (default: the hint). Returns the best placement found
+    (never worse than the hint at any layer), each layer's status, objective and proved bound,
+    and LPT's proved gap. Loads must be integers ≥ 0.
     """
     load_LE = np.asarray(load_LE)
     if load_LE.ndim != 2:
@@ -226,9 +207,12 @@ def exact_placement(load_LE, ep: int, time_limit: float = 1.0, num_workers: int 
         raise InputError(f"placement: time_limit must be > 0, got {time_limit}")
     t0 = time.perf_counter()
     M = E // ep
-    lpt_LE = lpt_placement(load_LE, ep)
+    hint_LE = np.asarray(hint_LE, dtype=np.int64)
+    errs = check_placement(hint_LE, L, E)
+    if errs:
+        raise InputError("placement hint: " + errs[0])
+    lpt_LE = hint_LE if lpt_LE is None else np.asarray(lpt_LE, dtype=np.int64)
     lpt_ms_L = expert_rank_loads(load_LE, lpt_LE, ep).max(axis=1).astype(np.int64)
-    hint_LE = swap_refine(load_LE, lpt_LE, ep)
     hint_ms_L = expert_rank_loads(load_LE, hint_LE, ep).max(axis=1).astype(np.int64)
     placement = np.empty((L, E), dtype=np.int64)
     obj, bnd, status, method = [], [], [], []

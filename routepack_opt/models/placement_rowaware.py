@@ -29,9 +29,10 @@ import math
 import time
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.objective import Objective
+from routepack_opt.models import _solvers
 
 __all__ = ["LayerProblem", "LayerPlacementResult", "layer_objective", "solve_layer_cpsat",
            "brute_force_layer", "layer_problem", "layer_gaps"]
@@ -47,7 +48,7 @@ class LayerProblem:
     ep: int
     G: int
     R: int
-    objective: str
+    objective: Objective
 
     @property
     def num_experts(self) -> int:
@@ -70,7 +71,7 @@ def layer_objective(prob: LayerProblem, ranks_E) -> float:
     for p in range(prob.ep):
         W_KP[:, p] = prob.V_EK[ranks_E == p].sum(axis=0)
     J_RG = (prob.base_K + prob.gamma * W_KP.max(axis=1)).reshape(prob.R, prob.G)
-    if prob.objective == "max-sum":
+    if prob.objective == Objective.MAX_SUM:
         return float(J_RG.sum(axis=0).max())
     return float(J_RG.max(axis=1).sum())
 
@@ -123,6 +124,7 @@ def solve_layer_cpsat(prob: LayerProblem, time_limit: float = 10.0, hint_ranks=N
                       scale: int | None = None, workers: int = 1,
                       params: dict | None = None) -> LayerPlacementResult:
     """Solve one layer's row-aware placement exactly (module doc)."""
+    cp_model = _solvers.cp_model()
     t0 = time.perf_counter()
     E, K = prob.V_EK.shape
     P, G, R = prob.ep, prob.G, prob.R
@@ -138,41 +140,41 @@ def solve_layer_cpsat(prob: LayerProblem, time_limit: float = 10.0, hint_ranks=N
         scale = int(max(1, min(10**6, 2**40 / max(top * R, 1.0))))
     base_i = np.rint(base_u * scale).astype(np.int64)
     m = cp_model.CpModel()
-    x = {(e, p): m.NewBoolVar(f"x[{e},{p}]") for e in range(E) for p in range(P)}
+    x = {(e, p): m.new_bool_var(f"x[{e},{p}]") for e in range(E) for p in range(P)}
     colmax = V.sum(axis=0)
-    M = [m.NewIntVar(0, int(colmax[k]), f"M[{k}]") for k in range(K)]
+    M = [m.new_int_var(0, int(colmax[k]), f"M[{k}]") for k in range(K)]
 
     # assignment: each expert on exactly one rank
     for e in range(E):
-        m.AddExactlyOne(x[e, p] for p in range(P))
+        m.add_exactly_one(x[e, p] for p in range(P))
     # cardinality: each rank holds E/P experts
     for p in range(P):
-        m.Add(sum(x[e, p] for e in range(E)) == per)
+        m.add(sum(x[e, p] for e in range(E)) == per)
     # peaks: M_k is at least every rank's load (epigraph of the max; minimisation makes it tight)
     for k in range(K):
         nz = np.flatnonzero(V[:, k])
         for p in range(P):
             if nz.size:
-                m.Add(M[k] >= sum(int(V[e, k]) * x[e, p] for e in nz))
+                m.add(M[k] >= sum(int(V[e, k]) * x[e, p] for e in nz))
     # symmetry: ranks are interchangeable
-    m.Add(x[0, 0] == 1)
+    m.add(x[0, 0] == 1)
     lo = int(base_i.min()) * R
     hi = int(base_i.max()) * R + scale * int(colmax.max(initial=0)) * R
-    if prob.objective == "max-sum":
-        Z = m.NewIntVar(min(lo, 0), max(hi, 0), "Z")
+    if prob.objective == Objective.MAX_SUM:
+        Z = m.new_int_var(min(lo, 0), max(hi, 0), "Z")
         for g in range(G):
             ks = [r * G + g for r in range(R)]
-            m.Add(Z >= sum(int(base_i[k]) + scale * M[k] for k in ks))
-        m.Minimize(Z)
-    elif prob.objective == "sum-max":
+            m.add(Z >= sum(int(base_i[k]) + scale * M[k] for k in ks))
+        m.minimize(Z)
+    elif prob.objective == Objective.SUM_MAX:
         Y = []
         for r in range(R):
-            y = m.NewIntVar(int(base_i.min()), int(base_i.max()) + scale * int(colmax.max(initial=0)), f"Y[{r}]")
+            y = m.new_int_var(int(base_i.min()), int(base_i.max()) + scale * int(colmax.max(initial=0)), f"Y[{r}]")
             for g in range(G):
                 k = r * G + g
-                m.Add(y >= int(base_i[k]) + scale * M[k])
+                m.add(y >= int(base_i[k]) + scale * M[k])
             Y.append(y)
-        m.Minimize(sum(Y))
+        m.minimize(sum(Y))
     else:
         raise InputError(f"unknown objective {prob.objective!r}")
     if hint_ranks is not None:
@@ -183,21 +185,21 @@ def solve_layer_cpsat(prob: LayerProblem, time_limit: float = 10.0, hint_ranks=N
         hint = perm[hint]
         for e in range(E):
             for p in range(P):
-                m.AddHint(x[e, p], int(hint[e] == p))
+                m.add_hint(x[e, p], int(hint[e] == p))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
     solver.parameters.num_workers = int(workers)
     for key, val in (params or {}).items():
         setattr(solver.parameters, key, val)
-    st = solver.Solve(m)
+    st = solver.solve(m)
     status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
               cp_model.INFEASIBLE: "infeasible"}.get(st, "unknown")
     eps = R / 2.0  # scaling error in units (module doc)
-    bound = (solver.BestObjectiveBound() - eps) * gamma / scale if status != "infeasible" else math.inf
+    bound = (solver.best_objective_bound - eps) * gamma / scale if status != "infeasible" else math.inf
     ranks = None
     obj = math.inf
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        ranks = np.array([next(p for p in range(P) if solver.Value(x[e, p])) for e in range(E)],
+        ranks = np.array([next(p for p in range(P) if solver.value(x[e, p])) for e in range(E)],
                          dtype=np.int64)
         obj = layer_objective(prob, ranks)
     return LayerPlacementResult(ranks=ranks, status=status, objective=obj, bound=bound,

@@ -35,10 +35,11 @@ import torch
 from routepack_opt.core.cost import CostModel, Stage
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import rank_loads, row_shard_costs, score_from_J
-from routepack_opt.core.plan import OBJECTIVES, Plan
+from routepack_opt.core.objective import Objective
+from routepack_opt.core.plan import Plan
+from routepack_opt.core.window import Window
 from routepack_opt.runtime.model import varlen_causal_attention
 from routepack_opt.runtime.moe import swiglu
-from routepack_opt.core.window import Window
 
 __all__ = ["BenchConfig", "bench_config", "resolve_device", "KernelBench", "nnls", "fit",
            "calibrate", "measure_plan", "scale_window"]
@@ -292,7 +293,8 @@ def calibrate(device: str = "cpu", cfg: BenchConfig | None = None) -> tuple[Cost
                      gamma=e["gamma"], row_overhead=cfg.layers * (a["intercept"] + e["intercept"]),
                      name=f"calibrated-{dev.type}")
     report = {"device": str(dev), "dtype": str(kb.dtype).replace("torch.", ""),
-              "clock": kb.clock, "threads": cfg.cpu_threads if dev.type == "cpu" and cfg.cpu_threads else torch.get_num_threads(),
+              "clock": kb.clock,
+              "threads": cfg.cpu_threads if dev.type == "cpu" and cfg.cpu_threads else torch.get_num_threads(),
               "config": dataclasses.asdict(cfg),
               "attention": attn, "expert": expert,
               "cost": {"alpha": cost.stages[0].alpha, "beta": cost.stages[0].beta,
@@ -408,7 +410,7 @@ def measure_plan(window: Window, plan: Plan, cost: CostModel | None = None, devi
             W_RGLP[:, :, l, p] = tok_RGLE[:, :, l, rank_E == p].sum(axis=2)
     X_pred = cost.gamma * W_RGLP + c_exp
     objectives = {}
-    for obj in OBJECTIVES:
+    for obj in Objective:
         m = score_from_J(J_meas, obj).makespan
         p_ = score_from_J(J_pred, obj).makespan
         objectives[obj] = {"measured_us": m, "predicted_us": p_, "ratio": m / p_ if p_ > 0 else float("inf")}

@@ -22,14 +22,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.plan import Plan
+from routepack_opt.core.testing import random_layout, random_window
+from routepack_opt.core.topology import Topology
 from routepack_opt.runtime.batches import build_microbatches, routes_from_counts, synthetic_tokens
+from routepack_opt.runtime.dist import ParallelGroups, deterministic, init_group, launch, ordered_all_reduce
 from routepack_opt.runtime.materialize import materialize
 from routepack_opt.runtime.model import TinyMoE, TinyMoEConfig, logical_expert_tensors
-from routepack_opt.testing import random_layout, random_window
-from routepack_opt.core.topology import Topology
 
 __all__ = ["VerifyConfig", "RunResult", "verify_runtime", "run_single", "run_distributed",
            "compare_runs", "make_setup"]
@@ -124,8 +126,6 @@ def _optimizer(model: TinyMoE, lr: float):
 
 def run_single(cfg: VerifyConfig, replace: bool, setup: Setup | None = None) -> RunResult:
     """One process, all E slots local; the plan's D slots run in turn (gradient accumulation)."""
-    from routepack_opt.runtime.dist import deterministic
-
     setup = setup or make_setup(cfg)
     dev = torch.device(cfg.device)
     with deterministic(cfg.seed):
@@ -156,10 +156,6 @@ def run_single(cfg: VerifyConfig, replace: bool, setup: Setup | None = None) -> 
 
 def _dist_worker(rank: int, port: int, cfg: VerifyConfig, outdir: str) -> None:
     """One rank of the distributed check: the reference run, then the re-placed run."""
-    import torch.distributed as dist
-
-    from routepack_opt.runtime.dist import ParallelGroups, deterministic, init_group, ordered_all_reduce
-
     torch.set_num_threads(1)
     if cfg.device == "cuda":
         torch.cuda.set_device(rank)
@@ -216,8 +212,6 @@ def _to_cpu(x):
 
 def run_distributed(cfg: VerifyConfig) -> dict:
     """Spawn ``cfg.dp`` gloo processes; returns per rank ``{"reference": RunResult, "replaced": ...}``."""
-    from routepack_opt.runtime.dist import launch
-
     with tempfile.TemporaryDirectory(prefix="routepack-verify-") as tmp:
         launch(_dist_worker, cfg.dp, (cfg, tmp), timeout_s=cfg.timeout_s,
                start_method=cfg.start_method)

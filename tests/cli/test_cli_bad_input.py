@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from routepack_opt.core.plan import Plan, dumps_strict
 from routepack_opt.core.errors import InputError
-from routepack_opt.testing import random_layout, random_window
+from routepack_opt.core.plan import Plan, dumps_strict
+from routepack_opt.core.testing import random_layout, random_window
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import save_window
 

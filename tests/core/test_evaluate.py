@@ -2,12 +2,13 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from routepack_opt.core.cost import CostModel, Stage, PRESETS
+from routepack_opt.core.cost import PRESETS, CostModel, Stage
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator, rank_loads, row_shard_costs, score_from_J
-from routepack_opt.testing import random_layout, random_window
+from routepack_opt.core.testing import random_layout, random_window
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 

@@ -8,7 +8,7 @@ import pytest
 from routepack_opt.core.cost import PRESETS, CostModel, Stage, load_cost, resolve_cost, save_cost
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.plan import Plan, load_plan
-from routepack_opt.testing import random_layout, random_window
+from routepack_opt.core.testing import random_layout, random_window
 from routepack_opt.core.topology import Topology
 
 

@@ -14,7 +14,7 @@ import pytest
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.io import atomic_write_text, check_output_path, save_npz
 from routepack_opt.core.plan import Plan
-from routepack_opt.testing import random_layout, random_window
+from routepack_opt.core.testing import random_layout, random_window
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import load_window, save_window
 

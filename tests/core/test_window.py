@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from routepack_opt.core.errors import InputError
-from routepack_opt.testing import random_window
+from routepack_opt.core.testing import random_window
 from routepack_opt.core.window import Window, load_window, save_window
 
 

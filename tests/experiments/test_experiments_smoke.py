@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from _lib.referee import STUDIES, Setting
+from routepack_opt.heuristics.baselines import verl_kk_layout
+from routepack_opt.heuristics.cells import check_layout
+from routepack_opt.heuristics.placement.lpt import lpt_placement
 from routepack_opt.core.evaluate import expert_rank_loads
 from routepack_opt.core.topology import Topology
-from routepack_opt.heuristics.baselines import check_layout, verl_kk_layout
-from routepack_opt.heuristics.placement.lpt import lpt_placement
 
 PLOTS = {"decomposition": "decomposition", "staleness": "staleness", "cost": "cost_pareto", "budget": "budget"}
 

@@ -10,16 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cases import COST, TOPOLOGIES, feasible_layout, instance  # noqa: E402
 
-from routepack_opt.core.cost import CostModel, Stage, get_preset
+from routepack_opt.core.cost import get_preset
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator, rank_loads, row_shard_costs, score_from_J
-from routepack_opt.heuristics import annealing as A
 from routepack_opt.core.plan import Plan
-from routepack_opt.testing import random_window
+from routepack_opt.core.testing import random_window
 from routepack_opt.core.topology import Topology
-
-from cases import COST, TOPOLOGIES, feasible_layout, instance  # noqa: E402
+from routepack_opt.heuristics import annealing as A
 
 
 def full_score(w, b, topo, row, slot, R, objective):

@@ -2,18 +2,29 @@
 exists, InfeasibleError when none does, deterministic and fast."""
 
 
+import functools
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from routepack_opt.certify import pack_into_bins
 from routepack_opt.core.errors import InfeasibleError
-from routepack_opt.heuristics.baselines import (BASELINES, check_layout, kk_partition,
-                                                nemo_ffd_layout, verl_kk_layout)
-from routepack_opt.heuristics.placement.lpt import identity_placement
-from routepack_opt.models.binpack import solve_bin_packing
 from routepack_opt.core.plan import Plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
+from routepack_opt.heuristics import baselines
+from routepack_opt.heuristics.binpack import best_packing
+from routepack_opt.heuristics.cells import check_layout, kk_partition
+from routepack_opt.heuristics.placement.lpt import identity_placement
+from routepack_opt.models.binpack import solve_bin_packing
+
+# The baselines as the pipeline runs them: with the certifier's exact packer as their last resort.
+verl_kk_layout = functools.partial(baselines.verl_kk_layout, exact_pack=pack_into_bins)
+nemo_ffd_layout = functools.partial(baselines.nemo_ffd_layout, exact_pack=pack_into_bins)
+BASELINES = {"verl-kk": verl_kk_layout, "nemo-ffd": nemo_ffd_layout}
+assert BASELINES.keys() == baselines.BASELINES.keys()
 
 
 def _window(lengths, ep):
@@ -28,7 +39,8 @@ def _layout_exists(lengths, C, R, D):
     """Ground truth (docs/pipeline.md, step 2): a layout exists iff binpack_opt ≤ R·D ≤ N."""
     if R * D > len(lengths) or max(lengths) > C:
         return False
-    res = solve_bin_packing(np.asarray(lengths), C, max_bins=R * D, decision=True, time_limit=30.0)
+    res = solve_bin_packing(np.asarray(lengths), C, max_bins=R * D, decision=True, time_limit=30.0,
+                            hint=best_packing(lengths, C)[0])
     assert res.status != "unknown"
     return res.status != "infeasible"
 
@@ -85,7 +97,7 @@ def test_fallback_path_is_exercised():
         C = 12
         lengths = rng.integers(3, C + 1, 10)
         topo = Topology(dp=2, ep=1, capacity=C)
-        res = solve_bin_packing(lengths, C, decision=False, time_limit=10.0)
+        res = solve_bin_packing(lengths, C, decision=False, time_limit=10.0, hint=best_packing(lengths, C)[0])
         R = -(-res.bins // 2)
         if R * 2 > lengths.size:
             continue

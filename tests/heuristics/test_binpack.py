@@ -1,21 +1,24 @@
-"""Bin-packing bounds and constructive packings (routepack_opt.heuristics.binpack)."""
+"""Bin-packing bounds (routepack_opt.core.bounds) and constructive packings (routepack_opt.heuristics.binpack)."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from routepack_opt.core.errors import InputError
-from routepack_opt.heuristics.binpack import (best_fit_decreasing, best_packing, bins_used,
-                                              first_fit_decreasing, is_packing, lower_bound,
-                                              lower_bound_dff, lower_bound_l1, lower_bound_l2,
-                                              fixed_bins_search, minimum_bin_slack)
-from routepack_opt.models.brute import brute_force_bins
-
 from conftest import require_bpp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from routepack_opt.core.bounds import bin_lower_bound, is_packing, lower_bound_dff, lower_bound_l1, lower_bound_l2
+from routepack_opt.core.errors import InputError
+from routepack_opt.heuristics.binpack import (
+    best_fit_decreasing,
+    best_packing,
+    bins_used,
+    first_fit_decreasing,
+    fixed_bins_search,
+    minimum_bin_slack,
+)
+from routepack_opt.models.brute import brute_force_bins
 
 instances = st.integers(5, 60).flatmap(
     lambda C: st.tuples(st.just(C), st.lists(st.integers(1, C), min_size=1, max_size=8)))
@@ -28,7 +31,7 @@ def test_bounds_below_optimum_below_packings(inst):
     C, sizes = inst
     opt = brute_force_bins(sizes, C)
     l1, l2, dff = lower_bound_l1(sizes, C), lower_bound_l2(sizes, C), lower_bound_dff(sizes, C)
-    best, _ = lower_bound(sizes, C)
+    best, _ = bin_lower_bound(sizes, C)
     assert l1 <= l2 <= opt and dff <= opt and best == max(l1, l2, dff)
     for fn in (first_fit_decreasing, best_fit_decreasing, minimum_bin_slack):
         bin_N, used = fn(sizes, C)
@@ -41,7 +44,7 @@ def test_bounds_below_optimum_below_packings(inst):
 def test_bounds_below_packings_larger(inst):
     """On larger random data, the best bound never exceeds the best FFD/BFD/MBS' packing."""
     C, sizes = inst
-    lb, _ = lower_bound(sizes, C)
+    lb, _ = bin_lower_bound(sizes, C)
     _, ub, _ = best_packing(sizes, C)
     mbs_N, mbs = minimum_bin_slack(sizes, C, restarts=3, seed=1)
     assert is_packing(sizes, C, mbs_N)
@@ -96,8 +99,8 @@ def test_production_scale_is_fast():
     """Bounds + FFD + BFD handle N=4096 production lengths (speed: experiments/bench_certify.py)."""
     rng = np.random.default_rng(0)
     s = np.minimum(rng.lognormal(7.0, 1.0, size=4096).astype(np.int64) + 1, 8192)
-    lower_bound(s[:10], 8192), best_packing(s[:10], 8192)  # warm-up
-    lb, _ = lower_bound(s, 8192)
+    bin_lower_bound(s[:10], 8192), best_packing(s[:10], 8192)  # warm-up
+    lb, _ = bin_lower_bound(s, 8192)
     bin_N, ub, _ = best_packing(s, 8192)
     assert lb <= ub and is_packing(s, 8192, bin_N)
 

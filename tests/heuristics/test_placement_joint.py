@@ -6,11 +6,11 @@ import pytest
 
 from routepack_opt.core.cost import CostModel, Stage
 from routepack_opt.core.evaluate import Evaluator, row_shard_costs, score_from_J
+from routepack_opt.core.plan import Plan, check_placement
+from routepack_opt.core.testing import random_layout, random_window
+from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.placement.joint import JointConfig, joint_search
 from routepack_opt.heuristics.placement.lpt import lpt_placement
-from routepack_opt.core.plan import Plan, check_placement
-from routepack_opt.testing import random_layout, random_window
-from routepack_opt.core.topology import Topology
 
 COST = CostModel((Stage("a", 0.3, 0.01),), gamma=0.7, row_overhead=5.0, expert_bytes=100.0,
                  migration_bandwidth=30.0)

@@ -3,15 +3,23 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import expert_rank_loads
-from routepack_opt.heuristics.placement.lpt import (identity_placement, lpt_assign, lpt_placement,
-                                                placement_from_ranks, placement_ranks, rank_load_cv,
-                                                rank_load_matrix, rank_peak_ratio, swap_refine)
-from routepack_opt.core.plan import check_placement
-from routepack_opt.testing import random_window
+from routepack_opt.core.plan import check_placement, placement_from_ranks
+from routepack_opt.core.testing import random_window
+from routepack_opt.heuristics.placement.lpt import (
+    identity_placement,
+    lpt_assign,
+    lpt_placement,
+    placement_ranks,
+    rank_load_cv,
+    rank_load_matrix,
+    rank_peak_ratio,
+    swap_refine,
+)
 
 
 def _skewed_loads(L, E, sd, seed):

@@ -5,9 +5,9 @@ import pytest
 
 from routepack_opt.core.cost import CostModel, Stage, get_preset
 from routepack_opt.core.errors import InputError
-from routepack_opt.heuristics.placement.migration import align_slots, migration_cost, per_expert_time, relabel_ranks
 from routepack_opt.core.plan import check_placement
 from routepack_opt.core.topology import Topology
+from routepack_opt.heuristics.placement.migration import align_slots, migration_cost, per_expert_time, relabel_ranks
 
 COST = CostModel((Stage("a", 1.0, 0.0),), gamma=1.0, expert_bytes=1000.0, migration_bandwidth=10.0)
 TOPO = Topology(dp=4, ep=2, capacity=100)  # G = 2 shards
@@ -62,7 +62,7 @@ def test_align_slots_moves_only_rank_changes(rng):
         rl = align_slots(new, cur, P)  # relabelled: same expert sets per rank, fewest moves
         assert check_placement(rl, L, E) == []
         for l in range(L):
-            sets = lambda pl: sorted(tuple(np.flatnonzero(pl[l] // (E // P) == p)) for p in range(P))
+            sets = lambda pl, l=l: sorted(tuple(np.flatnonzero(pl[l] // (E // P) == p)) for p in range(P))
             assert sets(rl) == sets(new)
         m_rl = migration_cost(cur, rl, topo, COST)
         assert m_rl.experts_moved == m_rl.rank_changes <= m_new.rank_changes

@@ -6,14 +6,23 @@ import pytest
 
 from routepack_opt.core.cost import CostModel, Stage
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.heuristics.placement.refine import (RefineConfig, RowAwareState, refine_placement,
-                                                       row_shard_expert_loads)
-from routepack_opt.heuristics.placement.migration import migration_cost
-from routepack_opt.models.placement_rowaware import (brute_force_layer, layer_gaps, layer_objective,
-                                                     layer_problem, solve_layer_cpsat)
 from routepack_opt.core.plan import check_placement
-from routepack_opt.testing import random_layout, random_window
+from routepack_opt.core.testing import random_layout, random_window
 from routepack_opt.core.topology import Topology
+from routepack_opt.heuristics.placement.migration import migration_cost
+from routepack_opt.heuristics.placement.refine import (
+    RefineConfig,
+    RowAwareState,
+    refine_placement,
+    row_shard_expert_loads,
+)
+from routepack_opt.models.placement_rowaware import (
+    brute_force_layer,
+    layer_gaps,
+    layer_objective,
+    layer_problem,
+    solve_layer_cpsat,
+)
 
 COST = CostModel((Stage("lin", 0.3, 0.0), Stage("full", 0.1, 0.01)), gamma=0.7, row_overhead=5.0,
                  expert_bytes=100.0, migration_bandwidth=30.0)

@@ -53,10 +53,10 @@ def test_against_real_slime_build_dp_schedule():
 
     from routepack_opt.core.cost import get_preset
     from routepack_opt.core.evaluate import Evaluator
-    from routepack_opt.integrations._common import length_only_window
-    from routepack_opt.integrations.slime import build_dp_schedule
     from routepack_opt.core.plan import assignment_from_cells
     from routepack_opt.core.topology import Topology
+    from routepack_opt.integrations._common import length_only_window
+    from routepack_opt.integrations.slime import build_dp_schedule
 
     rng = np.random.default_rng(5)
     tl = [int(x) for x in np.clip(rng.lognormal(7.0, 0.9, 130), 16, 9000)]

@@ -9,9 +9,9 @@ moe_utils = pytest.importorskip("megatron.core.transformer.moe.moe_utils",
 
 from routepack_opt.core.errors import InputError  # noqa: E402
 from routepack_opt.core.evaluate import rank_loads  # noqa: E402
-from routepack_opt.integrations import megatron as rp_mg  # noqa: E402
 from routepack_opt.core.topology import Topology  # noqa: E402
 from routepack_opt.core.window import Window  # noqa: E402
+from routepack_opt.integrations import megatron as rp_mg  # noqa: E402
 
 
 def _route(T, E, k, seed, skew=2.0):
@@ -54,7 +54,7 @@ def test_rank_split_after_remap_equals_planner_rank_loads():
 @pytest.mark.parametrize("k, exact", [(2, True), (4, False)])
 def test_unpermuted_outputs_identical_with_and_without_remap(k, exact):
     """permute → per-expert FFN → unpermute gives the same output with remapped routing and migrated weights."""
-    T, E, H, ep = 64, 8, 6, 2
+    T, E, H = 64, 8, 6
     probs, rmap = _route(T, E, k, seed=1)
     g = torch.Generator().manual_seed(2)
     x = torch.randn(T, H, generator=g, dtype=torch.float64)

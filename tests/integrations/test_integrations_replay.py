@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from routepack_opt.core.errors import InputError
-from routepack_opt.integrations.replay import import_replay, slime_pad_routes, window_from_replay
 from routepack_opt.core.window import Window, load_window
+from routepack_opt.integrations.replay import import_replay, slime_pad_routes, window_from_replay
 
 
 def _routes(rng, T, L, K, E):

@@ -142,11 +142,11 @@ def _slime_routes(rng, lens, La, K, E, hot):
 
 def test_routed_experts_plan_with_expert_loads_and_return_the_map():
     """With routed_experts the step plans with expert loads: valid, LPT map per step, no worse than identity placement."""
-    from routepack_opt.core.evaluate import Evaluator
-    from routepack_opt.integrations.replay import import_replay
-    from routepack_opt.core.plan import assignment_from_cells
     from routepack_opt.core.cost import get_preset
+    from routepack_opt.core.evaluate import Evaluator
+    from routepack_opt.core.plan import assignment_from_cells
     from routepack_opt.core.topology import Topology
+    from routepack_opt.integrations.replay import import_replay
 
     rng = np.random.default_rng(3)
     E, La, K, dp, ep = 8, 2, 2, 4, 2

@@ -1,6 +1,5 @@
 """verl seam: our rearrange_micro_batches against the real verl package (verl==0.9.1 from PyPI)."""
 
-import os
 
 import numpy as np
 import pytest
@@ -13,10 +12,10 @@ from tensordict import TensorDict  # noqa: E402
 from routepack_opt.core.cost import get_preset  # noqa: E402
 from routepack_opt.core.errors import InputError  # noqa: E402
 from routepack_opt.core.evaluate import Evaluator  # noqa: E402
-from routepack_opt.integrations import verl as rp_verl  # noqa: E402
-from routepack_opt.integrations._common import length_only_window  # noqa: E402
 from routepack_opt.core.plan import assignment_from_cells  # noqa: E402
 from routepack_opt.core.topology import Topology  # noqa: E402
+from routepack_opt.integrations import verl as rp_verl  # noqa: E402
+from routepack_opt.integrations._common import length_only_window  # noqa: E402
 
 COST = get_preset("qwen3-30b-a3b").cost
 
@@ -183,8 +182,10 @@ def _chunks_layout(lens, chunk_ids, D, cap):
     """A layout from per-rank chunks (global ids per rank): each rank's samples packed into the
     least common number of rows by KK + in-rank repair (what verl's per-rank rearrange does at
     one agreed count)."""
-    from routepack_opt.heuristics.equal_counts import _pack_slot
     import time
+
+    from routepack_opt.certify import pack_into_bins
+    from routepack_opt.heuristics.equal_counts import _pack_slot
 
     lens = np.asarray(lens, dtype=np.int64)
     for R in range(1, len(chunk_ids[0]) + 1):
@@ -193,7 +194,7 @@ def _chunks_layout(lens, chunk_ids, D, cap):
         ok = True
         for d, ids in enumerate(chunk_ids):
             ids = np.asarray(ids)
-            r = _pack_slot(lens[ids], R, cap, time.perf_counter() + 5.0)
+            r = _pack_slot(lens[ids], R, cap, time.perf_counter() + 5.0, pack_into_bins)
             if r is None:
                 ok = False
                 break

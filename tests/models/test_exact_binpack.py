@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
+from routepack_opt.core.bounds import bin_lower_bound, is_packing
 from routepack_opt.core.errors import InputError
-from routepack_opt.heuristics.binpack import is_packing, lower_bound
+from routepack_opt.heuristics.binpack import best_packing
 from routepack_opt.models.binpack import arcflow_graph, solve_bin_packing
 from routepack_opt.models.brute import brute_force_bins
 
@@ -24,7 +25,8 @@ def test_optimum_equals_brute_force_on_tiny_instances(method):
     """Minimisation (heuristic shortcut off) returns the brute-force optimum and a valid packing."""
     for sizes, C in tiny_cases():
         opt = brute_force_bins(sizes, C)
-        res = solve_bin_packing(sizes, C, method=method, time_limit=10, presolve=False, num_workers=1)
+        res = solve_bin_packing(sizes, C, method=method, time_limit=10, presolve=False, num_workers=1,
+                                hint=best_packing(sizes, C)[0])
         assert res.status == "optimal" and res.bins == opt == res.lower_bound, (sizes, C)
         assert res.method == method and is_packing(sizes, C, res.bin_N, opt)
 
@@ -36,7 +38,7 @@ def _gap_cases():
     while len(found) < 4:
         C = int(rng.integers(10, 30))
         sizes = rng.integers(C // 4, C // 2 + 3, size=int(rng.integers(5, 9)))
-        if lower_bound(sizes, C)[0] < brute_force_bins(sizes, C):
+        if bin_lower_bound(sizes, C)[0] < brute_force_bins(sizes, C):
             found.append((sizes, C))
     return found
 
@@ -60,8 +62,9 @@ def test_cpsat_and_arcflow_agree_on_medium_instances():
     while checked < 3:
         C = 100
         sizes = rng.integers(20, 61, size=int(rng.integers(30, 41)))
-        a = solve_bin_packing(sizes, C, method="cpsat", time_limit=20, presolve=False)
-        b = solve_bin_packing(sizes, C, method="arcflow", time_limit=20, presolve=False)
+        ffd_N = best_packing(sizes, C)[0]
+        a = solve_bin_packing(sizes, C, method="cpsat", time_limit=20, presolve=False, hint=ffd_N)
+        b = solve_bin_packing(sizes, C, method="arcflow", time_limit=20, presolve=False, hint=ffd_N)
         assert a.status == b.status == "optimal" and a.bins == b.bins
         assert is_packing(sizes, C, a.bin_N, a.bins) and is_packing(sizes, C, b.bin_N, b.bins)
         checked += 1

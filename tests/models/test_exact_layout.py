@@ -4,20 +4,18 @@ the annealer; validity of the symmetry breaking for each objective."""
 import numpy as np
 import pyomo.environ as pyo
 import pytest
-from ortools.sat.python import cp_model
-
-from routepack_opt.core.cost import CostModel, Stage, resolve_cost
-from routepack_opt.core.errors import InputError
-from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.models import layout_cpsat, layout_milp
-from routepack_opt.models.brute import brute_force_layout, set_partitions
-from routepack_opt.models.layout import (LayoutInstance, canonical_layout, is_canonical,
-                                         solve_layout, symmetry_groups)
-from routepack_opt.testing import random_layout, random_window
-from routepack_opt.core.topology import Topology
-
 from cases import TOY
 from cases import layout_instance as _instance
+from ortools.sat.python import cp_model
+
+from routepack_opt.core.cost import resolve_cost
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.testing import random_layout, random_window
+from routepack_opt.core.topology import Topology
+from routepack_opt.models import layout_cpsat, layout_milp
+from routepack_opt.models.brute import brute_force_layout, set_partitions
+from routepack_opt.models.layout import LayoutInstance, canonical_layout, is_canonical, solve_layout, symmetry_groups
 
 OBJECTIVES = ("max-sum", "sum-max")
 

@@ -4,14 +4,22 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from routepack_opt.core.bounds import layer_lower_bound
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import expert_rank_loads
-from routepack_opt.heuristics.placement.lpt import lpt_placement, placement_ranks
-from routepack_opt.models.placement import PlacementReport, exact_placement, layer_lower_bound, solve_layer
 from routepack_opt.core.plan import check_placement
-from routepack_opt.testing import random_window
+from routepack_opt.core.testing import random_window
+from routepack_opt.heuristics.placement.lpt import lpt_placement, placement_ranks, swap_refine
+from routepack_opt.models.placement import PlacementReport, exact_placement, solve_layer
+
+
+def _exact(load_LE, P, **kw) -> PlacementReport:
+    """exact_placement with the hints the CLI gives it: LPT + swaps, and plain LPT for the report."""
+    lpt_LE = lpt_placement(load_LE, P)
+    return exact_placement(load_LE, P, swap_refine(load_LE, lpt_LE, P), lpt_LE, **kw)
 
 
 def brute_force(load_E, P):
@@ -50,7 +58,7 @@ def _check_report(load, P, rep):
 def test_exact_equals_brute_force_p2(E, hi, seed):
     """Exact placement matches brute force on tiny layers (E ≤ 8, P = 2), proved optimal."""
     load = np.random.default_rng(seed).integers(0, hi, (2, E))
-    rep = exact_placement(load, 2, time_limit=10.0)
+    rep = _exact(load, 2, time_limit=10.0)
     _check_report(load, 2, rep)
     assert rep.proved
     assert rep.objective_L.tolist() == [brute_force(load[l], 2) for l in range(2)]
@@ -62,7 +70,7 @@ def test_exact_equals_brute_force_more_ranks(PM, seed):
     """Exact placement matches brute force with 3–4 ranks too (symmetry breaking is valid)."""
     P, M = PM
     load = np.random.default_rng(seed).integers(0, 40, (1, P * M))
-    rep = exact_placement(load, P, time_limit=10.0)
+    rep = _exact(load, P, time_limit=10.0)
     _check_report(load, P, rep)
     assert rep.proved and rep.objective_L[0] == brute_force(load[0], P)
 
@@ -84,14 +92,14 @@ def test_lpt_within_graham_bound(PM, hi, seed):
 def test_tight_graham_example():
     """(1,2,2,2,1,4) at P=2: LPT gives 7, the optimum 6 — the 7/6 worst case is reached."""
     load = np.array([[1, 2, 2, 2, 1, 4]])
-    rep = exact_placement(load, 2)
+    rep = _exact(load, 2)
     assert rep.lpt_makespan_L.tolist() == [7] and rep.objective_L.tolist() == [6]
     assert rep.lpt_gap_L[0] == pytest.approx(7 / 6) and rep.proved
 
 
 def test_bounds_close_without_solver():
     """Uniform loads: LPT meets the average bound, proved by bounds alone."""
-    rep = exact_placement(np.full((3, 16), 5), 4)
+    rep = _exact(np.full((3, 16), 5), 4)
     assert rep.proved and set(rep.method_L) == {"bounds"} and (rep.lpt_gap_L == 1).all()
 
 
@@ -99,7 +107,7 @@ def test_time_limited_layer_reports_bound():
     """A large skewed layer under a short limit still returns a valid placement no worse than
     LPT, with a proved bound below it."""
     load = np.rint(np.random.default_rng(0).lognormal(0, 0.8, (1, 64)) * 1e4).astype(np.int64)
-    rep = exact_placement(load, 8, time_limit=0.5)
+    rep = _exact(load, 8, time_limit=0.5)
     _check_report(load, 8, rep)
     assert rep.status_L[0] in ("optimal", "feasible")
     s = rep.summary()
@@ -109,8 +117,8 @@ def test_time_limited_layer_reports_bound():
 def test_window_loads_and_determinism():
     """On a window's loads the exact placement is valid, and two runs agree (one worker, seed)."""
     load = random_window(num_samples=10, num_layers=2, num_experts=8, top_k=2, max_len=25, seed=3).expert_loads()
-    a = exact_placement(load, 4, time_limit=5.0)
-    b = exact_placement(load, 4, time_limit=5.0)
+    a = _exact(load, 4, time_limit=5.0)
+    b = _exact(load, 4, time_limit=5.0)
     _check_report(load, 4, a)
     assert np.array_equal(a.placement, b.placement) and a.status_L == b.status_L
 
@@ -125,8 +133,8 @@ def test_solve_layer_keeps_a_better_hint():
 def test_bad_inputs():
     """Fractional loads, E % P ≠ 0 and a non-positive time limit are InputErrors."""
     with pytest.raises(InputError):
-        exact_placement(np.array([[1.5, 2.0]]), 2)
+        exact_placement(np.array([[1.5, 2.0]]), 2, None)
     with pytest.raises(InputError):
-        exact_placement(np.ones((1, 6), dtype=int), 4)
+        exact_placement(np.ones((1, 6), dtype=int), 4, None)
     with pytest.raises(InputError):
-        exact_placement(np.ones((1, 4), dtype=int), 2, time_limit=0)
+        exact_placement(np.ones((1, 4), dtype=int), 2, None, time_limit=0)

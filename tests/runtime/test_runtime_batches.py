@@ -8,11 +8,10 @@ import torch
 
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.plan import Plan
-from routepack_opt.runtime.batches import (build_microbatches, routes_from_counts, sample_offsets,
-                                           synthetic_tokens)
-from routepack_opt.testing import random_layout, random_window
+from routepack_opt.core.testing import random_layout, random_window
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
+from routepack_opt.runtime.batches import build_microbatches, routes_from_counts, sample_offsets, synthetic_tokens
 
 
 def _plan(window, rows, dp, ep, seed=0):

@@ -9,10 +9,10 @@ import pytest
 
 from routepack_opt.core.cost import load_cost
 from routepack_opt.core.plan import Plan
-from routepack_opt.runtime.bench import bench_config, calibrate, fit, measure_plan, nnls
-from routepack_opt.testing import random_layout, random_window
+from routepack_opt.core.testing import random_layout, random_window
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import save_window
+from routepack_opt.runtime.bench import bench_config, calibrate, fit, measure_plan, nnls
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -28,18 +28,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.evaluate import Evaluator, Score, check_objective
-from routepack_opt.heuristics.placement.refine import RefineConfig, refine_placement
-from routepack_opt.heuristics.placement.migration import Migration, align_slots, migration_cost
+from routepack_opt.core.evaluate import Evaluator, Score
+from routepack_opt.core.objective import check_objective
 from routepack_opt.core.plan import check_placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
+from routepack_opt.heuristics import annealing
+from routepack_opt.heuristics.placement.migration import Migration, align_slots, migration_cost
+from routepack_opt.heuristics.placement.refine import RefineConfig, refine_placement
 
 __all__ = ["JointConfig", "JointResult", "joint_search", "anneal_packer", "Packer"]
 
@@ -90,8 +92,6 @@ class JointResult:
 def anneal_packer(window: Window, topology: Topology, cost: CostModel, rows: int, objective: str,
                   config=None, max_sweeps: int | None = None) -> Packer:
     """The population annealer (:mod:`routepack_opt.heuristics.annealing`) as a packer."""
-    from routepack_opt.heuristics import annealing  # written in parallel; import on use
-
     cfg = config if config is not None else annealing.AnnealConfig()
 
     def pack(b_NLP, seeds, seed, time_limit):
@@ -168,7 +168,7 @@ def joint_search(window: Window, topology: Topology, cost: CostModel, rows: int,
     (module doc). ``layout0`` is ``(row_N, slot_N)``, feasible at ``rows``; ``packer`` defaults to
     the population annealer with ``config.anneal_sweeps``."""
     t0 = time.perf_counter()
-    check_objective(objective)
+    objective = check_objective(objective)
     L, E = window.num_layers, window.num_experts
     placement0 = np.asarray(placement0, dtype=np.int64)
     errs = check_placement(placement0, L, E)

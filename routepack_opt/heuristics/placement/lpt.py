@@ -18,9 +18,10 @@ import numba
 import numpy as np
 
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.plan import placement_from_ranks
 
 __all__ = ["identity_placement", "lpt_placement", "lpt_assign", "placement_ranks",
-           "placement_from_ranks", "swap_refine", "rank_load_matrix", "rank_load_cv",
+           "swap_refine", "rank_load_matrix", "rank_load_cv",
            "rank_peak_ratio"]
 
 
@@ -104,25 +105,6 @@ def placement_ranks(placement_LE, ep: int) -> np.ndarray:
     """``rank_LE[l, e]``: the EP rank that holds logical expert e at layer l."""
     placement_LE = np.asarray(placement_LE, dtype=np.int64)
     return placement_LE // (placement_LE.shape[1] // ep)
-
-
-def placement_from_ranks(rank_LE, load_LE, ep: int) -> np.ndarray:
-    """Slots from per-expert ranks (each rank holding exactly M = E/P experts): rank p's experts
-    take slots ``p·M ..`` by decreasing load, ties by expert id (the order LPT fills them)."""
-    rank_LE = np.asarray(rank_LE, dtype=np.int64)
-    load_LE = np.asarray(load_LE)
-    L, E = rank_LE.shape
-    M = E // ep
-    placement = np.empty((L, E), dtype=np.int64)
-    ids = np.arange(E)
-    for l in range(L):
-        order = np.lexsort((ids, -load_LE[l], rank_LE[l]))
-        r = rank_LE[l, order]
-        pos = ids - np.searchsorted(r, r)
-        if r.min() < 0 or r.max() >= ep or not (np.bincount(r, minlength=ep) == M).all():
-            raise InputError(f"placement: layer {l} does not give every rank the same number of experts")
-        placement[l, order] = r * M + pos
-    return placement
 
 
 @numba.njit(cache=True)

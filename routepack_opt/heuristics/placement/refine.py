@@ -33,17 +33,17 @@ import numba
 import numpy as np
 
 from routepack_opt.core.cost import CostModel
-from routepack_opt.core.evaluate import Score, check_objective, row_shard_costs
 from routepack_opt.core.errors import InputError
-from routepack_opt.heuristics.placement.migration import align_slots, per_expert_time
+from routepack_opt.core.evaluate import Score, row_shard_costs
+from routepack_opt.core.objective import Objective, check_objective
 from routepack_opt.core.plan import check_placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
+from routepack_opt.heuristics.placement.migration import align_slots, per_expert_time
 
 __all__ = ["RefineConfig", "RefineResult", "RowAwareState", "refine_placement",
            "row_shard_expert_loads", "attention_base"]
 
-OBJ_CODE = {"max-sum": 0, "sum-max": 1}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -311,9 +311,9 @@ class RowAwareState:
     """
 
     def __init__(self, window: Window, topology: Topology, cost: CostModel, placement_LE,
-                 row_N, slot_N, rows: int, objective: str, current_placement=None,
+                 row_N, slot_N, rows: int, objective: Objective | str, current_placement=None,
                  migration_weight: float = 1.0):
-        check_objective(objective)
+        objective = check_objective(objective)
         topology.check_experts(window.num_experts)
         placement_LE = np.asarray(placement_LE, dtype=np.int64)
         errs = check_placement(placement_LE, window.num_layers, window.num_experts)
@@ -322,7 +322,7 @@ class RowAwareState:
         L, E = placement_LE.shape
         P, G = topology.ep, topology.num_shards
         self.window, self.topology, self.cost, self.rows = window, topology, cost, rows
-        self.objective, self.obj = objective, OBJ_CODE[objective]
+        self.objective, self.obj = objective, objective.code
         self.P, self.G, self.R, self.K = P, G, rows, rows * G
         self.per_rank = E // P
         self.start_placement = placement_LE.copy()
@@ -426,7 +426,7 @@ class RefineResult:
 
 
 def refine_placement(window: Window, topology: Topology, cost: CostModel, placement_LE, row_N,
-                     slot_N, rows: int, objective: str = "max-sum", current_placement=None,
+                     slot_N, rows: int, objective: Objective | str = Objective.MAX_SUM, current_placement=None,
                      config: RefineConfig = RefineConfig(), seed: int = 0,
                      time_limit: float | None = None) -> RefineResult:
     """Swap-local search of the per-layer placements against the true objective on a fixed

@@ -1,0 +1,205 @@
+"""Lower bounds, shared by the heuristics, the exact models and the certifier.
+
+Bin packing (docs/pipeline.md, step 2: R rows exist iff the lengths fit in R·D bins of capacity
+C). Legend: ``sizes_N`` item sizes (ints, 1 ≤ s ≤ C), ``bin_N`` the bin of each item (0..B-1).
+All exact integer arithmetic, O(N log N):
+
+- :func:`lower_bound_l1` — ⌈Σ s / C⌉;
+- :func:`lower_bound_l2` — Martello & Toth (1990), *Knapsack Problems*, §8.3.1, bound L2;
+- :func:`lower_bound_dff` — dual feasible functions of Fekete & Schepers (2001), "New classes
+  of fast lower bounds for bin packing problems", Math. Programming 91:11–31 (u^(k)), applied to
+  the sizes and composed with the large-item threshold of L2;
+- :func:`bin_lower_bound` — the best of them;
+- with them, the checks every packing code shares: :func:`check_sizes` (the input) and
+  :func:`is_packing` (an independent check of a returned packing).
+
+Layouts (docs/model.md; N samples, L layers, E experts, P EP ranks, G shards, R rows):
+
+- :func:`layout_lower_bound` — for a given placement and R, valid for both objectives;
+- :func:`placement_free_lower_bound` — the same for any placement;
+- :func:`layer_lower_bound` — the busiest rank of one layer's placement (average and pigeonhole).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from routepack_opt.core.cost import CostModel
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.topology import Topology
+
+__all__ = ["check_sizes", "is_packing", "lower_bound_l1", "lower_bound_l2", "lower_bound_dff",
+           "bin_lower_bound", "layout_lower_bound", "placement_free_lower_bound", "layer_lower_bound"]
+
+
+# ---------------------------------------------------------------- bin packing
+
+
+def check_sizes(sizes, capacity) -> tuple[np.ndarray, int]:
+    """Validate ``sizes`` (1-D positive ints) and ``capacity`` (positive int); return int64 copies.
+
+    An item larger than the capacity is an :class:`InputError` naming the items.
+    """
+    sizes_N = np.asarray(sizes)
+    if sizes_N.ndim != 1:
+        raise InputError(f"sizes: expected a 1-D array, got shape {sizes_N.shape}")
+    if sizes_N.size and sizes_N.dtype.kind not in "iu":
+        if sizes_N.dtype.kind == "f" and np.all(sizes_N == np.round(sizes_N)):
+            pass
+        else:
+            raise InputError(f"sizes: expected integers, got dtype {sizes_N.dtype}")
+    sizes_N = sizes_N.astype(np.int64)
+    if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 1:
+        raise InputError(f"capacity must be a positive integer, got {capacity!r}")
+    capacity = int(capacity)
+    bad = np.flatnonzero(sizes_N < 1)
+    if bad.size:
+        raise InputError(f"sizes: items {bad[:5].tolist()} have non-positive sizes {sizes_N[bad[:5]].tolist()}")
+    big = np.flatnonzero(sizes_N > capacity)
+    if big.size:
+        more = f" (and {big.size - 5} more)" if big.size > 5 else ""
+        raise InputError(
+            f"items {big[:5].tolist()}{more} have sizes {sizes_N[big[:5]].tolist()} larger than "
+            f"the capacity {capacity}: they fit in no bin"
+        )
+    return sizes_N, capacity
+
+
+def lower_bound_l1(sizes, capacity) -> int:
+    """L1 = ⌈Σ s / C⌉ (the continuous bound)."""
+    sizes_N, C = check_sizes(sizes, capacity)
+    return int(-(-int(sizes_N.sum()) // C))
+
+
+def _l2_sorted(s_asc: np.ndarray, C: int) -> int:
+    """Martello–Toth L2 on ascending sizes (see :func:`lower_bound_l2`)."""
+    n = s_asc.size
+    if n == 0:
+        return 0
+    prefix = np.concatenate([[0], np.cumsum(s_asc)])  # prefix[i] = Σ of the i smallest
+    # Candidate thresholds K: 0 and every distinct size ≤ C/2 (L(K) only changes there).
+    small = s_asc[2 * s_asc <= C]
+    K = np.concatenate([[0], np.unique(small)]).astype(np.int64)
+    half = np.searchsorted(s_asc, C // 2, side="right")     # items with s ≤ ⌊C/2⌋ ⇔ 2s ≤ C
+    lo3 = np.searchsorted(s_asc, K, side="left")             # first item with s ≥ K
+    hi2 = np.searchsorted(s_asc, C - K, side="right")        # items with s ≤ C-K
+    n1 = n - hi2                                             # J1: s > C-K
+    n2 = hi2 - half                                          # J2: C/2 < s ≤ C-K
+    sum2 = prefix[hi2] - prefix[half]
+    sum3 = prefix[half] - prefix[lo3]                        # J3: K ≤ s ≤ C/2
+    spill = sum3 - (n2 * C - sum2)                           # J3 volume not absorbed by J2 bins
+    extra = np.where(spill > 0, -(-spill // C), 0)
+    return int((n1 + n2 + extra).max())
+
+
+def lower_bound_l2(sizes, capacity) -> int:
+    """Martello & Toth (1990) bound L2 = max over K ∈ [0, C/2] of
+
+    |J1| + |J2| + max(0, ⌈(Σ J3 − (|J2|·C − Σ J2)) / C⌉),
+    J1 = {s > C−K}, J2 = {C/2 < s ≤ C−K}, J3 = {K ≤ s ≤ C/2}.
+
+    Vectorised over the distinct candidate K; O(N log N).
+    """
+    sizes_N, C = check_sizes(sizes, capacity)
+    return _l2_sorted(np.sort(sizes_N), C)
+
+
+def _dff_fs(s: np.ndarray, C: int, k: int) -> tuple[np.ndarray, int]:
+    """Fekete–Schepers u^(k) scaled to integers: returns (u·C·k per item, C·k)."""
+    q = (k + 1) * s
+    exact = q % C == 0
+    return np.where(exact, s * k, (q // C) * C), C * k
+
+
+def lower_bound_dff(sizes, capacity, max_k: int = 20) -> int:
+    """Bound from dual feasible functions (Fekete & Schepers 2001).
+
+    For each k ≤ ``max_k``: ⌈Σ u^(k)(s/C)⌉ with u^(k)(x) = x if (k+1)x ∈ ℤ else ⌊(k+1)x⌋/k;
+    composed with the L2 threshold map U^ε (items > C−ε count as full bins, items < ε vanish)
+    for ε ∈ the distinct sizes ≤ C/2. Exact integer arithmetic.
+    """
+    sizes_N, C = check_sizes(sizes, capacity)
+    if sizes_N.size == 0:
+        return 0
+    s = np.sort(sizes_N)
+    best = 0
+    eps_list = np.unique(np.concatenate([[0], s[2 * s <= C]]))
+    if eps_list.size > 64:  # thin the thresholds: bound stays valid, cost stays O(64·k·N)
+        eps_list = eps_list[np.linspace(0, eps_list.size - 1, 64).astype(np.int64)]
+    for eps in eps_list.tolist():
+        # U^ε: x > C-ε → C; ε ≤ x ≤ C-ε → x; x < ε → 0.
+        t = np.where(s > C - eps, C, np.where(s < eps, 0, s))
+        t = t[t > 0]
+        if t.size == 0:
+            continue
+        for k in range(1, max_k + 1):
+            u, denom = _dff_fs(t, C, k)
+            best = max(best, int(-(-int(u.sum()) // denom)))
+    return best
+
+
+def bin_lower_bound(sizes, capacity) -> tuple[int, str]:
+    """The best of L1, L2 and the DFF bound, with its name (``"L1"``, ``"L2"``, ``"DFF"``)."""
+    sizes_N, C = check_sizes(sizes, capacity)
+    l1 = lower_bound_l1(sizes_N, C)
+    l2 = _l2_sorted(np.sort(sizes_N), C)
+    best, name = (l1, "L1") if l1 >= l2 else (l2, "L2")
+    dff = lower_bound_dff(sizes_N, C)
+    if dff > best:
+        best, name = dff, "DFF"
+    return best, name
+
+
+def is_packing(sizes, capacity, bin_N, num_bins: int | None = None) -> bool:
+    """Independent check: every item in one bin id in [0, num_bins), no bin over capacity."""
+    sizes_N = np.asarray(sizes, dtype=np.int64)
+    bin_N = np.asarray(bin_N)
+    if bin_N.shape != sizes_N.shape or (bin_N.size and bin_N.min() < 0):
+        return False
+    if num_bins is not None and bin_N.size and bin_N.max() >= num_bins:
+        return False
+    if bin_N.size == 0:
+        return True
+    loads = np.zeros(int(bin_N.max()) + 1, dtype=np.int64)
+    np.add.at(loads, bin_N.astype(np.int64), sizes_N)
+    return bool(np.all(loads <= capacity))
+
+
+# ---------------------------------------------------------------- layouts
+
+
+def layout_lower_bound(lengths_N, Lagg_LP, rows: int, topology: Topology, cost: CostModel) -> float:
+    """docs/model.md bound for a given placement and R (valid for both objectives):
+    (Σ_s(α_s Σlen + β_s Σlen²)/P + γ Σ_l max_p Lagg[l,p] + R·G·row_overhead) / G."""
+    lengths_N = np.asarray(lengths_N, dtype=np.float64)
+    attn = sum(s.alpha * lengths_N.sum() + s.beta * (lengths_N ** 2).sum() for s in cost.stages)
+    G = topology.num_shards
+    expert = cost.gamma * float(np.asarray(Lagg_LP, dtype=np.float64).max(axis=1).sum())
+    return float((attn / topology.ep + expert + rows * G * cost.row_overhead) / G)
+
+
+def placement_free_lower_bound(lengths_N, load_LE, rows: int, topology: Topology, cost: CostModel) -> float:
+    """The bound for any placement: max_p Lagg[l,p] ≥ max(Σ_e load[l,e] / P, max_e load[l,e])."""
+    load_LE = np.asarray(load_LE, dtype=np.float64)
+    best_LP = np.maximum(load_LE.sum(axis=1) / topology.ep, load_LE.max(axis=1))[:, None]
+    return layout_lower_bound(lengths_N, best_LP, rows, topology, cost)
+
+
+def layer_lower_bound(load_E, ep: int) -> int:
+    """A lower bound on the busiest rank's load of any placement of one layer.
+
+    With loads a_0 ≥ a_1 ≥ … and M = E/P places per rank:
+    - average: ⌈Σ a / P⌉;
+    - cardinality/pigeonhole, for k = 0..M-1: among the kP+1 heaviest experts some rank holds
+      k+1, weighing at least the k+1 lightest of them, a_{kP-k} + … + a_{kP}; its other M-k-1
+      experts weigh at least the M-k-1 lightest of all.
+    """
+    a = np.sort(np.asarray(load_E, dtype=np.int64))[::-1]
+    E = a.size
+    M = E // ep
+    best = -(-int(a.sum()) // ep)
+    tail = np.concatenate([[0], np.cumsum(a[::-1])])  # tail[m] = sum of the m lightest
+    for k in range(M):
+        top = int(a[k * ep - k: k * ep + 1].sum())
+        best = max(best, top + int(tail[M - k - 1]))
+    return best

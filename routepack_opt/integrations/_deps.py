@@ -1,0 +1,49 @@
+"""The trainer-side libraries, imported on first use and only here.
+
+torch, safetensors and verl are needed only when a trainer calls in (or a replay file in their
+format is read); importing an integration module (verl loads ``verl_plugin`` during its own
+import) must not pay for them, nor fail where one is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+__all__ = ["torch", "torch_distributed", "safe_open", "verl_tensordict_utils",
+           "verl_log_seqlen_unbalance"]
+
+
+@functools.cache
+def torch():
+    import torch as module
+
+    return module
+
+
+@functools.cache
+def torch_distributed():
+    import torch.distributed as module
+
+    return module
+
+
+@functools.cache
+def safe_open():
+    """``safetensors.safe_open``."""
+    from safetensors import safe_open as fn
+
+    return fn
+
+
+@functools.cache
+def verl_tensordict_utils():
+    from verl.utils import tensordict_utils as module
+
+    return module
+
+
+@functools.cache
+def verl_log_seqlen_unbalance():
+    from verl.utils.seqlen_balancing import log_seqlen_unbalance as fn
+
+    return fn

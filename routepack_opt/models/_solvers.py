@@ -1,0 +1,62 @@
+"""The solver libraries, imported on first use and only here.
+
+OR-Tools (CP-SAT), Pyomo and HiGHS take about a second to import together; importing
+``routepack_opt`` (or the pipeline, which needs no exact model unless R* escalates) must not pay
+for them. Every model module asks these accessors for its library instead of importing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+
+__all__ = ["cp_model", "pyomo", "appsi_highs", "highspy", "quiet_appsi_highs"]
+
+
+@functools.cache
+def cp_model():
+    """``ortools.sat.python.cp_model``."""
+    from ortools.sat.python import cp_model as module
+
+    return module
+
+
+@functools.cache
+def pyomo():
+    """``pyomo.environ``."""
+    import pyomo.environ as module
+
+    return module
+
+
+@functools.cache
+def appsi_highs():
+    """Pyomo's APPSI HiGHS interface: ``(Highs, TerminationCondition)``."""
+    pyomo()
+    from pyomo.contrib.appsi.base import TerminationCondition
+    from pyomo.contrib.appsi.solvers import Highs
+
+    return Highs, TerminationCondition
+
+
+@functools.cache
+def highspy():
+    """``highspy`` (HiGHS' own Python binding)."""
+    import highspy as module
+
+    return module
+
+
+@contextlib.contextmanager
+def quiet_appsi_highs():
+    """Silence APPSI-HiGHS' warnings (a time-limited solve without a proof logs one per call)
+    for the duration of one solve, and restore the logger's level afterwards: the caller's
+    logging configuration is not ours to change."""
+    logger = logging.getLogger("pyomo.contrib.appsi.solvers.highs")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
