@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 
-__all__ = ["cp_model", "pyomo", "appsi_highs", "highspy", "quiet_appsi_highs"]
+__all__ = ["cp_model", "pyomo", "appsi_highs", "highspy", "highs_threads", "quiet_appsi_highs"]
 
 
 @functools.cache
@@ -60,3 +61,23 @@ def quiet_appsi_highs():
         yield
     finally:
         logger.setLevel(level)
+
+
+_highs_lock = threading.Lock()
+_highs_sized_for: list[int] = []  # the thread count HiGHS' scheduler was last sized for, if any
+
+
+def highs_threads(threads: int | None) -> int:
+    """The value to give HiGHS' ``threads`` option (``None``/0: HiGHS chooses), made safe to use.
+
+    HiGHS sizes one process-wide task scheduler at its first solve; a later solve asking for a
+    different thread count does not run ("the scheduler has already been initialized to use N
+    threads") and returns no solution. Every HiGHS solve here (arc-flow bin packing with one
+    thread, the layout MILP with ``num_workers``, the block LPs) states its count through this
+    function, which resets the scheduler when the count changes."""
+    n = int(threads or 0)
+    with _highs_lock:
+        if _highs_sized_for and _highs_sized_for[0] != n:
+            highspy().Highs.resetGlobalScheduler(True)
+        _highs_sized_for[:] = [n]
+    return n

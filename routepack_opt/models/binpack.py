@@ -321,7 +321,7 @@ def _solve_arcflow(sizes_N, C, lb, max_bins, hint_N, time_limit, graph=None):
             opt.config.warmstart = True
     opt.config.load_solution = False
     opt.config.mip_gap = 0.0
-    opt.highs_options = {"threads": 1, "random_seed": 0, "mip_abs_gap": 1 - 1e-6}
+    opt.highs_options = {"threads": _solvers.highs_threads(1), "random_seed": 0, "mip_abs_gap": 1 - 1e-6}
     # appsi copies the model into HiGHS inside solve() (about as long as building it took) and
     # loading the solution costs as much again: keep the whole call within the time limit.
     built = time.perf_counter() - t0

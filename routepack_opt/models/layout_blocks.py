@@ -247,7 +247,7 @@ class _Lp:
         highspy = _solvers.highspy()
         self.h = h = highspy.Highs()
         h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", 1)
+        h.setOptionValue("threads", _solvers.highs_threads(1))
         h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
         row_lo = np.asarray(row_lo, dtype=np.float64)
         h.addRows(row_lo.size, row_lo, np.asarray(row_hi, dtype=np.float64), 0,

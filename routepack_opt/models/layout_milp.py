@@ -216,8 +216,7 @@ def _highs(time_limit: float, threads: int | None, presolve: bool = True) -> Hig
     opt.highs_options = {"mip_abs_gap": 1e-7, "random_seed": 0}
     if not presolve:
         opt.highs_options["presolve"] = "off"
-    if threads:
-        opt.highs_options["threads"] = int(threads)
+    opt.highs_options["threads"] = _solvers.highs_threads(threads)
     return opt
 
 

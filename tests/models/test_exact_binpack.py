@@ -2,12 +2,14 @@
 
 import numpy as np
 import pytest
+from cases import layout_instance
 
 from routepack_opt.core.bounds import bin_lower_bound, is_packing
 from routepack_opt.core.errors import InputError
 from routepack_opt.heuristics.binpack import best_packing
 from routepack_opt.models.binpack import arcflow_graph, solve_bin_packing
 from routepack_opt.models.brute import brute_force_bins
+from routepack_opt.models.layout import solve_layout
 
 
 def tiny_cases(k=12, seed=0):
@@ -87,3 +89,19 @@ def test_unknown_method_is_input_error():
     """A misspelt method name is refused."""
     with pytest.raises(InputError, match="method must be one of"):
         solve_bin_packing([1, 2], 3, method="gurobi")
+
+
+def test_arcflow_after_a_highs_solve_with_another_thread_count():
+    """HiGHS sizes one process-wide scheduler at its first solve; the arc-flow model (1 thread)
+    run after the layout MILP (HiGHS' automatic thread count) used to get no solution ("unknown")
+    because of it. Both now state their count and the scheduler is reset when it changes."""
+    inst = layout_instance((8, 2, 2, 2, 40, 0), "max-sum")
+    res = solve_layout(inst.window, inst.topology, inst.cost, inst.placement, inst.rows, inst.objective,
+                       solver="highs", time_limit=30.0)
+    assert res.status == "optimal"
+    sizes, C = _gap_cases()[0]
+    opt = brute_force_bins(sizes, C)
+    no = solve_bin_packing(sizes, C, max_bins=opt - 1, method="arcflow", decision=True, time_limit=10)
+    assert no.status == "infeasible"
+    yes = solve_bin_packing(sizes, C, max_bins=opt, method="arcflow", decision=True, time_limit=10)
+    assert yes.bins == opt and is_packing(sizes, C, yes.bin_N, opt)
