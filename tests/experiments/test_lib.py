@@ -97,6 +97,17 @@ def test_markdown_table_alignment_and_errors():
         report.table(["a", "b"], [], align="l")
 
 
+def test_table_filled_row_by_row():
+    """Table.add returns the row's line as the whole table will show it; lines is the table; a
+    format for a column that does not exist is an error."""
+    t = report.Table(["what", "rate"], formats={"rate": report.num(".2f", 1e-6, " M")})
+    assert t.add("max-sum", 2_840_000) == "| max-sum | 2.84 M |"
+    t.add("sum-max", None)
+    assert t.lines() == ["| what | rate |", "|---|---|", "| max-sum | 2.84 M |", "| sum-max | — |"]
+    with pytest.raises(ValueError, match="not a column"):
+        report.Table(["a"], formats={"b": ".2f"})
+
+
 def test_pct_and_cell():
     """pct is a signed percentage; a callable format is applied to non-string values only."""
     assert report.pct(0.0) == "+0.00%" and report.pct(-0.01234) == "-1.23%"
