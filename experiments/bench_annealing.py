@@ -37,7 +37,7 @@ from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
 
 
-MEGA = report.num(".2f", 1e-6, " M")  # a count or rate in millions: 2.84 M
+MEGA = report.num(".2f", per=1e6, suffix=" M")  # a count or rate in millions: 2.84 M
 
 
 def production_instance(seed: int = 0, num_samples: int = 1024, num_layers: int = 48):

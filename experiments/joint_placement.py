@@ -231,7 +231,7 @@ DEFAULT_PRESETS = PRESETS + ("qwen3-30b-a3b:num_experts=256",
 
 
 PP = report.num("+.2f", suffix="%")  # a change already in percent: +1.23%
-GB = report.num(".1f", 1e-9)  # bytes as GB
+GB = report.num(".1f", per=1e9)  # bytes as GB
 
 
 def render(res: dict) -> str:

@@ -27,10 +27,12 @@ def pct(x: float) -> str:
     return f"{100 * x:+.2f}%"
 
 
-def num(spec: str, scale: float = 1.0, suffix: str = "") -> Callable[[object], str]:
-    """A column format: the value times ``scale`` through ``spec``, then ``suffix``;
-    ``num(".2f", 1e-6, " M")`` writes 2840000 as ``2.84 M``."""
-    return lambda x: format(x * scale, spec) + suffix
+def num(spec: str, scale: float = 1, suffix: str = "", per: float = 1) -> Callable[[object], str]:
+    """A column format: the value times ``scale`` divided by ``per`` through ``spec``, then
+    ``suffix``; ``num(".2f", per=1e6, suffix=" M")`` writes 2840000 as ``2.84 M``,
+    ``num("+.1f", 100, " %")`` writes 0.125 as ``+12.5 %``. (Dividing by ``per`` rather than
+    multiplying by its inverse keeps the digits of a hand-written ``x / 1e6``.)"""
+    return lambda x: format(x * scale / per, spec) + suffix
 
 
 def cell(value, fmt: Format | None = None) -> str:

@@ -100,7 +100,7 @@ def test_markdown_table_alignment_and_errors():
 def test_table_filled_row_by_row():
     """Table.add returns the row's line as the whole table will show it; lines is the table; a
     format for a column that does not exist is an error."""
-    t = report.Table(["what", "rate"], formats={"rate": report.num(".2f", 1e-6, " M")})
+    t = report.Table(["what", "rate"], formats={"rate": report.num(".2f", per=1e6, suffix=" M")})
     assert t.add("max-sum", 2_840_000) == "| max-sum | 2.84 M |"
     t.add("sum-max", None)
     assert t.lines() == ["| what | rate |", "|---|---|", "| max-sum | 2.84 M |", "| sum-max | — |"]
