@@ -37,6 +37,9 @@ from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
 
 
+MEGA = report.num(".2f", per=1e6, suffix=" M")  # a count or rate in millions: 2.84 M
+
+
 def production_instance(seed: int = 0, num_samples: int = 1024, num_layers: int = 48):
     window = generate_window("qwen3-30b-a3b", num_samples, seed=seed, num_experts=256,
                              num_layers=num_layers, top_k=8, capacity=8192)
@@ -98,9 +101,10 @@ def main():
     cfg = A.AnnealConfig()
     lines += ["## Move evaluations per CPU second over the default ladder", "",
               "`anneal()` with the default config (seeded by NeMo-FFD and verl-KK), evaluations /",
-              "CPU seconds of the process during the ladder (all threads together, so per core).",
-              "", "| objective | threads | seed | evals | accept rate | CPU s | evals / CPU s (per core) |",
-              "|---|---|---|---|---|---|---|"]
+              "CPU seconds of the process during the ladder (all threads together, so per core).", ""]
+    ladder = report.Table(["objective", "threads", "seed", "evals", "accept rate", "CPU s", "evals / CPU s (per core)"],
+                          formats={"evals": MEGA, "accept rate": ".3f", "CPU s": ".3f",
+                                   "evals / CPU s (per core)": MEGA})
     summary = {}
     for objective in ("max-sum", "sum-max"):
         for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
@@ -116,21 +120,22 @@ def main():
                                list(seeds_s.values()), seed=s)
                 st = res.stats
                 rates.append(st["moves_per_cpu_second"])
-                lines.append(f"| {objective} | {threads} | {s} | {st['moves_evaluated'] / 1e6:.2f} M | "
-                             f"{st['moves_accepted'] / st['moves_evaluated']:.3f} | "
-                             f"{st['search_cpu_seconds']:.3f} | {rates[-1] / 1e6:.2f} M |")
-                print(lines[-1], flush=True)
+                print(ladder.add(objective, threads, s, st["moves_evaluated"],
+                                 st["moves_accepted"] / st["moves_evaluated"], st["search_cpu_seconds"], rates[-1]),
+                      flush=True)
             summary[objective, threads] = statistics.median(rates)
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    lines += ladder.lines()
     lines += ["", "Median per-core rate: " + ", ".join(
         f"{o} {t} thread{'s' if t > 1 else ''}: **{v / 1e6:.2f} M/s**" for (o, t), v in summary.items()), ""]
     lines += ["## Move evaluations per second at one fixed temperature", "",
               "A population of 4 replicas at T = 10⁻³ · E / R (hot: ~55 % of evaluated moves accepted,",
               "against ~20 % averaged over the default ladder). Rates per wall second and per CPU",
-              "second (the machine may be shared: per CPU second is the per-core figure).",
-              "",
-              "| objective | move mix | threads | evals / wall s | evals / CPU s (per core) | feasible share | accept rate |",
-              "|---|---|---|---|---|---|---|"]
+              "second (the machine may be shared: per CPU second is the per-core figure).", ""]
+    fixed = report.Table(["objective", "move mix", "threads", "evals / wall s", "evals / CPU s (per core)",
+                          "feasible share", "accept rate"],
+                         formats={"evals / wall s": MEGA, "evals / CPU s (per core)": MEGA, "feasible share": ".3f",
+                                  "accept rate": ".3f"})
     for objective in ("max-sum", "sum-max"):
         pb = A._Problem(window.lengths, b, topo, cost, R, objective, cfg.tie_eps)
         for label, c in (("default", cfg), ("relocate only", cfg.replace(p_swap=0.0, p_guide=0.0)),
@@ -138,14 +143,16 @@ def main():
             for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
                 rate, cpu_rate, acc, feas = move_rate(pb, seeds, objective, threads, 4 * threads,
                                                       args.moves, c)
-                lines.append(f"| {objective} | {label} | {threads} | {rate / 1e6:.2f} M | "
-                             f"{cpu_rate / 1e6:.2f} M | {feas:.3f} | {acc:.3f} |")
-                print(lines[-1], flush=True)
+                print(fixed.add(objective, label, threads, rate, cpu_rate, feas, acc), flush=True)
+    lines += fixed.lines()
     lines += ["", "## Default budget (AnnealConfig())", "",
               "`10× budget`: the same search with 10× the sweeps (`max_sweeps=2000`); `default vs 10×`:",
-              "how much worse the default makespan is (target ≤ 1 %).", "",
-              "| seed | objective | R | wall s | CPU s | sweeps × replicas | evals | best baseline | anneal | 10× budget | default vs 10× | LB | gap base → anneal |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "how much worse the default makespan is (target ≤ 1 %).", ""]
+    budget = report.Table(["seed", "objective", "R", "wall s", "CPU s", "sweeps × replicas", "evals", "best baseline",
+                           "anneal", "10× budget", "default vs 10×", "LB", "gap base → anneal"],
+                          formats={"wall s": ".2f", "CPU s": ".2f", "evals": MEGA, "best baseline": ".4g",
+                                   "anneal": ".4g", "10× budget": ".4g", "default vs 10×": report.num("+.2f", 100, " %"),
+                                   "LB": ".4g"})
     for s in range(args.seeds):
         if s:
             window, topo, cost, pl, b, R, seeds = production_instance(s)
@@ -163,11 +170,9 @@ def main():
             long = A.anneal(window.lengths, b, topo, cost, R, objective, list(seeds.values()), seed=s,
                             max_sweeps=10 * A.AnnealConfig().sweeps)
             got10 = ev.score(pl, long.row, long.slot, R, objective).makespan
-            lines.append(f"| {s} | {objective} | {R} | {wall:.2f} | {cpu:.2f} | {st['sweeps']:.0f}×{st['replicas']} | "
-                         f"{st['moves_evaluated'] / 1e6:.2f} M | "
-                         f"{base:.4g} | {got:.4g} | {got10:.4g} | {100 * (got / got10 - 1):+.2f} % | "
-                         f"{lb:.4g} | {base / lb:.4f} → {got / lb:.4f} |")
-            print(lines[-1], flush=True)
+            print(budget.add(s, objective, R, wall, cpu, f"{st['sweeps']:.0f}×{st['replicas']}", st["moves_evaluated"],
+                             base, got, got10, got / got10 - 1, lb, f"{base / lb:.4f} → {got / lb:.4f}"), flush=True)
+    lines += budget.lines()
     lines += ["", "Notes: `evals` counts feasible proposals whose ΔE was computed (infeasible ones — capacity,",
               "nonempty, same cell — are rejected before any cost work). Per-core rates are per CPU",
               "second, so they hold on a shared machine; wall times of the default budget are inflated",

@@ -30,6 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _lib import report, settings  # noqa: E402
 from routepack_opt.trace import generate_window  # noqa: E402
 from routepack_opt.core.window import save_window  # noqa: E402
 
@@ -66,8 +67,13 @@ def _load_seconds(path: Path) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="N=1,024 and 16,384 only, one limit")
-    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_limits" / "bench_limits.md"))
+    ap.add_argument("--out", default=str(settings.RESULTS / "bench_limits" / "bench_limits.md"))
+    ap.add_argument("--render", action="store_true", help="only rewrite the markdown from the .json next to it")
     args = ap.parse_args()
+    if args.render:
+        out = Path(args.out)
+        report.write_text(out, render(json.loads(out.with_suffix(".json").read_text())))
+        return
     sizes = [(1024, 32), (16384, 128)] + ([] if args.quick else [(65536, 256)])
     limits = [5.0] if args.quick else [5.0, 30.0]
     rows = []
@@ -107,28 +113,31 @@ def main() -> None:
     _write(Path(args.out), rows)
 
 
-def _fmt(x, spec):
-    return "—" if x is None else format(x, spec)
+def render(record: dict) -> str:
+    """The markdown of ``record`` (``bench_limits.json``: the machine's cores and one dict per run)."""
+    lines = ["# Time limits at every size", "",
+             f"`python experiments/bench_limits.py` on {record['cores']} cores (shared with other jobs "
+             "while measured). Wall = the whole process as a user runs it; load = reading and "
+             "validating the window; start-up = interpreter, imports and numba cache loading "
+             "(`plan` of a 16-sample window). Honoured: wall − load − start-up ≤ 1.1 × limit.", ""]
+    rows = []
+    for r in record["rows"]:
+        spent = r["wall"] - r["load"] - r["startup"]
+        rows.append((r["cmd"], r["N"], r["D"], r["limit"], r["wall"], r["load"], r["startup"], r["pipeline"],
+                     spent - r["limit"], "yes" if spent <= 1.1 * r["limit"] else "NO", r["gap"], r["temps"],
+                     r["greedy"], r["note"]))
+    lines += report.table(["command", "N", "D", "limit s", "wall s", "load s", "start-up s", "pipeline s",
+                           "over limit s", "honoured", "gap", "temps", "greedy", "note"], rows,
+                          formats={"limit s": "g", "wall s": ".1f", "load s": ".1f", "start-up s": ".1f",
+                                   "pipeline s": ".1f", "over limit s": "+.1f", "gap": ".4f", "temps": "d"})
+    return "\n".join(lines) + "\n"
 
 
 def _write(out: Path, rows: list[dict]) -> None:
-    lines = ["# Time limits at every size", "",
-             f"`python experiments/bench_limits.py` on {os.cpu_count()} cores (shared with other jobs "
-             "while measured). Wall = the whole process as a user runs it; load = reading and "
-             "validating the window; start-up = interpreter, imports and numba cache loading "
-             "(`plan` of a 16-sample window). Honoured: wall − load − start-up ≤ 1.1 × limit.", "",
-             "| command | N | D | limit s | wall s | load s | start-up s | pipeline s | over limit s | honoured | gap | temps | greedy | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        over = r["wall"] - r["load"] - r["startup"] - r["limit"]
-        ok = r["wall"] - r["load"] - r["startup"] <= 1.1 * r["limit"]
-        lines.append(f"| {r['cmd']} | {r['N']} | {r['D']} | {r['limit']:g} | {r['wall']:.1f} | {r['load']:.1f} | "
-                     f"{r['startup']:.1f} | {_fmt(r['pipeline'], '.1f')} | {over:+.1f} | {'yes' if ok else 'NO'} | "
-                     f"{_fmt(r['gap'], '.4f')} | {_fmt(r['temps'], 'd')} | {r['greedy'] if r['greedy'] is not None else '—'} | {r['note']} |")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, out)
+    """``out`` (markdown) and the record it is made from, ``out`` with ``.json``, atomically."""
+    record = {"cores": os.cpu_count(), "rows": rows}
+    report.write_json(out.with_suffix(".json"), record)
+    report.write_text(out, render(record))
     print(f"wrote {out}")
 
 

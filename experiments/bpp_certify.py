@@ -8,6 +8,7 @@ there) and the per-set summary table is rewritten after every set.
 
     python experiments/bpp_certify.py                         # all sets, 10 s per instance
     python experiments/bpp_certify.py --sets hard28 --limit 5 --out /tmp/x.md
+    python experiments/bpp_certify.py --render --time-limit 10 --workers 1  # markdown from the .jsonl
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def run_instance(rec: dict, time_limit: float, workers: int) -> dict:
 
 
 def summarize(rows_by_set: dict[str, list[dict]], time_limit: float, workers: int) -> str:
+    """The markdown of the per-instance records (the JSON lines), grouped by set in run order."""
     lines = [
         "# R* certifier on 1D bin-packing benchmarks",
         "",
@@ -64,9 +66,9 @@ def summarize(rows_by_set: dict[str, list[dict]], time_limit: float, workers: in
         "lower bound met by FFD/BFD, MBS' or the overflow tabu search; `arcflow` = arc-flow MILP (Pyomo + HiGHS); `cpsat` = "
         "CP-SAT. Seconds are wall time per instance on a shared 2-core machine.",
         "",
-        "| set | instances | proved optimal | equal to known | proved & equal | by method | mean s | max s |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    summary = report.Table(["set", "instances", "proved optimal", "equal to known", "proved & equal", "by method",
+                            "mean s", "max s"], formats={"mean s": ".2f", "max s": ".2f"})
     tot = Counter()
     for name, rows in rows_by_set.items():
         if not rows:
@@ -78,32 +80,36 @@ def summarize(rows_by_set: dict[str, list[dict]], time_limit: float, workers: in
         meth = Counter(r["method"] for r in rows if r["proved"])
         secs = np.array([r["seconds"] for r in rows])
         by = ", ".join(f"{k} {v}" for k, v in sorted(meth.items()))
-        lines.append(f"| {name} | {n} | {proved} | {equal} | {both} ({100 * both / n:.1f}%) | {by} | "
-                     f"{secs.mean():.2f} | {secs.max():.2f} |")
+        summary.add(name, n, proved, equal, f"{both} ({100 * both / n:.1f}%)", by, secs.mean(), secs.max())
         tot.update(n=n, proved=proved, equal=equal, both=both)
         if name in TARGET:
             tot.update(tn=n, tboth=both)
     if tot["n"]:
-        lines.append(f"| **total** | {tot['n']} | {tot['proved']} | {tot['equal']} | {tot['both']} "
-                     f"({100 * tot['both'] / tot['n']:.1f}%) | | | |")
+        summary.add("**total**", tot["n"], tot["proved"], tot["equal"],
+                    f"{tot['both']} ({100 * tot['both'] / tot['n']:.1f}%)", "", "", "")
+    lines += summary.lines()
     if tot["tn"]:
         lines += ["", f"Falkenauer + Scholl + Schwerin + Wäscher: {tot['tboth']} / {tot['tn']} proved "
                   f"equal to the known optimum ({100 * tot['tboth'] / tot['tn']:.1f}%)."]
     misses = [r for rows in rows_by_set.values() for r in rows if not (r["proved"] and r["equal"])]
     if misses:
         lines += ["", "Not proved within the limit (rows = best known, lower bound = proved):", "",
-                  "| instance | n | C | optimum | rows | lower bound | status | seconds | note |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for r in misses:
-            lines.append(f"| {r['name']} | {r['n']} | {r['capacity']} | {r['optimum']} | {r['rows']} | "
-                         f"{r['lower_bound']} | {r['status']} | {r['seconds']:.1f} | {r['detail']} |")
+                  *report.table(["instance", "n", "C", "optimum", "rows", "lower bound", "status", "seconds", "note"],
+                                [(r["name"], r["n"], r["capacity"], r["optimum"], r["rows"],
+                                  r["lower_bound"], r["status"], r["seconds"], r["detail"]) for r in misses],
+                                formats={"seconds": ".1f"})]
     hard = rows_by_set.get("hard28") or []
     if hard:
-        lines += ["", "Hard28 per instance:", "", "| instance | optimum | rows | status | method | seconds |",
-                  "|---|---|---|---|---|---|"]
-        for r in hard:
-            lines.append(f"| {r['name']} | {r['optimum']} | {r['rows']} | {r['status']} | {r['method']} | {r['seconds']:.2f} |")
+        lines += ["", "Hard28 per instance:", "",
+                  *report.table(["instance", "optimum", "rows", "status", "method", "seconds"],
+                                [(r["name"], r["optimum"], r["rows"], r["status"], r["method"], r["seconds"])
+                                 for r in hard], formats={"seconds": ".2f"})]
     return "\n".join(lines) + "\n"
+
+
+def by_set(records: list[dict], sets=SETS) -> dict[str, list[dict]]:
+    """The JSON-lines records grouped by their set, in ``sets`` order (how ``main`` runs them)."""
+    return {name: [r for r in records if r.get("set") == name] for name in sets}
 
 
 def main(argv=None) -> int:
@@ -115,7 +121,15 @@ def main(argv=None) -> int:
     here = settings.RESULTS / "bpp_certify"
     ap.add_argument("--out", type=Path, default=here / "bpp_certify.md")
     ap.add_argument("--jsonl", type=Path, default=None, help="per-instance results (default: OUT with .jsonl)")
+    ap.add_argument("--render", action="store_true",
+                    help="only rewrite the markdown from the JSON lines already there (no data needed)")
     args = ap.parse_args(argv)
+    if args.render:
+        jsonl = args.jsonl or args.out.with_suffix(".jsonl")
+        records = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()]
+        report.write_text(args.out, summarize(by_set(records, args.sets), args.time_limit, args.workers))
+        print(f"wrote {args.out}")
+        return 0
     if not DATA.is_dir():
         ap.error(f"BPP benchmark set not found at {DATA}: set ROUTEPACK_BPP_DIR to its directory")
     jsonl = args.jsonl or args.out.with_suffix(".jsonl")

@@ -44,26 +44,25 @@ def main():
              f"(load average at start {load:.1f}; 2 shared cores)", "",
              f"window: N={window.num_samples} L={window.num_layers} E={window.num_experts}; "
              f"D={topo.dp} P={topo.ep} C={topo.capacity}; R={R}; N/D={window.num_samples // topo.dp}", "",
-             "## Move evaluations per CPU second (1 thread, 4 replicas, T = 1e-3·E/R)", "",
-             "| option | objective | mix | evals / CPU s (repeats) | feasible share | accept |",
-             "|---|---|---|---|---|---|"]
+             "## Move evaluations per CPU second (1 thread, 4 replicas, T = 1e-3·E/R)", ""]
+    rates = report.Table(["option", "objective", "mix", "evals / CPU s (repeats)", "feasible share", "accept"],
+                         formats={"feasible share": ".3f", "accept": ".3f"})
     for label, t, sd in (("off", topo, seeds), ("on", eq, eq_seeds)):
         for objective in ("max-sum", "sum-max"):
             pb = A._Problem(window.lengths, b, t, cost, R, objective, cfg.tie_eps)
             for mix, c in (("default", cfg), ("relocate only", cfg.replace(p_swap=0.0, p_guide=0.0)),
                            ("swap only", cfg.replace(p_swap=1.0, p_guide=0.0))):
                 out = [move_rate(pb, sd, objective, 1, 4, args.moves, c) for _ in range(args.repeats)]
-                lines.append(f"| {label} | {objective} | {mix} | "
-                             + " ".join(f"{r[1] / 1e6:.2f} M" for r in out)
-                             + f" | {out[0][3]:.3f} | {out[0][2]:.3f} |")
-                print(lines[-1], flush=True)
+                print(rates.add(label, objective, mix, " ".join(f"{r[1] / 1e6:.2f} M" for r in out),
+                                out[0][3], out[0][2]), flush=True)
+    lines += rates.lines()
     c0, c1 = certify_rows(window, topo), certify_rows(window, eq)
     lines += ["", "## R*", "",
               f"- off: R*={c0.rows} ({c0.status}, {c0.method})",
               f"- on: R*={c1.rows} ({c1.status}, {c1.method}: {c1.detail})", "",
-              "## Default budget (AnnealConfig(), seed 0): makespan / lower bound", "",
-              "| objective | off: best seed → anneal | on: verl-kk (equal counts) → anneal | on vs off |",
-              "|---|---|---|---|"]
+              "## Default budget (AnnealConfig(), seed 0): makespan / lower bound", ""]
+    budget = report.Table(["objective", "off: best seed → anneal", "on: verl-kk (equal counts) → anneal", "on vs off"],
+                          formats={"on vs off": report.num("+.2f", 100, " %")})
     ev = Evaluator(window, topo, cost)
     lb = ev.lower_bound(pl, R)
     for objective in ("max-sum", "sum-max"):
@@ -73,9 +72,9 @@ def main():
         e = A.anneal(window.lengths, b, eq, cost, R, objective, list(eq_seeds.values()), seed=0)
         mf = ev.score(pl, f.row, f.slot, R, objective).makespan
         me = ev.score(pl, e.row, e.slot, R, objective).makespan
-        lines.append(f"| {objective} | {base / lb:.4f} → {mf / lb:.4f} | {base_eq / lb:.4f} → {me / lb:.4f} | "
-                     f"{100 * (me / mf - 1):+.2f} % |")
-        print(lines[-1], flush=True)
+        print(budget.add(objective, f"{base / lb:.4f} → {mf / lb:.4f}", f"{base_eq / lb:.4f} → {me / lb:.4f}",
+                         me / mf - 1), flush=True)
+    lines += budget.lines()
     lines += ["", "Per-CPU-second rates count feasible proposals only; with the option a relocation",
               "must stay in its slot, and on these tight cells (R = the fewest rows) few such",
               "relocations fit (the feasible share), so relocate-only evaluates fewer moves per second;",

@@ -153,13 +153,12 @@ def addendum_md(adds: list[dict], recs: dict) -> str:
              "`python experiments/exact_study.py --addendum`: the N ≤ 24 windows the main run left open, "
              "again with CP-SAT, 60 s, but `num_workers=1` (CP-SAT then follows the decision strategy "
              "strictly) instead of a 2-worker portfolio.", "",
-             "| id | N | obj | main run: CP-SAT gap | 1 worker: status (s) | gap | optimum proved now | annealer gap |",
-             "|---|---|---|---|---|---|---|---|"]
-    for a in adds:
-        r = recs[a["id"]]
-        lines.append(f"| {a['id']} | {r['N']} | {r['objective']} | {_pct(r['cpsat']['gap'])} | "
-                     f"{a['status']} ({a['seconds']:.1f}) | {_pct(a['gap'])} | {'yes' if a['proved_now'] else 'no'} | "
-                     f"{_pct(a['anneal_gap'])} |")
+             *report.table(["id", "N", "obj", "main run: CP-SAT gap", "1 worker: status (s)", "gap",
+                            "optimum proved now", "annealer gap"],
+                           [(a["id"], recs[a["id"]]["N"], recs[a["id"]]["objective"], recs[a["id"]]["cpsat"]["gap"],
+                             f"{a['status']} ({a['seconds']:.1f})", a["gap"], "yes" if a["proved_now"] else "no",
+                             a["anneal_gap"]) for a in adds],
+                           formats={3: _pct, 5: _pct, 7: _pct})]
     n = sum(a["proved_now"] for a in adds)
     lines += ["", f"Proved now: {n}/{len(adds)}; with the main run, N ≤ 24 optimum proved within 60 s "
               f"on {sum(r['proved'] for r in recs.values() if r['N'] <= 24) + n}/"
@@ -189,18 +188,19 @@ def crosscheck_md(recs: list[dict]) -> str:
             diffs.append(abs(r["best"] - best) / best)
         elif r["proved"]:
             c = r["cpsat"]
-            rows.append(f"| {r['id']} | {r['N']} | {r['D']}×{r['P']} ({r['G']}) | {r['R']} | {r['objective']} | "
-                        f"{best:,.1f} | {bound:,.1f} | {_pct((best - bound) / best)} | {c['status']} | "
-                        f"{c['seconds']:.1f} | {c.get('method', 'cpsat')} | {r['best']:,.1f} | "
-                        f"{'yes' if r['best'] >= bound * (1 - 1e-9) else 'NO'} |")
+            rows.append((r["id"], r["N"], f"{r['D']}×{r['P']} ({r['G']})", r["R"], r["objective"], best, bound,
+                         (best - bound) / best, c["status"], c["seconds"], c.get("method", "cpsat"), r["best"],
+                         "yes" if r["best"] >= bound * (1 - 1e-9) else "NO"))
     if diffs:
         lines.append(f"On the {both} windows both runs proved, the optima agree to {max(diffs):.1e} "
                      "(largest relative difference).")
     if rows:
         lines += ["", "Windows the main run (60 s, 2-worker CP-SAT and HiGHS) and its 1-worker addendum left "
                   "open, now proved; the new optimum is never below the bound the main run had proved:", "",
-                  "| id | N | D×P (G) | R | obj | main run: best | main run: bound | main run: gap | now | s | method | optimum | ≥ old bound |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"] + rows
+                  *report.table(["id", "N", "D×P (G)", "R", "obj", "main run: best", "main run: bound",
+                                 "main run: gap", "now", "s", "method", "optimum", "≥ old bound"], rows,
+                                formats={"main run: best": ",.1f", "main run: bound": ",.1f", "main run: gap": _pct,
+                                         "s": ".1f", "optimum": ",.1f"})]
     return "\n".join(lines) + "\n"
 
 
@@ -237,39 +237,36 @@ def summarise(recs: list[dict], total: int, elapsed: float | None = None, shippe
                  "Machine: the shared 2-core development box (other jobs running), CP-SAT with 2 workers.", ""]
     if not recs:
         return "\n".join(lines) + "\n"
-    lines += ["## Proved optimality by window size", "",
-              "| N | windows | CP-SAT proved | CP-SAT median s (proved) | CP-SAT max s (proved) | HiGHS proved | HiGHS median s (proved) | optimum proved (either) |",
-              "|---|---|---|---|---|---|---|---|"]
+    by_size = []
     for N in sorted({r["N"] for r in recs}):
         rs = [r for r in recs if r["N"] == N]
-        row = [str(N), str(len(rs))]
+        row = [N, len(rs)]
         for solver in ("cpsat", "highs"):
             run = [r[solver] for r in rs if solver in r]
-            ok = [x for x in run if x["status"] == "optimal"]
-            if not run:
-                row += ["—", "—"] + (["—"] if solver == "cpsat" else [])
-                continue
-            row.append(f"{len(ok)}/{len(run)}")
-            row.append(f"{np.median([x['seconds'] for x in ok]):.1f}" if ok else "—")
+            ok = [x["seconds"] for x in run if x["status"] == "optimal"]
+            row += [f"{len(ok)}/{len(run)}" if run else None, float(np.median(ok)) if ok else None]
             if solver == "cpsat":
-                row.append(f"{max(x['seconds'] for x in ok):.1f}" if ok else "—")
-        row.append(f"{sum(r['proved'] for r in rs)}/{len(rs)}")
-        lines.append("| " + " | ".join(row) + " |")
+                row.append(max(ok) if ok else None)
+        by_size.append((*row, f"{sum(r['proved'] for r in rs)}/{len(rs)}"))
+    lines += ["## Proved optimality by window size", "",
+              *report.table(["N", "windows", "CP-SAT proved", "CP-SAT median s (proved)", "CP-SAT max s (proved)",
+                             "HiGHS proved", "HiGHS median s (proved)", "optimum proved (either)"],
+                            by_size, formats={3: ".1f", 4: ".1f", 6: ".1f"})]
     proved = [r for r in recs if r["proved"]]
     small = [r for r in recs if r["N"] <= 24]
     small_ok = [r for r in small if r.get("cpsat", {}).get("status") == "optimal" and r["cpsat"]["seconds"] <= 60]
     lines += ["", f"Target *optimality proved for N ≤ 24 within 60 s*: CP-SAT {len(small_ok)}/{len(small)} windows.", ""]
     lines += ["## Annealer vs the proved optimum", "",
-              f"On the {len(proved)} windows with a proved optimum: gap = (annealer − optimum) / optimum.", "",
-              "| heuristic | median | 90th pct | max | within 0.1 % | within 1 % | exactly optimal (≤1e-6) |",
-              "|---|---|---|---|---|---|---|"]
+              f"On the {len(proved)} windows with a proved optimum: gap = (annealer − optimum) / optimum.", ""]
+    gaps = []
     for name, label in (("anneal", "annealer, default (200 sweeps)"), ("anneal5x", "annealer, 1000 sweeps"),
                         ("baseline", "best length-only baseline")):
         g = np.array([r[f"{name}_gap"] for r in proved])
-        if g.size == 0:
-            continue
-        lines.append(f"| {label} | {_pct(np.median(g))} | {_pct(np.quantile(g, 0.9))} | {_pct(g.max())} | "
-                     f"{(g <= 1e-3).sum()}/{g.size} | {(g <= 1e-2).sum()}/{g.size} | {(g <= 1e-6).sum()}/{g.size} |")
+        if g.size:
+            gaps.append((label, np.median(g), np.quantile(g, 0.9), g.max(), f"{(g <= 1e-3).sum()}/{g.size}",
+                         f"{(g <= 1e-2).sum()}/{g.size}", f"{(g <= 1e-6).sum()}/{g.size}"))
+    lines += report.table(["heuristic", "median", "90th pct", "max", "within 0.1 %", "within 1 %",
+                           "exactly optimal (≤1e-6)"], gaps, formats={1: _pct, 2: _pct, 3: _pct})
     g = np.array([r["anneal_gap"] for r in proved])
     if g.size:
         lines += ["", f"Target *annealer within 1 % of the optimum on ≥ 90 % of the windows*: "
@@ -282,21 +279,23 @@ def summarise(recs: list[dict], total: int, elapsed: float | None = None, shippe
                   "(an upper estimate of its true gap)."]
     improved = [r for r in recs if r["best"] < min(r["anneal"], r["anneal5x"]) * (1 - 1e-9)]
     lines += ["", f"The exact models improved on the annealer's layout in {len(improved)}/{len(recs)} windows.", "",
-              "## Windows", "",
-              "| id | preset | N | D×P (G) | R | obj | LB | annealer | 1000 sw | CP-SAT (s) | HiGHS (s) | optimum / bound | annealer gap |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in recs:
-        def cell(s):
-            if s not in r:
-                return "—"
-            x = r[s]
-            if shipped and s == "cpsat":
-                return f"{x['status']} ({x['seconds']:.1f}, {x.get('method', 'cpsat')})"
-            return f"{x['status']} ({x['seconds']:.1f})"
-        ref = f"{r['best']:,.0f}" if r["proved"] else f"≥ {r['best_bound']:,.0f}"
-        lines.append(f"| {r['id']} | {r['preset']} | {r['N']} | {r['D']}×{r['P']} ({r['G']}) | {r['R']} | "
-                     f"{r['objective']} | {r['lower_bound']:,.0f} | {r['anneal']:,.0f} | {r['anneal5x']:,.0f} | "
-                     f"{cell('cpsat')} | {cell('highs')} | {ref} | {_pct(r['anneal_gap'])} |")
+              "## Windows", ""]
+
+    def run_cell(r, s):
+        if s not in r:
+            return None
+        x = r[s]
+        if shipped and s == "cpsat":
+            return f"{x['status']} ({x['seconds']:.1f}, {x.get('method', 'cpsat')})"
+        return f"{x['status']} ({x['seconds']:.1f})"
+
+    lines += report.table(
+        ["id", "preset", "N", "D×P (G)", "R", "obj", "LB", "annealer", "1000 sw", "CP-SAT (s)", "HiGHS (s)",
+         "optimum / bound", "annealer gap"],
+        [(r["id"], r["preset"], r["N"], f"{r['D']}×{r['P']} ({r['G']})", r["R"], r["objective"], r["lower_bound"],
+          r["anneal"], r["anneal5x"], run_cell(r, "cpsat"), run_cell(r, "highs"),
+          f"{r['best']:,.0f}" if r["proved"] else f"≥ {r['best_bound']:,.0f}", r["anneal_gap"]) for r in recs],
+        formats={"LB": ",.0f", "annealer": ",.0f", "1000 sw": ",.0f", "annealer gap": _pct})
     return "\n".join(lines) + "\n"
 
 

@@ -24,9 +24,7 @@ token-level routes in memory).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,6 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _lib import report, settings  # noqa: E402
 from routepack_opt.core.cost import get_preset  # noqa: E402
 from routepack_opt.core.evaluate import Evaluator  # noqa: E402
 from routepack_opt.integrations.replay import import_replay  # noqa: E402
@@ -235,9 +234,7 @@ def load_slime(src: str | None):
 
 def table(rows, group_keys):
     """Mean over seeds (and ranks) per method, with the ratio to the framework's own function."""
-    out = ["| framework | method | rows | cap violations | empty cells | makespan max-sum (ms) | "
-           "vs framework | makespan sum-max (ms) | vs framework | gap to LB (max-sum) | time (s) |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = []
     fws = []
     for r in rows:
         if r["framework"] not in fws:
@@ -257,19 +254,14 @@ def table(rows, group_keys):
             if not base:
                 base = {k: np.array([r[k] for r in sel]) for k in ("max-sum", "sum-max")}
             rel = {k: float(np.mean(np.array([r[k] for r in sel]) / base[k])) for k in ("max-sum", "sum-max")}
-            out.append(f"| {fw} | {m} | {agg['rows']:.2f} | {agg['violations']:.2f} | {agg['empty']:.0f} | "
-                       f"{agg['max-sum'] / 1e3:.2f} | {rel['max-sum']:.3f} | {agg['sum-max'] / 1e3:.2f} | "
-                       f"{rel['sum-max']:.3f} | {agg['gap']:.3f} | {agg['seconds']:.2f} |")
-    return "\n".join(out)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+            out.append((fw, m, agg["rows"], agg["violations"], agg["empty"], agg["max-sum"], rel["max-sum"],
+                        agg["sum-max"], rel["sum-max"], agg["gap"], agg["seconds"]))
+    ms = report.num(".2f", per=1e3)  # µs → ms
+    return "\n".join(report.table(
+        ["framework", "method", "rows", "cap violations", "empty cells", "makespan max-sum (ms)", "vs framework",
+         "makespan sum-max (ms)", "vs framework", "gap to LB (max-sum)", "time (s)"], out,
+        formats={2: ".2f", 3: ".2f", 4: ".0f", 5: ms, 6: ".3f", 7: ms, 8: ".3f", 9: ".3f", 10: ".2f"},
+        align="llrrrrrrrrr"))
 
 
 def main(argv=None):
@@ -282,7 +274,7 @@ def main(argv=None):
     ap.add_argument("--verl-ranks", type=int, default=2)
     ap.add_argument("--verl-layers", type=int, default=4)
     ap.add_argument("--sweeps", type=int, default=50, help="annealing sweeps per replica (deterministic)")
-    ap.add_argument("-o", "--output", default=str(ROOT / "experiments/results/integrations_bench/integrations.md"))
+    ap.add_argument("-o", "--output", default=str(settings.RESULTS / "integrations_bench" / "integrations.md"))
     args = ap.parse_args(argv)
     seeds = list(range(args.seeds))
     t0 = time.perf_counter()
@@ -336,7 +328,7 @@ Raw records (one per seed/rank/method):
 ```
 """
     out = Path(args.output)
-    write_atomic(out, text)
+    report.write_text(out, text)
     print(text)
 
 

@@ -230,7 +230,12 @@ DEFAULT_PRESETS = PRESETS + ("qwen3-30b-a3b:num_experts=256",
                              "qwen3-30b-a3b:domain_strength=1.2+group_noise=0.6")
 
 
+PP = report.num("+.2f", suffix="%")  # a change already in percent: +1.23%
+GB = report.num(".1f", per=1e9)  # bytes as GB
+
+
 def render(res: dict) -> str:
+    """The markdown of ``res`` (the record written to joint_placement.json)."""
     L = ["# Joint (row-aware) expert placement vs routepack", ""]
     for part, meta in sorted(res.get("meta", {}).items()):
         L.append(f"- part {part}: `{meta['command']}` — {meta['seconds']:.0f} s on the shared 2-core "
@@ -264,45 +269,48 @@ def render(res: dict) -> str:
               "on a drifting sequence. The sticky joint search (makespan + migration) moves almost nothing "
               "and beats both LPT-every-step and a frozen placement.", ""]
         L += ["## 1. One window, both objectives", "",
-              "| preset | obj | R | routepack µs | joint µs | Δ makespan | Δ expert part | expert share | "
-              "LB routepack | Δ LB | gap rp → joint | experts moved | GB moved | migration µs | "
-              "t routepack s | t joint s | rounds | refine@kk Δ |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in res["1"]:
-            L.append(f"| {r['preset']} | {r['objective']} | {r['R']} | {r['rp']:.4g} | {r['joint']:.4g} | "
-                     f"{r['d_mk']:+.2f}% | {r['d_expert']:+.2f}% | {100 * r['expert_share']:.0f}% | "
-                     f"{r['lb_rp']:.4g} | {r['d_lb']:+.2f}% | {r['gap_rp']:.3f} → {r['gap_j']:.3f} | "
-                     f"{r['moved']} ({100 * r['moved_frac']:.0f}%) | {r['bytes_total'] / 1e9:.1f} | "
-                     f"{r['mig_us']:.3g} | {r['t_rp']:.1f} | {r['t_joint']:.1f} | {r['rounds']} | "
-                     f"{r['kk_refine']:+.2f}% |")
+              *report.table(
+                  ["preset", "obj", "R", "routepack µs", "joint µs", "Δ makespan", "Δ expert part", "expert share",
+                   "LB routepack", "Δ LB", "gap rp → joint", "experts moved", "GB moved", "migration µs",
+                   "t routepack s", "t joint s", "rounds", "refine@kk Δ"],
+                  [(r["preset"], r["objective"], r["R"], r["rp"], r["joint"], r["d_mk"], r["d_expert"],
+                    r["expert_share"], r["lb_rp"], r["d_lb"], f"{r['gap_rp']:.3f} → {r['gap_j']:.3f}",
+                    f"{r['moved']} ({100 * r['moved_frac']:.0f}%)", r["bytes_total"], r["mig_us"], r["t_rp"],
+                    r["t_joint"], r["rounds"], r["kk_refine"]) for r in res["1"]],
+                  formats={"routepack µs": ".4g", "joint µs": ".4g", "Δ makespan": PP, "Δ expert part": PP,
+                           "expert share": report.num(".0f", 100, "%"), "LB routepack": ".4g", "Δ LB": PP,
+                           "GB moved": GB, "migration µs": ".3g", "t routepack s": ".1f", "t joint s": ".1f",
+                           "refine@kk Δ": PP})]
         L += ["", "## 2. Plan on window t, execute with perturbed routing (same samples, routing_step = t + s)", "",
-              "| preset | obj | s | routepack µs | joint µs | Δ makespan executed | Δ planned |",
-              "|---|---|---|---|---|---|---|"]
-        for r in res["2"]:
-            L.append(f"| {r['preset']} | {r['objective']} | {r['stale']} | {r['rp']:.4g} | {r['joint']:.4g} | "
-                     f"{r['d_mk']:+.2f}% | {r['d_plan']:+.2f}% |")
+              *report.table(["preset", "obj", "s", "routepack µs", "joint µs", "Δ makespan executed", "Δ planned"],
+                            [(r["preset"], r["objective"], r["stale"], r["rp"], r["joint"], r["d_mk"], r["d_plan"])
+                             for r in res["2"]],
+                            formats={"routepack µs": ".4g", "joint µs": ".4g", "Δ makespan executed": PP,
+                                     "Δ planned": PP})]
     if "3" in res:
-        L += ["", "## 3. Drifting sequence (totals over steps 1..S-1; the placement in force is the "
-              "strategy's previous one)", "",
-              "| preset | obj | strategy | Σ makespan µs | Σ migration µs | Σ (makespan + migration) µs | "
-              "vs routepack | experts moved | GB moved | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+        rows = []
         for item in res["3"]:
             acc = item["acc"]
             base = acc["routepack"]["mk"] + acc["routepack"]["mig"]
             for s_, a in acc.items():
                 tot = a["mk"] + a["mig"]
-                L.append(f"| {item['preset']} | {item['objective']} | {s_} | {a['mk']:.4g} | {a['mig']:.3g} | "
-                         f"{tot:.4g} | {pct(tot, base):+.2f}% | {a['moved']} | {a['bytes'] / 1e9:.1f} | "
-                         f"{a['wall']:.1f} |")
+                rows.append((item["preset"], item["objective"], s_, a["mk"], a["mig"], tot, pct(tot, base),
+                             a["moved"], a["bytes"], a["wall"]))
+        L += ["", "## 3. Drifting sequence (totals over steps 1..S-1; the placement in force is the "
+              "strategy's previous one)", "",
+              *report.table(["preset", "obj", "strategy", "Σ makespan µs", "Σ migration µs",
+                             "Σ (makespan + migration) µs", "vs routepack", "experts moved", "GB moved", "wall s"],
+                            rows, formats={"Σ makespan µs": ".4g", "Σ migration µs": ".3g",
+                                           "Σ (makespan + migration) µs": ".4g", "vs routepack": PP,
+                                           "GB moved": GB, "wall s": ".1f"})]
     if "4" in res:
         L += ["", "## 4. Per-layer gap of the converged refinement (exact per-layer CP-SAT, other layers fixed)", "",
               "gap = local-search layer makespan / proved bound − 1 (bound net of the integer-scaling error).", "",
-              "| case | obj | R | refinement converged | layer | local search µs | exact µs | status | gap |",
-              "|---|---|---|---|---|---|---|---|---|"]
-        for c in res["4"]:
-            for g in c["layers"]:
-                L.append(f"| {c['case']} | {c['objective']} | {c['R']} | {c['converged']} | {g['layer']} | "
-                         f"{g['local_search']:.6g} | {g['exact']:.6g} | {g['status']} | {g['gap']:.2e} |")
+              *report.table(["case", "obj", "R", "refinement converged", "layer", "local search µs", "exact µs",
+                             "status", "gap"],
+                            [(c["case"], c["objective"], c["R"], str(c["converged"]), g["layer"], g["local_search"],
+                              g["exact"], g["status"], g["gap"]) for c in res["4"] for g in c["layers"]],
+                            formats={"local search µs": ".6g", "exact µs": ".6g", "gap": ".2e"})]
     return "\n".join(L) + "\n"
 
 

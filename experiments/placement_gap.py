@@ -40,10 +40,7 @@ OUT = settings.RESULTS / "placement_gap" / "placement_gap.md"
 
 
 def placement_study(samples: int, seeds: int, time_limit: float) -> list[str]:
-    lines = ["| preset | L × E, P | seeds | LPT ms | LPT gap mean | LPT gap max | +swap ms "
-             "| +swap gap mean | +swap gap max | exact gap max | layers proved | exact s/layer "
-             "| CV identity | CV LPT | CV exact | peak identity | peak LPT | peak exact |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = []
     for name in PRESETS:
         cfg = get_preset(name).config
         P = cfg.ep
@@ -73,14 +70,18 @@ def placement_study(samples: int, seeds: int, time_limit: float) -> list[str]:
                 acc["pk_" + tag].append(rank_peak_ratio(load, pl, P))
             print(f"{name} seed {seed}: {rep.summary()}", flush=True)
         m = statistics.mean
-        lines.append(
-            f"| {name} | {cfg.moe_layers} × {cfg.experts}, {P} | {seeds} | {m(acc['lpt_ms']):.2f} "
-            f"| {m(acc['lgap']):.5f} | {max(acc['lgap']):.5f} | {m(acc['swap_ms']):.1f} "
-            f"| {m(acc['sgap']):.6f} | {max(acc['sgap']):.6f} | {max(acc['egap']):.6f} "
-            f"| {sum(acc['proved'])}/{len(acc['proved'])} | {m(acc['sec']):.2f} "
-            f"| {m(acc['cv_i']):.4f} | {m(acc['cv_l']):.5f} | {m(acc['cv_e']):.5f} "
-            f"| {m(acc['pk_i']):.4f} | {m(acc['pk_l']):.5f} | {m(acc['pk_e']):.5f} |")
-    return lines
+        rows.append((name, f"{cfg.moe_layers} × {cfg.experts}, {P}", seeds, m(acc["lpt_ms"]), m(acc["lgap"]),
+                     max(acc["lgap"]), m(acc["swap_ms"]), m(acc["sgap"]), max(acc["sgap"]), max(acc["egap"]),
+                     f"{sum(acc['proved'])}/{len(acc['proved'])}", m(acc["sec"]), m(acc["cv_i"]), m(acc["cv_l"]),
+                     m(acc["cv_e"]), m(acc["pk_i"]), m(acc["pk_l"]), m(acc["pk_e"])))
+    return report.table(
+        ["preset", "L × E, P", "seeds", "LPT ms", "LPT gap mean", "LPT gap max", "+swap ms", "+swap gap mean",
+         "+swap gap max", "exact gap max", "layers proved", "exact s/layer", "CV identity", "CV LPT", "CV exact",
+         "peak identity", "peak LPT", "peak exact"], rows,
+        formats={"LPT ms": ".2f", "LPT gap mean": ".5f", "LPT gap max": ".5f", "+swap ms": ".1f",
+                 "+swap gap mean": ".6f", "+swap gap max": ".6f", "exact gap max": ".6f", "exact s/layer": ".2f",
+                 "CV identity": ".4f", "CV LPT": ".5f", "CV exact": ".5f", "peak identity": ".4f",
+                 "peak LPT": ".5f", "peak exact": ".5f"})
 
 
 def _rows_for(lengths, topo: Topology) -> tuple[int, str]:
@@ -107,9 +108,8 @@ def baseline_timing(reps: int = 20) -> list[str]:
     fns = dict(BASELINES)
     fns["nemo-ffd (round-robin)"] = lambda l, t, r, info=None: nemo_ffd_layout(l, t, r, deal="round-robin", info=info)
     lines = [f"N = {lengths.size}, D = 64, C = {topo.capacity}, Σlen = {int(lengths.sum())}, {how}; "
-             f"fill = Σlen / (R·D·C) = {lengths.sum() / (R * 64 * topo.capacity):.3f}.", "",
-             "| baseline | best ms | median ms | cell tokens max/mean | slot tokens max/mean | fallback |",
-             "|---|---|---|---|---|---|"]
+             f"fill = Σlen / (R·D·C) = {lengths.sum() / (R * 64 * topo.capacity):.3f}.", ""]
+    rows = []
     for name, fn in fns.items():
         fn(lengths, topo, R)  # warm up (numba cache)
         times = []
@@ -122,10 +122,12 @@ def baseline_timing(reps: int = 20) -> list[str]:
         fn(lengths, topo, R, info=info)
         cell = np.bincount(row * 64 + slot, weights=lengths, minlength=R * 64)
         per_slot = np.bincount(slot, weights=lengths, minlength=64)
-        lines.append(f"| {name} | {min(times):.2f} | {statistics.median(times):.2f} "
-                     f"| {cell.max() / cell.mean():.4f} | {per_slot.max() / per_slot.mean():.4f} "
-                     f"| {info.get('fallback', '—')} |")
-    return lines
+        rows.append((name, min(times), statistics.median(times), cell.max() / cell.mean(),
+                     per_slot.max() / per_slot.mean(), info.get("fallback")))
+    return lines + report.table(["baseline", "best ms", "median ms", "cell tokens max/mean", "slot tokens max/mean",
+                                 "fallback"], rows,
+                                formats={"best ms": ".2f", "median ms": ".2f", "cell tokens max/mean": ".4f",
+                                         "slot tokens max/mean": ".4f"})
 
 
 def main():

@@ -55,10 +55,13 @@ def main():
     args = ap.parse_args()
     lines = ["# Planner quality on every preset", "",
              f"`python experiments/quality_presets.py` (--samples {args.samples} --seeds {args.seeds}); "
-             "see the script's docstring.", "",
-             "| preset | seed | objective | R | baseline | reorder | routepack | 10× | gain vs baseline | "
-             "gain vs reorder | gap to LB | default vs 10× | plan s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "see the script's docstring.", ""]
+    rows = report.Table(["preset", "seed", "objective", "R", "baseline", "reorder", "routepack", "10×", "gain vs baseline",
+                         "gain vs reorder", "gap to LB", "default vs 10×", "plan s"],
+                        formats={"baseline": ",.0f", "reorder": ",.0f", "routepack": ",.0f", "10×": ",.0f",
+                                 "gain vs baseline": report.num("+.1f", 100, " %"),
+                                 "gain vs reorder": report.num("+.1f", 100, " %"), "gap to LB": ".4f",
+                                 "default vs 10×": report.num("+.2f", 100, " %"), "plan s": ".2f"})
     worst_10x, never_worse = 0.0, True
     for preset in PRESETS:
         for seed in range(args.seeds):
@@ -68,11 +71,9 @@ def main():
                 base, reo, rp, rp10 = ms["baseline"], ms["reorder"], ms["routepack"], ms["routepack10x"]
                 never_worse &= rp <= reo
                 worst_10x = max(worst_10x, rp / rp10 - 1)
-                lines.append(f"| {preset} | {seed} | {objective} | {r['R']} | {base:,.0f} | {reo:,.0f} | "
-                             f"{rp:,.0f} | {rp10:,.0f} | {100 * (base - rp) / base:+.1f} % | "
-                             f"{100 * (reo - rp) / reo:+.1f} % | {rp / r['lb']:.4f} | "
-                             f"{100 * (rp / rp10 - 1):+.2f} % | {r['plan_s']:.2f} |")
-                print(lines[-1], flush=True)
+                print(rows.add(preset, seed, objective, r["R"], base, reo, rp, rp10, (base - rp) / base,
+                               (reo - rp) / reo, rp / r["lb"], rp / rp10 - 1, r["plan_s"]), flush=True)
+    lines += rows.lines()
     lines += ["", f"routepack never worse than reorder: {'yes' if never_worse else 'NO'}; "
               f"default budget at most {100 * worst_10x:.2f} % above the 10× run (target ≤ 1 %).",
               "", "Makespans in µs (predicted by the preset's cost model); `plan s` is the pipeline's "

@@ -18,7 +18,7 @@ Part 2 — headline on calibrated windows, per preset (its L, E, k, D, P, C and 
 both objectives: gains over the length-only baseline (identity placement + verl-KK packing) of
 ``reorder`` (LPT + the same packing), ``packing`` (identity placement + population annealing),
 ``routepack`` (LPT + annealing) and ``joint`` (row-aware placement searched with packing) — all
-from ``routepack_opt.compare.compare_plans`` plus the packing row through ``pipeline.solve`` — the
+from ``routepack_opt.compare.compare_plans`` plus the packing row through ``pipeline.plan`` — the
 gap of each plan to its placement's lower bound, and plan times (default budgets).
 
 Part 3 — sensitivity: the same gains on one preset pair as the dispersion target runs over
@@ -41,11 +41,11 @@ from pathlib import Path
 import numpy as np
 
 from _lib import settings
-from _lib.report import write_md, write_text
+from _lib.report import num, table, write_text
 from routepack_opt.compare import compare_plans, plan_metrics
 from routepack_opt.core.cost import PRESETS, resolve_cost
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.pipeline import solve
+from routepack_opt.pipeline import plan
 from routepack_opt.stats import routing_dispersion, skew_stats
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import DEFAULT_DISPERSION, PRESET_SKEW, generate_window
@@ -110,14 +110,14 @@ def gains(preset: str, st: Setting, objective: str, **over) -> dict:
     w = generate_window(preset, st.samples, seed=st.seed, **{**st.overrides, **over})
     topo = Topology(cfg.dp, cfg.ep, cfg.capacity)
     cost = resolve_cost(preset)
-    table, plans = compare_plans(w, topo, cost, objective=objective, seed=st.seed, max_sweeps=st.max_sweeps,
+    table, plans = compare_plans(w, topo, cost, objective, seed=st.seed, max_sweeps=st.max_sweeps,
                                  exact=False, joint=True)
     rows = {m["name"]: m for m in table}
     ev = Evaluator(w, topo, cost)
     t0 = time.perf_counter()
     rp = plans["routepack"]
-    pk = solve(w, topo, cost, objective=objective, placement="identity", rows=rp.rows,
-               max_sweeps=st.max_sweeps, seed=st.seed, certificate=rp.certificate)
+    pk = plan(w, topo, cost, objective, "identity", rp.rows, max_sweeps=st.max_sweeps, seed=st.seed,
+              certificate=rp.certificate)
     rows["packing"] = plan_metrics(ev, pk, objective, time.perf_counter() - t0)
     base = rows["baseline"]["makespan"]
     out = {"preset": preset, "objective": objective, "R": rp.rows, "baseline": base, **measure(w)}
@@ -225,17 +225,27 @@ def _pct(x):
 
 
 def report(st: Setting, cal, mapping, head, sens, seconds: float) -> Path:
+    """Plots, ``realism.md`` and the record it is made from, ``realism.json``."""
     st.out.mkdir(parents=True, exist_ok=True)
-    pngs = _plots(st, cal, head, sens)
+    _plots(st, cal, head, sens)
+    record = {"calibration": cal, "knob": mapping, "headline": head, "sensitivity": sens}
+    path = st.out / "realism.md"
+    write_text(path, render(st, record, seconds))
+    write_text(st.out / "realism.json", json.dumps(record, indent=1))
+    return path
+
+
+def render(st: Setting, record: dict, seconds: float) -> str:
+    """The markdown of ``record`` (``realism.json``); ``seconds`` is the run's wall time."""
+    cal, mapping, head, sens = (record[k] for k in ("calibration", "knob", "headline", "sensitivity"))
     L = ["# Realistic routing: calibration, calibrated headline, sensitivity (issue 15)", "",
          f"`python experiments/realism.py` (--samples {st.samples}, seed {st.seed}; {seconds / 60:.1f} min "
          "on the shared 2-core box). See the script's docstring for the setup. Every makespan comes from "
          "the one evaluator; every dispersion/skew from `routepack_opt.stats` (`routepack stats`).", "",
          "## 1. The generator before and after calibration, next to real figures", "",
-         "| preset | generator | dispersion (median) | dispersion (mean) | busiest/mean (median layer) |",
-         "|---|---|---|---|---|"]
-    for r in cal:
-        L.append(f"| {r['preset']} | {r['variant']} | {r['dispersion']:.2f} | {r['dispersion_mean']:.2f} | {r['skew']:.2f} |")
+         *table(["preset", "generator", "dispersion (median)", "dispersion (mean)", "busiest/mean (median layer)"],
+                [(r["preset"], r["variant"], r["dispersion"], r["dispersion_mean"], r["skew"]) for r in cal],
+                formats={2: ".2f", 3: ".2f", 4: ".2f"})]
     L += ["", "Real: dispersion of 64-token chunks of one web-text stream 1.18 (i.i.d. tokens from the same "
           "aggregate 0.89); a 64-token sample from one domain in a mixed batch ≈ 3–6 (OLMoE/Mixtral per-domain "
           "chi-square 0.10–1.06, `routepack_opt/data/README.md`). Busiest/mean per layer: OLMoE 2.5–7.8 per "
@@ -246,24 +256,23 @@ def report(st: Setting, cal, mapping, head, sens, seconds: float) -> Path:
           + " (OLMoE from the shipped counts; the others DeepSeek's serving median — an assumption for qwen3 "
           "and ling-hybrid). The generator's floor (scale 0) is ≈ 1.0, not 0.89: it draws each sample's "
           "routes multinomially, not k distinct experts per token.", "",
-          f"![calibration]({pngs[0]})", "",
+          "![calibration](realism_calibration.png)", "",
           "### The knob: `--dispersion TARGET` → measured dispersion", "",
           "The generator scales its sample-specific logits (domain, group, sample) by one factor found by "
           "bisection on a fixed pilot window (512 samples, ≤ 4 layers); measured here on fresh windows "
           f"({st.cal_samples} samples, seed {st.seed + 1}, all layers):", "",
-          "| preset | " + " | ".join(f"target {t}" for t in st.mapping_targets) + " |",
-          "|---|" + "---|" * len(st.mapping_targets)]
-    for preset in dict.fromkeys(r["preset"] for r in mapping):
-        sub = [r for r in mapping if r["preset"] == preset]
-        L.append(f"| {preset} | " + " | ".join(f"{r['dispersion']:.2f} (scale {r['scale']:.2f})" for r in sub) + " |")
+          *table(["preset", *(f"target {t}" for t in st.mapping_targets)],
+                 [(preset, *(f"{r['dispersion']:.2f} (scale {r['scale']:.2f})" for r in mapping if r["preset"] == preset))
+                  for preset in dict.fromkeys(r["preset"] for r in mapping)])]
     L += ["", "A target below the floor gives scale 0 (samples drawn from the aggregate itself).", "",
           "## 2. Headline on calibrated windows (gain over identity placement + length-only packing)", "",
-          "| preset | objective | R | reorder | packing | routepack | joint | gap baseline | gap routepack | "
-          "gap joint | plan s routepack / joint |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in head:
-        L.append(f"| {r['preset']} | {r['objective']} | {r['R']} | " + " | ".join(_pct(r[k]["gain"]) for k in PLANS)
-                 + f" | {r['baseline_gap']:.3f} | {r['routepack']['gap']:.3f} | {r['joint']['gap']:.3f} | "
-                 f"{r['routepack']['seconds']:.1f} / {r['joint']['seconds']:.1f} |")
+          *table(["preset", "objective", "R", *PLANS, "gap baseline", "gap routepack", "gap joint",
+                  "plan s routepack / joint"],
+                 [(r["preset"], r["objective"], r["R"], *(r[k]["gain"] for k in PLANS), r["baseline_gap"],
+                   r["routepack"]["gap"], r["joint"]["gap"],
+                   f"{r['routepack']['seconds']:.1f} / {r['joint']['seconds']:.1f}") for r in head],
+                 formats={**{k: _pct for k in PLANS}, "gap baseline": ".3f", "gap routepack": ".3f",
+                          "gap joint": ".3f"})]
     L += ["", "`packing` = identity placement + the annealer (packing alone); `gap` = makespan / the lower bound "
           "of the plan's own placement (docs/model.md).", ""]
     L += ["## 3. Sensitivity: gains vs dispersion and skew", ""]
@@ -271,25 +280,23 @@ def report(st: Setting, cal, mapping, head, sens, seconds: float) -> Path:
         rows = [r for r in sens if r["axis"] == axis]
         if not rows:
             continue
-        L += [f"### vs {axis}", "", "| preset | objective | target | measured dispersion | measured skew | "
-              + " | ".join(PLANS) + " | joint − routepack | joint saves (ms) | joint extra plan (s) |",
-              "|---|---|---|---|---|" + "---|" * (len(PLANS) + 3)]
-        for r in rows:
-            jp = joint_pays(r)
-            L.append(f"| {r['preset']} | {r['objective']} | {r['target']} | {r['dispersion']:.2f} | {r['skew']:.2f} | "
-                     + " | ".join(_pct(r[k]["gain"]) for k in PLANS)
-                     + f" | {jp['saved_pct']:+.2f} pp | {jp['saved_ms']:.1f} | {jp['extra_plan_s']:.1f} |")
+        pays = [joint_pays(r) for r in rows]
+        L += [f"### vs {axis}", "",
+              *table(["preset", "objective", "target", "measured dispersion", "measured skew", *PLANS,
+                      "joint − routepack", "joint saves (ms)", "joint extra plan (s)"],
+                     [(r["preset"], r["objective"], r["target"], r["dispersion"], r["skew"],
+                       *(r[k]["gain"] for k in PLANS), jp["saved_pct"], jp["saved_ms"], jp["extra_plan_s"])
+                      for r, jp in zip(rows, pays, strict=True)],
+                     formats={"measured dispersion": ".2f", "measured skew": ".2f", **{k: _pct for k in PLANS},
+                              "joint − routepack": num("+.2f", suffix=" pp"), "joint saves (ms)": ".1f",
+                              "joint extra plan (s)": ".1f"})]
         L += ["", f"![{axis}](realism_{axis}.png)", ""]
     L += ["## Reading the curves", ""] + _trends(sens) + [""]
     L += ["## Where joint placement stops paying", ""] + _joint_verdict(head, sens) + [""]
     L += ["## What this means for a user", "", "Run `routepack stats W.npz` on your own replay: its "
           "dispersion and busiest/mean place you on the curves above; its `implications` give the "
           "evaluator's placement-only gain and the bound no plan can beat for your topology."]
-    path = st.out / "realism.md"
-    write_md(path, L)
-    write_text(st.out / "realism.json", json.dumps({"calibration": cal, "knob": mapping, "headline": head,
-                                                      "sensitivity": sens}, indent=1))
-    return path
+    return "\n".join(L) + "\n"
 
 
 def _trends(sens) -> list[str]:

@@ -37,7 +37,7 @@ from routepack_opt.runtime.verify import VerifyConfig, verify_runtime
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
 from _lib import settings
-from _lib.report import write_text
+from _lib.report import num, table, write_text
 
 RESULTS = settings.RESULTS / "runtime_check"
 
@@ -135,10 +135,6 @@ def main(argv=None) -> int:
     return 0
 
 
-def _fmt(x) -> str:
-    return "—" if x is None else f"{x:.2g}"
-
-
 def report(res: dict, args, cost_path: Path) -> str:
     cmd = "python experiments/runtime_check.py" + (" --quick" if args.quick else "") + (
         f" --device {args.device}" if args.device != "cpu" else "")
@@ -151,17 +147,16 @@ def report(res: dict, args, cost_path: Path) -> str:
          "plan; a random new placement materialized after step 1 of 3 (weights, grads, exp_avg, "
          "exp_avg_sq move in place). Compared with a run that never re-places: every micro-batch loss, "
          "every dense parameter, every logical expert's weights, grads and Adam moments.", "",
-         "| world size | EP | mode | max abs diff | bitwise equal | experts moved | bytes moved | cross-rank bytes | EP vs 1-process loss diff | s |",
-         "|---|---|---|---|---|---|---|---|---|---|"]
-    for rep in res["verify"]:
-        for mode in ("single_process", "distributed"):
-            if mode in rep:
-                m = rep[mode]
-                L.append(f"| {rep['world_size'] if mode == 'distributed' else 1} | {rep['ep'] if mode == 'distributed' else 1} "
-                         f"| {mode.replace('_', ' ')} | {m['max_abs_diff']:.3g} | {m['bitwise_equal']} "
-                         f"| {m.get('experts_moved', m.get('experts_moved_per_shard'))} | {m['bytes_moved']:,} "
-                         f"| {m.get('bytes_sent_cross_rank', 0):,} | {_fmt(m.get('vs_single_process_loss_diff'))} "
-                         f"| {m['seconds']} |")
+         *table(["world size", "EP", "mode", "max abs diff", "bitwise equal", "experts moved", "bytes moved",
+                 "cross-rank bytes", "EP vs 1-process loss diff", "s"],
+                [(rep["world_size"] if mode == "distributed" else 1, rep["ep"] if mode == "distributed" else 1,
+                  mode.replace("_", " "), m["max_abs_diff"], m["bitwise_equal"],
+                  m.get("experts_moved", m.get("experts_moved_per_shard")), m["bytes_moved"],
+                  m.get("bytes_sent_cross_rank", 0), m.get("vs_single_process_loss_diff"), m["seconds"])
+                 for rep in res["verify"] for mode in ("single_process", "distributed") if mode in rep
+                 for m in [rep[mode]]],
+                formats={"max abs diff": ".3g", "bytes moved": ",", "cross-rank bytes": ",",
+                         "EP vs 1-process loss diff": ".2g"})]
     cal = res["calibration"]
     a, e = cal["attention"], cal["expert"]
     c = cal["config"]
@@ -169,12 +164,16 @@ def report(res: dict, args, cost_path: Path) -> str:
           f"Device {cal['device']} ({cal['dtype']}, clock: {cal['clock']}, {cal['threads']} thread(s)); small model "
           f"hidden {c['hidden']}, {c['heads']} heads, expert FFN {c['ffn']}, {c['experts_per_rank']} experts per rank; "
           f"forward + backward. Fit: non-negative least squares on relative error. {cal['seconds']} s.", "",
-          "| kernel | model | coefficients | R² | median abs rel. residual | max abs rel. residual | points |",
-          "|---|---|---|---|---|---|---|",
-          f"| attention (1 layer) | α·T + β·Q + c | α {a['coef']['alpha']:.4g} µs/token, β {a['coef']['beta']:.4g} µs/token², "
-          f"c {a['coef']['intercept']:.4g} µs | {a['r2']:.4f} | {a['rel_residual_median']:.3f} | {a['rel_residual_max']:.3f} | {a['points']} |",
-          f"| experts (1 rank, 1 layer) | γ·W + c | γ {e['coef']['gamma']:.4g} µs/token, c {e['coef']['intercept']:.4g} µs "
-          f"| {e['r2']:.4f} | {e['rel_residual_median']:.3f} | {e['rel_residual_max']:.3f} | {e['points']} |",
+          *table(["kernel", "model", "coefficients", "R²", "median abs rel. residual", "max abs rel. residual",
+                  "points"],
+                 [("attention (1 layer)", "α·T + β·Q + c",
+                   f"α {a['coef']['alpha']:.4g} µs/token, β {a['coef']['beta']:.4g} µs/token², "
+                   f"c {a['coef']['intercept']:.4g} µs", a["r2"], a["rel_residual_median"], a["rel_residual_max"],
+                   a["points"]),
+                  ("experts (1 rank, 1 layer)", "γ·W + c",
+                   f"γ {e['coef']['gamma']:.4g} µs/token, c {e['coef']['intercept']:.4g} µs", e["r2"],
+                   e["rel_residual_median"], e["rel_residual_max"], e["points"])],
+                 formats={"R²": ".4f", 4: ".3f", 5: ".3f"}),
           "", f"Cost file for {c['layers']} layers: `{cost_path.relative_to(settings.ROOT)}` "
           f"(alpha {cal['cost']['alpha']:.4g}, beta {cal['cost']['beta']:.4g}, gamma {cal['cost']['gamma']:.4g}, "
           f"row_overhead {cal['cost']['row_overhead']:.4g}).", "",
@@ -183,17 +182,17 @@ def report(res: dict, args, cost_path: Path) -> str:
           f"num_experts=16, top_k=4, capacity=C)` (window 'skewed': expert_skew=1.2, length_sigma=1.0); topology D=8, P=4 (G=2 shards); R = certified R*. Every cell's attention "
           "and every (row, shard, layer, rank) expert workload run with torch (unscaled); J composed per docs/model.md "
           "with measured times; prediction = `routepack_opt.core.evaluate` with the calibrated cost. ratio = measured / predicted.", "",
-          "| window | tokens | R | plan | max-sum measured µs | predicted µs | ratio | sum-max measured µs | predicted µs | ratio | J R² | mean abs rel. err J | corr² attn cells | corr² expert loads |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    ratios = []
-    for r in res["measure"]:
-        o = r["objectives"]
-        if "again" not in r["plan"]:
-            ratios += [o["max-sum"]["ratio"], o["sum-max"]["ratio"]]
-        L.append(f"| {r['preset']} s{r['seed']} | {r['tokens']:,} | {r['rows']} | {r['plan']} "
-                 f"| {o['max-sum']['measured_us']:,.0f} | {o['max-sum']['predicted_us']:,.0f} | {o['max-sum']['ratio']:.3f} "
-                 f"| {o['sum-max']['measured_us']:,.0f} | {o['sum-max']['predicted_us']:,.0f} | {o['sum-max']['ratio']:.3f} "
-                 f"| {r['J_r2']:.3f} | {r['J_rel_err_mean']:.3f} | {r['attention_cell_corr2']:.3f} | {r['expert_workload_corr2']:.3f} |")
+          *table(["window", "tokens", "R", "plan", "max-sum measured µs", "predicted µs", "ratio", "sum-max measured µs",
+                  "predicted µs", "ratio", "J R²", "mean abs rel. err J", "corr² attn cells", "corr² expert loads"],
+                 [(f"{r['preset']} s{r['seed']}", r["tokens"], r["rows"], r["plan"],
+                   *(r["objectives"][o][k] for o in ("max-sum", "sum-max")
+                     for k in ("measured_us", "predicted_us", "ratio")),
+                   r["J_r2"], r["J_rel_err_mean"], r["attention_cell_corr2"], r["expert_workload_corr2"])
+                  for r in res["measure"]],
+                 formats={1: ",", 4: ",.0f", 5: ",.0f", 6: ".3f", 7: ",.0f", 8: ",.0f", 9: ".3f", 10: ".3f",
+                          11: ".3f", 12: ".3f", 13: ".3f"})]
+    ratios = [r["objectives"][o]["ratio"] for r in res["measure"] if "again" not in r["plan"]
+              for o in ("max-sum", "sum-max")]
     ratios = np.array(ratios)
     L += ["", f"Measured / predicted makespan over all plans and both objectives: mean {ratios.mean():.3f}, "
           f"min {ratios.min():.3f}, max {ratios.max():.3f}.", ""]
@@ -204,17 +203,16 @@ def report(res: dict, args, cost_path: Path) -> str:
         L += [f"Run-to-run noise: the same baseline plan measured twice gives {a0:,.0f} and {a1:,.0f} µs "
               f"({abs(a1 - a0) / a0:.1%} apart) on this shared machine.", ""]
     # does the predicted improvement show up in the measurement?
-    L += ["Predicted vs measured speed-up of each plan over the baseline (max-sum makespan):", "",
-          "| window | plan | predicted speed-up | measured speed-up |", "|---|---|---|---|"]
     by = {}
     for r in res["measure"]:
         by.setdefault((r["preset"], r["seed"]), {})[r["plan"]] = r["objectives"]["max-sum"]
-    for (preset, seed), d in by.items():
-        for name in ("reorder", "routepack"):
-            if name in d and "baseline" in d:
-                ps = d["baseline"]["predicted_us"] / d[name]["predicted_us"]
-                ms = d["baseline"]["measured_us"] / d[name]["measured_us"]
-                L.append(f"| {preset} s{seed} | {name} | {ps:.3f}× | {ms:.3f}× |")
+    L += ["Predicted vs measured speed-up of each plan over the baseline (max-sum makespan):", "",
+          *table(["window", "plan", "predicted speed-up", "measured speed-up"],
+                 [(f"{preset} s{seed}", name, d["baseline"]["predicted_us"] / d[name]["predicted_us"],
+                   d["baseline"]["measured_us"] / d[name]["measured_us"])
+                  for (preset, seed), d in by.items() for name in ("reorder", "routepack")
+                  if name in d and "baseline" in d],
+                 formats={2: num(".3f", suffix="×"), 3: num(".3f", suffix="×")})]
     L += ["", "Notes: CPU timings use the thread's CPU clock with one intra-op thread (immune to "
           "preemption by other jobs on a shared machine; kernels run inline). The attention kernel is a "
           "per-sample causal SDPA loop (varlen semantics), so it has a per-sample launch cost the cost "

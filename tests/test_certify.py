@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import require_bpp
+from support import require_bpp
 
 from routepack_opt.certify import BinPackUndecided, Certificate, certify_rows, pack_into_bins, spread_to_nonempty
 from routepack_opt.cli import main

@@ -327,8 +327,8 @@ def test_pipeline_plan_keeps_equal_counts_and_round_trips(tmp_path):
     """solve() with the option (lpt and joint placement) returns a valid plan with N/D samples per
     slot; its JSON carries the option and reads back into a plan that still validates."""
     from routepack_opt.core.cost import CostModel, Stage
-    from routepack_opt.pipeline import solve
     from routepack_opt.core.plan import load_plan
+    from routepack_opt.pipeline import solve
 
     cost = CostModel(stages=(Stage("full_attn", alpha=0.02, beta=4e-5),), gamma=0.01, row_overhead=5.0)
     w = random_window(64, 4, 16, 2, max_len=400, seed=11, skew=1.2)

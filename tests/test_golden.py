@@ -13,8 +13,8 @@ import pytest
 
 from routepack_opt.core.cost import CostModel, Stage
 from routepack_opt.core.testing import random_window
-from routepack_opt.pipeline import solve
 from routepack_opt.core.topology import Topology
+from routepack_opt.pipeline import solve
 
 GOLDEN = Path(__file__).parent / "golden" / "plans.json"
 COST = CostModel(stages=(Stage("full_attn", alpha=0.02, beta=4e-5),), gamma=0.01, row_overhead=5.0)

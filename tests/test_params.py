@@ -12,13 +12,13 @@ from routepack_opt.core.errors import InputError
 from routepack_opt.core.layout import Layout, check_rows
 from routepack_opt.core.plan import Plan, load_plan
 from routepack_opt.core.report import PlanReport
+from routepack_opt.core.testing import random_window
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import save_window
 from routepack_opt.heuristics.annealing import AnnealConfig
 from routepack_opt.heuristics.placement.refine import RefineConfig
 from routepack_opt.params import CertifyParams, JointParams, PlannerParams
 from routepack_opt.pipeline import solve
-from routepack_opt.core.testing import random_window
 
 COST = PRESETS["olmoe-1b-7b"].cost
 

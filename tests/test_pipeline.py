@@ -9,11 +9,11 @@ from routepack_opt.api import AsyncPlanner, plan_micro_batches
 from routepack_opt.core.cost import PRESETS
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import evaluate_plan
-from routepack_opt.params import PlannerParams
-from routepack_opt.pipeline import solve
 from routepack_opt.core.plan import load_plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import save_window
+from routepack_opt.params import PlannerParams
+from routepack_opt.pipeline import solve
 from routepack_opt.trace import generate_window
 
 COST = PRESETS["olmoe-1b-7b"].cost

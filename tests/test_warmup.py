@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import REPO
+from support import REPO
 
 from routepack_opt.core.cache import configure_cache
 from routepack_opt.core.cost import PRESETS

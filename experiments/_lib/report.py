@@ -5,6 +5,8 @@ script states its columns once instead of hand-writing ``| ... |`` lines::
 
     table(["preset", "gain", "s"], [("olmoe", 0.0123, 1.5)], formats={"gain": pct, "s": ".2f"})
     # ['| preset | gain | s |', '|---|---|---|', '| olmoe | +1.23% | 1.50 |']
+
+A script that prints each row as it is measured keeps a ``Table`` and prints what ``add`` returns.
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ _RULE = {"l": "---", "r": "---:", "c": ":---:", "-": "---"}
 def pct(x: float) -> str:
     """A relative change as a signed percentage with two decimals: 0.0123 → ``+1.23%``."""
     return f"{100 * x:+.2f}%"
+
+
+def num(spec: str, scale: float = 1, suffix: str = "", per: float = 1) -> Callable[[object], str]:
+    """A column format: the value times ``scale`` divided by ``per`` through ``spec``, then
+    ``suffix``; ``num(".2f", per=1e6, suffix=" M")`` writes 2840000 as ``2.84 M``,
+    ``num("+.1f", 100, " %")`` writes 0.125 as ``+12.5 %``. (Dividing by ``per`` rather than
+    multiplying by its inverse keeps the digits of a hand-written ``x / 1e6``.)"""
+    return lambda x: format(x * scale / per, spec) + suffix
 
 
 def cell(value, fmt: Format | None = None) -> str:
@@ -45,6 +55,8 @@ def table(columns: Sequence[str], rows: Iterable[Sequence], formats: Mapping[str
     n = len(columns)
     fmts: list[Format | None] = [None] * n
     for key, f in (formats or {}).items():
+        if not isinstance(key, int) and key not in columns:
+            raise ValueError(f"a format for {key!r}, which is not a column: {list(columns)}")
         fmts[key if isinstance(key, int) else list(columns).index(key)] = f
     if align is not None and len(align) != n:
         raise ValueError(f"align has {len(align)} letters for {n} columns")
@@ -56,6 +68,25 @@ def table(columns: Sequence[str], rows: Iterable[Sequence], formats: Mapping[str
             raise ValueError(f"row {i} has {len(row)} cells for {n} columns: {row!r}")
         lines.append("| " + " | ".join(cell(v, f) for v, f in zip(row, fmts)) + " |")
     return lines
+
+
+class Table:
+    """A table filled row by row: ``add`` stores a row and returns its markdown line (to print
+    progress as rows are measured); ``lines`` is the whole table (``table``'s arguments)."""
+
+    def __init__(self, columns: Sequence[str], formats: Mapping[str | int, Format] | None = None,
+                 align: str | None = None):
+        self.columns, self.formats, self.align = list(columns), dict(formats or {}), align
+        self.rows: list[list] = []
+        table(self.columns, [], self.formats, align)  # a bad column name or align string fails here
+
+    def add(self, *row) -> str:
+        line = table(self.columns, [row], self.formats, self.align)[-1]
+        self.rows.append(list(row))
+        return line
+
+    def lines(self) -> list[str]:
+        return table(self.columns, self.rows, self.formats, self.align)
 
 
 def write_text(path: Path | str, text: str) -> Path:

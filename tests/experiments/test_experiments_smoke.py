@@ -8,13 +8,13 @@ import json
 
 import numpy as np
 import pytest
-
 from _lib.referee import STUDIES, Setting
+
+from routepack_opt.core.evaluate import expert_rank_loads
+from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.baselines import verl_kk_layout
 from routepack_opt.heuristics.cells import check_layout
 from routepack_opt.heuristics.placement.lpt import lpt_placement
-from routepack_opt.core.evaluate import expert_rank_loads
-from routepack_opt.core.topology import Topology
 
 PLOTS = {"decomposition": "decomposition", "staleness": "staleness", "cost": "cost_pareto", "budget": "budget"}
 

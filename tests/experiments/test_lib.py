@@ -9,7 +9,6 @@ import math
 
 import numpy as np
 import pytest
-
 from _lib import report, settings, stats
 
 
@@ -95,6 +94,17 @@ def test_markdown_table_alignment_and_errors():
         report.table(["a", "b"], [(1,)])
     with pytest.raises(ValueError, match="align"):
         report.table(["a", "b"], [], align="l")
+
+
+def test_table_filled_row_by_row():
+    """Table.add returns the row's line as the whole table will show it; lines is the table; a
+    format for a column that does not exist is an error."""
+    t = report.Table(["what", "rate"], formats={"rate": report.num(".2f", per=1e6, suffix=" M")})
+    assert t.add("max-sum", 2_840_000) == "| max-sum | 2.84 M |"
+    t.add("sum-max", None)
+    assert t.lines() == ["| what | rate |", "|---|---|", "| max-sum | 2.84 M |", "| sum-max | — |"]
+    with pytest.raises(ValueError, match="not a column"):
+        report.Table(["a"], formats={"b": ".2f"})
 
 
 def test_pct_and_cell():

@@ -4,9 +4,9 @@ import json
 
 import numpy as np
 import pytest
-from conftest import require_bpp
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import require_bpp
 
 from routepack_opt.core.bounds import bin_lower_bound, is_packing, lower_bound_dff, lower_bound_l1, lower_bound_l2
 from routepack_opt.core.errors import InputError
