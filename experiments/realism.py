@@ -18,7 +18,7 @@ Part 2 — headline on calibrated windows, per preset (its L, E, k, D, P, C and 
 both objectives: gains over the length-only baseline (identity placement + verl-KK packing) of
 ``reorder`` (LPT + the same packing), ``packing`` (identity placement + population annealing),
 ``routepack`` (LPT + annealing) and ``joint`` (row-aware placement searched with packing) — all
-from ``routepack_opt.compare.compare_plans`` plus the packing row through ``pipeline.plan`` — the
+from ``routepack_opt.compare.compare_plans`` plus the packing row through ``pipeline.solve`` — the
 gap of each plan to its placement's lower bound, and plan times (default budgets).
 
 Part 3 — sensitivity: the same gains on one preset pair as the dispersion target runs over
@@ -45,7 +45,7 @@ from _lib.report import num, table, write_text
 from routepack_opt.compare import compare_plans, plan_metrics
 from routepack_opt.core.cost import PRESETS, resolve_cost
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.pipeline import plan
+from routepack_opt.pipeline import solve
 from routepack_opt.stats import routing_dispersion, skew_stats
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import DEFAULT_DISPERSION, PRESET_SKEW, generate_window
@@ -110,14 +110,14 @@ def gains(preset: str, st: Setting, objective: str, **over) -> dict:
     w = generate_window(preset, st.samples, seed=st.seed, **{**st.overrides, **over})
     topo = Topology(cfg.dp, cfg.ep, cfg.capacity)
     cost = resolve_cost(preset)
-    table, plans = compare_plans(w, topo, cost, objective, seed=st.seed, max_sweeps=st.max_sweeps,
+    table, plans = compare_plans(w, topo, cost, objective=objective, seed=st.seed, max_sweeps=st.max_sweeps,
                                  exact=False, joint=True)
     rows = {m["name"]: m for m in table}
     ev = Evaluator(w, topo, cost)
     t0 = time.perf_counter()
     rp = plans["routepack"]
-    pk = plan(w, topo, cost, objective, "identity", rp.rows, max_sweeps=st.max_sweeps, seed=st.seed,
-              certificate=rp.certificate)
+    pk = solve(w, topo, cost, objective=objective, placement="identity", rows=rp.rows,
+               max_sweeps=st.max_sweeps, seed=st.seed, certificate=rp.certificate)
     rows["packing"] = plan_metrics(ev, pk, objective, time.perf_counter() - t0)
     base = rows["baseline"]["makespan"]
     out = {"preset": preset, "objective": objective, "R": rp.rows, "baseline": base, **measure(w)}
