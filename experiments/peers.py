@@ -91,7 +91,7 @@ def run(st: Setting, objective: str = "max-sum") -> Path:
             acc["eplb_ms"].append(ms)
             sw, ms = _timed(swap_refine, load, lpt, P)
             acc["swap_ms"].append(ms)
-            rep = exact_placement(load, P, time_limit=tl)
+            rep = exact_placement(load, P, sw, lpt, time_limit=tl)
             bound = rep.bound_L.astype(np.float64)
             peak = lambda pl: expert_rank_loads(load, pl, P).max(axis=1)  # noqa: E731
             acc["lgap"] += (peak(lpt) / bound).tolist()
