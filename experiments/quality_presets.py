@@ -19,7 +19,7 @@ from pathlib import Path
 from routepack_opt.compare import compare_plans
 from routepack_opt.core.cost import PRESETS, resolve_cost
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.heuristics.annealing import AnnealConfig
+from routepack_opt.heuristics.anneal import AnnealConfig
 from routepack_opt.pipeline import plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window

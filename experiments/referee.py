@@ -475,7 +475,7 @@ def study_cost(st: Setting, objective: str = "max-sum") -> Path:
               "|---|---|---|---|---|---|---|---|---|"]
     records = []
     pareto = []
-    from routepack_opt.heuristics.annealing import greedy_layout
+    from routepack_opt.heuristics.anneal import greedy_layout
 
     for preset in st.presets:
         topo, cost = st.topology(preset), st.cost(preset)

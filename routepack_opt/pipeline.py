@@ -122,7 +122,7 @@ def plan(window: Window, topology: Topology, cost: CostModel, objective: str = "
     ``stop()`` (polled by the annealer, and before the joint stage) cancels cooperatively: the
     best layout so far is returned. Numba kernels are compiled/loaded by ``warm()`` before the
     clock starts (``info["timings"]["warmup"]``, not part of ``total``)."""
-    from routepack_opt.heuristics.annealing import AnnealConfig, anneal
+    from routepack_opt.heuristics.anneal import AnnealConfig, anneal
     from routepack_opt.warmup import groups_for, warm
 
     check_objective(objective)

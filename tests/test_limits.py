@@ -11,7 +11,9 @@ from routepack_opt import pipeline
 from routepack_opt.core.cost import PRESETS
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.heuristics import annealing, baselines
+from routepack_opt.heuristics import anneal, baselines
+from routepack_opt.heuristics.anneal.greedy import greedy_seed
+from routepack_opt.heuristics.anneal.problem import Instance
 from routepack_opt.heuristics.placement.lpt import lpt_placement
 from routepack_opt.models.layout import solve_layout
 from routepack_opt.core.topology import Topology
@@ -28,19 +30,18 @@ def window():
 
 def _problem(window, topo, rows):
     b = Evaluator(window, topo, COST).rank_loads(lpt_placement(window.expert_loads(), topo.ep))
-    return annealing._Problem(window.lengths, b, topo, COST, rows, "max-sum", 1e-9)
+    return Instance(window.lengths, b, topo, COST, rows, "max-sum", 1e-9)
 
 
-def test_greedy_in_chunks_equals_one_pass(window, monkeypatch):
+def test_greedy_in_chunks_equals_one_pass(window):
     """The joint-cost greedy run in chunks of 1 or 7 samples gives the one-pass layout."""
     topo = Topology(dp=8, ep=4, capacity=4096)
     rows = pipeline.resolve_rows(window, topo, None)[0]
     pb = _problem(window, topo, rows)
-    whole = annealing._greedy_pb(pb)
+    whole = greedy_seed(pb)
     assert whole is not None
     for step in (1, 7):
-        monkeypatch.setattr(annealing, "_GREEDY_CHUNK_OPS", step * (pb.R * pb.G * pb.L * pb.Pp + pb.R * pb.D))
-        again = annealing._greedy_pb(pb)
+        again = greedy_seed(pb, chunk_ops=step * (pb.R * pb.G * pb.L * pb.Pp + pb.R * pb.D))
         assert np.array_equal(again[0], whole[0]) and np.array_equal(again[1], whole[1])
 
 
@@ -48,7 +49,7 @@ def test_greedy_stops_at_a_past_deadline(window):
     """A deadline already passed: the greedy gives up (None) instead of running on."""
     topo = Topology(dp=8, ep=4, capacity=4096)
     pb = _problem(window, topo, pipeline.resolve_rows(window, topo, None)[0])
-    assert annealing._greedy_pb(pb, deadline=time.perf_counter() - 1.0) is None
+    assert greedy_seed(pb, deadline=time.perf_counter() - 1.0) is None
 
 
 def test_repair_in_pieces_equals_one_pass(monkeypatch):
@@ -97,13 +98,13 @@ def test_search_gets_what_the_earlier_stages_left(window, monkeypatch):
     used (and the final-scoring reserve), not the whole limit again."""
     topo = Topology(dp=8, ep=4, capacity=4096)
     seen = {}
-    real = annealing.anneal
+    real = anneal.anneal
 
     def spy(*args, **kwargs):
         seen["time_limit"] = kwargs["time_limit"]
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(annealing, "anneal", spy)
+    monkeypatch.setattr(anneal, "anneal", spy)
     pipeline.plan(window, topo, COST, time_limit=5.0, max_sweeps=2)
     assert 0 < seen["time_limit"] <= 5.0 - 0.02  # at least the reserve's floor is kept back
 

@@ -9,7 +9,7 @@ from routepack_opt.api import AsyncPlanner, plan_micro_batches
 from routepack_opt.core.cost import PRESETS
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import evaluate_plan
-from routepack_opt.heuristics.annealing import AnnealConfig
+from routepack_opt.heuristics.anneal import AnnealConfig
 from routepack_opt.pipeline import plan
 from routepack_opt.core.plan import load_plan
 from routepack_opt.core.topology import Topology

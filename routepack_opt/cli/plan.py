@@ -24,7 +24,7 @@ def add_search_args(p) -> None:
 def load_config(args):
     if not getattr(args, "config", None):
         return None
-    from routepack_opt.heuristics.annealing import AnnealConfig
+    from routepack_opt.heuristics.anneal import AnnealConfig
 
     return AnnealConfig.from_toml(args.config)
 
