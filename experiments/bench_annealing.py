@@ -30,7 +30,11 @@ import numpy as np
 from _lib import report, settings
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.evaluate import Evaluator, rank_loads
-from routepack_opt.heuristics import annealing as A
+from routepack_opt.heuristics.anneal import AnnealConfig, anneal
+from routepack_opt.heuristics.anneal.moves import run
+from routepack_opt.heuristics.anneal.problem import Instance
+from routepack_opt.heuristics.anneal.rng import rng_states
+from routepack_opt.heuristics.anneal.state import Population
 from routepack_opt.heuristics.baselines import nemo_ffd_layout, verl_kk_layout
 from routepack_opt.heuristics.placement.lpt import lpt_placement
 from routepack_opt.core.topology import Topology
@@ -62,23 +66,23 @@ def move_rate(pb, seeds, objective, threads: int, K: int, n_moves: int, cfg):
     """Move evaluations per wall second and per CPU second (whole population, ``threads``
     threads), acceptance rate and the share of proposals that were feasible (evaluated)."""
     numba.set_num_threads(threads)
-    pop = A._Population(pb, K)
+    pop = Population(pb, K)
     lay = list(seeds.values())
     lay = [pb.check_layout(r, sl, 'seed') for r, sl in lay]
-    pop.init(pb, np.stack([lay[k % len(lay)][0] for k in range(K)]),
+    pop.init(np.stack([lay[k % len(lay)][0] for k in range(K)]),
              np.stack([lay[k % len(lay)][1] for k in range(K)]))
-    pop.rng[:] = A._rng_states(0, 0, K)
+    pop.walk.rng[:] = rng_states(0, 0, K)
     # a mid-ladder temperature: 1% of the makespan scale of a single move
     temp = 1e-3 * float(pop.energy.mean()) / pb.R
-    pop.run(pb, 2000, temp, cfg)  # warm-up (compiled functions loaded)
-    pop.counters[:] = 0
+    run(pop, 2000, temp, cfg)  # warm-up (compiled functions loaded)
+    pop.walk.counters[:] = 0
     t0 = time.perf_counter()
     c0 = time.process_time()
-    pop.run(pb, n_moves, temp, cfg)
+    run(pop, n_moves, temp, cfg)
     dt = time.perf_counter() - t0
     cpu = time.process_time() - c0
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-    c = pop.counters.sum(axis=0)
+    c = pop.walk.counters.sum(axis=0)
     return float(c[0]) / dt, float(c[0]) / cpu, float(c[1] / c[0]), float(c[0] / c[3])
 
 
@@ -98,7 +102,7 @@ def main():
     N, L, E = window.counts.shape
     lines += [f"window: N={N} L={L} E={E} k={window.top_k}; D={topo.dp} P={topo.ep} "
               f"G={topo.num_shards} C={topo.capacity}; R={R}", ""]
-    cfg = A.AnnealConfig()
+    cfg = AnnealConfig()
     lines += ["## Move evaluations per CPU second over the default ladder", "",
               "`anneal()` with the default config (seeded by NeMo-FFD and verl-KK), evaluations /",
               "CPU seconds of the process during the ladder (all threads together, so per core).", ""]
@@ -114,9 +118,9 @@ def main():
                 w_s, topo_s, cost_s, pl_s, b_s, R_s, seeds_s = (
                     (window, topo, cost, pl, b, R, seeds) if s == 0 else production_instance(s))
                 if s == 0 and threads == 1 and objective == "max-sum":  # compile / load cache
-                    A.anneal(w_s.lengths, b_s, topo_s, cost_s, R_s, objective,
+                    anneal(w_s.lengths, b_s, topo_s, cost_s, R_s, objective,
                              list(seeds_s.values()), seed=s, max_sweeps=2)
-                res = A.anneal(w_s.lengths, b_s, topo_s, cost_s, R_s, objective,
+                res = anneal(w_s.lengths, b_s, topo_s, cost_s, R_s, objective,
                                list(seeds_s.values()), seed=s)
                 st = res.stats
                 rates.append(st["moves_per_cpu_second"])
@@ -137,7 +141,7 @@ def main():
                          formats={"evals / wall s": MEGA, "evals / CPU s (per core)": MEGA, "feasible share": ".3f",
                                   "accept rate": ".3f"})
     for objective in ("max-sum", "sum-max"):
-        pb = A._Problem(window.lengths, b, topo, cost, R, objective, cfg.tie_eps)
+        pb = Instance(window.lengths, b, topo, cost, R, objective, cfg.tie_eps)
         for label, c in (("default", cfg), ("relocate only", cfg.replace(p_swap=0.0, p_guide=0.0)),
                          ("swap only", cfg.replace(p_swap=1.0, p_guide=0.0))):
             for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
@@ -162,13 +166,13 @@ def main():
             base = min(ev.score(pl, r, sl, R, objective).makespan for r, sl in seeds.values())
             t0 = time.perf_counter()
             c0 = time.process_time()
-            res = A.anneal(window.lengths, b, topo, cost, R, objective, list(seeds.values()), seed=s)
+            res = anneal(window.lengths, b, topo, cost, R, objective, list(seeds.values()), seed=s)
             wall = time.perf_counter() - t0
             cpu = time.process_time() - c0
             got = ev.score(pl, res.row, res.slot, R, objective).makespan
             st = res.stats
-            long = A.anneal(window.lengths, b, topo, cost, R, objective, list(seeds.values()), seed=s,
-                            max_sweeps=10 * A.AnnealConfig().sweeps)
+            long = anneal(window.lengths, b, topo, cost, R, objective, list(seeds.values()), seed=s,
+                            max_sweeps=10 * AnnealConfig().sweeps)
             got10 = ev.score(pl, long.row, long.slot, R, objective).makespan
             print(budget.add(s, objective, R, wall, cpu, f"{st['sweeps']:.0f}×{st['replicas']}", st["moves_evaluated"],
                              base, got, got10, got / got10 - 1, lb, f"{base / lb:.4f} → {got / lb:.4f}"), flush=True)

@@ -161,7 +161,7 @@ def part_scale(quick: bool) -> list[dict]:
 def part_anytime(quick: bool) -> dict:
     from routepack_opt.core.cost import resolve_cost
     from routepack_opt.core.evaluate import Evaluator
-    from routepack_opt.heuristics.annealing import AnnealConfig, anneal
+    from routepack_opt.heuristics.anneal import AnnealConfig, anneal
     from routepack_opt.pipeline import baseline_layouts, resolve_placement, resolve_rows
     from routepack_opt.core.topology import Topology
     from routepack_opt.warmup import warm

@@ -24,7 +24,8 @@ from bench_annealing import move_rate, production_instance  # noqa: E402
 
 from routepack_opt.certify import certify_rows  # noqa: E402
 from routepack_opt.core.evaluate import Evaluator  # noqa: E402
-from routepack_opt.heuristics import annealing as A  # noqa: E402
+from routepack_opt.heuristics.anneal import AnnealConfig, anneal  # noqa: E402
+from routepack_opt.heuristics.anneal.problem import Instance  # noqa: E402
 from routepack_opt.heuristics.baselines import verl_kk_layout  # noqa: E402
 
 
@@ -38,7 +39,7 @@ def main():
     window, topo, cost, pl, b, R, seeds = production_instance(0)
     eq = dataclasses.replace(topo, equal_samples_per_slot=True)
     eq_seeds = {"verl-kk": verl_kk_layout(window.lengths, eq, R)}
-    cfg = A.AnnealConfig()
+    cfg = AnnealConfig()
     lines = ["# Equal samples per DP slot", "",
              f"`python experiments/equal_samples.py --moves {args.moves} --repeats {args.repeats}` "
              f"(load average at start {load:.1f}; 2 shared cores)", "",
@@ -49,7 +50,7 @@ def main():
                          formats={"feasible share": ".3f", "accept": ".3f"})
     for label, t, sd in (("off", topo, seeds), ("on", eq, eq_seeds)):
         for objective in ("max-sum", "sum-max"):
-            pb = A._Problem(window.lengths, b, t, cost, R, objective, cfg.tie_eps)
+            pb = Instance(window.lengths, b, t, cost, R, objective, cfg.tie_eps)
             for mix, c in (("default", cfg), ("relocate only", cfg.replace(p_swap=0.0, p_guide=0.0)),
                            ("swap only", cfg.replace(p_swap=1.0, p_guide=0.0))):
                 out = [move_rate(pb, sd, objective, 1, 4, args.moves, c) for _ in range(args.repeats)]
@@ -68,8 +69,8 @@ def main():
     for objective in ("max-sum", "sum-max"):
         base = min(ev.score(pl, r, s, R, objective).makespan for r, s in seeds.values())
         base_eq = ev.score(pl, *eq_seeds["verl-kk"], R, objective).makespan
-        f = A.anneal(window.lengths, b, topo, cost, R, objective, list(seeds.values()), seed=0)
-        e = A.anneal(window.lengths, b, eq, cost, R, objective, list(eq_seeds.values()), seed=0)
+        f = anneal(window.lengths, b, topo, cost, R, objective, list(seeds.values()), seed=0)
+        e = anneal(window.lengths, b, eq, cost, R, objective, list(eq_seeds.values()), seed=0)
         mf = ev.score(pl, f.row, f.slot, R, objective).makespan
         me = ev.score(pl, e.row, e.slot, R, objective).makespan
         print(budget.add(objective, f"{base / lb:.4f} → {mf / lb:.4f}", f"{base_eq / lb:.4f} → {me / lb:.4f}",

@@ -41,7 +41,7 @@ from _lib import report, settings
 from routepack_opt.certify import certify_rows
 from routepack_opt.core.cost import PRESETS, resolve_cost
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.heuristics.annealing import anneal
+from routepack_opt.heuristics.anneal import anneal
 from routepack_opt.heuristics.placement.lpt import lpt_placement
 from routepack_opt.models.layout import solve_layout
 from routepack_opt.pipeline import baseline_layouts

@@ -39,7 +39,7 @@ import numpy as np
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.errors import InfeasibleError
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.heuristics.annealing import AnnealConfig, anneal
+from routepack_opt.heuristics.anneal import AnnealConfig, anneal
 from routepack_opt.heuristics.baselines import BASELINES, verl_kk_layout
 from routepack_opt.heuristics.placement.joint import JointConfig, joint_search
 from routepack_opt.heuristics.placement.lpt import lpt_placement

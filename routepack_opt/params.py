@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from routepack_opt.core.errors import InputError, load_document
-from routepack_opt.heuristics.annealing import AnnealConfig
+from routepack_opt.heuristics.anneal import AnnealConfig
 from routepack_opt.heuristics.placement.joint import JointConfig
 from routepack_opt.heuristics.placement.refine import RefineConfig
 

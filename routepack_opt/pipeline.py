@@ -24,7 +24,7 @@ from routepack_opt.core.report import EvaluationSummary, JointStats, PlanReport,
 from routepack_opt.core.timing import Timings
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
-from routepack_opt.heuristics.annealing import anneal
+from routepack_opt.heuristics.anneal import anneal
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.joint import anneal_packer, joint_search
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine

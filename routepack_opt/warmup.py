@@ -6,7 +6,8 @@ time limit, and return a worse plan. :func:`warm` runs every planning kernel onc
 type signature the planner calls it with, on tiny windows, so that:
 
 - the pipeline (:func:`routepack_opt.pipeline.solve`) calls ``warm()`` at its entry, *before*
-  its time-limit clock starts: compilation never counts against a limit;
+  its time-limit clock starts: compilation never counts against a limit (the annealer, below
+  it, compiles what a direct call needs off its own clock, in ``warm_storage``);
 - ``routepack warmup`` does it ahead of time (at install or image build), for every group, and
   reports what it compiled and what it loaded from the cache;
 - :class:`routepack_opt.api.AsyncPlanner` starts it in a background thread when created.
@@ -14,7 +15,7 @@ type signature the planner calls it with, on tiny windows, so that:
 One family is left out of the default warm-up: the annealer's int32/int64 load storages, needed
 only when one sample sends ≥ 2^15 tokens to one EP rank (or a rank gets ≥ 2^30). Compiling them
 costs as much as everything else together, so the annealer compiles the one a window needs on
-first use, off its clock (:func:`routepack_opt.heuristics.annealing.warm_storage`);
+first use, off its clock (:func:`routepack_opt.heuristics.anneal.warm_storage`);
 ``routepack warmup`` (group ``storage``) compiles both ahead of time.
 
 ``warm()`` runs once per process per group (later calls return the first report at once); a lock
@@ -45,7 +46,7 @@ from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.objective import Objective
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
-from routepack_opt.heuristics import annealing, binpack
+from routepack_opt.heuristics import anneal, binpack
 from routepack_opt.heuristics.baselines import BASELINES, verl_kk_layout
 from routepack_opt.heuristics.placement.joint import JointConfig, joint_search
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
@@ -59,17 +60,19 @@ __all__ = ["warm", "groups_for", "GROUPS", "numba_kernels"]
 log = logging.getLogger(__name__)
 
 # The modules whose numba kernels each group compiles.
+_ANNEAL = tuple(f"routepack_opt.heuristics.anneal.{m}"
+                for m in ("rng", "kernels", "state", "moves", "greedy"))
 GROUPS = {
     "plan": ("routepack_opt.core.projection", "routepack_opt.heuristics.placement.lpt",
              "routepack_opt.heuristics.binpack", "routepack_opt.heuristics.cells",
              "routepack_opt.heuristics.baselines",
-             "routepack_opt.heuristics.annealing"),
+             *_ANNEAL),
     # row-aware joint placement and migration (``--placement joint``, compare), warmed when used
     "joint": ("routepack_opt.heuristics.placement.refine", "routepack_opt.heuristics.placement.migration"),
     # the annealer's rare load storages (int32 / int64 loads: samples of ≥ 2^15 tokens on one
     # rank, or ≥ 2^30 tokens per rank); compiled before the annealer's clock when a window needs
-    # them (annealing.warm_storage), so only ``routepack warmup`` does them ahead of time
-    "storage": ("routepack_opt.heuristics.annealing",),
+    # them (anneal.warm_storage), so only ``routepack warmup`` does them ahead of time
+    "storage": _ANNEAL,
     "exact": ("routepack_opt.models.binpack", "routepack_opt.models.layout_blocks"),
 }
 
@@ -193,7 +196,7 @@ def _tiny_window(seed: int, n: int = 24, layers: int = 2, experts: int = 8, top_
 
 
 def _tiny_problem():
-    cfg = annealing.AnnealConfig(population=2, temperatures=2, calibration_moves=16)
+    cfg = anneal.AnnealConfig(population=2, temperatures=2, calibration_moves=16)
     return _tiny_window(0), Topology(dp=4, ep=2, capacity=64), get_preset("olmoe-1b-7b").cost, cfg
 
 
@@ -224,10 +227,10 @@ def _warm_plan() -> None:
         pl = pls[name]
         for row, slot in seeds:
             ev.score(pl, row, slot, R, objective)
-        res = annealing.anneal(w.lengths, ev.rank_loads(pl), topo, cost, R, objective, seeds,
+        res = anneal.anneal(w.lengths, ev.rank_loads(pl), topo, cost, R, objective, seeds,
                                config=cfg, seed=0, **budget)
         ev.evaluate(pl, res.row, res.slot, R, objective)
-    annealing.warm_storage(*annealing.STORAGES[0])  # the ordinary storage (compiled above)
+    anneal.warm_storage(*anneal.STORAGES[0])  # the ordinary storage (compiled above)
     # R* escalation past the cheap bounds: MBS' and the overflow tabu search on K bins
     sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
     binpack.best_packing(sizes, 64)
@@ -247,8 +250,8 @@ def _warm_joint() -> None:
 
 
 def _warm_storage() -> None:
-    for storage in annealing.STORAGES[1:]:
-        annealing.warm_storage(*storage)
+    for storage in anneal.STORAGES[1:]:
+        anneal.warm_storage(*storage)
 
 
 def _warm_exact() -> None:

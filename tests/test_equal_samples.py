@@ -12,11 +12,15 @@ from cases import COST, TOPOLOGIES, instance
 
 from routepack_opt.certify import certify_rows, pack_into_bins
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.evaluate import row_shard_costs, score_from_J
 from routepack_opt.core.plan import Plan
 from routepack_opt.core.testing import random_window
 from routepack_opt.core.topology import Topology
-from routepack_opt.heuristics import annealing as A
+from routepack_opt.core.evaluate import row_shard_costs, score_from_J
+from routepack_opt.heuristics.anneal import AnnealConfig, anneal, greedy_layout
+from routepack_opt.heuristics.anneal.moves import run, run_one
+from routepack_opt.heuristics.anneal.problem import Instance
+from routepack_opt.heuristics.anneal.rng import rng_states
+from routepack_opt.heuristics.anneal.state import Population
 from routepack_opt.heuristics.baselines import verl_kk_layout
 from routepack_opt.heuristics.equal_counts import equal_count_layout, equal_counts_ok
 
@@ -138,32 +142,32 @@ def test_equal_count_moves_delta_equals_full_reevaluation(objective, mix, ti):
     """With equal counts, every move's (Δmakespan, Δtotal, Δpeak) equals a full re-evaluation,
     every slot keeps N/D samples, and relocations stay in their slot."""
     w, topo, pl, b, R, row, slot = _eq_instance(ti, seed=ti, n=42 if ti == 2 else 40)
-    cfg = A.AnnealConfig(p_swap={"relocate": 0.0, "swap": 1.0, "guided": 0.5}[mix],
+    cfg = AnnealConfig(p_swap={"relocate": 0.0, "swap": 1.0, "guided": 0.5}[mix],
                          p_guide=1.0 if mix == "guided" else 0.0, p_near=0.5, swap_window=3)
-    pb = A._Problem(w.lengths, b, topo, COST, R, objective, cfg.tie_eps)
-    pop = A._Population(pb, 1)
+    pb = Instance(w.lengths, b, topo, COST, R, objective, cfg.tie_eps)
+    pop = Population(pb, 1)
     r32, s32 = pb.check_layout(row, slot, "layout")
-    pop.init(pb, r32[None], s32[None])
-    pop.rng[:] = A._rng_states(ti, 0, 1)
+    pop.init(r32[None], s32[None])
+    pop.walk.rng[:] = rng_states(ti, 0, 1)
     J0 = row_shard_costs(w.lengths, b, row, slot, R, topo, COST)
     before = score_from_J(J0, objective)
     m = w.num_samples // topo.dp
     checked = relocated = 0
     for _ in range(300):
-        n_eval = pop.counters[0, 0]
-        old_slot = pop.slot[0].copy()
-        old_row = pop.row[0].copy()
-        pop.run_one(pb, 1, np.inf, cfg)
-        if pop.counters[0, 0] == n_eval:
+        n_eval = pop.walk.counters[0, 0]
+        old_slot = pop.state.slot[0].copy()
+        old_row = pop.state.row[0].copy()
+        run_one(pop, 1, np.inf, cfg)
+        if pop.walk.counters[0, 0] == n_eval:
             continue
-        moved = np.flatnonzero((pop.slot[0] != old_slot) | (pop.row[0] != old_row))
+        moved = np.flatnonzero((pop.state.slot[0] != old_slot) | (pop.state.row[0] != old_row))
         if moved.size == 1:  # a relocation: same slot, another row
             relocated += 1
-            assert pop.slot[0][moved[0]] == old_slot[moved[0]]
-        r_N, s_N = pb.external(pop.row[0], pop.slot[0])
+            assert pop.state.slot[0][moved[0]] == old_slot[moved[0]]
+        r_N, s_N = pop.layout(0)
         assert (np.bincount(s_N, minlength=topo.dp) == m).all()
         after = score_from_J(row_shard_costs(w.lengths, b, r_N, s_N, R, topo, COST), objective)
-        d = pop.last[0]
+        d = pop.walk.last[0]
         scale = max(1.0, abs(before.makespan))
         assert d[0] == pytest.approx(after.makespan - before.makespan, abs=1e-9 * scale)
         assert d[1] == pytest.approx(after.total - before.total, abs=1e-9 * scale)
@@ -180,20 +184,20 @@ def test_long_walks_keep_equal_counts(objective):
     """Long T = ∞ walks (relocations, swaps, guided moves) keep N/D samples in every slot and
     every other constraint; the annealer's result does too."""
     w, topo, pl, b, R, row, slot = _eq_instance(1, seed=5, n=60)
-    cfg = A.AnnealConfig(p_guide=0.3, p_swap=0.5)
-    pb = A._Problem(w.lengths, b, topo, COST, R, objective, cfg.tie_eps)
-    pop = A._Population(pb, 2)
+    cfg = AnnealConfig(p_guide=0.3, p_swap=0.5)
+    pb = Instance(w.lengths, b, topo, COST, R, objective, cfg.tie_eps)
+    pop = Population(pb, 2)
     r32, s32 = pb.check_layout(row, slot, "layout")
-    pop.init(pb, np.stack([r32, r32]), np.stack([s32, s32]))
-    pop.rng[:] = A._rng_states(3, 0, 2)
-    start = [pb.external(pop.row[k], pop.slot[k]) for k in range(2)]
+    pop.init(np.stack([r32, r32]), np.stack([s32, s32]))
+    pop.walk.rng[:] = rng_states(3, 0, 2)
+    start = [pop.layout(k) for k in range(2)]
     for _ in range(5):
-        pop.run(pb, 4000, np.inf, cfg)
+        run(pop, 4000, np.inf, cfg)
         for k in range(2):
-            r_N, s_N = pb.external(pop.row[k], pop.slot[k])
+            r_N, s_N = pop.layout(k)
             assert Plan(topo, R, pl, r_N, s_N, objective=objective).validate(w) == []
-    assert any((pb.external(pop.row[k], pop.slot[k])[0] != start[k][0]).any() for k in range(2))
-    res = A.anneal(w.lengths, b, topo, COST, R, objective, [(row, slot)], seed=1, max_sweeps=20)
+    assert any((pop.layout(k)[0] != start[k][0]).any() for k in range(2))
+    res = anneal(w.lengths, b, topo, COST, R, objective, [(row, slot)], seed=1, max_sweeps=20)
     assert Plan(topo, R, pl, res.row, res.slot, objective=objective).validate(w) == []
 
 
@@ -204,7 +208,7 @@ def test_anneal_rejects_a_seed_with_unequal_counts():
     bad = slot.copy()
     bad[i] = 1
     with pytest.raises(InputError):
-        A.anneal(w.lengths, b, topo, COST, R, "max-sum", [(row, bad)], max_sweeps=1)
+        anneal(w.lengths, b, topo, COST, R, "max-sum", [(row, bad)], max_sweeps=1)
 
 
 # ------------------------------------------------------------------ exact models
@@ -428,7 +432,7 @@ def test_greedy_seed_keeps_equal_counts(ti):
     quota) and a valid layout, or None when capacity blocks it."""
     w, topo, pl, b, R, row, slot = _eq_instance(ti, seed=ti, n=42 if ti == 2 else 40)
     for objective in ("max-sum", "sum-max"):
-        g = A.greedy_layout(w.lengths, b, topo, COST, R, objective)
+        g = greedy_layout(w.lengths, b, topo, COST, R, objective)
         assert g is not None
         assert Plan(topo, R, pl, *g).validate(w) == []
 

@@ -14,7 +14,9 @@ from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import check_window_memory, load_window
-from routepack_opt.heuristics import annealing, cells
+from routepack_opt.heuristics import cells
+from routepack_opt.heuristics.anneal.greedy import greedy_seed
+from routepack_opt.heuristics.anneal.problem import Instance
 from routepack_opt.heuristics.placement.lpt import lpt_placement
 from routepack_opt.models.layout import solve_layout
 from routepack_opt.trace import generate_window
@@ -29,19 +31,18 @@ def window():
 
 def _problem(window, topo, rows):
     b = Evaluator(window, topo, COST).rank_loads(lpt_placement(window.expert_loads(), topo.ep))
-    return annealing._Problem(window.lengths, b, topo, COST, rows, "max-sum", 1e-9)
+    return Instance(window.lengths, b, topo, COST, rows, "max-sum", 1e-9)
 
 
-def test_greedy_in_chunks_equals_one_pass(window, monkeypatch):
+def test_greedy_in_chunks_equals_one_pass(window):
     """The joint-cost greedy run in chunks of 1 or 7 samples gives the one-pass layout."""
     topo = Topology(dp=8, ep=4, capacity=4096)
     rows = pipeline.resolve_rows(window, topo, None)[0]
     pb = _problem(window, topo, rows)
-    whole = annealing._greedy_pb(pb)
+    whole = greedy_seed(pb)
     assert whole is not None
     for step in (1, 7):
-        monkeypatch.setattr(annealing, "_GREEDY_CHUNK_OPS", step * (pb.R * pb.G * pb.L * pb.Pp + pb.R * pb.D))
-        again = annealing._greedy_pb(pb)
+        again = greedy_seed(pb, chunk_ops=step * (pb.R * pb.G * pb.L * pb.Pp + pb.R * pb.D))
         assert np.array_equal(again[0], whole[0]) and np.array_equal(again[1], whole[1])
 
 
@@ -49,7 +50,7 @@ def test_greedy_stops_at_a_past_deadline(window):
     """A deadline already passed: the greedy gives up (None) instead of running on."""
     topo = Topology(dp=8, ep=4, capacity=4096)
     pb = _problem(window, topo, pipeline.resolve_rows(window, topo, None)[0])
-    assert annealing._greedy_pb(pb, deadline=time.perf_counter() - 1.0) is None
+    assert greedy_seed(pb, deadline=time.perf_counter() - 1.0) is None
 
 
 def test_repair_in_pieces_equals_one_pass(monkeypatch):

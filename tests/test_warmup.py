@@ -16,7 +16,7 @@ from routepack_opt.core.cache import configure_cache
 from routepack_opt.core.cost import PRESETS
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window, save_window
-from routepack_opt.heuristics import annealing
+from routepack_opt.heuristics.anneal import search as anneal_search
 from routepack_opt.heuristics.placement.lpt import identity_placement
 from routepack_opt.pipeline import solve
 from routepack_opt.trace import generate_window
@@ -52,10 +52,10 @@ def test_after_warm_planning_compiles_nothing_new():
 
 def test_rare_load_storage_compiles_before_the_annealer_clock(monkeypatch):
     """A window whose loads need int32 storage (a sample with ≥ 2^15 tokens on one expert)
-    compiles only inside annealing.warm_storage, whose time the annealer takes off its clock."""
+    compiles only inside anneal.warm_storage, whose time the annealer takes off its clock."""
     warm()
     marks = {}
-    real = annealing.warm_storage
+    real = anneal_search.warm_storage
 
     def spy(b_dtype, w_dtype):
         spent = real(b_dtype, w_dtype)
@@ -63,7 +63,7 @@ def test_rare_load_storage_compiles_before_the_annealer_clock(monkeypatch):
         marks["after"] = _signatures()
         return spent
 
-    monkeypatch.setattr(annealing, "warm_storage", spy)
+    monkeypatch.setattr(anneal_search, "warm_storage", spy)
     rng = np.random.default_rng(0)
     lengths = rng.integers(33_000, 40_000, size=8)
     counts = np.zeros((8, 1, 4), dtype=np.int64)

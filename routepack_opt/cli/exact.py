@@ -53,7 +53,7 @@ def warm_start(window, topology, cost, placement, rows, objective, seconds, eval
     cands = dict(baseline_layouts(window, topology, rows, time_limit=max(seconds, 0.05)))
     if seconds > 0:
         try:
-            from routepack_opt.heuristics.annealing import anneal
+            from routepack_opt.heuristics.anneal import anneal
 
             res = anneal(window.lengths, evaluator.rank_loads(placement), topology, cost, rows,
                          objective, [c.arrays() for c in cands.values()], seed=0, time_limit=seconds)

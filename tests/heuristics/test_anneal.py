@@ -1,4 +1,4 @@
-"""Population annealing (routepack_opt.heuristics.annealing): incremental cost against the one
+"""Population annealing (routepack_opt.heuristics.anneal): incremental cost against the one
 evaluator, constraints, determinism, never worse than its seeds."""
 
 from __future__ import annotations
@@ -15,10 +15,15 @@ from cases import COST, TOPOLOGIES, feasible_layout, instance  # noqa: E402
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator, rank_loads, row_shard_costs, score_from_J
+from routepack_opt.heuristics.anneal import AnnealConfig, anneal, greedy_layout, layout_energy
+from routepack_opt.heuristics.anneal.kernels import pairwise_sum
+from routepack_opt.heuristics.anneal.moves import run, run_one
+from routepack_opt.heuristics.anneal.problem import Instance
+from routepack_opt.heuristics.anneal.rng import rng_states
+from routepack_opt.heuristics.anneal.state import Population
 from routepack_opt.core.plan import Plan
 from routepack_opt.core.testing import random_window
 from routepack_opt.core.topology import Topology
-from routepack_opt.heuristics import annealing as A
 
 
 def full_score(w, b, topo, row, slot, R, objective):
@@ -33,33 +38,33 @@ def test_move_delta_equals_full_reevaluation(objective, mix, ti):
     """Every move's incremental (Δmakespan, Δtotal, Δpeak) and the state after it equal a full
     re-evaluation by the evaluator (relocate, swap and guided moves; both objectives)."""
     w, topo, pl, b, R = instance(TOPOLOGIES[ti], seed=ti)
-    cfg = A.AnnealConfig(p_swap={"relocate": 0.0, "swap": 1.0, "guided": 0.5}[mix],
+    cfg = AnnealConfig(p_swap={"relocate": 0.0, "swap": 1.0, "guided": 0.5}[mix],
                          p_guide=1.0 if mix == "guided" else 0.0, p_near=0.5, swap_window=3)
-    pb = A._Problem(w.lengths, b, topo, COST, R, objective, cfg.tie_eps)
+    pb = Instance(w.lengths, b, topo, COST, R, objective, cfg.tie_eps)
     row, slot = feasible_layout(w.lengths, topo, R, np.random.default_rng(ti))
-    pop = A._Population(pb, 1)
+    pop = Population(pb, 1)
     r32, s32 = pb.check_layout(row, slot, "layout")
-    pop.init(pb, r32[None], s32[None])
-    pop.rng[:] = A._rng_states(ti, 0, 1)
+    pop.init(r32[None], s32[None])
+    pop.walk.rng[:] = rng_states(ti, 0, 1)
     before = full_score(w, b, topo, row, slot, R, objective)
     checked = 0
     for _ in range(200):
-        n_eval = pop.counters[0, 0]
-        pop.run_one(pb, 1, np.inf, cfg)  # T = ∞: every evaluated proposal is accepted
-        if pop.counters[0, 0] == n_eval:
+        n_eval = pop.walk.counters[0, 0]
+        run_one(pop, 1, np.inf, cfg)  # T = ∞: every evaluated proposal is accepted
+        if pop.walk.counters[0, 0] == n_eval:
             continue  # proposal was infeasible (capacity / nonempty / same cell)
-        J = row_shard_costs(w.lengths, b, *pb.external(pop.row[0], pop.slot[0]), R, topo, COST)
+        J = row_shard_costs(w.lengths, b, *pop.layout(0), R, topo, COST)
         after = score_from_J(J, objective)
-        d = pop.last[0]
+        d = pop.walk.last[0]
         scale = max(1.0, abs(before.makespan))
         assert d[0] == pytest.approx(after.makespan - before.makespan, abs=1e-9 * scale)
         assert d[1] == pytest.approx(after.total - before.total, abs=1e-9 * scale)
         assert d[2] == pytest.approx(after.peak - before.peak, abs=1e-9 * scale)
         # the maintained state is the evaluator's, to rounding
-        np.testing.assert_array_equal(pop.J[0], J.ravel())
-        assert pop.agg[0, 0] == pytest.approx(after.makespan, rel=1e-12)
-        assert pop.agg[0, 1] == pytest.approx(after.total, rel=1e-12)
-        assert pop.agg[0, 2] == after.peak
+        np.testing.assert_array_equal(pop.state.J[0], J.ravel())
+        assert pop.state.agg[0, 0] == pytest.approx(after.makespan, rel=1e-12)
+        assert pop.state.agg[0, 1] == pytest.approx(after.total, rel=1e-12)
+        assert pop.state.agg[0, 2] == after.peak
         before = after
         checked += 1
     assert checked >= 40
@@ -71,25 +76,25 @@ def test_move_delta_exact_for_int16_and_int32_loads(scale):
     equal to a full re-evaluation."""
     w, topo, pl, b, R = instance(TOPOLOGIES[1], seed=2)
     b = b.astype(np.int64) * scale
-    cfg = A.AnnealConfig(p_swap=0.5, p_guide=0.5, p_near=0.5, swap_window=3)
-    pb = A._Problem(w.lengths, b, topo, COST, R, "max-sum", cfg.tie_eps)
+    cfg = AnnealConfig(p_swap=0.5, p_guide=0.5, p_near=0.5, swap_window=3)
+    pb = Instance(w.lengths, b, topo, COST, R, "max-sum", cfg.tie_eps)
     assert pb.b.dtype == (np.int16 if b.max() < 2**15 else np.int32)
     row, slot = feasible_layout(w.lengths, topo, R, np.random.default_rng(2))
-    pop = A._Population(pb, 1)
+    pop = Population(pb, 1)
     r32, s32 = pb.check_layout(row, slot, "layout")
-    pop.init(pb, r32[None], s32[None])
-    pop.rng[:] = A._rng_states(2, 0, 1)
+    pop.init(r32[None], s32[None])
+    pop.walk.rng[:] = rng_states(2, 0, 1)
     before = full_score(w, b, topo, row, slot, R, "max-sum")
     checked = 0
     for _ in range(100):
-        n_eval = pop.counters[0, 0]
-        pop.run_one(pb, 1, np.inf, cfg)
-        if pop.counters[0, 0] == n_eval:
+        n_eval = pop.walk.counters[0, 0]
+        run_one(pop, 1, np.inf, cfg)
+        if pop.walk.counters[0, 0] == n_eval:
             continue
-        after = full_score(w, b, topo, *pb.external(pop.row[0], pop.slot[0]), R, "max-sum")
+        after = full_score(w, b, topo, *pop.layout(0), R, "max-sum")
         scale_ = max(1.0, abs(before.makespan))
-        assert pop.last[0, 0] == pytest.approx(after.makespan - before.makespan, abs=1e-9 * scale_)
-        assert pop.last[0, 1] == pytest.approx(after.total - before.total, abs=1e-9 * scale_)
+        assert pop.walk.last[0, 0] == pytest.approx(after.makespan - before.makespan, abs=1e-9 * scale_)
+        assert pop.walk.last[0, 1] == pytest.approx(after.total - before.total, abs=1e-9 * scale_)
         before = after
         checked += 1
     assert checked >= 20
@@ -100,30 +105,30 @@ def test_moves_keep_every_constraint(objective):
     """Long random walks at T = ∞ keep capacity, nonempty cells and coverage, and the cell
     member lists stay consistent with row/slot."""
     w, topo, pl, b, R = instance(TOPOLOGIES[1], seed=5, n=60)
-    cfg = A.AnnealConfig(p_guide=0.3)
-    pb = A._Problem(w.lengths, b, topo, COST, R, objective, cfg.tie_eps)
+    cfg = AnnealConfig(p_guide=0.3)
+    pb = Instance(w.lengths, b, topo, COST, R, objective, cfg.tie_eps)
     row, slot = feasible_layout(w.lengths, topo, R, np.random.default_rng(1))
-    pop = A._Population(pb, 2)
+    pop = Population(pb, 2)
     r32, s32 = pb.check_layout(row, slot, "layout")
-    pop.init(pb, np.stack([r32, r32]), np.stack([s32, s32]))
-    pop.rng[:] = A._rng_states(3, 0, 2)
+    pop.init(np.stack([r32, r32]), np.stack([s32, s32]))
+    pop.walk.rng[:] = rng_states(3, 0, 2)
     for _ in range(5):
-        pop.run(pb, 2000, np.inf, cfg)
+        run(pop, 2000, np.inf, cfg)
         for k in range(2):
-            plan = Plan(topo, R, pl, *pb.external(pop.row[k], pop.slot[k]), objective=objective)
+            plan = Plan(topo, R, pl, *pop.layout(k), objective=objective)
             assert plan.validate(w) == []
-            cell = pop.row[k].astype(np.int64) * topo.dp + pop.slot[k]  # internal slot order
-            np.testing.assert_array_equal(pop.cnt[k], np.bincount(cell, minlength=R * topo.dp))
+            cell = pop.state.row[k].astype(np.int64) * topo.dp + pop.state.slot[k]  # internal slot order
+            np.testing.assert_array_equal(pop.state.cnt[k], np.bincount(cell, minlength=R * topo.dp))
             for i in range(w.num_samples):
-                assert pop.memb[k, pop.pos[k, i] * R * topo.dp + cell[i]] == i
+                assert pop.state.memb[k, pop.state.pos[k, i] * R * topo.dp + cell[i]] == i
             # the open-cell set is exactly the cells with room for the shortest sample
             n_cells = R * topo.dp
-            n_open = pop.opn[k, 2 * n_cells]
-            is_open = topo.capacity - pop.T[k] >= w.lengths.min()
-            assert sorted(pop.opn[k, :n_open]) == list(np.flatnonzero(is_open))
+            n_open = pop.state.opn[k, 2 * n_cells]
+            is_open = topo.capacity - pop.state.T[k] >= w.lengths.min()
+            assert sorted(pop.state.opn[k, :n_open]) == list(np.flatnonzero(is_open))
             for q in range(n_open):
-                assert pop.opn[k, n_cells + pop.opn[k, q]] == q
-    assert pop.counters[:, 1].sum() > 1000
+                assert pop.state.opn[k, n_cells + pop.state.opn[k, q]] == q
+    assert pop.walk.counters[:, 1].sum() > 1000
 
 
 def test_pairwise_sum_matches_numpy():
@@ -131,7 +136,7 @@ def test_pairwise_sum_matches_numpy():
     rng = np.random.default_rng(0)
     for n in [1, 7, 8, 9, 100, 128, 129, 300, 1031]:
         a = rng.random(n) * 1e6
-        assert A._pairwise_sum(a, 0, n) == a.sum()
+        assert pairwise_sum(a, 0, n) == a.sum()
 
 
 @pytest.mark.parametrize("objective", ["max-sum", "sum-max"])
@@ -144,8 +149,8 @@ def test_anneal_valid_not_worse_than_seeds_and_score_matches(objective, ti):
     seeds = [feasible_layout(w.lengths, topo, R, rng) for _ in range(2)]
     ev = Evaluator(w, topo, COST)
     best_seed = min(ev.score(pl, r, s, R, objective).key for r, s in seeds)
-    res = A.anneal(w.lengths, b, topo, COST, R, objective, seeds,
-                   config=A.AnnealConfig(population=4, temperatures=6, sweeps=12), seed=ti)
+    res = anneal(w.lengths, b, topo, COST, R, objective, seeds,
+                   config=AnnealConfig(population=4, temperatures=6, sweeps=12), seed=ti)
     plan = Plan(topo, R, pl, res.row, res.slot, objective=objective)
     assert plan.validate(w) == []
     got = ev.score(pl, res.row, res.slot, R, objective)
@@ -166,8 +171,8 @@ def test_anneal_improves_a_random_seed():
     row, slot = feasible_layout(w.lengths, topo, R, rng)
     ev = Evaluator(w, topo, COST)
     seed_ms = ev.score(pl, row, slot, R, "max-sum").makespan
-    res = A.anneal(w.lengths, b, topo, COST, R, "max-sum", [(row, slot)],
-                   config=A.AnnealConfig(population=4, temperatures=8, sweeps=24, greedy_seed=False))
+    res = anneal(w.lengths, b, topo, COST, R, "max-sum", [(row, slot)],
+                   config=AnnealConfig(population=4, temperatures=8, sweeps=24, greedy_seed=False))
     assert res.score[0] < 0.97 * seed_ms
 
 
@@ -175,9 +180,9 @@ def test_same_seed_same_layout():
     """Same seed + max_sweeps → bit-identical layout and energy; another seed may differ."""
     w, topo, pl, b, R = instance(TOPOLOGIES[2], seed=3, n=40)
     seeds = [feasible_layout(w.lengths, topo, R, np.random.default_rng(0))]
-    cfg = A.AnnealConfig(population=4, temperatures=5)
-    r1 = A.anneal(w.lengths, b, topo, COST, R, "sum-max", seeds, config=cfg, seed=7, max_sweeps=10)
-    r2 = A.anneal(w.lengths, b, topo, COST, R, "sum-max", seeds, config=cfg, seed=7, max_sweeps=10)
+    cfg = AnnealConfig(population=4, temperatures=5)
+    r1 = anneal(w.lengths, b, topo, COST, R, "sum-max", seeds, config=cfg, seed=7, max_sweeps=10)
+    r2 = anneal(w.lengths, b, topo, COST, R, "sum-max", seeds, config=cfg, seed=7, max_sweeps=10)
     np.testing.assert_array_equal(r1.row, r2.row)
     np.testing.assert_array_equal(r1.slot, r2.slot)
     assert r1.energy == r2.energy
@@ -189,11 +194,11 @@ _DETERMINISM_SCRIPT = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})
 from cases import instance, feasible_layout, COST, TOPOLOGIES
-from routepack_opt.heuristics import annealing as A
+from routepack_opt.heuristics.anneal import AnnealConfig, anneal
 w, topo, pl, b, R = instance(TOPOLOGIES[1], seed=4, n=40)
 seeds = [feasible_layout(w.lengths, topo, R, np.random.default_rng(0))]
-r = A.anneal(w.lengths, b, topo, COST, R, "max-sum", seeds,
-             config=A.AnnealConfig(population=6, temperatures=4), seed=3, max_sweeps=8)
+r = anneal(w.lengths, b, topo, COST, R, "max-sum", seeds,
+             config=AnnealConfig(population=6, temperatures=4), seed=3, max_sweeps=8)
 print(r.energy.hex(), ",".join(map(str, r.row.tolist() + r.slot.tolist())))
 """
 
@@ -217,7 +222,7 @@ def test_time_limit_returns_valid_best_so_far():
     w, topo, pl, b, R = instance(TOPOLOGIES[0], seed=8, n=60)
     seeds = [feasible_layout(w.lengths, topo, R, np.random.default_rng(2))]
     fractions = []
-    res = A.anneal(w.lengths, b, topo, COST, R, "max-sum", seeds, time_limit=0.3,
+    res = anneal(w.lengths, b, topo, COST, R, "max-sum", seeds, time_limit=0.3,
                    progress=fractions.append)
     plan = Plan(topo, R, pl, res.row, res.slot)
     assert plan.validate(w) == []
@@ -231,7 +236,7 @@ def test_greedy_layout_is_feasible():
     """The joint-cost greedy seed respects capacity and nonempty cells."""
     for ti in range(len(TOPOLOGIES)):
         w, topo, pl, b, R = instance(TOPOLOGIES[ti], seed=30 + ti)
-        g = A.greedy_layout(w.lengths, b, topo, COST, R, "max-sum")
+        g = greedy_layout(w.lengths, b, topo, COST, R, "max-sum")
         assert g is not None
         assert Plan(topo, R, pl, g[0], g[1]).validate(w) == []
 
@@ -243,7 +248,7 @@ def test_layout_energy_mirrors_lexicographic_score():
     items = []
     for _ in range(20):
         r, s = feasible_layout(w.lengths, topo, R, rng)
-        e, sc = A.layout_energy(w.lengths, b, topo, COST, R, "max-sum", r, s)
+        e, sc = layout_energy(w.lengths, b, topo, COST, R, "max-sum", r, s)
         items.append((e, sc, full_score(w, b, topo, r, s, R, "max-sum").key))
         assert sc == pytest.approx(items[-1][2], rel=1e-12)
         assert 0 <= e - sc[0] <= 1e-9 * sc[0]
@@ -254,38 +259,38 @@ def test_layout_energy_mirrors_lexicographic_score():
 def test_bad_inputs_raise_input_error():
     """Bad config values, shapes, rows and seeds raise InputError with a message."""
     with pytest.raises(InputError):
-        A.AnnealConfig(population=0)
+        AnnealConfig(population=0)
     with pytest.raises(InputError):
-        A.AnnealConfig(p_guide=1.5)
+        AnnealConfig(p_guide=1.5)
     with pytest.raises(InputError):
-        A.AnnealConfig(tie_eps=0.1)
+        AnnealConfig(tie_eps=0.1)
     with pytest.raises(InputError):
-        A.AnnealConfig.from_dict({"populaton": 3})
+        AnnealConfig.from_dict({"populaton": 3})
     w, topo, pl, b, R = instance(TOPOLOGIES[0], seed=1)
     with pytest.raises(InputError):
-        A.anneal(w.lengths, b[:, :, :2], topo, COST, R, "max-sum", [])
+        anneal(w.lengths, b[:, :, :2], topo, COST, R, "max-sum", [])
     with pytest.raises(InputError):
-        A.anneal(w.lengths, b, topo, COST, 100, "max-sum", [])
+        anneal(w.lengths, b, topo, COST, 100, "max-sum", [])
     with pytest.raises(InputError):
-        A.anneal(w.lengths, b, topo, COST, R, "min-max", [])
+        anneal(w.lengths, b, topo, COST, R, "min-max", [])
     row, slot = feasible_layout(w.lengths, topo, R, np.random.default_rng(0))
     bad = row.copy()
     bad[:] = 0  # every sample in row 0: other rows empty
     with pytest.raises(InputError):
-        A.anneal(w.lengths, b, topo, COST, R, "max-sum", [(bad, slot)])
+        anneal(w.lengths, b, topo, COST, R, "max-sum", [(bad, slot)])
 
 
 def test_config_from_toml(tmp_path):
     """AnnealConfig reads a TOML file (top level or [anneal] table) and rejects unknown keys."""
     p = tmp_path / "a.toml"
     p.write_text("[anneal]\npopulation = 8\np_guide = 0.5\ngreedy_seed = false\n")
-    cfg = A.AnnealConfig.from_toml(p)
+    cfg = AnnealConfig.from_toml(p)
     assert (cfg.population, cfg.p_guide, cfg.greedy_seed) == (8, 0.5, False)
     p.write_text("sweeps = 3\nbogus = 1\n")
     with pytest.raises(InputError, match="bogus"):
-        A.AnnealConfig.from_toml(p)
+        AnnealConfig.from_toml(p)
     with pytest.raises(InputError):
-        A.AnnealConfig.from_toml(tmp_path / "missing.toml")
+        AnnealConfig.from_toml(tmp_path / "missing.toml")
 
 
 def test_production_preset_cost_delta():
@@ -296,23 +301,23 @@ def test_production_preset_cost_delta():
     pl = np.tile(np.arange(16), (4, 1))
     b = rank_loads(w.counts, pl, 8)
     R = 2
-    pb = A._Problem(w.lengths, b, topo, cost, R, "sum-max", 1e-9)
+    pb = Instance(w.lengths, b, topo, cost, R, "sum-max", 1e-9)
     row, slot = feasible_layout(w.lengths, topo, R, np.random.default_rng(0))
-    pop = A._Population(pb, 1)
+    pop = Population(pb, 1)
     r32, s32 = pb.check_layout(row, slot, "layout")
-    pop.init(pb, r32[None], s32[None])
-    pop.rng[:] = A._rng_states(0, 0, 1)
-    cfg = A.AnnealConfig()
+    pop.init(r32[None], s32[None])
+    pop.walk.rng[:] = rng_states(0, 0, 1)
+    cfg = AnnealConfig()
     prev = score_from_J(row_shard_costs(w.lengths, b, row, slot, R, topo, cost), "sum-max")
     for _ in range(200):
-        n = pop.counters[0, 0]
-        pop.run_one(pb, 1, np.inf, cfg)
-        if pop.counters[0, 0] == n:
+        n = pop.walk.counters[0, 0]
+        run_one(pop, 1, np.inf, cfg)
+        if pop.walk.counters[0, 0] == n:
             continue
-        J = row_shard_costs(w.lengths, b, *pb.external(pop.row[0], pop.slot[0]), R, topo, cost)
+        J = row_shard_costs(w.lengths, b, *pop.layout(0), R, topo, cost)
         now = score_from_J(J, "sum-max")
-        assert pop.last[0, 0] == pytest.approx(now.makespan - prev.makespan, abs=1e-9 * now.makespan)
-        np.testing.assert_array_equal(pop.J[0], J.ravel())
+        assert pop.walk.last[0, 0] == pytest.approx(now.makespan - prev.makespan, abs=1e-9 * now.makespan)
+        np.testing.assert_array_equal(pop.state.J[0], J.ravel())
         prev = now
 
 
@@ -354,8 +359,8 @@ def test_property_anneal_returns_valid_layout_never_worse(inst):
         return
     pl = np.stack([rng.permutation(E) for _ in range(2)])
     b = rank_loads(w.counts, pl, ep)
-    res = A.anneal(w.lengths, b, topo, COST, R, objective, [(row, slot)],
-                   config=A.AnnealConfig(population=3, temperatures=4, sweeps=6), seed=seed)
+    res = anneal(w.lengths, b, topo, COST, R, objective, [(row, slot)],
+                   config=AnnealConfig(population=3, temperatures=4, sweeps=6), seed=seed)
     assert Plan(topo, R, pl, res.row, res.slot, objective=objective).validate(w) == []
     ev = Evaluator(w, topo, COST)
     got = ev.score(pl, res.row, res.slot, R, objective)

@@ -107,12 +107,12 @@ def test_sticky_value_is_makespan_plus_migration():
 
 def test_joint_with_annealer():
     """Integration with the population annealer (small fixed budget): valid, never worse."""
-    annealing = pytest.importorskip("routepack_opt.heuristics.annealing")
+    from routepack_opt.heuristics.anneal import AnnealConfig
     w, topo, row, slot, R, pl, _ = _case(6, N=48, L=2, E=8, P=2, G=2, R=3)
     cfg = JointConfig(anneal_sweeps=2)
     from routepack_opt.heuristics.placement.joint import anneal_packer
     pk = anneal_packer(w, topo, COST, R, "max-sum",
-                       config=annealing.AnnealConfig(population=4, temperatures=4, sweeps=2),
+                       config=AnnealConfig(population=4, temperatures=4, sweeps=2),
                        max_sweeps=2)
     res = joint_search(w, topo, COST, R, "max-sum", pl, (row, slot), seed=1, config=cfg, packer=pk)
     ev = Evaluator(w, topo, COST)

@@ -311,7 +311,7 @@ def test_bad_inputs():
 def test_annealer_never_below_proved_bound(objective):
     """The annealer's makespan (re-scored) is never below the exact model's proved bound, and the
     exact optimum is never worse than the annealer's layout."""
-    anneal_mod = pytest.importorskip("routepack_opt.heuristics.annealing")
+    from routepack_opt.heuristics.anneal import anneal
     from routepack_opt.heuristics.baselines import verl_kk_layout
 
     for seed in range(2):
@@ -320,8 +320,8 @@ def test_annealer_never_below_proved_bound(objective):
         pl = np.tile(np.arange(4), (2, 1))
         inst = LayoutInstance.build(w, topo, TOY, pl, 2, objective)
         start = verl_kk_layout(w.lengths, topo, 2)
-        ar = anneal_mod.anneal(w.lengths, inst.b_NLP, topo, TOY, 2, objective, seeds=[start],
-                               seed=seed, max_sweeps=200)
+        ar = anneal(w.lengths, inst.b_NLP, topo, TOY, 2, objective, seeds=[start],
+                    seed=seed, max_sweeps=200)
         heur = inst.score(ar.row, ar.slot).makespan
         ex = solve_layout(w, topo, TOY, pl, 2, objective, "cpsat", time_limit=10,
                           warm_start=(ar.row, ar.slot), num_workers=2)

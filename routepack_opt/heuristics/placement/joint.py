@@ -39,7 +39,7 @@ from routepack_opt.core.objective import check_objective
 from routepack_opt.core.plan import check_placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
-from routepack_opt.heuristics import annealing
+from routepack_opt.heuristics.anneal import AnnealConfig, anneal
 from routepack_opt.heuristics.placement.migration import Migration, align_slots, migration_cost
 from routepack_opt.heuristics.placement.refine import RefineConfig, refine_placement
 
@@ -91,14 +91,14 @@ class JointResult:
 
 def anneal_packer(window: Window, topology: Topology, cost: CostModel, rows: int, objective: str,
                   config=None, max_sweeps: int | None = None) -> Packer:
-    """The population annealer (:mod:`routepack_opt.heuristics.annealing`) as a packer."""
-    cfg = config if config is not None else annealing.AnnealConfig()
+    """The population annealer (:mod:`routepack_opt.heuristics.anneal`) as a packer."""
+    cfg = config if config is not None else AnnealConfig()
 
     def pack(b_NLP, seeds, seed, time_limit):
         if time_limit is not None and time_limit < 0.01:  # no time left: keep the seed
             return seeds[0]
-        res = annealing.anneal(window.lengths, b_NLP, topology, cost, rows, objective, seeds,
-                               config=cfg, seed=seed, time_limit=time_limit, max_sweeps=max_sweeps)
+        res = anneal(window.lengths, b_NLP, topology, cost, rows, objective, seeds,
+                     config=cfg, seed=seed, time_limit=time_limit, max_sweeps=max_sweeps)
         return np.asarray(res.row, dtype=np.int64), np.asarray(res.slot, dtype=np.int64)
 
     return pack

@@ -1,0 +1,119 @@
+"""Parameters and result of the population annealer (frozen dataclasses, checked when built)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+
+from routepack_opt.core.errors import InputError, load_document
+
+__all__ = ["AnnealConfig", "AnnealResult"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AnnealConfig:
+    """Parameters of the search (frozen; checked when built; ``from_toml`` reads a file).
+
+    The default budget (``population × sweeps`` sweeps of N proposals) plans a production window
+    (N=1024, L=48, E=256, k=8, D=32, P=8) in about a second on two cores.
+    """
+
+    population: int = 16  # replicas K
+    temperatures: int = 24  # rungs of the geometric ladder
+    sweeps: int = 200  # sweeps per replica over the whole ladder (one sweep = N proposals)
+    p_swap: float = 0.7  # probability a proposal is a swap (else a relocation)
+    p_guide: float = 0.3  # probability the moved sample is drawn from the bottleneck
+    p_near: float = 0.75  # probability a swap partner is a length-neighbour (within swap_window)
+    swap_window: int = 16  # length-order neighbourhood (samples each side) of near swaps
+    t_hot_quantile: float = 0.5  # T_hot = this quantile of |ΔE| of random moves from the seeds
+    t_cold_ratio: float = 1e-3  # T_cold = t_cold_ratio · T_hot
+    calibration_moves: int = 2048  # random proposals per seed to scale the ladder
+    random_fraction: float = 0.5  # share of replicas started from random walks off a seed
+    random_walk_sweeps: float = 1.0  # length of those walks (sweeps at infinite temperature)
+    greedy_seed: bool = True  # add the joint-cost greedy layout to the seeds
+    tie_eps: float = 1e-9  # η: relative weight of the tie-break terms (see search.py)
+    chunk_sweeps: int = 2  # sweeps per compiled call (clock checks in between)
+    resample: bool = True  # systematic resampling between temperatures
+    fill_time: bool = False  # with a time limit and no max_sweeps: use all of it (else ≤ sweeps)
+
+    def __post_init__(self):
+        ints = {"population": 1, "temperatures": 1, "sweeps": 1, "calibration_moves": 16,
+                "chunk_sweeps": 1, "swap_window": 1}
+        for name, lo in ints.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise InputError(f"anneal: {name} must be an integer ≥ {lo}, got {v!r}")
+            object.__setattr__(self, name, int(v))
+        unit = ("p_swap", "p_guide", "p_near", "random_fraction")
+        for name in unit:
+            v = _float(name, getattr(self, name))
+            if not 0.0 <= v <= 1.0:
+                raise InputError(f"anneal: {name} must be in [0, 1], got {v}")
+            object.__setattr__(self, name, v)
+        open_unit = ("t_hot_quantile", "t_cold_ratio")
+        for name in open_unit:
+            v = _float(name, getattr(self, name))
+            if not 0.0 < v <= 1.0:
+                raise InputError(f"anneal: {name} must be in (0, 1], got {v}")
+            object.__setattr__(self, name, v)
+        v = _float("random_walk_sweeps", self.random_walk_sweeps)
+        if v < 0:
+            raise InputError(f"anneal: random_walk_sweeps must be ≥ 0, got {v}")
+        object.__setattr__(self, "random_walk_sweeps", v)
+        v = _float("tie_eps", self.tie_eps)
+        if not 0.0 < v <= 1e-3:
+            raise InputError(f"anneal: tie_eps must be in (0, 1e-3], got {v}")
+        object.__setattr__(self, "tie_eps", v)
+        for name in ("greedy_seed", "resample", "fill_time"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"anneal: {name} must be true or false, got {getattr(self, name)!r}")
+
+    def replace(self, **changes) -> "AnnealConfig":
+        """A copy with ``changes`` (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "AnnealConfig":
+        if not isinstance(data, dict):
+            raise InputError("anneal: expected a table of parameters")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InputError(f"anneal: unknown parameter(s) {', '.join(unknown)} "
+                             f"(known: {', '.join(sorted(known))})")
+        return cls(**data)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "AnnealConfig":
+        """Read parameters from a TOML file: top-level keys or an ``[anneal]`` table."""
+        return load_document(path, "config", "toml",
+                             lambda d: cls.from_dict(d["anneal"] if "anneal" in d else d))
+
+
+def _float(name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise InputError(f"anneal: {name} must be a number, got {v!r}")
+    v = float(v)
+    if not math.isfinite(v):
+        raise InputError(f"anneal: {name} must be finite, got {v}")
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class AnnealResult:
+    """Best layout found. ``score`` = (makespan, total, peak) as computed by the search from its
+    integer state (the evaluator agrees to rounding); ``energy`` is the scalar it minimised."""
+
+    row: np.ndarray
+    slot: np.ndarray
+    energy: float
+    score: tuple[float, float, float]
+    objective: str
+    stats: dict
+
+    @property
+    def makespan(self) -> float:
+        return self.score[0]

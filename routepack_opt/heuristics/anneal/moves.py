@@ -1,0 +1,374 @@
+"""The moves of the annealer, one function per kind, and the Metropolis loop that proposes them.
+
+Every move keeps every constraint (capacity C, nonempty cells, and with equal samples per slot
+N/D samples in each slot):
+
+- *relocate* sample i to another cell (only if i's cell keeps ≥ 1 sample and the target stays
+  ≤ capacity). Target first (:func:`pick_target_first`): a uniform *open* cell c (one with room
+  for the shortest sample; the open cells are kept in a set updated in O(1) per accepted move),
+  then i uniform among the samples no longer than c's free capacity (a table of counts by
+  length). With equal samples per slot a relocation keeps i in its slot
+  (:func:`target_in_slot`): i first (uniform, or guided), then the first other row of i's slot
+  with room, from a uniform start;
+- *swap* two samples of different cells (both cells stay ≤ capacity; counts unchanged). The
+  partner j is uniform among the samples with length in [l_i, l_i + free capacity of i's cell]
+  — exactly the swaps that fit, each pair one way round — and, with probability ``p_near``,
+  also among the ``window`` nearest in length order (:func:`fitting_partner`). A guided
+  sample's near partner is any of the ``window`` neighbours either side, shorter ones too,
+  capacity checked (:func:`near_partner`);
+- *guided*: with probability ``p_guide`` the moved sample comes from the bottleneck
+  (:func:`pick_guided`) — for ``max-sum`` the shard with the largest Σ_r J (its rows weighted by
+  J[r, g*]); for ``sum-max`` a row drawn with probability ∝ max_g J[r, g], then that row's argmax
+  shard; then a uniform cell of that block and a uniform member of it. A guided relocation tries
+  up to 8 random targets with room (:func:`guided_target`).
+
+A proposal's cost change comes from :func:`~routepack_opt.heuristics.anneal.kernels.move_delta`
+and an accepted one is applied by :func:`~routepack_opt.heuristics.anneal.state.apply_move`.
+
+The random state lives in four registers (s0..s3) that every function taking it returns updated;
+the order of the draws is part of the result (same seed, same moves, bit-identical layouts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import namedtuple
+
+import numpy as np
+from numba import njit, prange
+
+from routepack_opt.heuristics.anneal.config import AnnealConfig
+from routepack_opt.heuristics.anneal.kernels import move_delta
+from routepack_opt.heuristics.anneal.rng import below, unit, xo
+from routepack_opt.heuristics.anneal.state import (Population, State, Walk, apply_move,
+                                                   replica_state, replica_walk, scratch)
+
+__all__ = ["Moves", "moves_of", "pick_guided", "pick_target_first", "near_partner",
+           "fitting_partner", "target_in_slot", "guided_target", "propose_swap",
+           "propose_relocation", "run_replica", "run_population", "run", "run_one"]
+
+# The move mix (from AnnealConfig) as the compiled loop reads it.
+Moves = namedtuple("Moves", (
+    "p_swap",   # float: probability a proposal is a swap (else a relocation)
+    "p_guide",  # float: probability the moved sample comes from the bottleneck
+    "p_near",   # float: probability a swap partner is a length neighbour
+    "window",   # int: length-order neighbourhood (samples each side) of near swaps
+))
+
+
+def moves_of(cfg: AnnealConfig) -> Moves:
+    return Moves(p_swap=cfg.p_swap, p_guide=cfg.p_guide, p_near=cfg.p_near, window=cfg.swap_window)
+
+
+@njit(cache=True, _nrt=False, inline='always')
+def pick_guided(s0, s1, s2, s3, st, pb):
+    """A sample of the bottleneck block (cells are never empty) and the new RNG state."""
+    J, R, D, G, P = st.J, pb.R, pb.D, pb.G, pb.P
+    # Branch-free (selects and counts): argmaxes and a weighted draw are data-dependent, and
+    # as branches they mispredicted. The row drawn is the first r whose prefix sum reaches
+    # u (prefix sums are nondecreasing, so it is the number of prefixes below u), else R − 1.
+    if pb.objective == 0:
+        gs = 0
+        best = st.colsum[0]
+        for g in range(1, G):
+            v = st.colsum[g]
+            gs = g if v > best else gs
+            best = max(best, v)
+        x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+        u = unit(x) * best  # best = colsum[gs] = Σ_r J[r, gs]
+        rs = 0
+        acc = 0.0
+        for r in range(R):
+            acc += J[r * G + gs]
+            rs += 1 if acc < u else 0
+        rs = min(rs, R - 1)
+    else:
+        x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+        u = unit(x) * st.agg[0]  # the makespan, = Σ_r rowmax[r]
+        rs = 0
+        acc = 0.0
+        for r in range(R):
+            acc += st.rowmax[r]
+            rs += 1 if acc < u else 0
+        rs = min(rs, R - 1)
+        o = rs * G
+        gs = 0
+        best = J[o]
+        for g in range(1, G):
+            v = J[o + g]
+            gs = g if v > best else gs
+            best = max(best, v)
+    # internal slots are shard-major (slot g·P + j): the shard's cells are contiguous
+    x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+    c = rs * D + gs * P + below(x, P)
+    x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+    return np.int64(st.memb[below(x, st.cnt[c]) * (R * D) + c]), s0, s1, s2, s3
+
+
+@njit(cache=True, _nrt=False, inline='always')
+def pick_target_first(s0, s1, s2, s3, st, pb):
+    """Unguided relocation, target first: (i, target cell), i = −1 when no cell is open. A
+    uniform open cell (room for the shortest sample), then a uniform sample among those that
+    fit its free capacity (n_le[s] = #samples of length ≤ s)."""
+    x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+    n_cells = pb.R * pb.D
+    n_open = st.opn[2 * n_cells]
+    if n_open == 0:
+        return -1, -1, s0, s1, s2, s3
+    bc = np.int64(st.opn[below(x, n_open)])
+    nfit = pb.n_le[pb.C - st.T[bc]]  # ≥ 1: bc is open
+    x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+    return below(x, nfit), bc, s0, s1, s2, s3
+
+
+@njit(cache=True, _nrt=False, inline='always')
+def near_partner(s0, s1, s2, s3, pb, mv, i):
+    """A guided sample's near-swap partner: a length neighbour either way (a bottleneck sample
+    may swap with a shorter one), −1 past either end; capacity is checked by the caller."""
+    x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+    k = below(x, 2 * mv.window) - mv.window
+    if k >= 0:
+        k += 1
+    j = i + k
+    if j < 0 or j >= pb.N:
+        return -1, s0, s1, s2, s3
+    return j, s0, s1, s2, s3
+
+
+@njit(cache=True, _nrt=False, inline='always')
+def fitting_partner(s0, s1, s2, s3, st, pb, mv, i, a, near):
+    """A swap partner that always fits (−1: none): length in [l_i, l_i + free(a)] (a receives
+    l_j, j's cell gets no longer; every feasible swap is such a pair one way round), for a near
+    swap also within ``window`` of i in length order; never i itself."""
+    li = pb.lengths[i]
+    lo = np.int64(pb.n_le[li - 1])
+    hi = np.int64(pb.n_le[min(li + pb.C - st.T[a], pb.C)])
+    if near:
+        lo = max(lo, i - mv.window)
+        hi = min(hi, i + mv.window + 1)
+    if hi - lo < 2:
+        return -1, s0, s1, s2, s3
+    x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+    j = lo + below(x, hi - lo - 1)
+    j += 1 if j >= i else 0
+    return j, s0, s1, s2, s3
+
+
+@njit(cache=True, _nrt=False, inline='always')
+def target_in_slot(s0, s1, s2, s3, st, pb, ra, da, li):
+    """Equal counts: another row of i's own slot, the first with room from a uniform start
+    (cells of a slot are often nearly full: one random row rarely fits); −1: none."""
+    R, D = pb.R, pb.D
+    if R < 2:
+        return -1, s0, s1, s2, s3
+    x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+    r0 = below(x, R - 1)
+    for t in range(R - 1):
+        rt = r0 + t
+        rt -= (R - 1) if rt >= R - 1 else 0
+        rt += 1 if rt >= ra else 0
+        if st.T[rt * D + da] + li <= pb.C:
+            return rt * D + da, s0, s1, s2, s3
+    return -1, s0, s1, s2, s3
+
+
+@njit(cache=True, _nrt=False, inline='always')
+def guided_target(s0, s1, s2, s3, st, pb, a, li):
+    """A guided relocation's target: up to 8 random open cells other than a with room; −1: none."""
+    n_open = st.opn[2 * pb.R * pb.D]
+    if n_open == 0:
+        return -1, s0, s1, s2, s3
+    for _t in range(8):
+        x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+        c = np.int64(st.opn[below(x, n_open)])
+        if c != a and st.T[c] + li <= pb.C:
+            return c, s0, s1, s2, s3
+    return -1, s0, s1, s2, s3
+
+
+@njit(cache=True, _nrt=False, inline='always')
+def propose_swap(s0, s1, s2, s3, st, pb, mv, i, a, guided):
+    """A swap of i (in cell a) with a partner: (j, its cell, row and slot, Ta, Qa, Tb, Qb) —
+    the two cells' token sums after it — or j = −1 (no partner, same cell, or over capacity)."""
+    near = False
+    if mv.p_near > 0.0:
+        x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+        near = unit(x) <= mv.p_near
+    if near and guided:
+        j, s0, s1, s2, s3 = near_partner(s0, s1, s2, s3, pb, mv, i)
+    else:
+        j, s0, s1, s2, s3 = fitting_partner(s0, s1, s2, s3, st, pb, mv, i, a, near)
+    zero = np.int64(0)
+    if j < 0:
+        return -1, -1, -1, -1, zero, zero, zero, zero, s0, s1, s2, s3
+    rb = np.int64(st.row[j])
+    db = np.int64(st.slot[j])
+    bc = rb * pb.D + db
+    if bc == a:
+        return -1, -1, -1, -1, zero, zero, zero, zero, s0, s1, s2, s3
+    li = pb.lengths[i]
+    lj = pb.lengths[j]
+    Ta = st.T[a] - li + lj
+    Tb = st.T[bc] - lj + li
+    if Ta > pb.C or Tb > pb.C:
+        return -1, -1, -1, -1, zero, zero, zero, zero, s0, s1, s2, s3
+    Qa = st.Q[a] - pb.len2[i] + pb.len2[j]
+    Qb = st.Q[bc] - pb.len2[j] + pb.len2[i]
+    return j, bc, rb, db, Ta, Qa, Tb, Qb, s0, s1, s2, s3
+
+
+@njit(cache=True, _nrt=False, inline='always')
+def propose_relocation(s0, s1, s2, s3, st, pb, i, a, ra, da, bc):
+    """A relocation of i out of cell a = (ra, da) to ``bc`` (when the target came first) or to
+    a target drawn here (equal counts: :func:`target_in_slot`; guided: :func:`guided_target`):
+    (target cell, its row and slot, Ta, Qa, Tb, Qb), or target −1 (a would empty, or no
+    room)."""
+    zero = np.int64(0)
+    li = pb.lengths[i]
+    if st.cnt[a] < 2 or bc == a:
+        return -1, -1, -1, zero, zero, zero, zero, s0, s1, s2, s3
+    if pb.eq:
+        bc, s0, s1, s2, s3 = target_in_slot(s0, s1, s2, s3, st, pb, ra, da, li)
+    elif bc < 0:
+        bc, s0, s1, s2, s3 = guided_target(s0, s1, s2, s3, st, pb, a, li)
+    if bc < 0:
+        return -1, -1, -1, zero, zero, zero, zero, s0, s1, s2, s3
+    rb = bc // pb.D
+    return (bc, rb, bc - rb * pb.D, st.T[a] - li, st.Q[a] - pb.len2[i], st.T[bc] + li,
+            st.Q[bc] + pb.len2[i], s0, s1, s2, s3)
+
+
+@njit(cache=True, _nrt=False)
+def run_replica(n_moves, temp, mv, pb, st, wk, sc):
+    """``n_moves`` Metropolis proposals at temperature ``temp`` for one replica (state ``st``,
+    walk ``wk``, scratch ``sc``; see :mod:`routepack_opt.heuristics.anneal.state`).
+
+    ``wk.probe`` (length > 0): record |ΔE| of each evaluated proposal there and accept nothing
+    (used to scale the ladder). ``wk.last`` = the deltas of the last evaluated proposal (checked
+    by the tests against the evaluator).
+
+    Compiled without numba's reference counting (``_nrt=False``, as are its callees): the
+    atomic increments and decrements of array arguments crossing the helpers took about a
+    quarter of the time per move. Hence no allocation or array slicing here. The small helpers
+    are inlined by numba (``inline='always'``; LLVM left them as calls, each passing every array
+    argument as a 7-word struct); the expert kernels stay calls (inlining them was slower)."""
+    N = pb.N
+    nprobe = wk.probe.shape[0]
+    at_best = False  # the current state is the best seen and not yet copied out
+    # RNG state, counters and the last deltas live in locals (stores to arrays would force
+    # reloads: numba gives LLVM no aliasing information); written back at the end.
+    s0 = wk.rng[0]
+    s1 = wk.rng[1]
+    s2 = wk.rng[2]
+    s3 = wk.rng[3]
+    n_eval = wk.counters[0]
+    n_acc = wk.counters[1]
+    n_probe = wk.counters[2]
+    n_prop = wk.counters[3]
+    l0 = wk.last[0]
+    l1 = wk.last[1]
+    l2 = wk.last[2]
+    for _ in range(n_moves):
+        n_prop += 1
+        # --- propose: the sample i, the kind of move, the partner or target ---------------------
+        i = -1
+        guided = False
+        if mv.p_guide > 0.0:
+            x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+            guided = unit(x) <= mv.p_guide
+            if guided:
+                i, s0, s1, s2, s3 = pick_guided(s0, s1, s2, s3, st, pb)
+        x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+        swap = unit(x) <= mv.p_swap
+        bc = -1
+        if i < 0:
+            if swap or pb.eq:
+                x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+                i = below(x, N)
+            else:
+                i, bc, s0, s1, s2, s3 = pick_target_first(s0, s1, s2, s3, st, pb)
+                if i < 0:
+                    continue
+        ra = np.int64(st.row[i])
+        da = np.int64(st.slot[i])
+        a = ra * pb.D + da
+        if swap:
+            j, bc, rb, db, Ta, Qa, Tb, Qb, s0, s1, s2, s3 = propose_swap(s0, s1, s2, s3, st, pb,
+                                                                         mv, i, a, guided)
+            if j < 0:
+                continue
+        else:
+            j = N  # the zero row: a relocation is evaluated as a swap with it
+            bc, rb, db, Ta, Qa, Tb, Qb, s0, s1, s2, s3 = propose_relocation(s0, s1, s2, s3, st,
+                                                                            pb, i, a, ra, da, bc)
+            if bc < 0:
+                continue
+        ga = np.int64(pb.shard_D[da])
+        gb = np.int64(pb.shard_D[db])
+        # --- evaluate ------------------------------------------------------------------------
+        n_eval += 1
+        dms, dtot, dpk, JA, JB, MA, MB = move_delta(st, pb, sc, i, j, a, ra, ga, Ta, Qa,
+                                                    bc, rb, gb, Tb, Qb)
+        dE = dms + pb.eps1 * dtot + pb.eps2 * dpk
+        l0 = dms
+        l1 = dtot
+        l2 = dpk
+        if nprobe > 0:
+            if n_probe < nprobe:
+                wk.probe[n_probe] = abs(dE)
+                n_probe += 1
+            continue
+        # --- Metropolis ----------------------------------------------------------------------
+        if dE > 0.0:
+            x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+            if dE > -temp * math.log(unit(x)):
+                continue
+        n_acc += 1
+        if at_best and not dE < -1e-12 * abs(st.agg[3]):
+            # leaving the best state seen (or not clearly improving on it): save it now
+            for t in range(N):
+                wk.best_row[t] = st.row[t]
+                wk.best_slot[t] = st.slot[t]
+            at_best = False
+        apply_move(st, pb, sc, i, j, swap, a, bc, ra, ga, da, rb, gb, db, Ta, Qa, Tb, Qb,
+                   JA, JB, MA, MB, dtot)
+        if st.agg[3] < wk.best_e[0]:
+            wk.best_e[0] = st.agg[3]
+            at_best = True  # copied lazily: when the walk leaves this state, or at the end
+    if at_best:
+        for t in range(N):
+            wk.best_row[t] = st.row[t]
+            wk.best_slot[t] = st.slot[t]
+    wk.rng[0] = s0
+    wk.rng[1] = s1
+    wk.rng[2] = s2
+    wk.rng[3] = s3
+    wk.counters[0] = n_eval
+    wk.counters[1] = n_acc
+    wk.counters[2] = n_probe
+    wk.counters[3] = n_prop
+    wk.last[0] = l0
+    wk.last[1] = l1
+    wk.last[2] = l2
+
+
+@njit(cache=True, parallel=True)
+def run_population(n_moves, temp, mv, pb, S, V):
+    """All replicas in parallel (each one's stream and state are its own)."""
+    for k in prange(S.row.shape[0]):
+        st = replica_state(S, k)
+        run_replica(n_moves, temp, mv, pb, st, replica_walk(V, k), scratch(pb.L, st.W))
+
+
+def run(pop: Population, n_moves: int, temp: float, cfg: AnnealConfig, probe=None) -> None:
+    """``n_moves`` proposals per replica at ``temp`` (``probe`` [K, n]: record |ΔE|, accept
+    nothing)."""
+    walk = pop.walk if probe is None else pop.walk._replace(probe=probe)
+    run_population(n_moves, temp, moves_of(cfg), pop.inst.problem, pop.state, walk)
+
+
+def run_one(pop: Population, n_moves: int, temp: float, cfg: AnnealConfig, k: int = 0) -> None:
+    """Replica k alone, serially (no thread launch): for tests stepping one move at a time."""
+    st = State(**{f: a[k] for f, a in pop.state._asdict().items()})
+    wk = Walk(**{f: a[k:k + 1] if f == "best_e" else a[k] for f, a in pop.walk._asdict().items()})
+    run_replica(n_moves, temp, moves_of(cfg), pop.inst.problem, st, wk, scratch(pop.inst.L, st.W))

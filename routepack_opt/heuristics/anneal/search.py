@@ -1,0 +1,292 @@
+"""Population annealing over feasible layouts at fixed placement and rows (docs/pipeline.md,
+step 3): :func:`anneal`, the driver of the package.
+
+Legend: N samples, L layers, P EP ranks, D DP slots, G = D/P shards, R rows, K replicas.
+
+Method — population annealing (Hukushima & Iba 2003; Machta 2010): K replicas walk a geometric
+ladder of temperatures from hot to cold (:mod:`~routepack_opt.heuristics.anneal.schedule`). At
+each temperature every replica runs Metropolis sweeps (one sweep = N proposals) of moves that
+keep every constraint (:mod:`~routepack_opt.heuristics.anneal.moves`); between temperatures the
+population is resampled and every replica gets a fresh random stream.
+
+Seeds: the caller's constructive layouts (e.g. length-balanced baselines), the joint-cost greedy
+(:mod:`~routepack_opt.heuristics.anneal.greedy`) and random walks (moves at T = ∞) off them.
+
+Energy (mirrors the lexicographic score of docs/model.md; ``η = tie_eps``)::
+
+    E = makespan + η/(2G) · total + η/2 · peak
+
+Since J ≥ 0, total ≤ G·makespan (max-sum: Σ_g Σ_r J ≤ G·max_g Σ_r J; sum-max: Σ_r Σ_g J ≤
+G·Σ_r max_g J) and peak ≤ makespan, so the two tie-break terms together stay within [0,
+η·makespan]: a makespan difference larger than η·makespan (default 1e-9 relative) can never be
+overridden by them, while 1e-9 is ~10⁶ float64 ulps — far above the rounding noise of summing
+R·G costs. Moves are compared by ΔE = Δmakespan + η/(2G)·Δtotal + η/2·Δpeak computed from the
+component deltas (not as a difference of two large energies), so ties on the makespan are still
+broken by total, then peak. The incremental state is described in
+:mod:`~routepack_opt.heuristics.anneal.state`.
+
+Determinism: replicas run in parallel (numba ``prange``), each with its own xoshiro256**
+stream seeded by splitmix64 from (seed, temperature, replica); resampling draws from
+(seed, temperature) (:mod:`~routepack_opt.heuristics.anneal.rng`). With ``max_sweeps`` (or the
+config's budget) and a seed the result is bit-identical whatever the thread count.
+``time_limit`` makes the search anytime (best so far), and without ``max_sweeps`` the rungs are
+shortened so the ladder finishes in time.
+
+Compilation: the kernels compile (or load from numba's cache) on first use, for the load
+storage a window needs, inside :func:`warm_storage`, whose time :func:`anneal` takes off its
+clock; ``routepack warmup`` (:mod:`routepack_opt.warmup`) does it ahead of time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from routepack_opt.core.cost import CostModel, Stage
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.topology import Topology
+from routepack_opt.heuristics.anneal.config import AnnealConfig, AnnealResult
+from routepack_opt.heuristics.anneal.greedy import greedy_seed
+from routepack_opt.heuristics.anneal.moves import run
+from routepack_opt.heuristics.anneal.problem import Instance
+from routepack_opt.heuristics.anneal.rng import rng_states
+from routepack_opt.heuristics.anneal.schedule import fit_rung, ladder, moves_per_rung, resample_parents
+from routepack_opt.heuristics.anneal.state import Population
+
+__all__ = ["anneal", "layout_energy", "warm_storage", "STORAGES"]
+
+GREEDY_SHARE = 0.25  # of a time limit, at most, for the joint-cost greedy seed
+
+
+def layout_energy(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, objective: str,
+                  row_N, slot_N, tie_eps: float = 1e-9) -> tuple[float, tuple[float, float, float]]:
+    """(energy, (makespan, total, peak)) of one layout by the search's own compiled state."""
+    inst = Instance(lengths_N, b_NLP, topology, cost, rows, objective, tie_eps)
+    pop = Population(inst, 1)
+    r, s = inst.check_layout(row_N, slot_N, "layout")
+    pop.init(r[None], s[None])
+    a = pop.state.agg[0]
+    return float(a[3]), (float(a[0]), float(a[1]), float(a[2]))
+
+
+def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, objective: str,
+           seeds: Sequence[tuple] = (), config: AnnealConfig | None = None, seed: int = 0,
+           time_limit: float | None = None, max_sweeps: int | None = None,
+           progress: Callable[[float], None] | None = None,
+           stop: Callable[[], bool] | None = None) -> AnnealResult:
+    """Population annealing for the packing at fixed placement (via ``b_NLP``) and ``rows``.
+
+    ``seeds``: feasible layouts ``(row_N, slot_N)`` from constructive heuristics (validated);
+    the joint-cost greedy is added when ``config.greedy_seed``. Budget: ``max_sweeps`` sweeps
+    per replica over the ladder (default ``config.sweeps``). ``time_limit`` (seconds, counted
+    from the call) is a hard stop that returns the best so far; without ``max_sweeps`` the rungs
+    are also shrunk to the measured rate so the whole ladder (hot → cold) fits in the limit
+    (``config.fill_time`` stretches them to use all of it). Only ``max_sweeps``/the config
+    budget without a time limit is bit-identical for a seed.
+    ``progress(fraction)`` is called after each temperature. ``stop()`` is polled after every
+    chunk of sweeps: when it returns True the search ends early with the best so far (a
+    cooperative cancel, e.g. :class:`routepack_opt.api.AsyncPlanner` superseding a window).
+    The result is never worse (by the evaluator's lexicographic score) than the best seed.
+
+    The kernels compile (or load from numba's cache) on the first call in a process, off the
+    clock (see the module docstring).
+    """
+    t0 = time.perf_counter()
+    cfg = AnnealConfig() if config is None else config
+    if not isinstance(cfg, AnnealConfig):
+        raise InputError("anneal: config must be an AnnealConfig")
+    if time_limit is not None and not (isinstance(time_limit, (int, float)) and time_limit > 0):
+        raise InputError(f"anneal: time_limit must be a positive number of seconds, got {time_limit!r}")
+    if max_sweeps is not None and (isinstance(max_sweeps, bool)
+                                   or not isinstance(max_sweeps, (int, np.integer))
+                                   or max_sweeps < 1):
+        raise InputError(f"anneal: max_sweeps must be a positive integer, got {max_sweeps!r}")
+    seed = int(seed)
+    inst = Instance(lengths_N, b_NLP, topology, cost, rows, objective, cfg.tie_eps)
+    t0 += warm_storage(inst.b.dtype, inst.wdtype)  # off the clock (compiles here on first use)
+    N = inst.N
+
+    # --- seeds ----------------------------------------------------------------------------------
+    timings = {}
+    greedy_used = False
+    tt = time.perf_counter()
+    seed_layouts = [inst.check_layout(r, s, f"seed {n}") for n, (r, s) in enumerate(seeds)]
+    if cfg.greedy_seed:
+        # the greedy is O(N·R·G·L·P): with a time limit it may take a share of it, else skipped
+        g = greedy_seed(inst, None if time_limit is None else t0 + GREEDY_SHARE * float(time_limit))
+        greedy_used = g is not None
+        if g is not None:
+            seed_layouts.append((g[0].astype(np.int32), g[1].astype(np.int32)))
+    if not seed_layouts:
+        raise InputError("anneal: no feasible seed layout (pass one, e.g. a length-balanced packing)")
+    S = len(seed_layouts)
+    seeds_pop = Population(inst, S)
+    seeds_pop.init(np.stack([r for r, _ in seed_layouts]), np.stack([s for _, s in seed_layouts]))
+    seed_energy = seeds_pop.energy.copy()
+    best_seed = int(np.argmin(seed_energy))
+
+    timings["seeds"] = time.perf_counter() - tt
+    tt = time.perf_counter()
+    # --- ladder: scaled from |ΔE| of random proposals around the seeds --------------------------
+    probe = np.zeros((S, cfg.calibration_moves))
+    seeds_pop.walk.rng[:] = rng_states(seed, -1, S)
+    run(seeds_pop, 4 * cfg.calibration_moves, 0.0, cfg.replace(p_guide=0.0), probe=probe)
+    got = seeds_pop.walk.counters[:, 2]
+    temps, t_hot, t_cold = ladder(np.concatenate([probe[k, :got[k]] for k in range(S)]),
+                                  seed_energy, cfg)
+    nT = cfg.temperatures
+
+    # --- initial population: seeds, and random walks off the seeds ------------------------------
+    K = cfg.population
+    pop = Population(inst, K)
+    src = np.arange(K) % S
+    pop.init(seeds_pop.state.row[src], seeds_pop.state.slot[src])
+    n_random = int(round(cfg.random_fraction * K)) if K > 1 else 0
+    walk = int(round(cfg.random_walk_sweeps * N))
+    if n_random and walk:
+        pop.walk.rng[:] = rng_states(seed, -2, K)
+        walkers = np.arange(K) >= K - n_random
+        held = [arr.copy() for arr in pop.state]
+        run(pop, walk, np.inf, cfg.replace(p_guide=0.0))
+        for arr, kept in zip(pop.state, held):  # the first K - n_random replicas stay at their seeds
+            arr[~walkers] = kept[~walkers]
+    pop.walk.counters[:] = 0
+
+    best_e = float(seed_energy[best_seed])
+    best_row = seed_layouts[best_seed][0].copy()
+    best_slot = seed_layouts[best_seed][1].copy()
+
+    # --- schedule ---------------------------------------------------------------------------
+    # the best seed's evaluator score (needed at the end); its cost sizes the time kept in hand
+    te = time.perf_counter()
+    seed_row = seed_layouts[best_seed][0].astype(np.int64)
+    seed_slot = seed_layouts[best_seed][1].astype(np.int64)
+    seed_key = inst.evaluator_key(seed_row, seed_slot)
+    reserve = 2.0 * (time.perf_counter() - te) + 0.005
+    deadline = None if time_limit is None else t0 + float(time_limit) - reserve
+    timed = deadline is not None and max_sweeps is None
+    per_temp = moves_per_rung((max_sweeps if max_sweeps is not None else cfg.sweeps) * N, nT)
+    chunk = cfg.chunk_sweeps * N
+    trace = []
+    sweeps_done = 0.0
+    stopped = False
+    timings["setup"] = time.perf_counter() - tt
+    t_run = time.perf_counter()
+    c_run = time.process_time()
+    for k in range(nT):
+        pop.walk.rng[:] = rng_states(seed, k, K)
+        pop.walk.best_e[:] = best_e
+        temp = float(temps[k])
+        done = 0
+        if timed:  # fit the remaining rungs into the time left, at the measured rate
+            if k == 0 and time.perf_counter() < deadline:  # pilot chunk: measures the rate
+                # half a sweep at most: at N = 65,536 a full chunk (2 sweeps × 16 replicas)
+                # takes a second, more than a short limit leaves after the seeds
+                done = min(chunk, per_temp[0], max(N // 2, 1))
+                run(pop, done, temp, cfg)
+            now = time.perf_counter()
+            left = deadline - now
+            if left <= 0:
+                stopped = True
+            rate = (sweeps_done * N + done) / max(now - t_run, 1e-9)  # proposals per replica-second
+            per_temp[k] = fit_rung(per_temp[k], done, left, rate, nT - k, cfg.fill_time)
+        while done < per_temp[k] and not stopped:
+            n = min(chunk, per_temp[k] - done)
+            run(pop, n, temp, cfg)
+            done += n
+            if deadline is not None and time.perf_counter() >= deadline:
+                stopped = True
+            if stop is not None and stop():
+                stopped = True
+        sweeps_done += done / N
+        j = int(np.argmin(pop.walk.best_e))
+        if pop.walk.best_e[j] < best_e:
+            best_e = float(pop.walk.best_e[j])
+            best_row = pop.walk.best_row[j].copy()
+            best_slot = pop.walk.best_slot[j].copy()
+        E = pop.energy
+        trace.append({"temperature": temp, "best_energy": best_e, "mean_energy": float(E.mean()),
+                      "min_energy": float(E.min()), "sweeps": sweeps_done,
+                      "seconds": time.perf_counter() - t0})  # the anytime curve
+        if progress is not None:
+            progress((k + 1) / nT)
+        if stopped:
+            break
+        if cfg.resample and k + 1 < nT and K > 1:
+            pop.take(resample_parents(E, temps[k], temps[k + 1], seed, k))
+
+    # --- result -------------------------------------------------------------------------------
+    final = Population(inst, 1)
+    final.init(best_row[None], best_slot[None])
+    row = best_row.astype(np.int64)
+    slot = best_slot.astype(np.int64)
+    improved = inst.evaluator_key(row, slot) < seed_key
+    if not improved and not (np.array_equal(row, seed_row) and np.array_equal(slot, seed_slot)):
+        # the search's best is no better than the best seed by the evaluator: return the seed
+        row, slot = seed_row, seed_slot
+        final.init(row[None].astype(np.int32), slot[None].astype(np.int32))
+    row, slot = inst.external(row, slot)
+    a = final.state.agg[0]
+    seconds = time.perf_counter() - t0
+    run_seconds = time.perf_counter() - t_run
+    run_cpu = time.process_time() - c_run
+    counters = pop.walk.counters
+    evaluated = int(counters[:, 0].sum())
+    proposed = int(counters[:, 3].sum())
+    stats = {
+        "sweeps": sweeps_done, "replicas": K, "temperatures_done": len(trace),
+        "temperatures": nT, "moves_proposed": proposed, "moves_evaluated": evaluated,
+        "moves_accepted": int(counters[:, 1].sum()),
+        "seconds": seconds, "search_seconds": run_seconds, "search_cpu_seconds": run_cpu,
+        "moves_per_second": evaluated / run_seconds if run_seconds > 0 else 0.0,
+        # per core: CPU time of the process over the ladder, all threads together
+        "moves_per_cpu_second": evaluated / run_cpu if run_cpu > 0 else 0.0,
+        "t_hot": t_hot, "t_cold": t_cold, "seeds": S, "best_seed": best_seed,
+        "greedy_seed": greedy_used,
+        "seed_energies": seed_energy.tolist(), "improved": bool(improved),
+        "stopped_by_time": stopped or (timed and len(trace) < nT), "trace": trace,
+        "timings": timings,
+    }
+    return AnnealResult(row=row, slot=slot, energy=float(a[3]),
+                        score=(float(a[0]), float(a[1]), float(a[2])), objective=objective,
+                        stats=stats)
+
+
+# Load storages (b, W) whose kernels are compiled and loaded in this process; see warm_storage.
+_STORAGES_READY: set = set()
+_storage_lock = threading.Lock()
+STORAGES = ((np.int16, np.int32), (np.int32, np.int32), (np.int64, np.int64))
+
+
+def warm_storage(b_dtype, w_dtype) -> float:
+    """Compile (or load from numba's cache) the search kernels for one load storage —
+    :class:`~routepack_opt.heuristics.anneal.problem.Instance` picks (int16, int32) for ordinary
+    windows, (int32, int32) when one sample sends ≥ 2^15 tokens to one rank, (int64, int64)
+    beyond 2^30 tokens per rank — on a tiny instance. Returns the seconds spent (0.0 when
+    already done in this process); :func:`anneal` moves its clock by them, so compiling never
+    eats into a time limit."""
+    key = (np.dtype(b_dtype).name, np.dtype(w_dtype).name)
+    if key in _STORAGES_READY:
+        return 0.0
+    with _storage_lock:
+        if key in _STORAGES_READY:
+            return 0.0
+        t = time.perf_counter()
+        cost = CostModel(stages=(Stage("attn", 0.01, 1e-6),), gamma=0.004, row_overhead=50.0)
+        topo = Topology(dp=2, ep=2, capacity=64)
+        lengths = 3 * np.arange(1, 9, dtype=np.int64)
+        b_NLP = np.zeros((8, 1, 2), dtype=np.int64)
+        b_NLP[:, 0, 0] = lengths
+        cfg = AnnealConfig(population=2, temperatures=2, sweeps=1, calibration_moves=16)
+        inst = Instance(lengths, b_NLP, topo, cost, 2, "max-sum", cfg.tie_eps, (b_dtype, w_dtype))
+        greedy_seed(inst)
+        row, slot = inst.check_layout(np.arange(8) % 2, (np.arange(8) // 2) % 2, "warm-up layout")
+        pop = Population(inst, 2)
+        pop.init(np.stack([row, row]), np.stack([slot, slot]))
+        run(pop, inst.N, 1.0, cfg, probe=np.zeros((2, cfg.calibration_moves)))
+        run(pop, inst.N, np.inf, cfg)
+        _STORAGES_READY.add(key)
+        return time.perf_counter() - t
