@@ -26,10 +26,11 @@ from pathlib import Path
 
 import numba
 import numpy as np
-
 from _lib import report, settings
+
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.evaluate import Evaluator, rank_loads
+from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.anneal import AnnealConfig, anneal
 from routepack_opt.heuristics.anneal.moves import run
 from routepack_opt.heuristics.anneal.problem import Instance
@@ -37,9 +38,7 @@ from routepack_opt.heuristics.anneal.rng import rng_states
 from routepack_opt.heuristics.anneal.state import Population
 from routepack_opt.heuristics.baselines import nemo_ffd_layout, verl_kk_layout
 from routepack_opt.heuristics.placement.lpt import lpt_placement
-from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-
 
 MEGA = report.num(".2f", per=1e6, suffix=" M")  # a count or rate in millions: 2.84 M
 

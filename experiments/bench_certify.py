@@ -14,6 +14,7 @@ import statistics
 import time
 
 from _lib import report, settings
+
 from routepack_opt.certify import certify_rows
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.topology import Topology

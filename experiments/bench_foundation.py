@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
-
 from _lib import report, settings
+
 from routepack_opt.core.cost import PRESETS
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.testing import random_layout

@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _lib import report as rep
 from _lib import settings
 
@@ -45,8 +44,8 @@ CAP, EP, COST = 8192, 8, "qwen3-30b-a3b"
 
 
 def make_window(n: int, seed: int = 0):
-    from routepack_opt.trace import generate_window
     from routepack_opt.core.window import Window
+    from routepack_opt.trace import generate_window
 
     if n <= 4096:
         return generate_window(COST, n, seed, **SHAPE)
@@ -62,10 +61,10 @@ def _child(n: int, dp: int) -> None:
 
     from routepack_opt.core.cost import resolve_cost
     from routepack_opt.core.evaluate import Evaluator
+    from routepack_opt.core.topology import Topology
     from routepack_opt.heuristics.baselines import verl_kk_layout
     from routepack_opt.heuristics.placement.lpt import identity_placement
     from routepack_opt.pipeline import solve
-    from routepack_opt.core.topology import Topology
     from routepack_opt.warmup import warm
 
     warm()
@@ -112,9 +111,9 @@ def part_cold(tmp: Path, quick: bool) -> list[dict]:
 
 def part_prod() -> dict:
     from routepack_opt.core.cost import resolve_cost
+    from routepack_opt.core.topology import Topology
     from routepack_opt.heuristics.baselines import nemo_ffd_layout, verl_kk_layout
     from routepack_opt.pipeline import solve
-    from routepack_opt.core.topology import Topology
     from routepack_opt.warmup import warm
 
     warm()
@@ -161,9 +160,9 @@ def part_scale(quick: bool) -> list[dict]:
 def part_anytime(quick: bool) -> dict:
     from routepack_opt.core.cost import resolve_cost
     from routepack_opt.core.evaluate import Evaluator
+    from routepack_opt.core.topology import Topology
     from routepack_opt.heuristics.anneal import AnnealConfig, anneal
     from routepack_opt.pipeline import baseline_layouts, resolve_placement, resolve_rows
-    from routepack_opt.core.topology import Topology
     from routepack_opt.warmup import warm
 
     warm()

@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from _lib import report, settings  # noqa: E402
-from routepack_opt.trace import generate_window  # noqa: E402
+
 from routepack_opt.core.window import save_window  # noqa: E402
+from routepack_opt.trace import generate_window  # noqa: E402
 
 SHAPE = dict(num_experts=256, num_layers=48, capacity=8192)
 

@@ -14,16 +14,16 @@ there) and the per-set summary table is rewritten after every set.
 from __future__ import annotations
 
 import argparse
-import os
 import json
+import os
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
-
 from _lib import report, settings
+
 from routepack_opt.certify import BinPackUndecided, certify_rows
 from routepack_opt.core.topology import Topology
 

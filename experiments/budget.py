@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from _lib import report
 from _lib.referee import Planner, Setting, header, main, write
 from _lib.report import pct
+
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.pipeline import resolve_placement, solve

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from _lib import report, stats
 from _lib.referee import Planner, Setting, header, main, scaled_cost, write
 from _lib.report import pct
+
 from routepack_opt.core.evaluate import Evaluator
 
 STUDY = "cost"

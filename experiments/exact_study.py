@@ -36,16 +36,16 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _lib import report, settings
+
 from routepack_opt.certify import certify_rows
 from routepack_opt.core.cost import PRESETS, resolve_cost
 from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.anneal import anneal
 from routepack_opt.heuristics.placement.lpt import lpt_placement
 from routepack_opt.models.layout import solve_layout
 from routepack_opt.pipeline import baseline_layouts
-from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
 
 RESULTS = settings.RESULTS / "exact_study"

@@ -35,11 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from _lib import report, settings  # noqa: E402
+
 from routepack_opt.core.cost import get_preset  # noqa: E402
 from routepack_opt.core.evaluate import Evaluator  # noqa: E402
-from routepack_opt.integrations.replay import import_replay  # noqa: E402
 from routepack_opt.core.plan import assignment_from_cells  # noqa: E402
 from routepack_opt.core.topology import Topology  # noqa: E402
+from routepack_opt.integrations.replay import import_replay  # noqa: E402
 from routepack_opt.trace import generate_window  # noqa: E402
 
 PRESET = "qwen3-30b-a3b"

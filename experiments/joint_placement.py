@@ -35,19 +35,19 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _lib import report, settings
 
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.errors import InfeasibleError
 from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.anneal import AnnealConfig, anneal
 from routepack_opt.heuristics.baselines import BASELINES, verl_kk_layout
 from routepack_opt.heuristics.placement.joint import JointConfig, joint_search
 from routepack_opt.heuristics.placement.lpt import lpt_placement
-from routepack_opt.heuristics.placement.refine import RefineConfig, refine_placement
 from routepack_opt.heuristics.placement.migration import align_slots, migration_cost
-from routepack_opt.core.topology import Topology
+from routepack_opt.heuristics.placement.refine import RefineConfig, refine_placement
 from routepack_opt.trace import generate_sequence, generate_window
-from _lib import report, settings
 
 PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "ling-hybrid", "deepseek-v3")
 OBJECTIVES = ("max-sum", "sum-max")

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _lib import report
 from _lib.referee import Planner, Setting, header, main, write
 from _lib.report import pct
+
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.lpt import lpt_placement

@@ -23,17 +23,22 @@ import statistics
 import time
 
 import numpy as np
+from _lib import report, settings
 
 from routepack_opt.core.cost import get_preset
-from routepack_opt.heuristics.baselines import BASELINES, nemo_ffd_layout
-from routepack_opt.heuristics.cells import check_layout
-from routepack_opt.heuristics.binpack import best_packing
-from routepack_opt.heuristics.placement.lpt import (identity_placement, lpt_placement, rank_load_cv,
-                                                rank_peak_ratio, swap_refine)
-from routepack_opt.models.placement import exact_placement
 from routepack_opt.core.topology import Topology
+from routepack_opt.heuristics.baselines import BASELINES, nemo_ffd_layout
+from routepack_opt.heuristics.binpack import best_packing
+from routepack_opt.heuristics.cells import check_layout
+from routepack_opt.heuristics.placement.lpt import (
+    identity_placement,
+    lpt_placement,
+    rank_load_cv,
+    rank_peak_ratio,
+    swap_refine,
+)
+from routepack_opt.models.placement import exact_placement
 from routepack_opt.trace import generate_window
-from _lib import report, settings
 
 PRESETS = ("olmoe-1b-7b", "qwen3-30b-a3b", "ling-hybrid", "deepseek-v3")
 OUT = settings.RESULTS / "placement_gap" / "placement_gap.md"

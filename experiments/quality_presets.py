@@ -15,14 +15,15 @@ from __future__ import annotations
 import argparse
 import time
 
+from _lib import report, settings
+
 from routepack_opt.compare import compare_plans
 from routepack_opt.core.cost import PRESETS, resolve_cost
 from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.anneal import AnnealConfig
 from routepack_opt.pipeline import solve
-from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from _lib import report, settings
 
 RESULTS = settings.RESULTS / "quality_presets"
 

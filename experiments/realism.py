@@ -39,15 +39,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _lib import settings
 from _lib.report import num, table, write_text
+
 from routepack_opt.compare import compare_plans, plan_metrics
 from routepack_opt.core.cost import PRESETS, resolve_cost
 from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.topology import Topology
 from routepack_opt.pipeline import solve
 from routepack_opt.stats import routing_dispersion, skew_stats
-from routepack_opt.core.topology import Topology
 from routepack_opt.trace import DEFAULT_DISPERSION, PRESET_SKEW, generate_window
 
 RESULTS = settings.RESULTS / "realism"

@@ -27,17 +27,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _lib import settings
+from _lib.report import num, table, write_text
 
 from routepack_opt.core.cost import save_cost
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.pipeline import baseline_layouts, build_plan, resolve_rows, solve
+from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement
+from routepack_opt.pipeline import baseline_layouts, build_plan, resolve_rows, solve
 from routepack_opt.runtime.bench import bench_config, calibrate, measure_plan
 from routepack_opt.runtime.verify import VerifyConfig, verify_runtime
-from routepack_opt.core.topology import Topology
 from routepack_opt.trace import generate_window
-from _lib import settings
-from _lib.report import num, table, write_text
 
 RESULTS = settings.RESULTS / "runtime_check"
 

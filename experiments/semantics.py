@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from _lib import report
 from _lib.referee import OBJECTIVES, Planner, Setting, header, main, write
 from _lib.report import pct
+
 from routepack_opt.core.evaluate import Evaluator
 
 STUDY = "semantics"

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from _lib import report, stats
 from _lib.referee import Planner, Setting, gains, header, main, three, write
 from _lib.report import pct
+
 from routepack_opt.core.evaluate import Evaluator
 
 STUDY = "staleness"

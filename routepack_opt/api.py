@@ -26,11 +26,11 @@ import math
 import threading
 import time
 from concurrent.futures import Future
-
 from typing import Any
 
 import numpy as np
 
+from routepack_opt import pipeline
 from routepack_opt.core.cost import CostModel, resolve_cost
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
@@ -42,9 +42,9 @@ from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.heuristics.equal_counts import count_fit_decreasing
 from routepack_opt.params import PlannerParams
-from routepack_opt import pipeline
 from routepack_opt.pipeline import DEFAULT_PARAMS, baseline_layouts, build_plan, resolve_placement, solve
-from routepack_opt.warmup import groups_for, warm as warm_kernels
+from routepack_opt.warmup import groups_for
+from routepack_opt.warmup import warm as warm_kernels
 
 __all__ = ["MicroBatchPlan", "PlanOptions", "plan_micro_batches", "AsyncPlanner", "window_from"]
 
@@ -119,7 +119,7 @@ class PlanOptions:
         self.topology()  # dp/ep/capacity/row rules checked here, in the caller's thread
 
     @classmethod
-    def of(cls, options: dict[str, Any]) -> "PlanOptions":
+    def of(cls, options: dict[str, Any]) -> PlanOptions:
         """From keyword options; an unknown one is an ``InputError`` naming it."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - known)

@@ -144,12 +144,12 @@ class PlannerParams:
             if not isinstance(getattr(self, name), cls):
                 raise InputError(f"params: {name} must be a {cls.__name__}, got {getattr(self, name)!r}")
 
-    def replace(self, **changes: Any) -> "PlannerParams":
+    def replace(self, **changes: Any) -> PlannerParams:
         """A copy with whole sections replaced (checked again)."""
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "PlannerParams":
+    def from_dict(cls, data: Mapping[str, Any]) -> PlannerParams:
         """From ``{"anneal": {...}, "joint": {...}, ...}``; a missing section or key keeps its
         default (for ``refine``: the planner's 4 passes)."""
         if not isinstance(data, Mapping):
@@ -170,7 +170,7 @@ class PlannerParams:
         return cls(**sections)
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> "PlannerParams":
+    def from_toml(cls, path: str | Path) -> PlannerParams:
         """Read a TOML file of sections (module docstring)."""
         return load_document(path, "config", "toml", cls.from_dict)
 

@@ -9,7 +9,7 @@ OR-Tools); ``import routepack_opt`` stays cheap because the package exports :fun
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -102,8 +102,11 @@ def baseline_layouts(window: Window, topology: Topology, rows: int,
     return out
 
 
+_NO_REPORT = PlanReport()  # immutable: a safe default
+
+
 def build_plan(evaluator: Evaluator, placement, layout: Layout, objective: str, *,
-               report: PlanReport = PlanReport(), certificate: dict | None = None) -> Plan:
+               report: PlanReport = _NO_REPORT, certificate: dict | None = None) -> Plan:
     """The complete :class:`Plan` of ``(placement, layout)``: validated, and scored (score, bound,
     gap in ``report.evaluation``) by ``evaluator``."""
     topology = evaluator.topology

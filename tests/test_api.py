@@ -13,9 +13,9 @@ from routepack_opt import api, pipeline
 from routepack_opt.api import AsyncPlanner, PlanOptions, plan_micro_batches
 from routepack_opt.core.cost import PRESETS
 from routepack_opt.core.errors import InputError
-from routepack_opt.heuristics.anneal import anneal
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.topology import Topology
+from routepack_opt.heuristics.anneal import anneal
 from routepack_opt.trace import generate_window
 
 COST = PRESETS["olmoe-1b-7b"].cost

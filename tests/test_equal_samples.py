@@ -12,10 +12,10 @@ from cases import COST, TOPOLOGIES, instance
 
 from routepack_opt.certify import certify_rows, pack_into_bins
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.evaluate import row_shard_costs, score_from_J
 from routepack_opt.core.plan import Plan
 from routepack_opt.core.testing import random_window
 from routepack_opt.core.topology import Topology
-from routepack_opt.core.evaluate import row_shard_costs, score_from_J
 from routepack_opt.heuristics.anneal import AnnealConfig, anneal, greedy_layout
 from routepack_opt.heuristics.anneal.moves import run, run_one
 from routepack_opt.heuristics.anneal.problem import Instance

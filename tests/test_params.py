@@ -15,7 +15,7 @@ from routepack_opt.core.report import PlanReport
 from routepack_opt.core.testing import random_window
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import save_window
-from routepack_opt.heuristics.annealing import AnnealConfig
+from routepack_opt.heuristics.anneal import AnnealConfig
 from routepack_opt.heuristics.placement.refine import RefineConfig
 from routepack_opt.params import CertifyParams, JointParams, PlannerParams
 from routepack_opt.pipeline import solve

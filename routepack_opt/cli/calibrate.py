@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from routepack_opt.cli.common import nonneg_int, positive_int, add_json, emit, output_path
+from routepack_opt.cli.common import add_json, emit, nonneg_int, output_path, positive_int
 from routepack_opt.core.cost import save_cost
 from routepack_opt.core.errors import InputError
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from routepack_opt.cli.common import positive_float, add_json, add_topology, add_window, emit, topology_from_args, window_from_args
+from routepack_opt.cli.common import (
+    add_json,
+    add_topology,
+    add_window,
+    emit,
+    positive_float,
+    topology_from_args,
+    window_from_args,
+)
 from routepack_opt.core.errors import InputError
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from routepack_opt.core.cost import CostModel, PRESETS, resolve_cost
+from routepack_opt.core.cost import PRESETS, CostModel, resolve_cost
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window, load_window
-
 
 # --- argparse types: bad values are refused while parsing (one error: line, exit 2) ---------------
 
@@ -89,7 +88,8 @@ def add_objective(p: argparse.ArgumentParser) -> None:
 
 def topology_from_args(args) -> Topology:
     """--dp/--ep/--capacity, defaulting from --preset or a --cost preset name."""
-    preset_name = getattr(args, "preset", None) or (getattr(args, "cost", None) if getattr(args, "cost", None) in PRESETS else None)
+    cost = getattr(args, "cost", None)
+    preset_name = getattr(args, "preset", None) or (cost if cost in PRESETS else None)
     cfg = PRESETS[preset_name].config if preset_name else None
     vals = {}
     for key in ("dp", "ep", "capacity"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from routepack_opt.cli.common import positive_float, add_cost, add_json, add_objective, add_topology, add_window, emit
+from routepack_opt.cli.common import add_cost, add_json, add_objective, add_topology, add_window, emit, positive_float
 from routepack_opt.cli.plan import add_search_args, planning_inputs, progress_bar
 
 

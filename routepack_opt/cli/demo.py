@@ -11,8 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-
-from routepack_opt.cli.common import nonneg_int, positive_float, positive_int, add_json, add_objective, emit
+from routepack_opt.cli.common import add_json, add_objective, emit, nonneg_int, positive_float, positive_int
 from routepack_opt.cli.plan import progress_bar
 from routepack_opt.core.cost import PRESETS, get_preset
 from routepack_opt.core.errors import InputError
@@ -40,8 +39,8 @@ def run(args) -> None:
 
     from routepack_opt.certify import certify_rows
     from routepack_opt.compare import compare_plans, format_table
-    from routepack_opt.trace import generate_window
     from routepack_opt.core.window import save_window
+    from routepack_opt.trace import generate_window
 
     preset = get_preset(args.preset)
     out = Path(args.out)
@@ -64,7 +63,8 @@ def run(args) -> None:
                   f"(gen {time.perf_counter() - t0:.2f} s) → {out / 'window.npz'}")
     console.print(f"[bold]topology[/]: D={topo.dp} DP slots, P={topo.ep} EP ranks, G={topo.num_shards} "
                   f"shard(s), capacity {topo.capacity:,} tokens; cost '{cost.name}' "
-                  f"(gamma {cost.gamma:.4g} µs, stages " + ", ".join(f"{s.name} α={s.alpha:.3g} β={s.beta:.3g}" for s in cost.stages) + ")")
+                  f"(gamma {cost.gamma:.4g} µs, stages "
+                  + ", ".join(f"{s.name} α={s.alpha:.3g} β={s.beta:.3g}" for s in cost.stages) + ")")
     from routepack_opt.warmup import warm
 
     wr = warm()  # compile/load the numba kernels first, so no timing below includes it
@@ -105,7 +105,8 @@ def _plot(window, topo, cost, plans, objective, path: Path) -> None:
         ax.set_xlabel("MoE layer")
         ax.set_ylabel("EP rank")
         fig.colorbar(im, ax=ax)
-    Js = {n: ev.costs(plans[n].placement, plans[n].row, plans[n].slot, plans[n].rows) for n in ("baseline", "routepack")}
+    Js = {n: ev.costs(plans[n].placement, plans[n].row, plans[n].slot, plans[n].rows)
+          for n in ("baseline", "routepack")}
     vmax = max(float(J.max()) for J in Js.values()) / 1e3
     vmin = min(float(J.min()) for J in Js.values()) / 1e3
     for ax, (name, J) in zip(axes[1], Js.items()):

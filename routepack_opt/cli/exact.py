@@ -4,8 +4,20 @@ from __future__ import annotations
 
 import time
 
-from routepack_opt.cli.common import (nonneg_float, positive_float, positive_int, add_cost, add_json, add_objective, add_topology, add_window,
-                                      cost_from_args, emit, output_path, topology_from_args)
+from routepack_opt.cli.common import (
+    add_cost,
+    add_json,
+    add_objective,
+    add_topology,
+    add_window,
+    cost_from_args,
+    emit,
+    nonneg_float,
+    output_path,
+    positive_float,
+    positive_int,
+    topology_from_args,
+)
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.layout import Layout
 from routepack_opt.core.report import PlanReport
@@ -35,8 +47,8 @@ def register(sub) -> None:
 
 
 def _placement(value: str, window, topology):
-    from routepack_opt.pipeline import resolve_placement
     from routepack_opt.core.plan import load_plan
+    from routepack_opt.pipeline import resolve_placement
 
     if value in ("lpt", "identity"):
         return resolve_placement(window, topology, value)

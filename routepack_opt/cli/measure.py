@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from routepack_opt.cli.common import positive_int, scale_float, add_json, emit
+from routepack_opt.cli.common import add_json, emit, positive_int, scale_float
 from routepack_opt.core.cost import resolve_cost
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.plan import load_plan

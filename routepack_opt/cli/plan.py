@@ -6,8 +6,20 @@ import contextlib
 import sys
 from pathlib import Path
 
-from routepack_opt.cli.common import (nonneg_int, positive_float, positive_int, add_cost, add_json, add_objective, add_topology, add_window,
-                                      cost_from_args, emit, output_path, topology_from_args)
+from routepack_opt.cli.common import (
+    add_cost,
+    add_json,
+    add_objective,
+    add_topology,
+    add_window,
+    cost_from_args,
+    emit,
+    nonneg_int,
+    output_path,
+    positive_float,
+    positive_int,
+    topology_from_args,
+)
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.plan import check_placement, load_plan
 from routepack_opt.core.window import load_window
@@ -73,7 +85,8 @@ def register(sub) -> None:
     add_topology(p)
     add_cost(p)
     add_objective(p)
-    p.add_argument("--placement", default="lpt", help="lpt (default: LPT + swap refinement), lpt-plain (Graham's LPT alone), identity, "
+    p.add_argument("--placement", default="lpt",
+                   help="lpt (default: LPT + swap refinement), lpt-plain (Graham's LPT alone), identity, "
                    "joint (row-aware, searched with the packing), or PLAN.json to keep its placement")
     p.add_argument("--placement-from", metavar="PLAN.json",
                    help="the placement currently materialized: joint placement pays migration cost against it")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from routepack_opt.cli.common import add_json, add_topology, add_window, emit
 from routepack_opt.core.cost import PRESETS, resolve_cost
 from routepack_opt.core.errors import InputError
@@ -36,8 +35,8 @@ def _matching_preset(window) -> str | None:
 
 
 def run(args) -> None:
-    from routepack_opt.stats import implications, window_stats
     from routepack_opt.core.topology import Topology
+    from routepack_opt.stats import implications, window_stats
 
     if args.tokens < 1:
         raise InputError(f"--tokens must be ≥ 1, got {args.tokens}")

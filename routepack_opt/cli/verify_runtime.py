@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from routepack_opt.cli.common import positive_float, positive_int, nonneg_int, add_json, emit
+from routepack_opt.cli.common import add_json, emit, nonneg_int, positive_float, positive_int
 from routepack_opt.core.errors import InputError
 
 
@@ -14,7 +14,8 @@ def register(sub) -> None:
                        "run that never re-places")
     p.add_argument("--world-size", type=positive_int, default=4,
                    help="gloo processes = DP slots of the distributed check (1: single process only; default 4)")
-    p.add_argument("--ep", type=positive_int, default=None, help="EP size P (default 2, or 1 when the world size is odd)")
+    p.add_argument("--ep", type=positive_int, default=None,
+                   help="EP size P (default 2, or 1 when the world size is odd)")
     p.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (re-placement after the first)")
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--timeout", type=positive_float, default=180.0, help="seconds allowed for the distributed run")

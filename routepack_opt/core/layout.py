@@ -57,7 +57,7 @@ class Layout:
         object.__setattr__(self, "slot", slot)
 
     @classmethod
-    def of(cls, layout: "Layout | tuple", rows: int | None = None) -> "Layout":
+    def of(cls, layout: Layout | tuple, rows: int | None = None) -> Layout:
         """``layout`` itself, or a Layout from ``(row_N, slot_N)`` and ``rows``."""
         if isinstance(layout, Layout):
             return layout

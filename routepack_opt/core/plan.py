@@ -15,8 +15,8 @@ import numpy as np
 from routepack_opt.core.errors import InputError, load_document
 from routepack_opt.core.io import atomic_write_text
 from routepack_opt.core.layout import Layout, check_rows
-from routepack_opt.core.report import PlanReport
 from routepack_opt.core.objective import Objective, check_objective
+from routepack_opt.core.report import PlanReport
 from routepack_opt.core.topology import Topology
 
 __all__ = ["Plan", "load_plan", "PLAN_FORMAT", "cells_from_assignment", "assignment_from_cells",
@@ -134,11 +134,12 @@ class Plan:
             object.__setattr__(self, "slot", np.asarray(self.slot, dtype=np.int64))
 
     @classmethod
-    def from_layout(cls, topology: Topology, placement, layout: Layout, objective: str = "max-sum",
-                    **reports) -> "Plan":
+    def from_layout(cls, topology: Topology, placement, layout: Layout,
+                    objective: Objective | str = Objective.MAX_SUM, **reports) -> Plan:
         """A plan from a :class:`Layout` (``reports``: ``score``, ``lower_bound``,
         ``certificate``, ``report``)."""
-        return cls(topology, layout.rows, placement, layout.row, layout.slot, objective, **reports)
+        return cls(topology, layout.rows, placement, layout.row, layout.slot, check_objective(objective),
+                   **reports)
 
     @property
     def info(self) -> dict:

@@ -55,7 +55,7 @@ class SearchStats:
     _NOT_IN_JSON = ("trace", "seed_energies")
 
     @classmethod
-    def from_anneal(cls, stats: Mapping[str, Any]) -> "SearchStats":
+    def from_anneal(cls, stats: Mapping[str, Any]) -> SearchStats:
         """From the annealer's ``AnnealResult.stats``."""
         names = {f.name for f in dataclasses.fields(cls)}
         d = {k: _num(v) for k, v in stats.items() if k in names}
@@ -90,7 +90,7 @@ class JointStats:
     objective_value: float
 
     @classmethod
-    def from_joint(cls, stats: Mapping[str, Any]) -> "JointStats":
+    def from_joint(cls, stats: Mapping[str, Any]) -> JointStats:
         """From the joint search's ``JointResult.stats``."""
         mig = {k: _num(v) for k, v in dict(stats["migration"]).items() if k != "moved_per_layer"}
         return cls(start=stats["start"], wall_s=float(stats["wall_s"]), starts=tuple(stats["starts"]),
@@ -152,7 +152,7 @@ class PlanReport:
     notes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     evaluation: EvaluationSummary | None = None
 
-    def replace(self, **changes: Any) -> "PlanReport":
+    def replace(self, **changes: Any) -> PlanReport:
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> dict:
@@ -176,7 +176,7 @@ class PlanReport:
         return d
 
     @classmethod
-    def from_json(cls, info: Mapping[str, Any]) -> "PlanReport":
+    def from_json(cls, info: Mapping[str, Any]) -> PlanReport:
         """A plan file's ``info`` back. Lenient (plan files from other versions and tools): what
         does not parse into a typed field stays, as written, in ``notes``."""
         info = dict(info)

@@ -15,15 +15,15 @@ from cases import COST, TOPOLOGIES, feasible_layout, instance  # noqa: E402
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator, rank_loads, row_shard_costs, score_from_J
+from routepack_opt.core.plan import Plan
+from routepack_opt.core.testing import random_window
+from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.anneal import AnnealConfig, anneal, greedy_layout, layout_energy
 from routepack_opt.heuristics.anneal.kernels import pairwise_sum
 from routepack_opt.heuristics.anneal.moves import run, run_one
 from routepack_opt.heuristics.anneal.problem import Instance
 from routepack_opt.heuristics.anneal.rng import rng_states
 from routepack_opt.heuristics.anneal.state import Population
-from routepack_opt.core.plan import Plan
-from routepack_opt.core.testing import random_window
-from routepack_opt.core.topology import Topology
 
 
 def full_score(w, b, topo, row, slot, R, objective):

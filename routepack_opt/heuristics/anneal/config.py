@@ -71,12 +71,12 @@ class AnnealConfig:
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"anneal: {name} must be true or false, got {getattr(self, name)!r}")
 
-    def replace(self, **changes) -> "AnnealConfig":
+    def replace(self, **changes) -> AnnealConfig:
         """A copy with ``changes`` (validated again)."""
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "AnnealConfig":
+    def from_dict(cls, data: dict) -> AnnealConfig:
         if not isinstance(data, dict):
             raise InputError("anneal: expected a table of parameters")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -87,7 +87,7 @@ class AnnealConfig:
         return cls(**data)
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> "AnnealConfig":
+    def from_toml(cls, path: str | Path) -> AnnealConfig:
         """Read parameters from a TOML file: top-level keys or an ``[anneal]`` table."""
         return load_document(path, "config", "toml",
                              lambda d: cls.from_dict(d["anneal"] if "anneal" in d else d))

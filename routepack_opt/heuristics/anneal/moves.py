@@ -40,8 +40,15 @@ from numba import njit, prange
 from routepack_opt.heuristics.anneal.config import AnnealConfig
 from routepack_opt.heuristics.anneal.kernels import move_delta
 from routepack_opt.heuristics.anneal.rng import below, unit, xo
-from routepack_opt.heuristics.anneal.state import (Population, State, Walk, apply_move,
-                                                   replica_state, replica_walk, scratch)
+from routepack_opt.heuristics.anneal.state import (
+    Population,
+    State,
+    Walk,
+    apply_move,
+    replica_state,
+    replica_walk,
+    scratch,
+)
 
 __all__ = ["Moves", "moves_of", "pick_guided", "pick_target_first", "near_partner",
            "fitting_partner", "target_in_slot", "guided_target", "propose_swap",

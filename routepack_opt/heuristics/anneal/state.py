@@ -25,8 +25,15 @@ from collections import namedtuple
 import numpy as np
 from numba import njit, prange
 
-from routepack_opt.heuristics.anneal.kernels import (aggregates, attn, attn_top2, block_cost, msum,
-                                                     update_aggregates, w_swap)
+from routepack_opt.heuristics.anneal.kernels import (
+    aggregates,
+    attn,
+    attn_top2,
+    block_cost,
+    msum,
+    update_aggregates,
+    w_swap,
+)
 from routepack_opt.heuristics.anneal.problem import Instance
 
 __all__ = ["State", "Walk", "Scratch", "Population", "init_state", "init_population", "apply_move",
