@@ -20,6 +20,7 @@ from _lib.referee import Planner, Setting, header, main, scaled_cost, write
 from _lib.report import pct
 
 from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.heuristics.anneal import greedy_layout
 
 STUDY = "cost"
 SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -38,7 +39,6 @@ def cost_grid(quick: bool) -> list[tuple[float, float]]:
 
 
 def run(st: Setting, objective: str = "max-sum") -> Path:
-    from routepack_opt.heuristics.annealing import greedy_layout
 
     grid = cost_grid(st.quick)
     nwin = max(1, st.windows // 2)

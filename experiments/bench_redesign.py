@@ -1,10 +1,12 @@
-"""A/B of the annealer split (issue 13): the old module (``heuristics/annealing.py``, commit
-e82ae2a) against the package (``heuristics/anneal/``), interleaved on the production window.
+"""A/B of the redesign (issue 13): the tree before it (commit b86d510: flat modules,
+``pipeline.plan``, ``heuristics/annealing.py``) against this one (the layered package, ``solve()``,
+``heuristics/anneal/``), interleaved on the production window.
 
-    git worktree add --detach /work/wt/anneal-old e82ae2a    # the old tree, read-only
-    python experiments/bench_anneal_split.py --old /work/wt/anneal-old [--rounds 5]
+    git worktree add --detach /work/wt/old b86d510    # the old tree, read-only
+    python experiments/bench_redesign.py --old /work/wt/old [--rounds 5]
 
-Writes ``experiments/results/bench_anneal_split/results.md`` (+ ``results.json``).
+Writes ``experiments/results/bench_redesign/results.md`` (+ ``results.json``);
+``anneal_split_vs_e82ae2a.*`` there is the first A/B, of the annealer split alone.
 
 Window: ``routepack gen-trace --preset qwen3-30b-a3b --samples 1024 --seed 0`` planned with
 ``--dp 32 --ep 8 --capacity 16384 --cost qwen3-30b-a3b`` (max-sum, LPT, default budget, seed 0:
@@ -28,15 +30,27 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "experiments" / "results" / "bench_anneal_split"
+OUT = ROOT / "experiments" / "results" / "bench_redesign"
 
 CHILD = r"""
 import hashlib, json, sys, time
 import numpy as np
-from routepack_opt.core.cost import get_preset
-from routepack_opt.core.topology import Topology
-from routepack_opt.core.window import load_window
-from routepack_opt.pipeline import plan
+try:  # the package since issue 13
+    from routepack_opt.core.cost import get_preset
+    from routepack_opt.core.evaluate import Evaluator
+    from routepack_opt.core.topology import Topology
+    from routepack_opt.core.window import load_window
+except ImportError:  # before it (b86d510)
+    from routepack_opt.cost import get_preset
+    from routepack_opt.evaluate import Evaluator
+    from routepack_opt.topology import Topology
+    from routepack_opt.window import load_window
+try:
+    from routepack_opt.pipeline import solve
+    def plan(window, topo, cost, objective, placement, seed):
+        return solve(window, topo, cost, objective=objective, placement=placement, seed=seed)
+except ImportError:
+    from routepack_opt.pipeline import plan
 from routepack_opt.warmup import warm
 
 window = load_window(sys.argv[1])
@@ -58,7 +72,6 @@ for _ in range(int(sys.argv[2])):
 # the move loop alone: one thread, 4 replicas from the plan's layout, a fixed mid-ladder
 # temperature, default move mix (evaluations per CPU second, best of 3)
 import numba
-from routepack_opt.core.evaluate import Evaluator
 try:
     from routepack_opt.heuristics.anneal import AnnealConfig
     from routepack_opt.heuristics.anneal.moves import run
@@ -116,7 +129,9 @@ def summary(xs: list[float]) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--old", required=True, help="worktree of the old tree (commit e82ae2a)")
+    ap.add_argument("--old", required=True, help="worktree of the old tree (e.g. b86d510, before issue 13)")
+    ap.add_argument("--old-label", default="b86d510", help="the old tree's commit, for the report")
+    ap.add_argument("--out", default=str(OUT), help="results folder")
     ap.add_argument("--new", default=str(ROOT), help="worktree of the new tree (default: this one)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--plans", type=int, default=3, help="plans per child process")
@@ -150,15 +165,16 @@ def main():
     ratio = {m: [statistics.median(x[m] for x in n) / statistics.median(x[m] for x in o)
                  for o, n in zip(runs["old"], runs["new"])] for m in metrics}
     identical = len({x["cells"] for res in runs["old"] + runs["new"] for x in res}) == 1
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps({"args": vars(args), "load_average": load,
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "load_average": load,
                                                   "stats": stats, "ratio_new_over_old": ratio,
                                                   "identical_plans": identical, "runs": runs},
                                                  indent=1) + "\n")
-    lines = ["# Annealer split A/B (issue 13)", "",
-             f"`python experiments/bench_anneal_split.py --rounds {args.rounds} --plans {args.plans}` "
-             f"on {time.strftime('%Y-%m-%d')}; old = `heuristics/annealing.py` (e82ae2a), new = "
-             "`heuristics/anneal/`. Production window (qwen3-30b-a3b trace, N=1024, L=48, E=128, "
+    lines = ["# Redesign A/B (issue 13): old tree vs new tree", "",
+             f"`python experiments/bench_redesign.py --rounds {args.rounds} --plans {args.plans}` "
+             f"on {time.strftime('%Y-%m-%d')}; old = {args.old_label}, new = the tree of this script "
+             "(the layered package, `solve()`, `heuristics/anneal/`). Production window (qwen3-30b-a3b trace, N=1024, L=48, E=128, "
              "top-8), D=32, P=8, C=16384, max-sum, LPT, default budget, seed 0. Child processes "
              f"alternate old/new each round; 2 cores shared with other work (load average "
              f"{min(load):.1f}–{max(load):.1f}).", "",
@@ -182,7 +198,7 @@ def main():
         rs = ratio[m]
         lines.append(f"| {label[m]} | {cell(stats['old'][m])} | {cell(stats['new'][m])} | "
                      f"{statistics.median(rs):.3f} ({min(rs):.3f}–{max(rs):.3f}) |")
-    (OUT / "results.md").write_text("\n".join(lines) + "\n")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
