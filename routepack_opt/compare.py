@@ -21,6 +21,7 @@ from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.lpt import rank_load_cv
+from routepack_opt.models.layout import solve_layout  # its solver libraries load on first solve
 from routepack_opt.params import PlannerParams
 from routepack_opt.pipeline import DEFAULT_PARAMS, build_plan, resolve_placement, resolve_rows, solve
 
@@ -76,11 +77,6 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, *, object
     secs = {name: timings.seconds[name] + timings.seconds["certify"] for name in plans}
     if exact is None:
         exact = window.num_samples <= EXACT_MAX_SAMPLES
-    if exact:
-        try:  # OR-Tools and Pyomo: imported only for the exact row
-            from routepack_opt.models.layout import solve_layout
-        except ImportError:
-            exact = False
     if exact:
         rp = plans["routepack"]
         with timings.stage("exact"):
