@@ -35,21 +35,23 @@ OUT = ROOT / "experiments" / "results" / "bench_redesign"
 CHILD = r"""
 import hashlib, json, sys, time
 import numpy as np
-try:  # the package since issue 13
+import os
+# which tree this is, from its files (an editable install of the other tree could otherwise
+# answer an import that this tree does not have)
+NEW = os.path.isdir("routepack_opt/core")
+if NEW:  # the package since issue 13
     from routepack_opt.core.cost import get_preset
     from routepack_opt.core.evaluate import Evaluator
     from routepack_opt.core.topology import Topology
     from routepack_opt.core.window import load_window
-except ImportError:  # before it (b86d510)
+    from routepack_opt.pipeline import solve
+    def plan(window, topo, cost, objective, placement, seed):
+        return solve(window, topo, cost, objective=objective, placement=placement, seed=seed)
+else:  # before it (b86d510)
     from routepack_opt.cost import get_preset
     from routepack_opt.evaluate import Evaluator
     from routepack_opt.topology import Topology
     from routepack_opt.window import load_window
-try:
-    from routepack_opt.pipeline import solve
-    def plan(window, topo, cost, objective, placement, seed):
-        return solve(window, topo, cost, objective=objective, placement=placement, seed=seed)
-except ImportError:
     from routepack_opt.pipeline import plan
 from routepack_opt.warmup import warm
 
@@ -72,14 +74,14 @@ for _ in range(int(sys.argv[2])):
 # the move loop alone: one thread, 4 replicas from the plan's layout, a fixed mid-ladder
 # temperature, default move mix (evaluations per CPU second, best of 3)
 import numba
-try:
+if NEW:
     from routepack_opt.heuristics.anneal import AnnealConfig
     from routepack_opt.heuristics.anneal.moves import run
     from routepack_opt.heuristics.anneal.problem import Instance
     from routepack_opt.heuristics.anneal.rng import rng_states
     from routepack_opt.heuristics.anneal.state import Population
     counters = lambda pop: pop.walk.counters
-except ImportError:  # the old module
+else:  # the old module
     from routepack_opt.heuristics.annealing import AnnealConfig, _Population as Population, _Problem as Instance, _rng_states as rng_states
     run = lambda pop, n, t, cfg: pop.run(pop.pb, n, t, cfg)
     counters = lambda pop: pop.counters
