@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from routepack_opt.certify import certify_rows, pack_into_bins
+from routepack_opt.certify import Certificate, certify_rows, pack_into_bins
+from routepack_opt.core.bounds import is_packing
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
@@ -31,7 +32,7 @@ from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_place
 from routepack_opt.params import PlannerParams
 from routepack_opt.warmup import groups_for, warm
 
-__all__ = ["solve", "build_plan", "resolve_placement", "resolve_rows", "baseline_layouts",
+__all__ = ["solve", "build_plan", "resolve_placement", "resolve_rows", "certified_rows", "baseline_layouts",
            "PLACEMENT_KINDS", "DEFAULT_PARAMS"]
 
 PLACEMENT_KINDS = ("lpt", "lpt-plain", "identity", "joint")
@@ -67,10 +68,16 @@ def resolve_rows(window: Window, topology: Topology, rows: int | None, time_limi
                  method: str = "auto") -> tuple[int, dict]:
     """(R, certificate dict). Without ``rows``, R = R* from :func:`certify_rows`; with ``rows``,
     the row rules are checked and R* is still certified for the report."""
+    R, cert = certified_rows(window, topology, rows, time_limit, method)
+    return R, cert.as_dict()
+
+
+def certified_rows(window: Window, topology: Topology, rows: int | None, time_limit: float,
+                    method: str) -> tuple[int, Certificate]:
+    """:func:`resolve_rows` with the whole :class:`Certificate` (its packing serves the seeds)."""
     cert = certify_rows(window, topology, time_limit=time_limit, method=method)
-    cdict = cert.as_dict()
     if rows is None:
-        return int(cert.rows), cdict
+        return int(cert.rows), cert
     rows = check_rows(rows, "--rows")
     if not topology.row_ok(rows):
         raise InputError(f"--rows {rows} breaks the row rules (min_rows {topology.min_rows}, "
@@ -80,20 +87,50 @@ def resolve_rows(window: Window, topology: Topology, rows: int | None, time_limi
                          f"window has {window.num_samples}")
     if rows < cert.lower_bound:
         raise InputError(f"--rows {rows} is below the proved minimum {cert.lower_bound} (no layout fits the cap)")
-    return rows, cdict
+    return rows, cert
+
+
+class _SharedPacker:
+    """The baselines' last-resort exact packer (:data:`~routepack_opt.heuristics.baselines.ExactPacker`),
+    shared by all of them: a packing the R* certificate already holds answers for the whole
+    window at no cost, and every other question (sizes, capacity, bins) is solved once. On tight
+    windows each baseline used to repeat the same seconds-long packing (N = 16,384: 2 × 5 s)."""
+
+    def __init__(self, lengths, capacity: int, packing=None):
+        self._known = None
+        if packing is not None:
+            self._known = (np.asarray(lengths, dtype=np.int64), int(capacity),
+                           np.asarray(packing, dtype=np.int64))
+        self._memo: dict = {}
+
+    def __call__(self, sizes, capacity, num_bins, time_limit):
+        s = np.asarray(sizes, dtype=np.int64)
+        if self._known is not None:
+            lengths, C, packing = self._known
+            if (int(capacity) == C and s.shape == lengths.shape and np.array_equal(s, lengths)
+                    and is_packing(s, C, packing, int(num_bins))):
+                return packing.copy()
+        key = (s.tobytes(), int(capacity), int(num_bins))
+        if key not in self._memo:  # an undecided packing raises and is asked again next time
+            self._memo[key] = pack_into_bins(s, capacity, num_bins, time_limit)
+        got = self._memo[key]
+        return None if got is None else got.copy()
 
 
 def baseline_layouts(window: Window, topology: Topology, rows: int,
-                     time_limit: float = 10.0) -> dict[str, Layout]:
+                     time_limit: float = 10.0, *, packing=None) -> dict[str, Layout]:
     """Every length-only baseline layout at exactly ``rows`` rows (name → layout).
     ``time_limit`` bounds them all together (their cap repair and, on tight windows, the exact
-    packing of their last resort)."""
+    packing of their last resort, done once for all of them); ``packing``: a bin per sample into
+    at most ``rows·D`` bins of the capacity already known (the R* certificate's), which that
+    last resort then uses as is."""
     out = {}
+    exact_pack = _SharedPacker(window.lengths, topology.capacity, packing)
     end = time.perf_counter() + time_limit
     for k, (name, fn) in enumerate(BASELINES.items()):
         share = (end - time.perf_counter()) / (len(BASELINES) - k)  # an even split of what is left
         try:
-            row, slot = fn(window.lengths, topology, rows, time_limit=max(0.05, share), exact_pack=pack_into_bins)
+            row, slot = fn(window.lengths, topology, rows, time_limit=max(0.05, share), exact_pack=exact_pack)
         except InfeasibleError:
             continue
         out[name] = Layout(row, slot, rows)
@@ -149,14 +186,17 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     with timings.stage("placement"):
         pl, pl_kind = resolve_placement(window, topology, placement)
     with timings.stage("certify"):
+        packing = None
         if certificate is not None and rows is not None:  # rows already checked by the caller
             R, cert = check_rows(rows), certificate
         else:
             c = params.certify
-            R, cert = resolve_rows(window, topology, rows, clock.share(c.share, c.time_limit), c.method)
+            R, full = certified_rows(window, topology, rows, clock.share(c.share, c.time_limit), c.method)
+            cert, packing = full.as_dict(), full.packing_N
     ev = Evaluator(window, topology, cost)
     with timings.stage("seeds"):
-        seeds = baseline_layouts(window, topology, R, clock.share(params.seeds.share, params.seeds.time_limit))
+        seeds = baseline_layouts(window, topology, R, clock.share(params.seeds.share, params.seeds.time_limit),
+                                  packing=packing)
         b = ev.rank_loads(pl)
         t_score = time.perf_counter()
         seed_scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}

@@ -116,7 +116,7 @@ def test_cli_config_reaches_joint_refine_and_certify(run_cli, tmp_path, window, 
     runs max_rounds rounds of max_passes refinement passes, R* uses the [certify] limit and
     method (a config changing max_rounds changes what runs)."""
     seen = {}
-    real_joint, real_rows = pipeline.joint_search, pipeline.resolve_rows
+    real_joint, real_rows = pipeline.joint_search, pipeline.certified_rows
 
     def joint_spy(*args, **kwargs):
         seen["max_rounds"] = kwargs["max_rounds"]
@@ -129,7 +129,7 @@ def test_cli_config_reaches_joint_refine_and_certify(run_cli, tmp_path, window, 
         return real_rows(*args)
 
     monkeypatch.setattr(pipeline, "joint_search", joint_spy)
-    monkeypatch.setattr(pipeline, "resolve_rows", rows_spy)
+    monkeypatch.setattr(pipeline, "certified_rows", rows_spy)
     save_window(window, tmp_path / "w.npz")
     (tmp_path / "c.toml").write_text("[joint]\nmax_rounds = 1\nsticky = false\n[refine]\nmax_passes = 2\n"
                                      "[certify]\ntime_limit = 3.0\nmethod = \"cpsat\"\n"

@@ -140,3 +140,46 @@ def test_compare_cli_uses_anneal_config(run_cli, tmp_path, window):
     (tmp_path / "b.toml").write_text("bogus = 1\n")
     code, _, err = run_cli(*args, "--config", tmp_path / "b.toml")
     assert code == 2 and err.startswith("error:") and "bogus" in err
+
+
+def test_baselines_share_one_exact_packing(monkeypatch):
+    """On a tight window both baselines fall back to an exact packing into R·D bins: with the
+    R* certificate's packing given it is used as is (no packing run), and without it the
+    packing runs once for both; every layout is valid at exactly R rows."""
+    from routepack_opt import pipeline
+    from routepack_opt.certify import certify_rows
+    from routepack_opt.core.layout import Layout
+    from routepack_opt.core.window import Window
+
+    rng = np.random.default_rng(5)
+    triplets = []  # 20 bins filled exactly by three items each: FFD/BFD need 23
+    for _ in range(20):
+        a = int(rng.integers(250, 450))
+        b = int(rng.integers(250, min(450, 750 - a)))
+        triplets += [a, b, 1000 - a - b]
+    lengths = np.array(triplets, dtype=np.int64)
+    counts = np.zeros((lengths.size, 1, 2), dtype=np.int32)
+    counts[:, 0, 0] = lengths
+    w = Window(lengths, counts, top_k=1)
+    topo = Topology(dp=2, ep=2, capacity=1000)
+    cert = certify_rows(w, topo)
+    assert cert.rows == 10 and cert.packing_N is not None
+    calls = []
+    real = pipeline.pack_into_bins
+
+    def spy(*args, **kwargs):
+        calls.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "pack_into_bins", spy)
+    with_cert = pipeline.baseline_layouts(w, topo, cert.rows, packing=cert.packing_N)
+    assert calls == []
+    without = pipeline.baseline_layouts(w, topo, cert.rows)
+    assert calls == [20]  # both baselines needed it; it ran once
+    for layouts in (with_cert, without):
+        assert set(layouts) == {"verl-kk", "nemo-ffd"}
+        for lay in layouts.values():
+            assert isinstance(lay, Layout) and lay.rows == cert.rows
+            cells = lay.row * topo.dp + lay.slot
+            assert np.bincount(cells, minlength=cert.rows * topo.dp).min() >= 1
+            assert np.bincount(cells, weights=lengths).max() <= topo.capacity
