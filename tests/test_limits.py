@@ -15,7 +15,7 @@ from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import check_window_memory, load_window
 from routepack_opt.heuristics import cells
-from routepack_opt.heuristics.anneal.greedy import greedy_seed
+from routepack_opt.heuristics.anneal.greedy import CANDIDATE_BLOCKS, greedy_seed
 from routepack_opt.heuristics.anneal.problem import Instance
 from routepack_opt.heuristics.placement.lpt import lpt_placement
 from routepack_opt.models.layout import solve_layout
@@ -35,15 +35,32 @@ def _problem(window, topo, rows):
 
 
 def test_greedy_in_chunks_equals_one_pass(window):
-    """The joint-cost greedy run in chunks of 1 or 7 samples gives the one-pass layout."""
+    """The joint-cost greedy run one sample per call gives the one-pass layout, trying every
+    block or (candidates=3) a seeded sample of them, whose stream carries across the calls."""
     topo = Topology(dp=8, ep=4, capacity=4096)
     rows = pipeline.resolve_rows(window, topo, None)[0]
     pb = _problem(window, topo, rows)
-    whole = greedy_seed(pb)
-    assert whole is not None
-    for step in (1, 7):
-        again = greedy_seed(pb, chunk_ops=step * (pb.R * pb.G * pb.L * pb.Pp + pb.R * pb.D))
+    assert pb.R * pb.G > 3
+    for candidates in (CANDIDATE_BLOCKS, 3):
+        whole = greedy_seed(pb, chunk_ops=1e18, candidates=candidates)
+        assert whole is not None
+        again = greedy_seed(pb, chunk_ops=1, candidates=candidates)  # one sample per call
         assert np.array_equal(again[0], whole[0]) and np.array_equal(again[1], whole[1])
+
+
+def test_sampled_greedy_is_a_valid_layout(window):
+    """Trying each sample in a few sampled blocks still gives a feasible layout (every cell
+    filled, capacity kept), different from the exhaustive one and deterministic."""
+    topo = Topology(dp=8, ep=4, capacity=4096)
+    pb = _problem(window, topo, pipeline.resolve_rows(window, topo, None)[0])
+    full = greedy_seed(pb)
+    few = greedy_seed(pb, candidates=2)
+    assert few is not None and full is not None
+    row, slot = pb.external(*few)
+    pb.check_layout(row, slot, "sampled greedy")  # raises on an empty or overfull cell
+    assert not (np.array_equal(few[0], full[0]) and np.array_equal(few[1], full[1]))
+    again = greedy_seed(pb, candidates=2)
+    assert np.array_equal(again[0], few[0]) and np.array_equal(again[1], few[1])
 
 
 def test_greedy_stops_at_a_past_deadline(window):
