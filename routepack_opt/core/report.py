@@ -48,6 +48,8 @@ class SearchStats:
     greedy_seed: bool
     improved: bool
     stopped_by_time: bool
+    t_hot_quantile: float = 0.5  # the quantile T_hot came from (t_hot_quantile or ..._near)
+    seed_gap: float = -1.0  # best seed's makespan / layout lower bound − 1 (−1: no bound)
     timings: Mapping[str, float] = dataclasses.field(default_factory=dict)
     trace: tuple[Mapping[str, float], ...] = dataclasses.field(default=(), repr=False)
     seed_energies: tuple[float, ...] = dataclasses.field(default=(), repr=False)

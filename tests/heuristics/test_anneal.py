@@ -176,6 +176,32 @@ def test_anneal_improves_a_random_seed():
     assert res.score[0] < 0.97 * seed_ms
 
 
+def test_ladder_starts_cooler_from_a_seed_near_the_bound():
+    """T_hot is the t_hot_quantile of the calibration moves, or t_hot_quantile_near on windows of
+    at least near_min_samples samples whose best seed is within near_gap of the layout lower
+    bound (the reported seed_gap): the same seeds give a colder ladder with a loose near_gap."""
+    w, topo, pl, b, R = instance(TOPOLOGIES[1], seed=21, n=48)
+    row, slot = feasible_layout(w.lengths, topo, R, np.random.default_rng(0))
+    base = AnnealConfig(population=4, temperatures=4, sweeps=4, greedy_seed=False)
+    hot = anneal(w.lengths, b, topo, COST, R, "max-sum", [(row, slot)], config=base.replace(near_gap=0.0))
+    cool = anneal(w.lengths, b, topo, COST, R, "max-sum", [(row, slot)],
+                  config=base.replace(near_gap=10.0, near_min_samples=48))
+    small = anneal(w.lengths, b, topo, COST, R, "max-sum", [(row, slot)],
+                   config=base.replace(near_gap=10.0, near_min_samples=49))  # 48 samples: too few
+    gap = hot.stats["seed_gap"]
+    bound = Evaluator(w, topo, COST).lower_bound(pl, R)
+    seed_ms = Evaluator(w, topo, COST).score(pl, row, slot, R, "max-sum").makespan
+    assert gap == pytest.approx(seed_ms / bound - 1.0, rel=1e-9) and 0.0 < gap < 10.0
+    assert hot.stats["t_hot_quantile"] == base.t_hot_quantile
+    assert cool.stats["t_hot_quantile"] == base.t_hot_quantile_near
+    assert small.stats["t_hot_quantile"] == base.t_hot_quantile
+    assert cool.stats["t_hot"] < hot.stats["t_hot"]
+    with pytest.raises(InputError):
+        AnnealConfig(near_gap=-0.1)
+    with pytest.raises(InputError):
+        AnnealConfig(t_hot_quantile_near=0.0)
+
+
 def test_same_seed_same_layout():
     """Same seed + max_sweeps → bit-identical layout and energy; another seed may differ."""
     w, topo, pl, b, R = instance(TOPOLOGIES[2], seed=3, n=40)

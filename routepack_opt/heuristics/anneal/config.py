@@ -29,6 +29,14 @@ class AnnealConfig:
     p_near: float = 0.75  # probability a swap partner is a length-neighbour (within swap_window)
     swap_window: int = 16  # length-order neighbourhood (samples each side) of near swaps
     t_hot_quantile: float = 0.5  # T_hot = this quantile of |ΔE| of random moves from the seeds
+    # ... or this one on windows of at least near_min_samples samples whose best seed's makespan
+    # is within near_gap of the layout lower bound (experiments/results/bench_latency: there a
+    # hot start only undoes the seed, −0.1 to −0.8 % at N = 4k–16k with the cool one; a poor
+    # seed still needs it, +1.2 % at N = 1,024, D = 128, and so do small windows, +0.08 % on
+    # average over 40 windows of N ≤ 1,024)
+    t_hot_quantile_near: float = 0.05
+    near_gap: float = 0.05  # 0: always t_hot_quantile
+    near_min_samples: int = 4096
     t_cold_ratio: float = 1e-3  # T_cold = t_cold_ratio · T_hot
     calibration_moves: int = 2048  # random proposals per seed to scale the ladder
     random_fraction: float = 0.5  # share of replicas started from random walks off a seed
@@ -41,7 +49,7 @@ class AnnealConfig:
 
     def __post_init__(self):
         ints = {"population": 1, "temperatures": 1, "sweeps": 1, "calibration_moves": 16,
-                "chunk_sweeps": 1, "swap_window": 1}
+                "chunk_sweeps": 1, "swap_window": 1, "near_min_samples": 1}
         for name, lo in ints.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
@@ -53,12 +61,16 @@ class AnnealConfig:
             if not 0.0 <= v <= 1.0:
                 raise InputError(f"anneal: {name} must be in [0, 1], got {v}")
             object.__setattr__(self, name, v)
-        open_unit = ("t_hot_quantile", "t_cold_ratio")
+        open_unit = ("t_hot_quantile", "t_hot_quantile_near", "t_cold_ratio")
         for name in open_unit:
             v = _float(name, getattr(self, name))
             if not 0.0 < v <= 1.0:
                 raise InputError(f"anneal: {name} must be in (0, 1], got {v}")
             object.__setattr__(self, name, v)
+        v = _float("near_gap", self.near_gap)
+        if v < 0:
+            raise InputError(f"anneal: near_gap must be ≥ 0, got {v}")
+        object.__setattr__(self, "near_gap", v)
         v = _float("random_walk_sweeps", self.random_walk_sweeps)
         if v < 0:
             raise InputError(f"anneal: random_walk_sweeps must be ≥ 0, got {v}")

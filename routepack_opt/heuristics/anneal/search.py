@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from routepack_opt.core.bounds import layout_lower_bound
 from routepack_opt.core.cost import CostModel, Stage
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.topology import Topology
@@ -135,8 +136,13 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     seeds_pop.walk.rng[:] = rng_states(seed, -1, S)
     run(seeds_pop, 4 * cfg.calibration_moves, 0.0, cfg.replace(p_guide=0.0), probe=probe)
     got = seeds_pop.walk.counters[:, 2]
+    # a best seed already near the lower bound starts a cooler ladder (see AnnealConfig.near_gap)
+    bound = layout_lower_bound(inst.lengths, inst.b_NLP().sum(axis=0), inst.R, topology, cost)
+    seed_gap = float(seeds_pop.state.agg[best_seed, 0]) / bound - 1.0 if bound > 0 else -1.0
+    near = N >= cfg.near_min_samples and 0.0 <= seed_gap <= cfg.near_gap
+    quantile = cfg.t_hot_quantile_near if near else cfg.t_hot_quantile
     temps, t_hot, t_cold = ladder(np.concatenate([probe[k, :got[k]] for k in range(S)]),
-                                  seed_energy, cfg)
+                                  seed_energy, cfg, quantile)
     nT = cfg.temperatures
 
     # --- initial population: seeds, and random walks off the seeds ------------------------------
@@ -244,7 +250,8 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
         "moves_per_second": evaluated / run_seconds if run_seconds > 0 else 0.0,
         # per core: CPU time of the process over the ladder, all threads together
         "moves_per_cpu_second": evaluated / run_cpu if run_cpu > 0 else 0.0,
-        "t_hot": t_hot, "t_cold": t_cold, "seeds": S, "best_seed": best_seed,
+        "t_hot": t_hot, "t_cold": t_cold, "t_hot_quantile": quantile, "seed_gap": seed_gap,
+        "seeds": S, "best_seed": best_seed,
         "greedy_seed": greedy_used,
         "seed_energies": seed_energy.tolist(), "improved": bool(improved),
         "stopped_by_time": stopped or (timed and len(trace) < nT), "trace": trace,
