@@ -197,12 +197,17 @@ def test_mbs_in_pieces_equals_one_pass(monkeypatch):
 
 
 def test_mbs_out_of_time_still_returns_a_packing():
-    """When not even MBS' first pass ends in time, the better of FFD/BFD comes back (valid)."""
+    """When MBS' first pass is cut by its deadline, FFD/BFD finish it with the items left: a
+    valid packing, never worse than FFD/BFD."""
     from routepack_opt.heuristics import binpack
 
     sizes = np.random.default_rng(8).integers(5, 60, size=300)  # ~100 bins: the first call builds 16
     bin_N, used = binpack.minimum_bin_slack(sizes, 100, time_limit=1e-9)
-    assert is_packing(sizes, 100, bin_N) and used == binpack.best_packing(sizes, 100)[1]
+    assert is_packing(sizes, 100, bin_N) and used == np.unique(bin_N).size
+    assert used <= binpack.best_packing(sizes, 100)[1]
+    order = np.argsort(-sizes, kind="stable")
+    out, bins, done = binpack._mbs_pass(sizes[order], 100, 500, deadline=0.0)  # cut after 16 bins
+    assert not done and is_packing(sizes[order], 100, out) and bins == np.unique(out).size
 
 
 def test_tabu_run_stops_at_its_deadline():

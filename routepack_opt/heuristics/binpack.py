@@ -272,8 +272,10 @@ _MBS_CALL_S = 0.05  # target seconds per compiled MBS' call: the clock is checke
 
 
 def _mbs_pass(s_sorted, C: int, node_limit: int, deadline: float | None):
-    """One MBS' pass over ``s_sorted``: (bin_N, bins), or (None, None) if ``deadline`` (a
-    ``time.perf_counter()`` value) passes first. A bin costs a scan of the remaining items plus
+    """One MBS' pass over ``s_sorted``: (bin_N, bins, done). If ``deadline`` (a
+    ``time.perf_counter()`` value) passes first, the items left (the smallest: MBS' opens each
+    bin with the largest item left) go into new bins by the best of FFD/BFD and ``done`` is
+    False — still a packing, usually far better than FFD/BFD alone. A bin costs a scan of the remaining items plus
     up to ``node_limit`` search nodes, which no operation count predicts well, so the calls are
     sized from the measured time per bin (the first builds 16 bins): each takes about
     ``_MBS_CALL_S`` and the deadline holds to that (it did not: one call built every bin of a
@@ -287,10 +289,13 @@ def _mbs_pass(s_sorted, C: int, node_limit: int, deadline: float | None):
         before = nbins
         nbins, done = _mbs_kernel(s_sorted, C, node_limit, out, nbins, per_call)
         if done:
-            return out, int(nbins)
+            return out, int(nbins), True
         now = time.perf_counter()
         if deadline is not None and now > deadline:
-            return None, None
+            left = np.flatnonzero(out < 0)
+            rest, used, _ = best_packing(s_sorted[left], C)
+            out[left] = nbins + rest
+            return out, int(nbins) + used, False
         rate = (nbins - before) / max(now - t, 1e-6)  # bins per second
         per_call = int(min(max(1.0, _MBS_CALL_S * rate), 4.0 * per_call))
 
@@ -304,7 +309,7 @@ def minimum_bin_slack(sizes, capacity, restarts: int = 0, seed: int = 0,
     The first pass takes items by decreasing size; each of ``restarts`` further passes perturbs
     that order with seeded multiplicative noise (so the search meets other least-slack subsets).
     Stops early once ``target`` bins are reached or ``time_limit`` seconds pass (also inside a
-    pass; if not even the first pass ends in time, the better of FFD/BFD is returned).
+    pass, which FFD/BFD then finish with the items left; never worse than FFD/BFD).
     Returns the best ``(bin_N, bins_used)`` in the caller's item order; deterministic for a seed.
     """
     sizes_N, C = check_sizes(sizes, capacity)
@@ -320,16 +325,14 @@ def minimum_bin_slack(sizes, capacity, restarts: int = 0, seed: int = 0,
             noise = rng.uniform(0.0, 0.3 * rng.uniform(), size=sizes_N.size)
             order = np.argsort(-(sizes_N * (1.0 + noise)), kind="stable")
         deadline = None if time_limit is None else t0 + time_limit
-        b_sorted, used = _mbs_pass(sizes_N[order], C, node_limit, deadline)
-        if b_sorted is None:  # out of time inside this pass
-            if best_bins is None:
-                best_N, best_bins, _ = best_packing(sizes_N, C)
-            break
+        b_sorted, used, done = _mbs_pass(sizes_N[order], C, node_limit, deadline)
+        if not done and best_bins is None:  # out of time in the first pass: FFD/BFD if better
+            best_N, best_bins, _ = best_packing(sizes_N, C)
         if best_bins is None or used < best_bins:
             best_N = np.empty_like(b_sorted)
             best_N[order] = b_sorted
             best_bins = int(used)
-        if target is not None and best_bins <= target:
+        if not done or (target is not None and best_bins <= target):
             break
         if time_limit is not None and time.perf_counter() - t0 > time_limit:
             break
