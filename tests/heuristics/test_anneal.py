@@ -202,6 +202,31 @@ def test_ladder_starts_cooler_from_a_seed_near_the_bound():
         AnnealConfig(t_hot_quantile_near=0.0)
 
 
+@pytest.mark.parametrize("objective", ["max-sum", "sum-max"])
+def test_best_state_kept_by_undo_log(objective):
+    """The walk keeps its best state as the current one with the moves since undone: the
+    layout it reports has exactly the best energy it reports, and an undo log of 2 entries
+    (written out at every move) gives the same layout as the default one."""
+    w, topo, pl, b, R = instance(TOPOLOGIES[1], seed=5, n=48)
+    cfg = AnnealConfig(p_guide=0.3)
+    pb = Instance(w.lengths, b, topo, COST, R, objective, cfg.tie_eps)
+    row, slot = feasible_layout(w.lengths, topo, R, np.random.default_rng(5))
+    r32, s32 = pb.check_layout(row, slot, "layout")
+    e0 = layout_energy(w.lengths, b, topo, COST, R, objective, row, slot, cfg.tie_eps)[0]
+    best = []
+    for log_size in (4096, 2):
+        pop = Population(pb, 1)
+        pop.init(r32[None], s32[None])
+        pop.walk.rng[:] = rng_states(9, 0, 1)
+        run_one(pop, 3000, 0.02 * e0 / R, cfg, log_size=log_size)  # warm enough to leave the best
+        ext = pb.external(pop.walk.best_row[0], pop.walk.best_slot[0])
+        e = layout_energy(w.lengths, b, topo, COST, R, objective, *ext, cfg.tie_eps)[0]
+        assert e == pytest.approx(pop.walk.best_e[0], rel=1e-12) and e < e0
+        assert pop.state.agg[0, 3] > pop.walk.best_e[0]  # the walk did leave its best state
+        best.append((pop.walk.best_row[0].copy(), pop.walk.best_slot[0].copy()))
+    assert np.array_equal(best[0][0], best[1][0]) and np.array_equal(best[0][1], best[1][1])
+
+
 def test_same_seed_same_layout():
     """Same seed + max_sweeps → bit-identical layout and energy; another seed may differ."""
     w, topo, pl, b, R = instance(TOPOLOGIES[2], seed=3, n=40)

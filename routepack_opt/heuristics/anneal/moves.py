@@ -38,9 +38,10 @@ import numpy as np
 from numba import njit, prange
 
 from routepack_opt.heuristics.anneal.config import AnnealConfig
-from routepack_opt.heuristics.anneal.kernels import move_delta
+from routepack_opt.heuristics.anneal.kernels import aggregates, move_delta
 from routepack_opt.heuristics.anneal.rng import below, unit, xo
 from routepack_opt.heuristics.anneal.state import (
+    LOG_SIZE,
     Population,
     State,
     Walk,
@@ -52,7 +53,7 @@ from routepack_opt.heuristics.anneal.state import (
 
 __all__ = ["Moves", "moves_of", "pick_guided", "pick_target_first", "near_partner",
            "fitting_partner", "target_in_slot", "guided_target", "propose_swap",
-           "propose_relocation", "run_replica", "run_population", "run", "run_one"]
+           "propose_relocation", "save_best", "run_replica", "run_population", "run", "run_one"]
 
 # The move mix (from AnnealConfig) as the compiled loop reads it.
 Moves = namedtuple("Moves", (
@@ -63,6 +64,10 @@ Moves = namedtuple("Moves", (
 ))
 
 
+GUIDE_SCAN_ROWS = 64  # guided rows: prefix sums up to this many rows, rejection past it
+GUIDE_TRIES = 16  # rejection draws of a guided move's row (expected ~1.1–1.5; see pick_guided)
+
+
 def moves_of(cfg: AnnealConfig) -> Moves:
     return Moves(p_swap=cfg.p_swap, p_guide=cfg.p_guide, p_near=cfg.p_near, window=cfg.swap_window)
 
@@ -71,33 +76,52 @@ def moves_of(cfg: AnnealConfig) -> Moves:
 def pick_guided(s0, s1, s2, s3, st, pb):
     """A sample of the bottleneck block (cells are never empty) and the new RNG state."""
     J, R, D, G, P = st.J, pb.R, pb.D, pb.G, pb.P
-    # Branch-free (selects and counts): argmaxes and a weighted draw are data-dependent, and
-    # as branches they mispredicted. The row drawn is the first r whose prefix sum reaches
-    # u (prefix sums are nondecreasing, so it is the number of prefixes below u), else R − 1.
+    # The row r is drawn with probability ∝ w[r]: J[r, g*] of the shard g* with the largest
+    # Σ_r J (max-sum), or max_g J[r, g] (sum-max). Up to GUIDE_SCAN_ROWS rows by the prefix
+    # sums (the first r whose prefix reaches u, counted branch-free); past that by rejection, in
+    # O(1) expected draws instead of O(R): a uniform row is kept with probability w[r] / peak
+    # (every weight is ≤ the peak J), up to GUIDE_TRIES draws, else the last one.
+    peak = st.agg[2]
     if pb.objective == 0:
         gs = 0
         best = st.colsum[0]
-        for g in range(1, G):
+        for g in range(1, G):  # branch-free argmax (as branches they mispredicted)
             v = st.colsum[g]
             gs = g if v > best else gs
             best = max(best, v)
-        x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
-        u = unit(x) * best  # best = colsum[gs] = Σ_r J[r, gs]
         rs = 0
-        acc = 0.0
-        for r in range(R):
-            acc += J[r * G + gs]
-            rs += 1 if acc < u else 0
-        rs = min(rs, R - 1)
+        if R <= GUIDE_SCAN_ROWS:  # the first r whose prefix sum reaches u (branch-free count)
+            x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+            u = unit(x) * best  # best = colsum[gs] = Σ_r J[r, gs]
+            acc = 0.0
+            for r in range(R):
+                acc += J[r * G + gs]
+                rs += 1 if acc < u else 0
+            rs = min(rs, R - 1)
+        else:
+            for _t in range(GUIDE_TRIES):
+                x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+                rs = below(x, R)
+                x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+                if unit(x) * peak <= J[rs * G + gs]:
+                    break
     else:
-        x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
-        u = unit(x) * st.agg[0]  # the makespan, = Σ_r rowmax[r]
         rs = 0
-        acc = 0.0
-        for r in range(R):
-            acc += st.rowmax[r]
-            rs += 1 if acc < u else 0
-        rs = min(rs, R - 1)
+        if R <= GUIDE_SCAN_ROWS:
+            x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+            u = unit(x) * st.agg[0]  # the makespan, = Σ_r rowmax[r]
+            acc = 0.0
+            for r in range(R):
+                acc += st.rowmax[r]
+                rs += 1 if acc < u else 0
+            rs = min(rs, R - 1)
+        else:
+            for _t in range(GUIDE_TRIES):
+                x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+                rs = below(x, R)
+                x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+                if unit(x) * peak <= st.rowmax[rs]:
+                    break
         o = rs * G
         gs = 0
         best = J[o]
@@ -246,6 +270,18 @@ def propose_relocation(s0, s1, s2, s3, st, pb, i, a, ra, da, bc):
 
 
 @njit(cache=True, _nrt=False)
+def save_best(st, wk, log, n_log):
+    """wk.best_row/best_slot = the current layout with the last ``n_log`` logged moves undone
+    (latest first, so a sample moved twice gets its oldest place back)."""
+    for t in range(st.row.shape[0]):
+        wk.best_row[t] = st.row[t]
+        wk.best_slot[t] = st.slot[t]
+    for k in range(n_log - 1, -1, -1):
+        wk.best_row[log[k, 0]] = log[k, 1]
+        wk.best_slot[log[k, 0]] = log[k, 2]
+
+
+@njit(cache=True, _nrt=False)
 def run_replica(n_moves, temp, mv, pb, st, wk, sc):
     """``n_moves`` Metropolis proposals at temperature ``temp`` for one replica (state ``st``,
     walk ``wk``, scratch ``sc``; see :mod:`routepack_opt.heuristics.anneal.state`).
@@ -261,7 +297,9 @@ def run_replica(n_moves, temp, mv, pb, st, wk, sc):
     argument as a 7-word struct); the expert kernels stay calls (inlining them was slower)."""
     N = pb.N
     nprobe = wk.probe.shape[0]
-    at_best = False  # the current state is the best seen and not yet copied out
+    at_best = False  # the current state is the best seen and not yet written out
+    logging = False  # the best state is the current one with sc.log[:n_log] undone
+    n_log = 0
     # RNG state, counters and the last deltas live in locals (stores to arrays would force
     # reloads: numba gives LLVM no aliasing information); written back at the end.
     s0 = wk.rng[0]
@@ -332,20 +370,35 @@ def run_replica(n_moves, temp, mv, pb, st, wk, sc):
                 continue
         n_acc += 1
         if at_best and not dE < -1e-12 * abs(st.agg[3]):
-            # leaving the best state seen (or not clearly improving on it): save it now
-            for t in range(N):
-                wk.best_row[t] = st.row[t]
-                wk.best_slot[t] = st.slot[t]
+            # leaving the best state seen (or not clearly improving on it): from here on log
+            # what each move overwrites, so the best state is the current one undone
             at_best = False
+            logging = True
+            n_log = 0
+        if logging:
+            if n_log + 2 > sc.log.shape[0]:  # log full: write the best state out now
+                save_best(st, wk, sc.log, n_log)
+                logging = False
+            else:
+                sc.log[n_log, 0] = i
+                sc.log[n_log, 1] = st.row[i]
+                sc.log[n_log, 2] = st.slot[i]
+                n_log += 1
+                if swap:
+                    sc.log[n_log, 0] = j
+                    sc.log[n_log, 1] = st.row[j]
+                    sc.log[n_log, 2] = st.slot[j]
+                    n_log += 1
         apply_move(st, pb, sc, i, j, swap, a, bc, ra, ga, da, rb, gb, db, Ta, Qa, Tb, Qb,
                    JA, JB, MA, MB, dtot)
         if st.agg[3] < wk.best_e[0]:
             wk.best_e[0] = st.agg[3]
-            at_best = True  # copied lazily: when the walk leaves this state, or at the end
+            at_best = True  # written out at the end, or logged from when the walk leaves it
+            logging = False
     if at_best:
-        for t in range(N):
-            wk.best_row[t] = st.row[t]
-            wk.best_slot[t] = st.slot[t]
+        save_best(st, wk, sc.log, 0)
+    elif logging:
+        save_best(st, wk, sc.log, n_log)
     wk.rng[0] = s0
     wk.rng[1] = s1
     wk.rng[2] = s2
@@ -364,6 +417,7 @@ def run_population(n_moves, temp, mv, pb, S, V):
     """All replicas in parallel (each one's stream and state are its own)."""
     for k in prange(S.row.shape[0]):
         st = replica_state(S, k)
+        aggregates(st, pb)  # the carried sums, exact again (see kernels.update_aggregates)
         run_replica(n_moves, temp, mv, pb, st, replica_walk(V, k), scratch(pb.L, st.W))
 
 
@@ -374,8 +428,12 @@ def run(pop: Population, n_moves: int, temp: float, cfg: AnnealConfig, probe=Non
     run_population(n_moves, temp, moves_of(cfg), pop.inst.problem, pop.state, walk)
 
 
-def run_one(pop: Population, n_moves: int, temp: float, cfg: AnnealConfig, k: int = 0) -> None:
-    """Replica k alone, serially (no thread launch): for tests stepping one move at a time."""
+def run_one(pop: Population, n_moves: int, temp: float, cfg: AnnealConfig, k: int = 0,
+            log_size: int = LOG_SIZE) -> None:
+    """Replica k alone, serially (no thread launch): for tests stepping one move at a time
+    (``log_size``: entries of the undo log that keeps the best state)."""
     st = State(**{f: a[k] for f, a in pop.state._asdict().items()})
     wk = Walk(**{f: a[k:k + 1] if f == "best_e" else a[k] for f, a in pop.walk._asdict().items()})
-    run_replica(n_moves, temp, moves_of(cfg), pop.inst.problem, st, wk, scratch(pop.inst.L, st.W))
+    aggregates(st, pop.inst.problem)
+    run_replica(n_moves, temp, moves_of(cfg), pop.inst.problem, st, wk,
+                scratch(pop.inst.L, st.W, log_size))

@@ -10,8 +10,8 @@ zero-padded to a multiple of 8), Msum[x] = Σ_l max_p W (int64), J[x] (float64),
 stage the two largest cell attention costs (so a move's attention is O(S)), and the aggregates
 (shard sums, row maxima, total, the two largest blocks). A move touches at most two blocks; J of
 a touched block is recomputed from the integer state exactly as the evaluator does, so it never
-drifts; on acceptance the touched shard sums / row maxima are re-summed from J in numpy's order
-(the total is carried).
+drifts; on acceptance the touched shard sums (by their change) and row maxima are updated and the
+makespan and total carried, in O(G); all are recomputed exactly at every chunk of sweeps.
 
 The arrays travel into the compiled code as named tuples (:class:`State`, :class:`Walk`,
 :class:`Scratch`): one list of fields each, read by name. A :class:`Population` holds them
@@ -36,7 +36,7 @@ from routepack_opt.heuristics.anneal.kernels import (
 )
 from routepack_opt.heuristics.anneal.problem import Instance
 
-__all__ = ["State", "Walk", "Scratch", "Population", "init_state", "init_population", "apply_move",
+__all__ = ["State", "Walk", "Scratch", "LOG_SIZE", "Population", "init_state", "init_population", "apply_move",
            "replica_state", "replica_walk", "scratch", "set_open"]
 
 # One replica's layout and everything derived from it (what resampling copies between replicas).
@@ -51,8 +51,8 @@ State = namedtuple("State", (
     "W",       # [X, L·Pp] int32/int64: per-rank expert loads of each block, rank-major
     "Msum",    # [X] int64: Σ_l max_p W[x]
     "J",       # [X] float64: block costs
-    "colsum",  # [G] float64: Σ_r J per shard (kept exact under max-sum)
-    "rowmax",  # [R] float64: max_g J per row (kept exact under sum-max)
+    "colsum",  # [G] float64: Σ_r J per shard (kept under max-sum)
+    "rowmax",  # [R] float64: max_g J per row (kept under sum-max)
     "agg",     # [7] float64: makespan, total, peak, energy, peak block, 2nd peak, its block
     "At",      # [X·S·3] float64: per block and stage the largest cell cost, its cell, the next
     "opn",     # [2C + 1] int32: the open-cell set (see set_open)
@@ -72,16 +72,17 @@ Walk = namedtuple("Walk", (
 # Per-thread scratch of the move loop (allocated once per compiled call, not per move).
 Scratch = namedtuple("Scratch", (
     "m",        # [2L] W's dtype: rows of msum_swap when Pp > 8
-    "st_i",     # [3, 64] int64: walk stack of pairwise_sum_ws
-    "st_left",  # [64] float64
+    "log",      # [n, 3] int32: (sample, old row, old slot) of the moves since the best state
 ))
+
+LOG_SIZE = 4096  # entries of Scratch.log (two per swap)
 
 
 @njit(cache=True)
-def scratch(L, W):
+def scratch(L, W, log_size=LOG_SIZE):
     """A :class:`Scratch` for W's dtype."""
-    return Scratch(m=np.empty(2 * L, dtype=W.dtype), st_i=np.empty((3, 64), dtype=np.int64),
-                   st_left=np.empty(64))
+    return Scratch(m=np.empty(2 * L, dtype=W.dtype),
+                   log=np.empty((max(log_size, 2), 3), dtype=np.int32))
 
 
 @njit(cache=True, _nrt=False, inline='always')
@@ -199,6 +200,7 @@ def apply_move(st, pb, sc, i, j, swap, a, bc, ra, ga, da, rb, gb, db, Ta, Qa, Tb
     set_open(st.opn, bc, pb.C - Tb >= pb.lengths[0], n_cells)
     A = ra * pb.G + ga
     B = rb * pb.G + gb
+    dA = JA - st.J[A]
     st.J[A] = JA
     attn_top2(st.T, st.Q, ra, ga, pb.P, pb.alpha, pb.beta, pb.D, st.At, A)
     if A != B:
@@ -206,10 +208,11 @@ def apply_move(st, pb, sc, i, j, swap, a, bc, ra, ga, da, rb, gb, db, Ta, Qa, Tb
         w_swap(st.W, A, B, pb.b, i, j, pb.L * pb.Pp)
         st.Msum[A] = MA
         st.Msum[B] = MB
+        dB = JB - st.J[B]
         st.J[B] = JB
-        update_aggregates(st, pb, sc, ra, ga, rb, gb, dtot)
+        update_aggregates(st, pb, ra, ga, dA, rb, gb, dB, dtot)
     else:
-        update_aggregates(st, pb, sc, ra, ga, -1, -1, dtot)
+        update_aggregates(st, pb, ra, ga, dA, -1, -1, 0.0, dtot)
 
 
 class Population:
