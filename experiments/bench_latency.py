@@ -80,7 +80,18 @@ def _child(n: int, dp: int) -> None:
     print(json.dumps({"N": n, "D": dp, "rows": p.rows, "seconds": seconds, "makespan": p.score["makespan"],
                       "gap": p.score["makespan"] / p.lower_bound, "gain": 1 - p.score["makespan"] / base,
                       "peak_bytes": peak, "counts_bytes": int(w.counts.nbytes),
-                      "timings": dict(p.report.timings), "sweeps": p.report.search.sweeps if p.report.search else None}))
+                      "timings": dict(p.report.timings), "sweeps": p.report.search.sweeps if p.report.search else None,
+                      "search": _search_figures(p.report.search)}))
+
+
+def _search_figures(s) -> dict | None:
+    """The annealer's own split of its stage: seeds (greedy included), setup (ladder, start
+    population), the ladder itself, and its CPU cost per proposal."""
+    if s is None:
+        return None
+    return {"seeds_s": s.timings.get("seeds", 0.0), "setup_s": s.timings.get("setup", 0.0),
+            "ladder_s": s.search_seconds, "ns_per_move": s.search_cpu_seconds / max(s.moves_proposed, 1) * 1e9,
+            "t_hot_quantile": s.t_hot_quantile, "seed_gap": s.seed_gap, "improved": s.improved}
 
 
 # ------------------------------------------------------------------ parts
@@ -162,7 +173,7 @@ def part_anytime(quick: bool) -> dict:
     from routepack_opt.core.evaluate import Evaluator
     from routepack_opt.core.topology import Topology
     from routepack_opt.heuristics.anneal import AnnealConfig, anneal
-    from routepack_opt.pipeline import baseline_layouts, resolve_placement, resolve_rows
+    from routepack_opt.pipeline import baseline_layouts, certified_rows, resolve_placement
     from routepack_opt.warmup import warm
 
     warm()
@@ -171,9 +182,9 @@ def part_anytime(quick: bool) -> dict:
         w = make_window(n)
         topo, cost = Topology(dp=dp, ep=EP, capacity=CAP), resolve_cost(COST)
         pl, _ = resolve_placement(w, topo, "lpt")
-        R, _ = resolve_rows(w, topo, None)
+        R, cert = certified_rows(w, topo, None, 10.0, "auto")
         b = Evaluator(w, topo, cost).rank_loads(pl)
-        seeds = [lay.arrays() for lay in baseline_layouts(w, topo, R).values()]
+        seeds = [lay.arrays() for lay in baseline_layouts(w, topo, R, packing=cert.packing_N).values()]
         for mult in (1, 5):
             cfg = AnnealConfig(sweeps=200 * mult)
             res = anneal(w.lengths, b, topo, cost, R, "max-sum", seeds, config=cfg, seed=0)
@@ -220,6 +231,20 @@ def write(report: dict) -> None:
         lines += rep.table(("N", "D", "rows", "plan s", "µs per sample", "peak RSS GiB", "counts GiB", "gap to LB",
                             "gain over baseline", "sweeps"), rows,
                            formats={3: ".2f", 4: ".0f", 5: ".2f", 6: ".2f", 7: ".4f", 8: lambda g: f"{g * 100:+.1f} %"})
+        lines += ["", "Where the time goes, per sample (µs; the annealer's stage split into its seeds — the "
+                  "joint-cost greedy —, its setup and the ladder), and the ladder's CPU cost per proposal:", ""]
+        split = []
+        for r in report["scale"]:
+            if "error" in r or not r.get("search"):
+                continue
+            t, s, n = r["timings"], r["search"], r["N"] / 1e6
+            split.append((r["N"], r["D"], t.get("placement", 0) / n, t.get("certify", 0) / n, t.get("seeds", 0) / n,
+                          s["seeds_s"] / n, s["setup_s"] / n, s["ladder_s"] / n, s["ns_per_move"],
+                          s["t_hot_quantile"], s["seed_gap"], s["improved"]))
+        lines += rep.table(("N", "D", "placement", "certify", "length-only seeds", "greedy", "setup", "ladder",
+                            "ns per proposal", "T_hot quantile", "best seed gap", "search improved"), split,
+                           formats={2: ".0f", 3: ".0f", 4: ".0f", 5: ".0f", 6: ".0f", 7: ".0f", 8: ".0f",
+                                    10: lambda g: f"{g * 100:.1f} %"})
         lines.append("")
     if "anytime" in report:
         lines += ["## Anytime curves", "", "![anytime](bench_latency_anytime.png)", "",
