@@ -170,7 +170,20 @@ def greedy_seed(inst: Instance, deadline: float | None = None, chunk_ops: float 
     """The greedy layout in internal slots (int64 row, slot), or None (capacity blocks it, or
     ``deadline`` — a ``time.perf_counter()`` value — passes first). ``chunk_ops``: work per
     compiled call, between deadline checks (the layout does not depend on it). ``candidates``:
-    blocks a sample is tried in once there are more (see :func:`greedy_place`)."""
+    blocks a sample is tried in once there are more (see :func:`greedy_place`); if that runs out
+    of room before the last sample (tight windows: N = 32,768, D = 128 at R*), every block is
+    tried again from the start."""
+    X = inst.R * inst.G
+    if X > candidates:
+        got = _greedy(inst, deadline, chunk_ops, max(1, int(candidates)))
+        if got is not None or (deadline is not None and time.perf_counter() >= deadline):
+            return got
+    return _greedy(inst, deadline, chunk_ops, X)
+
+
+def _greedy(inst: Instance, deadline: float | None, chunk_ops: float, n_cand: int):
+    """One greedy pass trying each sample in ``n_cand`` sampled blocks (all of them if n_cand ≥
+    R·G); None: out of room or out of time."""
     pb = inst.problem
     own = (pb.alpha[None, :] * pb.lengths[:, None] + pb.beta[None, :] * pb.len2[:, None]).sum(axis=1)
     own = own + pb.gamma * inst.b_NLP().max(axis=2).sum(axis=1)
@@ -184,7 +197,6 @@ def greedy_seed(inst: Instance, deadline: float | None = None, chunk_ops: float 
                J=np.empty(X), colsum=np.empty(pb.G), rowmax=np.empty(pb.R), agg=np.empty(7),
                At=np.zeros(0), opn=empty_i32)
     greedy_init(st, pb)
-    n_cand = max(1, int(candidates))
     tried = min(X, n_cand)
     step = max(1, int(chunk_ops // max(1, tried * (pb.L * pb.Pp + pb.P * pb.G) + X)))
     quota = pb.N // pb.D if pb.eq else 0
