@@ -59,6 +59,7 @@ def make_window(n: int, seed: int = 0):
 def _child(n: int, dp: int) -> None:
     import resource
 
+    from routepack_opt.certify import pack_into_bins
     from routepack_opt.core.cost import resolve_cost
     from routepack_opt.core.evaluate import Evaluator
     from routepack_opt.core.topology import Topology
@@ -74,7 +75,7 @@ def _child(n: int, dp: int) -> None:
     p = solve(w, topo, cost)
     seconds = time.perf_counter() - t
     ev = Evaluator(w, topo, cost)
-    row, slot = verl_kk_layout(w.lengths, topo, p.rows)
+    row, slot = verl_kk_layout(w.lengths, topo, p.rows, exact_pack=pack_into_bins)  # tight windows need it
     base = ev.score(identity_placement(w.num_layers, w.num_experts), row, slot, p.rows, "max-sum").makespan
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"N": n, "D": dp, "rows": p.rows, "seconds": seconds, "makespan": p.score["makespan"],
