@@ -51,7 +51,7 @@ from routepack_opt.heuristics.anneal.state import (
     scratch,
 )
 
-__all__ = ["Moves", "moves_of", "pick_guided", "pick_target_first", "near_partner",
+__all__ = ["Moves", "moves_of", "weighted_row", "pick_guided", "pick_target_first", "near_partner",
            "fitting_partner", "target_in_slot", "guided_target", "propose_swap",
            "propose_relocation", "save_best", "run_replica", "run_population", "run", "run_one"]
 
@@ -73,15 +73,36 @@ def moves_of(cfg: AnnealConfig) -> Moves:
 
 
 @njit(cache=True, _nrt=False, inline='always')
+def weighted_row(s0, s1, s2, s3, w, off, stride, R, total, peak):
+    """A row r drawn with probability ∝ w[off + r·stride] (weights summing to ``total``, none
+    above ``peak``). Up to GUIDE_SCAN_ROWS rows by the prefix sums (the first r whose prefix
+    reaches u, counted branch-free); past that by rejection, O(1) expected draws instead of
+    O(R): a uniform row is kept with probability weight / peak, up to GUIDE_TRIES draws, else
+    the last one."""
+    rs = 0
+    if R <= GUIDE_SCAN_ROWS:
+        x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+        u = unit(x) * total
+        acc = 0.0
+        for r in range(R):
+            acc += w[off + r * stride]
+            rs += 1 if acc < u else 0
+        return min(rs, R - 1), s0, s1, s2, s3
+    for _t in range(GUIDE_TRIES):
+        x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+        rs = below(x, R)
+        x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+        if unit(x) * peak <= w[off + rs * stride]:
+            break
+    return rs, s0, s1, s2, s3
+
+
+@njit(cache=True, _nrt=False, inline='always')
 def pick_guided(s0, s1, s2, s3, st, pb):
     """A sample of the bottleneck block (cells are never empty) and the new RNG state."""
     J, R, D, G, P = st.J, pb.R, pb.D, pb.G, pb.P
-    # The row r is drawn with probability ∝ w[r]: J[r, g*] of the shard g* with the largest
-    # Σ_r J (max-sum), or max_g J[r, g] (sum-max). Up to GUIDE_SCAN_ROWS rows by the prefix
-    # sums (the first r whose prefix reaches u, counted branch-free); past that by rejection, in
-    # O(1) expected draws instead of O(R): a uniform row is kept with probability w[r] / peak
-    # (every weight is ≤ the peak J), up to GUIDE_TRIES draws, else the last one.
-    peak = st.agg[2]
+    # The row r is drawn (weighted_row) with probability ∝ J[r, g*] of the shard g* with the
+    # largest Σ_r J (max-sum), or ∝ max_g J[r, g] (sum-max); every weight is ≤ the peak J.
     if pb.objective == 0:
         gs = 0
         best = st.colsum[0]
@@ -89,39 +110,11 @@ def pick_guided(s0, s1, s2, s3, st, pb):
             v = st.colsum[g]
             gs = g if v > best else gs
             best = max(best, v)
-        rs = 0
-        if R <= GUIDE_SCAN_ROWS:  # the first r whose prefix sum reaches u (branch-free count)
-            x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
-            u = unit(x) * best  # best = colsum[gs] = Σ_r J[r, gs]
-            acc = 0.0
-            for r in range(R):
-                acc += J[r * G + gs]
-                rs += 1 if acc < u else 0
-            rs = min(rs, R - 1)
-        else:
-            for _t in range(GUIDE_TRIES):
-                x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
-                rs = below(x, R)
-                x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
-                if unit(x) * peak <= J[rs * G + gs]:
-                    break
+        # best = colsum[gs] = Σ_r J[r, gs]
+        rs, s0, s1, s2, s3 = weighted_row(s0, s1, s2, s3, J, gs, G, R, best, st.agg[2])
     else:
-        rs = 0
-        if R <= GUIDE_SCAN_ROWS:
-            x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
-            u = unit(x) * st.agg[0]  # the makespan, = Σ_r rowmax[r]
-            acc = 0.0
-            for r in range(R):
-                acc += st.rowmax[r]
-                rs += 1 if acc < u else 0
-            rs = min(rs, R - 1)
-        else:
-            for _t in range(GUIDE_TRIES):
-                x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
-                rs = below(x, R)
-                x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
-                if unit(x) * peak <= st.rowmax[rs]:
-                    break
+        # the makespan agg[0] = Σ_r rowmax[r]
+        rs, s0, s1, s2, s3 = weighted_row(s0, s1, s2, s3, st.rowmax, 0, 1, R, st.agg[0], st.agg[2])
         o = rs * G
         gs = 0
         best = J[o]
