@@ -49,9 +49,13 @@ def make_window(n: int, seed: int = 0):
 
     if n <= 4096:
         return generate_window(COST, n, seed, **SHAPE)
-    parts = [generate_window(COST, 4096, seed + k, **SHAPE) for k in range(n // 4096)]
-    return Window(np.concatenate([w.lengths for w in parts]), np.concatenate([w.counts for w in parts]),
-                  top_k=parts[0].top_k)
+    lengths = np.empty(n, dtype=np.int64)
+    counts = np.empty((n, SHAPE["num_layers"], SHAPE["num_experts"]), dtype=np.int32)
+    for k in range(n // 4096):  # filled part by part: the peak is the counts plus one part
+        w = generate_window(COST, 4096, seed + k, **SHAPE)
+        lengths[k * 4096:(k + 1) * 4096] = w.lengths
+        counts[k * 4096:(k + 1) * 4096] = w.counts
+    return Window(lengths, counts, top_k=w.top_k, copy=False)
 
 
 # ------------------------------------------------------------------ one scaling point (child)

@@ -463,7 +463,8 @@ def generate_window(preset: str = "qwen3-30b-a3b", num_samples: int = 1024, seed
         lo = b * st.block
         blk = _block_counts(st, b)
         counts[lo:lo + blk.shape[0]] = blk
-    return Window(st.lengths_N, counts, top_k=cfg.top_k, group_ids=st.group_N, step=step)
+    return Window(st.lengths_N, counts, top_k=cfg.top_k, group_ids=st.group_N, step=step,
+                  copy=False)  # counts was built for it: one copy in memory, not two
 
 
 def write_trace(path: str | Path, preset: str = "qwen3-30b-a3b", num_samples: int = 1024, seed: int = 0,

@@ -29,8 +29,9 @@ __all__ = ["Window", "load_window", "save_window", "write_window_npz", "counts_d
 MAX_LENGTH = 2**31 - 1
 
 
-def _as_int_array(name: str, value, ndim: int, dtype=np.int64) -> np.ndarray:
-    """Copy ``value`` into an int64 array of rank ``ndim`` or raise an :class:`InputError`."""
+def _as_int_array(name: str, value, ndim: int, dtype=np.int64, copy: bool = True) -> np.ndarray:
+    """``value`` as a read-only ``dtype`` array of rank ``ndim`` (a copy, unless ``copy`` is
+    False and it already is a C-contiguous ``dtype`` array) or an :class:`InputError`."""
     try:
         arr = np.asarray(value)
     except Exception as exc:  # ragged lists and the like
@@ -49,7 +50,10 @@ def _as_int_array(name: str, value, ndim: int, dtype=np.int64) -> np.ndarray:
         raise InputError(f"{name}: expected integers, got dtype {arr.dtype}")
     if arr.size and (arr.max() > np.iinfo(dtype).max or arr.min() < np.iinfo(dtype).min):
         raise InputError(f"{name}: values outside the {np.dtype(dtype).name} range")
-    out = arr.astype(dtype, copy=True)
+    if not copy and isinstance(value, np.ndarray) and arr.dtype == dtype and arr.flags.c_contiguous:
+        out = arr
+    else:
+        out = arr.astype(dtype, copy=True)
     out.setflags(write=False)
     return out
 
@@ -61,6 +65,11 @@ class Window:
     ``lengths_N`` tokens per sample; ``counts_NLE[i, l, e]`` tokens of sample i routed to logical
     expert e at MoE layer l. Invariants (checked): lengths ≥ 1; counts ≥ 0;
     Σ_e counts[i, l, e] = top_k · lengths[i]; counts[i, l, e] ≤ lengths[i].
+
+    The window holds read-only copies of ``lengths`` (int64) and ``counts`` (int32);
+    ``copy=False`` takes arrays that already have those dtypes (C-contiguous) as they are, and
+    marks them read-only — one copy of the counts in memory instead of two, for arrays built
+    for the window (``load_window`` does it for int32 files).
     """
 
     lengths: np.ndarray
@@ -69,9 +78,10 @@ class Window:
     group_ids: np.ndarray | None = None
     step: int | None = None
 
-    def __init__(self, lengths, counts, top_k: int | None = None, group_ids=None, step=None):
-        lengths_N = _as_int_array("lengths", lengths, 1)
-        counts_NLE = _as_int_array("counts", counts, 3, np.int32)
+    def __init__(self, lengths, counts, top_k: int | None = None, group_ids=None, step=None, *,
+                 copy: bool = True):
+        lengths_N = _as_int_array("lengths", lengths, 1, copy=copy)
+        counts_NLE = _as_int_array("counts", counts, 3, np.int32, copy=copy)
         n = lengths_N.shape[0]
         if n == 0:
             raise InputError("lengths: the window holds no samples")
@@ -219,8 +229,9 @@ def _few(values, k: int = 5) -> str:
 
 
 # Memory of a loaded window, per (sample, layer, expert): the counts as stored in the file while
-# they are read, plus the window's own int32 copy. Planning adds O(N·L·P) on top (rank loads,
-# int64) and O(N) per replica, small beside it (docs/pipeline.md, "Time limits and memory").
+# they are read, plus the window's own int32 copy (none for an int32 file: its array is taken).
+# Planning adds O(N·L·P) on top (rank loads, int64) and O(N) per replica, small beside it
+# (docs/pipeline.md, "Time limits and memory").
 WINDOW_COPY_BYTES = 4
 
 
@@ -318,8 +329,10 @@ def load_window(path: str | Path) -> Window:
         top_k = top_k.item()
     step = arrays.get("step")
     try:
+        # the arrays were just read for this window: an int32 file's counts are taken as they
+        # are (one copy of the counts in memory, not two)
         return Window(arrays["lengths"], arrays["counts"], top_k=top_k,
-                      group_ids=arrays.get("group_ids"), step=step)
+                      group_ids=arrays.get("group_ids"), step=step, copy=False)
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None
 

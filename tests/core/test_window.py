@@ -81,3 +81,30 @@ def test_truncated_npz_is_an_input_error(tmp_path):
     (tmp_path / "t.npz").write_bytes(data[: len(data) // 2])
     with pytest.raises(InputError, match="not a readable"):
         load_window(tmp_path / "t.npz")
+
+
+def test_copy_false_takes_arrays_of_the_window_dtypes():
+    """Window(copy=False) holds an int64 lengths / C-contiguous int32 counts array as it is
+    (read-only from then on) and still copies anything else; the checks run either way."""
+    w = random_window(num_samples=12, num_layers=2, num_experts=8, top_k=2, seed=4)
+    lengths, counts = w.lengths.copy(), w.counts.copy()
+    taken = Window(lengths, counts, top_k=2, copy=False)
+    assert np.shares_memory(taken.counts, counts) and np.shares_memory(taken.lengths, lengths)
+    assert not counts.flags.writeable
+    copied = Window(lengths, counts.astype(np.int64), top_k=2, copy=False)  # wrong dtype: copied
+    assert not np.shares_memory(copied.counts, counts) and copied.counts.dtype == np.int32
+    assert not np.shares_memory(Window(w.lengths, w.counts).counts, w.counts)  # the default copies
+    bad = w.counts.copy()
+    bad[0, 0, 0] += 1
+    with pytest.raises(InputError):
+        Window(w.lengths.copy(), bad, top_k=2, copy=False)
+
+
+def test_int32_file_loads_without_a_second_copy(tmp_path):
+    """An int32 .npz window loads equal to the saved one, int32 and read-only (its array is
+    taken, not copied)."""
+    w = random_window(num_samples=10, num_layers=2, num_experts=8, top_k=2, seed=5)
+    np.savez(tmp_path / "w.npz", lengths=w.lengths, counts=w.counts.astype(np.int32), top_k=2)
+    got = load_window(tmp_path / "w.npz")
+    assert np.array_equal(got.counts, w.counts) and np.array_equal(got.lengths, w.lengths)
+    assert not got.counts.flags.writeable and got.counts.dtype == np.int32
