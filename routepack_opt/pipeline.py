@@ -73,7 +73,7 @@ def resolve_rows(window: Window, topology: Topology, rows: int | None, time_limi
 
 
 def certified_rows(window: Window, topology: Topology, rows: int | None, time_limit: float,
-                    method: str) -> tuple[int, Certificate]:
+                   method: str) -> tuple[int, Certificate]:
     """:func:`resolve_rows` with the whole :class:`Certificate` (its packing serves the seeds)."""
     cert = certify_rows(window, topology, time_limit=time_limit, method=method)
     if rows is None:

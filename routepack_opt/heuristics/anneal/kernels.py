@@ -350,8 +350,8 @@ def update_aggregates(st, pb, ra, ga, dA, rb, gb, dB, dtot):
     update the objective's own aggregate (max-sum: the touched shard sums by dA, dB; sum-max:
     the touched row maxima, recomputed, and the makespan by their change; the other one is not
     used by the search and goes stale), the makespan, the top two blocks and the energy, in O(G)
-    — not O(R): at N = 16,384 (R = 181) re-summing a shard per accepted move cost ~15 % of the
-    search. The carried sums drift by rounding only (~1e-16 relative per move, far below the
+    — not O(R), as re-summing a shard of R = 181 blocks per accepted move was at N = 16,384.
+    The carried sums drift by rounding only (~1e-16 relative per move, far below the
     1e-9 tie-break): :func:`aggregates` recomputes them exactly at every chunk of sweeps, and the
     reported score is recomputed from the layout."""
     J, colsum, rowmax, agg = st.J, st.colsum, st.rowmax, st.agg
