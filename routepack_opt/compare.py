@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from routepack_opt.certify import pack_into_bins
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout
@@ -23,7 +22,14 @@ from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.lpt import rank_load_cv
 from routepack_opt.models.layout import solve_layout  # its solver libraries load on first solve
 from routepack_opt.params import PlannerParams
-from routepack_opt.pipeline import DEFAULT_PARAMS, build_plan, resolve_placement, resolve_rows, solve
+from routepack_opt.pipeline import (
+    DEFAULT_PARAMS,
+    SharedPacker,
+    build_plan,
+    certified_rows,
+    resolve_placement,
+    solve,
+)
 
 __all__ = ["plan_metrics", "compare_plans", "format_table"]
 
@@ -55,13 +61,16 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, *, object
     ev = Evaluator(window, topology, cost)
     timings = Timings()
     with timings.stage("certify"):
-        R, cert = resolve_rows(window, topology, rows)
+        R, full = certified_rows(window, topology, rows, 10.0, "auto")
+        cert = full.as_dict()
     plans: dict[str, Plan] = {}
     base_fn = BASELINES["verl-kk"]
+    # on tight windows the baselines' last resort is the certificate's packing, not a new one
+    exact_pack = SharedPacker(window.lengths, topology.capacity, full.packing_N)
     for name, kind in (("baseline", "identity"), ("reorder", "lpt")):
         with timings.stage(name):
             pl, _ = resolve_placement(window, topology, kind)
-            layout = Layout(*base_fn(window.lengths, topology, R, exact_pack=pack_into_bins), R)
+            layout = Layout(*base_fn(window.lengths, topology, R, exact_pack=exact_pack), R)
             plans[name] = build_plan(ev, pl, layout, objective,
                                      report=PlanReport(notes={"packing": "verl-kk"}), certificate=cert)
     searched = {"routepack": dict(placement="lpt", progress=progress)}
@@ -73,7 +82,7 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, *, object
         with timings.stage(name):
             plans[name] = solve(window, topology, cost, objective=objective, rows=R, params=params,
                                 time_limit=time_limit, max_sweeps=max_sweeps, seed=seed,
-                                certificate=cert, **options)
+                                certificate=full, **options)
     secs = {name: timings.seconds[name] + timings.seconds["certify"] for name in plans}
     if exact is None:
         exact = window.num_samples <= EXACT_MAX_SAMPLES

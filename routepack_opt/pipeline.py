@@ -33,6 +33,7 @@ from routepack_opt.params import PlannerParams
 from routepack_opt.warmup import groups_for, warm
 
 __all__ = ["solve", "build_plan", "resolve_placement", "resolve_rows", "certified_rows", "baseline_layouts",
+           "SharedPacker",
            "PLACEMENT_KINDS", "DEFAULT_PARAMS"]
 
 PLACEMENT_KINDS = ("lpt", "lpt-plain", "identity", "joint")
@@ -90,7 +91,7 @@ def certified_rows(window: Window, topology: Topology, rows: int | None, time_li
     return rows, cert
 
 
-class _SharedPacker:
+class SharedPacker:
     """The baselines' last-resort exact packer (:data:`~routepack_opt.heuristics.baselines.ExactPacker`),
     shared by all of them: a packing the R* certificate already holds answers for the whole
     window at no cost, and every other question (sizes, capacity, bins) is solved once. On tight
@@ -125,7 +126,7 @@ def baseline_layouts(window: Window, topology: Topology, rows: int,
     at most ``rows·D`` bins of the capacity already known (the R* certificate's), which that
     last resort then uses as is."""
     out = {}
-    exact_pack = _SharedPacker(window.lengths, topology.capacity, packing)
+    exact_pack = SharedPacker(window.lengths, topology.capacity, packing)
     end = time.perf_counter() + time_limit
     for k, (name, fn) in enumerate(BASELINES.items()):
         share = (end - time.perf_counter()) / (len(BASELINES) - k)  # an even split of what is left
@@ -159,7 +160,7 @@ def build_plan(evaluator: Evaluator, placement, layout: Layout, objective: str, 
 def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str = "max-sum",
           placement="lpt", rows: int | None = None, params: PlannerParams = DEFAULT_PARAMS,
           time_limit: float | None = None, max_sweeps: int | None = None, seed: int = 0,
-          current_placement=None, certificate: dict | None = None,
+          current_placement=None, certificate: dict | Certificate | None = None,
           progress: Callable[[float], None] | None = None,
           stop: Callable[[], bool] | None = None) -> Plan:
     """Plan one window: placement, R*, length-only seeds, population annealing and (with
@@ -170,7 +171,8 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     parameters (:class:`PlannerParams`, ``--config``). ``time_limit`` bounds the whole call
     (anytime); ``max_sweeps`` + ``seed`` make the plan bit-identical. ``current_placement``: the
     materialized placement, charged for migration by ``"joint"``. ``certificate`` (with ``rows``)
-    reuses an R* certificate the caller already has. ``stop()`` (polled by the annealer, and
+    reuses an R* certificate the caller already has (a :class:`Certificate`: its packing also
+    serves the seeds' last resort on tight windows). ``stop()`` (polled by the annealer, and
     before the joint stage) cancels cooperatively: the best layout so far is returned;
     ``progress(fraction)`` reports the annealer's progress. Numba kernels are compiled or loaded
     by ``warm()`` before the clock starts (``timings["warmup"]``, not part of ``total``)."""
@@ -188,7 +190,11 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     with timings.stage("certify"):
         packing = None
         if certificate is not None and rows is not None:  # rows already checked by the caller
-            R, cert = check_rows(rows), certificate
+            R = check_rows(rows)
+            if isinstance(certificate, Certificate):
+                cert, packing = certificate.as_dict(), certificate.packing_N
+            else:
+                cert = certificate
         else:
             c = params.certify
             R, full = certified_rows(window, topology, rows, clock.share(c.share, c.time_limit), c.method)

@@ -142,17 +142,12 @@ def test_compare_cli_uses_anneal_config(run_cli, tmp_path, window):
     assert code == 2 and err.startswith("error:") and "bogus" in err
 
 
-def test_baselines_share_one_exact_packing(monkeypatch):
-    """On a tight window both baselines fall back to an exact packing into R·D bins: with the
-    R* certificate's packing given it is used as is (no packing run), and without it the
-    packing runs once for both; every layout is valid at exactly R rows."""
-    from routepack_opt import pipeline
-    from routepack_opt.certify import certify_rows
-    from routepack_opt.core.layout import Layout
+def _triplet_window():
+    """20 bins' worth of items of 1000 filled exactly by three items each: FFD/BFD need 23."""
     from routepack_opt.core.window import Window
 
     rng = np.random.default_rng(5)
-    triplets = []  # 20 bins filled exactly by three items each: FFD/BFD need 23
+    triplets = []
     for _ in range(20):
         a = int(rng.integers(250, 450))
         b = int(rng.integers(250, min(450, 750 - a)))
@@ -160,8 +155,41 @@ def test_baselines_share_one_exact_packing(monkeypatch):
     lengths = np.array(triplets, dtype=np.int64)
     counts = np.zeros((lengths.size, 1, 2), dtype=np.int32)
     counts[:, 0, 0] = lengths
-    w = Window(lengths, counts, top_k=1)
-    topo = Topology(dp=2, ep=2, capacity=1000)
+    return Window(lengths, counts, top_k=1), Topology(dp=2, ep=2, capacity=1000)
+
+
+def test_compare_and_solve_reuse_the_certificate_packing(monkeypatch):
+    """On a tight window, compare's baseline rows and its searched rows take the R*
+    certificate's packing for the baselines' last resort: no exact packing runs after R*."""
+    from routepack_opt import certify, pipeline
+    from routepack_opt.compare import compare_plans
+
+    w, topo = _triplet_window()
+    calls = []
+    real = certify.pack_into_bins
+
+    def spy(*args, **kwargs):
+        calls.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "pack_into_bins", spy)
+    table, plans = compare_plans(w, topo, COST, max_sweeps=2, joint=False, exact=False)
+    assert calls == []
+    assert {p.rows for p in plans.values()} == {10}
+    for p in plans.values():
+        assert p.validate(w) == []
+
+
+def test_baselines_share_one_exact_packing(monkeypatch):
+    """On a tight window both baselines fall back to an exact packing into R·D bins: with the
+    R* certificate's packing given it is used as is (no packing run), and without it the
+    packing runs once for both; every layout is valid at exactly R rows."""
+    from routepack_opt import pipeline
+    from routepack_opt.certify import certify_rows
+    from routepack_opt.core.layout import Layout
+
+    w, topo = _triplet_window()
+    lengths = w.lengths
     cert = certify_rows(w, topo)
     assert cert.rows == 10 and cert.packing_N is not None
     calls = []
