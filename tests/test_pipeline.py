@@ -158,21 +158,29 @@ def _triplet_window():
     return Window(lengths, counts, top_k=1), Topology(dp=2, ep=2, capacity=1000)
 
 
-def test_compare_and_solve_reuse_the_certificate_packing(monkeypatch):
-    """On a tight window, compare's baseline rows and its searched rows take the R*
-    certificate's packing for the baselines' last resort: no exact packing runs after R*."""
-    from routepack_opt import certify, pipeline
-    from routepack_opt.compare import compare_plans
+@pytest.fixture
+def packing_calls(monkeypatch):
+    """The bin counts of every exact packing the pipeline's seeds run (a spy on it)."""
+    from routepack_opt import pipeline
 
-    w, topo = _triplet_window()
     calls = []
-    real = certify.pack_into_bins
+    real = pipeline.pack_into_bins
 
     def spy(*args, **kwargs):
         calls.append(args[2])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(pipeline, "pack_into_bins", spy)
+    return calls
+
+
+def test_compare_and_solve_reuse_the_certificate_packing(packing_calls):
+    """On a tight window, compare's baseline rows and its searched rows take the R*
+    certificate's packing for the baselines' last resort: no exact packing runs after R*."""
+    from routepack_opt.compare import compare_plans
+
+    w, topo = _triplet_window()
+    calls = packing_calls
     table, plans = compare_plans(w, topo, COST, max_sweeps=2, joint=False, exact=False)
     assert calls == []
     assert {p.rows for p in plans.values()} == {10}
@@ -180,7 +188,7 @@ def test_compare_and_solve_reuse_the_certificate_packing(monkeypatch):
         assert p.validate(w) == []
 
 
-def test_baselines_share_one_exact_packing(monkeypatch):
+def test_baselines_share_one_exact_packing(packing_calls):
     """On a tight window both baselines fall back to an exact packing into R·D bins: with the
     R* certificate's packing given it is used as is (no packing run), and without it the
     packing runs once for both; every layout is valid at exactly R rows."""
@@ -192,14 +200,7 @@ def test_baselines_share_one_exact_packing(monkeypatch):
     lengths = w.lengths
     cert = certify_rows(w, topo)
     assert cert.rows == 10 and cert.packing_N is not None
-    calls = []
-    real = pipeline.pack_into_bins
-
-    def spy(*args, **kwargs):
-        calls.append(args[2])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(pipeline, "pack_into_bins", spy)
+    calls = packing_calls
     with_cert = pipeline.baseline_layouts(w, topo, cert.rows, packing=cert.packing_N)
     assert calls == []
     without = pipeline.baseline_layouts(w, topo, cert.rows)
