@@ -173,21 +173,22 @@ def greedy_seed(inst: Instance, deadline: float | None = None, chunk_ops: float 
     blocks a sample is tried in once there are more (see :func:`greedy_place`); if that runs out
     of room before the last sample (tight windows: N = 32,768, D = 128 at R*), every block is
     tried again from the start."""
-    X = inst.R * inst.G
-    if X > candidates:
-        got = _greedy(inst, deadline, chunk_ops, max(1, int(candidates)))
-        if got is not None or (deadline is not None and time.perf_counter() >= deadline):
-            return got
-    return _greedy(inst, deadline, chunk_ops, X)
-
-
-def _greedy(inst: Instance, deadline: float | None, chunk_ops: float, n_cand: int):
-    """One greedy pass trying each sample in ``n_cand`` sampled blocks (all of them if n_cand ≥
-    R·G); None: out of room or out of time."""
     pb = inst.problem
     own = (pb.alpha[None, :] * pb.lengths[:, None] + pb.beta[None, :] * pb.len2[:, None]).sum(axis=1)
     own = own + pb.gamma * inst.b_NLP().max(axis=2).sum(axis=1)
     order = np.lexsort((inst.perm, -pb.lengths, -own)).astype(np.int64)  # ties: caller's order
+    X = inst.R * inst.G
+    if X > candidates:
+        got = _greedy(inst, order, deadline, chunk_ops, max(1, int(candidates)))
+        if got is not None or (deadline is not None and time.perf_counter() >= deadline):
+            return got
+    return _greedy(inst, order, deadline, chunk_ops, X)
+
+
+def _greedy(inst: Instance, order, deadline: float | None, chunk_ops: float, n_cand: int):
+    """One greedy pass over the samples in ``order``, each tried in ``n_cand`` sampled blocks
+    (all of them if n_cand ≥ R·G); None: out of room or out of time."""
+    pb = inst.problem
     X, n_cells = pb.R * pb.G, pb.R * pb.D
     empty_i32 = np.zeros(0, dtype=np.int32)
     st = State(row=np.zeros(pb.N, dtype=np.int32), slot=np.zeros(pb.N, dtype=np.int32),
