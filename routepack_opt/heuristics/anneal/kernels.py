@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-__all__ = ["attn", "attn_top2", "attn_one", "block_cost", "msum_swap", "msum", "w_swap",
+__all__ = ["attn", "attn_top2", "attn_one", "block_cost", "msum_swap", "msum_add", "msum", "w_swap",
            "pairwise_sum", "pairwise_sum_ws", "top2", "aggregates", "update_aggregates", "delta",
            "move_delta"]
 
@@ -171,6 +171,41 @@ def msum_swap(W, A, B, b, i, j, L, nb, m):
             sa += m[l]
             sb += m[L + l]
     return sa, sb
+
+
+@njit(cache=True, _nrt=False)
+def msum_add(W, x, b, i, L, nb, m):
+    """Σ_l max_p (W[x] + b[i]): block x's expert sum with sample i added (the one side of
+    :func:`msum_swap` that a placement needs); ``m`` holds L scratch entries."""
+    xu = np.uint64(x)
+    iu = np.uint64(i)
+    L1 = np.uint64(L)
+    s = 0
+    for k in range(nb):
+        o = np.uint64(8 * k) * L1
+        for l in range(L):
+            q0 = o + np.uint64(l)
+            q1 = q0 + L1
+            q2 = q1 + L1
+            q3 = q2 + L1
+            q4 = q3 + L1
+            q5 = q4 + L1
+            q6 = q5 + L1
+            q7 = q6 + L1
+            v = max(max(max(_narrow(W[xu, q0] + b[iu, q0], W), _narrow(W[xu, q1] + b[iu, q1], W)),
+                        max(_narrow(W[xu, q2] + b[iu, q2], W), _narrow(W[xu, q3] + b[iu, q3], W))),
+                    max(max(_narrow(W[xu, q4] + b[iu, q4], W), _narrow(W[xu, q5] + b[iu, q5], W)),
+                        max(_narrow(W[xu, q6] + b[iu, q6], W), _narrow(W[xu, q7] + b[iu, q7], W))))
+            if nb == 1:
+                s += v
+            elif k == 0:
+                m[l] = v
+            else:
+                m[l] = max(m[l], v)
+    if nb > 1:
+        for l in range(L):
+            s += m[l]
+    return s
 
 
 @njit(cache=True)
