@@ -46,7 +46,7 @@ from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.objective import Objective
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
-from routepack_opt.heuristics import anneal, binpack
+from routepack_opt.heuristics import anneal, binpack, cells
 from routepack_opt.heuristics.baselines import BASELINES, verl_kk_layout
 from routepack_opt.heuristics.placement.joint import JointConfig, joint_search
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
@@ -236,6 +236,8 @@ def _warm_plan() -> None:
     binpack.best_packing(sizes, 64)
     binpack.minimum_bin_slack(sizes, 64, restarts=1, seed=0)
     binpack.fixed_bins_search(sizes, 64, lower_bound_l1(sizes, 64), max_iters=50)
+    # the cap repair of a length-only seed (a move, then swaps): tight windows need it
+    cells.repair_capacity(np.array([6, 3, 5, 4, 2, 9]), np.array([0, 0, 0, 1, 1, 2]), 1, 3, 10)
 
 
 def _warm_joint() -> None:

@@ -177,23 +177,80 @@ def check_layout(lengths, row_N, slot_N, rows: int, dp: int, capacity: int) -> b
     return bool((members >= 1).all() and (tokens <= capacity).all())
 
 
+@numba.njit(cache=True, inline='always')
+def _link(i, k, head, nxt, prv):
+    """Sample i into cell k's member list (at its head)."""
+    q = head[k]
+    nxt[i] = q
+    prv[i] = -1
+    if q >= 0:
+        prv[q] = i
+    head[k] = i
+
+
+@numba.njit(cache=True, inline='always')
+def _unlink(i, k, head, nxt, prv):
+    """Sample i out of cell k's member list."""
+    p = prv[i]
+    q = nxt[i]
+    if p >= 0:
+        nxt[p] = q
+    else:
+        head[k] = q
+    if q >= 0:
+        prv[q] = p
+
+
 @numba.njit(cache=True)
-def _repair_step(len_N, cell_N, tokens, D, c, C):
+def _members(c, head, nxt, out):
+    """The samples of cell c into ``out``, ascending; their count."""
+    n = 0
+    i = head[c]
+    while i >= 0:
+        out[n] = i
+        n += 1
+        i = nxt[i]
+    for a in range(1, n):  # insertion sort: a cell holds few samples
+        v = out[a]
+        b = a - 1
+        while b >= 0 and out[b] > v:
+            out[b + 1] = out[b]
+            b -= 1
+        out[b + 1] = v
+    return n
+
+
+@numba.njit(cache=True)
+def _first_fit_in_group(len_N, cell_N, tokens, C, c, by_len, lo, hi, d):
+    """The first sample j of by_len[lo:hi] (one length, ascending index) outside cell c whose
+    cell has room for d more tokens; −1: none."""
+    for q in range(lo, hi):
+        j = by_len[q]
+        k = cell_N[j]
+        if k != c and d <= C - tokens[k]:
+            return j
+    return -1
+
+
+@numba.njit(cache=True)
+def _repair_step(len_N, cell_N, tokens, D, c, C, head, nxt, prv, by_len, n_le, buf):
     """One overflow-lowering step on overfull cell c (in place); False if none exists.
 
     Move one of its samples to the cell with the most room where it fits (same slot preferred;
     the smallest sample that removes the whole excess, else the largest that fits; the source
     keeps ≥ 1 sample); if none fits anywhere, swap one of its samples with a shorter sample of
     another cell that has room for the difference (the smallest difference that removes the
-    whole excess, else the largest)."""
-    N = len_N.size
+    whole excess, else the largest; ties: the lowest sample ids).
+
+    The cells' member lists (``head``, ``nxt``, ``prv``) and the samples in length order
+    (``by_len``, ids ascending within a length; ``n_le[v]`` = #samples of length ≤ v) make a
+    step O(K + |c|·s) with s the samples of the lengths a swap could use, instead of
+    O(K + |c|·N): at N = 32,768 a few thousand swap steps took 2.4 s. ``buf``: [N] scratch."""
     K = tokens.size
+    V = n_le.size - 1
     excess = tokens[c] - C
-    members = 0
-    for i in range(N):
-        if cell_N[i] == c:
-            members += 1
-    if members >= 2:
+    nm = _members(c, head, nxt, buf)
+    if nm >= 2:
         for same in (True, False):
             dest = -1
             room = -1
@@ -204,8 +261,9 @@ def _repair_step(len_N, cell_N, tokens, D, c, C):
             if dest < 0:
                 continue
             chosen = -1
-            for i in range(N):  # smallest sufficient, else largest fitting (ties: lower id)
-                if cell_N[i] != c or len_N[i] > room:
+            for t in range(nm):  # smallest sufficient, else largest fitting (ties: lower id)
+                i = buf[t]
+                if len_N[i] > room:
                     continue
                 if chosen < 0:
                     chosen = i
@@ -217,31 +275,63 @@ def _repair_step(len_N, cell_N, tokens, D, c, C):
                 elif a > b:
                     chosen = i
             if chosen >= 0:
+                _unlink(chosen, c, head, nxt, prv)
+                _link(chosen, dest, head, nxt, prv)
                 cell_N[chosen] = dest
                 tokens[c] -= len_N[chosen]
                 tokens[dest] += len_N[chosen]
                 return True
+    max_room = 0  # no swap can move more tokens than the roomiest other cell takes
+    for k in range(K):
+        if k != c:
+            max_room = max(max_room, C - tokens[k])
     best_i = -1
     best_j = -1
     best_score = 0
-    for i in range(N):
-        if cell_N[i] != c:
-            continue
-        for j in range(N):
-            k = cell_N[j]
-            if k == c:
-                continue
-            d = len_N[i] - len_N[j]
-            if d <= 0 or d > C - tokens[k]:
-                continue
-            score = 2 * C - d if d >= excess else d
-            if score > best_score:
-                best_score = score
-                best_i = i
-                best_j = j
+    for t in range(nm):
+        i = buf[t]
+        li = len_N[i]
+        # a partner of length lv moves d = li − lv tokens; score 2C − d if d ≥ excess (the
+        # smallest such d: longest partner first), else d (the largest: shortest partner first)
+        score = 0
+        j_i = -1
+        p = n_le[min(li - excess, V)] - 1 if li - excess >= 1 else -1
+        while p >= 0:  # lengths ≤ li − excess, longest first
+            lv = len_N[by_len[p]]
+            if li - lv > max_room:
+                break
+            g0 = n_le[lv - 1]
+            j = _first_fit_in_group(len_N, cell_N, tokens, C, c, by_len, g0, p + 1, li - lv)
+            if j >= 0:
+                score = 2 * C - (li - lv)
+                j_i = j
+                break
+            p = g0 - 1
+        if j_i < 0:
+            lo = max(1, li - excess + 1, li - max_room)
+            if lo <= li - 1:
+                p = n_le[lo - 1]
+                end = n_le[min(li - 1, V)]
+                while p < end:  # lengths in (li − excess, li), shortest first
+                    lv = len_N[by_len[p]]
+                    g1 = n_le[lv]
+                    j = _first_fit_in_group(len_N, cell_N, tokens, C, c, by_len, p, g1, li - lv)
+                    if j >= 0:
+                        score = li - lv
+                        j_i = j
+                        break
+                    p = g1
+        if score > best_score:
+            best_score = score
+            best_i = i
+            best_j = j_i
     if best_i < 0:
         return False
     k = cell_N[best_j]
+    _unlink(best_i, c, head, nxt, prv)
+    _unlink(best_j, k, head, nxt, prv)
+    _link(best_i, k, head, nxt, prv)
+    _link(best_j, c, head, nxt, prv)
     cell_N[best_i] = k
     cell_N[best_j] = c
     d = len_N[best_i] - len_N[best_j]
@@ -251,13 +341,26 @@ def _repair_step(len_N, cell_N, tokens, D, c, C):
 
 
 @numba.njit(cache=True)
-def _repair_cells(len_N, cell_N, tokens, D, C, cells):
+def _repair_cells(len_N, cell_N, tokens, D, C, cells, head, nxt, prv, by_len, n_le, buf):
     """Repair steps on each of ``cells`` (in order) while it is overfull; True if any step."""
     progress = False
     for c in cells:
-        while tokens[c] > C and _repair_step(len_N, cell_N, tokens, D, c, C):
+        while tokens[c] > C and _repair_step(len_N, cell_N, tokens, D, c, C, head, nxt, prv,
+                                             by_len, n_le, buf):
             progress = True
     return progress
+
+
+@numba.njit(cache=True)
+def _member_lists(cell_N, K):
+    """head [K], nxt [N], prv [N]: each cell's samples as a doubly linked list."""
+    N = cell_N.size
+    head = np.full(K, -1, dtype=np.int64)
+    nxt = np.full(N, -1, dtype=np.int64)
+    prv = np.full(N, -1, dtype=np.int64)
+    for i in range(N - 1, -1, -1):
+        _link(i, cell_N[i], head, nxt, prv)
+    return head, nxt, prv
 
 
 _REPAIR_PIECE_OPS = 2e7  # ~ work per compiled call of the repair (a few ms): clock checks between
@@ -267,10 +370,16 @@ def repair_capacity(len_N, cell_N, R: int, D: int, C: int, deadline: float | Non
     """Make every cell fit the cap by moves and swaps (``cell_N`` changed in place), in passes
     over the overfull cells, worst first. Every step lowers the total overflow and creates none,
     so this ends; returns whether all cells now fit (False: a pass made no step, or the
-    ``time.perf_counter()`` ``deadline`` passed). A step costs O(N): at N = 65,536 with thousands
-    of overfull cells the passes take seconds, so they run in pieces with the clock checked."""
+    ``time.perf_counter()`` ``deadline`` passed). A step costs O(R·D) plus the partners a swap
+    could use: with thousands of overfull cells the passes take a while, so they run in pieces
+    with the clock checked."""
     len_N = np.ascontiguousarray(len_N, dtype=np.int64)
-    tokens = np.bincount(cell_N, weights=len_N, minlength=R * D).astype(np.int64)
+    cell_N_ = np.asarray(cell_N)
+    tokens = np.bincount(cell_N_, weights=len_N, minlength=R * D).astype(np.int64)
+    head, nxt, prv = _member_lists(cell_N_.astype(np.int64), R * D)
+    by_len = np.argsort(len_N, kind="stable").astype(np.int64)
+    n_le = np.cumsum(np.bincount(len_N, minlength=int(len_N.max()) + 1)).astype(np.int64)
+    buf = np.empty(len_N.size, dtype=np.int64)
     piece = max(1, int(_REPAIR_PIECE_OPS // (len_N.size + R * D)))  # cells per compiled call
     while True:
         over = np.flatnonzero(tokens > C)
@@ -279,7 +388,8 @@ def repair_capacity(len_N, cell_N, R: int, D: int, C: int, deadline: float | Non
         over = over[np.argsort(-tokens[over], kind="mergesort")]
         progress = False
         for start in range(0, over.size, piece):
-            progress |= bool(_repair_cells(len_N, cell_N, tokens, D, C, over[start:start + piece]))
+            progress |= bool(_repair_cells(len_N, cell_N, tokens, D, C, over[start:start + piece],
+                                           head, nxt, prv, by_len, n_le, buf))
             if deadline is not None and time.perf_counter() >= deadline:
                 return False
         if not progress:
