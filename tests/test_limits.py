@@ -184,16 +184,21 @@ def test_cli_huge_window_is_one_error_line(run_cli, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error:") and "GiB" in lines[0]
 
 
-def test_mbs_in_pieces_equals_one_pass(monkeypatch):
-    """MBS' built a few bins per compiled call gives the packing of one call."""
+def test_mbs_kernel_cut_and_continued_equals_one_call():
+    """MBS' cut by its deadline after every bin and continued from its partial packing builds
+    the bins of one uncut call."""
     from routepack_opt.heuristics import binpack
 
-    sizes = np.random.default_rng(7).integers(5, 60, size=300)
-    monkeypatch.setattr(binpack, "_MBS_CALL_S", 1e9)  # calls grow 16, 64, 256 bins: ~2 calls
-    whole = binpack.minimum_bin_slack(sizes, 100, restarts=2, seed=1)
-    monkeypatch.setattr(binpack, "_MBS_CALL_S", 1e-9)  # one bin per call after the first 16
-    again = binpack.minimum_bin_slack(sizes, 100, restarts=2, seed=1)
-    assert again[1] == whole[1] and np.array_equal(again[0], whole[0])
+    sizes = np.sort(np.random.default_rng(7).integers(5, 60, size=300))[::-1].copy()
+    whole = np.full(300, -1, dtype=np.int64)
+    bins, done = binpack._mbs_kernel(sizes, 100, 500, whole, 0, np.inf)
+    assert done
+    out = np.full(300, -1, dtype=np.int64)
+    nb, calls, done = 0, 0, False
+    while not done:
+        nb, done = binpack._mbs_kernel(sizes, 100, 500, out, nb, 0.0)  # one bin per call
+        calls += 1
+    assert nb == bins and calls == bins and np.array_equal(out, whole)
 
 
 def test_mbs_out_of_time_still_returns_a_packing():
@@ -201,12 +206,12 @@ def test_mbs_out_of_time_still_returns_a_packing():
     valid packing, never worse than FFD/BFD."""
     from routepack_opt.heuristics import binpack
 
-    sizes = np.random.default_rng(8).integers(5, 60, size=300)  # ~100 bins: the first call builds 16
+    sizes = np.random.default_rng(8).integers(5, 60, size=300)  # ~100 bins: the first bin is built
     bin_N, used = binpack.minimum_bin_slack(sizes, 100, time_limit=1e-9)
     assert is_packing(sizes, 100, bin_N) and used == np.unique(bin_N).size
     assert used <= binpack.best_packing(sizes, 100)[1]
     order = np.argsort(-sizes, kind="stable")
-    out, bins, done = binpack._mbs_pass(sizes[order], 100, 500, deadline=0.0)  # cut after 16 bins
+    out, bins, done = binpack._mbs_pass(sizes[order], 100, 500, deadline=0.0)  # cut after 1 bin
     assert not done and is_packing(sizes[order], 100, out) and bins == np.unique(out).size
 
 
