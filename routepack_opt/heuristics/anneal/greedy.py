@@ -59,12 +59,12 @@ def greedy_init(st, pb):
 
 
 @njit(cache=True, _nrt=False, inline='always')
-def _best_cell(blocks, nb, i, must_fill, quota, sc, ec, m, At, pb, st):
+def _best_cell(blocks, nb, i, must_fill, quota, sc, ec, m, At, atts, pb, st):
     """The cell of the blocks ``blocks[:nb]`` (ascending cells within a block) where sample i
     raises the lexicographic score least, under the constraints of :func:`greedy_place`; −1:
-    none fits (ties: the first). Within a block the score grows with the cell's attention, so
-    only its first cell of least attention is scored: the choice is the same as scoring every
-    cell. ``At``: [S·3] scratch."""
+    none fits (ties: the first). Within a block the score is a function of the block's new cost,
+    so only the block's first cell of least cost is scored: the choice is the same as scoring
+    every cell. ``At``: [S·3] scratch (the block's top-two table); ``atts``: [P] scratch."""
     T, Q, cnt = st.T, st.Q, st.cnt
     li = pb.lengths[i]
     l2 = pb.len2[i]
@@ -78,11 +78,10 @@ def _best_cell(blocks, nb, i, must_fill, quota, sc, ec, m, At, pb, st):
         r = x // G
         g = x - r * G
         top = False
-        att = np.inf
-        cx = -1
         for jj in range(P):  # the candidate cells of the block and their attention with i
             d = g * P + jj
             c = r * D + d
+            atts[jj] = np.nan
             if T[c] + li > C:
                 continue
             if must_fill and cnt[c] > 0:
@@ -93,14 +92,18 @@ def _best_cell(blocks, nb, i, must_fill, quota, sc, ec, m, At, pb, st):
             if not top:  # the block's two largest cell costs per stage, once
                 attn_top2(T, Q, r, g, P, pb.alpha, pb.beta, D, At, 0)
                 top = True
-            a = attn_one(At, 0, c, T[c] + li, Q[c] + l2, pb.alpha, pb.beta)
-            if a < att:
-                att = a
-                cx = c
-        if cx < 0:
+            atts[jj] = attn_one(At, 0, c, T[c] + li, Q[c] + l2, pb.alpha, pb.beta)
+        if not top:
             continue
-        M = np.int64(msum_add(st.W, x, pb.b, i, pb.L, pb.Pp // 8, m))
-        Jx = (att + pb.gamma * np.float64(M)) + pb.ovh
+        M = np.float64(msum_add(st.W, x, pb.b, i, pb.L, pb.Pp // 8, m))
+        Jx = np.inf
+        cx = -1
+        for jj in range(P):  # the first cell of least block cost (NaN: not a candidate)
+            if not np.isnan(atts[jj]):
+                J = (atts[jj] + pb.gamma * M) + pb.ovh
+                if J < Jx:
+                    Jx = J
+                    cx = r * D + g * P + jj
         dms, dtot, dpk = delta(st, pb, r, g, Jx, -1, -1, 0.0)
         if dms < b0 or (dms == b0 and (dtot < b1 or (dtot == b1 and dpk < b2))):
             b0 = dms
@@ -242,6 +245,7 @@ def greedy_place(t_from, t_to, order, pb, st, quota, n_cand, rng, pool, repairs)
     m = np.empty(2 * L, dtype=st.W.dtype)
     every = np.arange(X)
     At = np.empty(3 * pb.alpha.shape[0])  # one block's top-two attention table
+    atts = np.empty(pb.P)
     reach = np.empty((3, pb.C + 1), dtype=np.int64)
     sampled = X > n_cand
     s0, s1, s2, s3 = rng[0], rng[1], rng[2], rng[3]
@@ -256,9 +260,9 @@ def greedy_place(t_from, t_to, order, pb, st, quota, n_cand, rng, pool, repairs)
                 tmp = pool[k]
                 pool[k] = pool[j]
                 pool[j] = tmp
-            best_c = _best_cell(pool, n_cand, i, must_fill, quota, sc, ec, m, At, pb, st)
+            best_c = _best_cell(pool, n_cand, i, must_fill, quota, sc, ec, m, At, atts, pb, st)
         if best_c < 0:
-            best_c = _best_cell(every, X, i, must_fill, quota, sc, ec, m, At, pb, st)
+            best_c = _best_cell(every, X, i, must_fill, quota, sc, ec, m, At, atts, pb, st)
         if best_c < 0 and not must_fill and repairs[0] > 0:
             # no cell has room (a tight window whose free space is fragmented): make room
             best_c = _make_room(i, t, order, quota, sc, ec, pb, st, m, reach)
