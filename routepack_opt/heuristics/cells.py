@@ -250,14 +250,25 @@ def _repair_step(len_N, cell_N, tokens, D, c, C, head, nxt, prv, by_len, n_le, b
     V = n_le.size - 1
     excess = tokens[c] - C
     nm = _members(c, head, nxt, buf)
+    # the roomiest other cell (ties: the lowest), once: the move's destination in any slot and
+    # the most a swap can move
+    dest_any = -1
+    room_any = -1
+    for k in range(K):
+        if k != c and C - tokens[k] > room_any:
+            room_any = C - tokens[k]
+            dest_any = k
     if nm >= 2:
         for same in (True, False):
-            dest = -1
-            room = -1
-            for k in range(K):
-                if k != c and (not same or k % D == c % D) and C - tokens[k] > room:
-                    room = C - tokens[k]
-                    dest = k
+            dest = dest_any
+            room = room_any
+            if same:  # the cells of c's slot only: k ≡ c (mod D), ascending
+                dest = -1
+                room = -1
+                for k in range(c % D, K, D):
+                    if k != c and C - tokens[k] > room:
+                        room = C - tokens[k]
+                        dest = k
             if dest < 0:
                 continue
             chosen = -1
@@ -281,10 +292,7 @@ def _repair_step(len_N, cell_N, tokens, D, c, C, head, nxt, prv, by_len, n_le, b
                 tokens[c] -= len_N[chosen]
                 tokens[dest] += len_N[chosen]
                 return True
-    max_room = 0  # no swap can move more tokens than the roomiest other cell takes
-    for k in range(K):
-        if k != c:
-            max_room = max(max_room, C - tokens[k])
+    max_room = max(0, room_any)  # no swap can move more tokens than the roomiest other cell takes
     best_i = -1
     best_j = -1
     best_score = 0
