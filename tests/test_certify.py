@@ -266,3 +266,22 @@ def test_constructed_optimum_spread_over_slots():
     for D, expect in ((1, 24), (2, 12), (5, 5), (8, 3)):
         cert = certify_rows(sizes, Topology(dp=D, ep=1, capacity=150), time_limit=10)
         assert cert.status == "optimal" and cert.rows == expect, (D, cert)
+
+
+def test_fewer_rows_fills_the_rows_between_the_bound_and_the_packing():
+    """Where K = r_lo·D stays open, the rows between r_lo and the best packing's are filled by
+    the tabu search (easiest first): a triplet instance (optimum 60 bins) that FFD/BFD pack in
+    more than 64 bins gets a valid packing in 16 rows of D = 4, and never one at r_lo or below
+    from this helper (r_lo's own question is the exact model's)."""
+    from routepack_opt.certify import _fewer_rows
+    from routepack_opt.heuristics.binpack import best_packing
+
+    sizes = np.array(_triplets(60, 1000, np.random.default_rng(0)))
+    topo = Topology(dp=4, ep=1, capacity=1000)
+    pack, ub, name = best_packing(sizes, 1000)
+    assert ub > 64  # FFD/BFD leave at least one row to gain
+    got, bins, how = _fewer_rows(sizes, 1000, topo, 15, pack, ub, name, 5.0)
+    assert how == "tabu search" and bins <= 64 and is_packing(sizes, 1000, got, 16 * 4)
+    # nothing below the packing's rows can be filled in no time: the packing comes back as it was
+    same, same_bins, same_how = _fewer_rows(sizes, 1000, topo, 15, pack, ub, name, 0.0)
+    assert same is pack and (same_bins, same_how) == (ub, name)
