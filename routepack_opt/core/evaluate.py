@@ -6,7 +6,7 @@ The evaluator works from per-rank loads ``b_NLP[i, l, p]`` — the window's coun
 the placement once (:func:`rank_loads`). Scoring a layout is then a few dense reductions:
 
     T[r,d], Q[r,d]        tokens and squared lengths per cell           (bincount)
-    W[r,g,l,p]            shard-row expert load per rank                (np.add.at, int64)
+    W[r,g,l,p]            shard-row expert load per rank                (compiled block sum, int64)
     J[r,g] = Σ_s max_{d∈g}(α_s T + β_s Q) + γ Σ_l max_p W + row_overhead
 
 Objectives are lexicographic: ``max-sum`` (max_g Σ_r J, Σ J, max J) and ``sum-max``
@@ -42,8 +42,9 @@ def rank_loads(counts_NLE: np.ndarray, placement_LE: np.ndarray, ep: int) -> np.
         raise InputError(f"placement: expected shape [{L}, {E}], got {list(placement_LE.shape)}")
     if placement_LE.size and (placement_LE.min() < 0 or placement_LE.max() >= E):
         raise InputError(f"placement: slots must be in 0..{E - 1}")
-    # numba (~0.15 s to import) on first use, the only such import in core: `import routepack_opt`
-    # (which loads this module) stays free of numba, and the CLI's --help and input errors fast
+    # numba (~0.15 s to import) on first use, as in row_shard_costs, the only such imports in core:
+    # `import routepack_opt` (which loads this module) stays free of numba, and the CLI's --help
+    # and input errors fast
     from routepack_opt.core.projection import project_counts
 
     rank_LE = np.ascontiguousarray(placement_LE // (E // ep))
@@ -99,10 +100,15 @@ def row_shard_costs(lengths_N, b_NLP, row_N, slot_N, rows: int, topology: Topolo
     A_SRGP = alpha_S * T_RD[None][:, :, slots_GP] + beta_S * Q_RD[None][:, :, slots_GP]
     A_SRG = A_SRGP.max(axis=3)
     # W[r,g,l,p]: every sample's per-rank loads added into its (row, shard) block (int64, exact).
+    from routepack_opt.core.projection import block_loads  # numba, on first use (see rank_loads)
+
     N, L, _ = b_NLP.shape
-    rg_N = np.asarray(row_N, dtype=np.int64) * G + topology.shard_array()[np.asarray(slot_N)]
-    W = np.zeros((rows * G, L * P), dtype=np.int64)
-    np.add.at(W, rg_N, np.asarray(b_NLP, dtype=np.int64).reshape(N, L * P))
+    r_N, d_N = np.asarray(row_N, dtype=np.int64), np.asarray(slot_N, dtype=np.int64)
+    if r_N.shape != (N,) or d_N.shape != (N,) or (N and (min(r_N.min(), d_N.min()) < 0 or r_N.max() >= rows
+                                                        or d_N.max() >= D)):
+        raise InputError(f"a layout must put each of the {N} samples in a cell of the {rows} × {D} grid")
+    rg_N = r_N * G + topology.shard_array()[d_N]
+    W = block_loads(np.asarray(b_NLP), np.ascontiguousarray(rg_N), rows * G)
     M_RGL = W.reshape(rows, G, L, P).max(axis=3).astype(np.float64)
     J_RG = A_SRG.sum(axis=0) + cost.gamma * M_RGL.sum(axis=2) + cost.row_overhead
     if parts:

@@ -1,4 +1,5 @@
-"""Compiled projection of per-expert counts onto EP ranks (used by :func:`routepack_opt.core.evaluate.rank_loads`).
+"""Compiled projection of per-expert counts onto EP ranks (used by :func:`routepack_opt.core.evaluate.rank_loads`),
+and the sum of the rank loads per (row, shard) block (:func:`routepack_opt.core.evaluate.row_shard_costs`).
 
 A plain loop compiled with numba: one pass over ``counts[N, L, E]`` adding each expert's count
 to its rank. About 9 ms at N=1024, L=48, E=256 on one core, against ~50 ms for the former
@@ -23,3 +24,20 @@ def project_counts(counts_NLE, rank_LE, ep):
             for e in range(E):
                 out[i, l, rank_LE[l, e]] += counts_NLE[i, l, e]
     return out
+
+
+@njit(cache=True)
+def block_loads(b_NLP, block_N, num_blocks):
+    """``W[x, l·P + p] = Σ_{i: block_N[i] = x} b_NLP[i, l, p]`` (int64, exact; any integer dtype
+    and memory layout of ``b_NLP``, so the annealer's int16 view is read in place). The caller
+    checks ``0 ≤ block_N < num_blocks``. Replaces ``np.add.at`` over an int64 copy: at N = 32,768,
+    L = 58, P = 64 that took 8.2 s per evaluation (the copy, and add.at's ~20 ns per element)."""
+    N, L, P = b_NLP.shape
+    W = np.zeros((num_blocks, L * P), dtype=np.int64)
+    for i in range(N):
+        x = block_N[i]
+        for l in range(L):
+            o = l * P
+            for p in range(P):
+                W[x, o + p] += b_NLP[i, l, p]
+    return W

@@ -116,3 +116,29 @@ def test_custom_shard_of_slot_matches_relabelled_default(rng):
     J1 = row_shard_costs(w.lengths, b, row, slot, 2, custom, cost)
     J2 = row_shard_costs(w.lengths, b, row, relabel[slot], 2, default, cost)
     assert np.allclose(J1, J2)
+
+
+def test_block_sums_equal_add_at_for_every_storage(rng):
+    """row_shard_costs' compiled block sums equal np.add.at over int64, for int16/int32/int64 loads
+    and for the annealer's strided (transposed) view of b."""
+    from routepack_opt.core.projection import block_loads
+
+    b_NLP = rng.integers(0, 300, size=(40, 3, 4))
+    block_N = rng.integers(0, 7, size=40)
+    want = np.zeros((7, 12), dtype=np.int64)
+    np.add.at(want, block_N, b_NLP.reshape(40, 12))
+    for dtype in (np.int16, np.int32, np.int64):
+        b_NPL = np.ascontiguousarray(b_NLP.transpose(0, 2, 1), dtype=dtype)
+        for view in (b_NLP.astype(dtype), b_NPL.transpose(0, 2, 1)):
+            assert np.array_equal(block_loads(view, block_N, 7), want)
+
+
+def test_scoring_rejects_a_layout_outside_the_grid():
+    """A row or slot outside the R × D grid (or a layout of the wrong length) is an input
+    error: the compiled block sums never index out of bounds."""
+    w, topo, cost = _hand_case()
+    b = rank_loads(w.counts, np.array([[0, 1]]), 2)
+    for row, slot in (([0, 0, 1, 2], [0, 1, 0, 1]), ([0, 0, 1, 1], [0, 1, 0, 2]),
+                      ([0, 0, 1, -1], [0, 1, 0, 1]), ([0, 0, 1], [0, 1, 0])):
+        with pytest.raises(InputError, match="cell of the 2 × 2 grid"):
+            row_shard_costs(w.lengths, b, row, slot, 2, topo, cost)
