@@ -28,6 +28,11 @@ __all__ = ["Problem", "Instance", "OBJECTIVE_CODE"]
 
 OBJECTIVE_CODE = {"max-sum": 0, "sum-max": 1}
 
+# Samples per block when the caller's loads are put in length order into b: the caller's loads
+# come as int64 [N, L, P] (8·L·P bytes per sample, ~1 GB at N = 32,768, L = 58, P = 64), and a
+# whole permuted copy of them was the planner's largest temporary.
+_PERMUTE_BLOCK = 4096
+
 # What the compiled kernels read, as one named tuple (numba resolves the attributes at compile
 # time: no cost over separate arguments, and no argument order to get wrong).
 Problem = namedtuple("Problem", (
@@ -79,10 +84,10 @@ class Instance:
         L = b_NLP.shape[1]
         self.perm = np.argsort(lengths, kind="stable")
         lengths = lengths[self.perm]
-        b_NLP = b_NLP[self.perm]
         # W never exceeds the window's per-(l, p) column sums; int32 when they fit. b is int16
         # when its entries fit (half the memory traffic of the expert kernels, whose rows of b
-        # are random reads; the kernels widen it to W's type).
+        # are random reads; the kernels widen it to W's type). All three are order-free: taken
+        # on the caller's array, which is copied only into b's own storage, in samples' order.
         wmax = int(b_NLP.sum(axis=0).max(initial=0)) if N else 0
         self.wdtype = np.int32 if 2 * wmax < 2**31 else np.int64
         bmax = int(b_NLP.max(initial=0))
@@ -95,7 +100,9 @@ class Instance:
         # of i with it
         Pp = 8 * ((P + 7) // 8)
         b_NPL = np.zeros((N + 1, Pp, L), dtype=dtype)
-        b_NPL[:N, :P, :] = b_NLP.transpose(0, 2, 1)
+        for lo in range(0, N, _PERMUTE_BLOCK):  # by blocks: no whole permuted copy of the loads
+            hi = min(lo + _PERMUTE_BLOCK, N)
+            b_NPL[lo:hi, :P, :] = b_NLP[self.perm[lo:hi]].transpose(0, 2, 1)
         # internal slot order is shard-major: internal slot g·P + j = user slot slots_of_shard[g, j]
         self.ext_D = np.ascontiguousarray(topology.slots_of_shard().ravel(), dtype=np.int64)
         self.int_D = np.empty(D, dtype=np.int64)
