@@ -91,7 +91,12 @@ def row_shard_costs(lengths_N, b_NLP, row_N, slot_N, rows: int, topology: Topolo
     (per stage, max over the shard's cells) and the expert peaks ``M_RGL = max_p W``."""
     D, P, G = topology.dp, topology.ep, topology.num_shards
     lengths_N = np.asarray(lengths_N, dtype=np.float64)
-    cell_N = np.asarray(row_N, dtype=np.int64) * D + np.asarray(slot_N, dtype=np.int64)
+    N = lengths_N.shape[0]
+    r_N, d_N = np.asarray(row_N, dtype=np.int64), np.asarray(slot_N, dtype=np.int64)
+    if r_N.shape != (N,) or d_N.shape != (N,) or (N and (min(r_N.min(), d_N.min()) < 0 or r_N.max() >= rows
+                                                        or d_N.max() >= D)):
+        raise InputError(f"a layout must put each of the {N} samples in a cell of the {rows} × {D} grid")
+    cell_N = r_N * D + d_N
     T_RD = np.bincount(cell_N, weights=lengths_N, minlength=rows * D).reshape(rows, D)
     Q_RD = np.bincount(cell_N, weights=lengths_N * lengths_N, minlength=rows * D).reshape(rows, D)
     slots_GP = topology.slots_of_shard()
@@ -102,11 +107,9 @@ def row_shard_costs(lengths_N, b_NLP, row_N, slot_N, rows: int, topology: Topolo
     # W[r,g,l,p]: every sample's per-rank loads added into its (row, shard) block (int64, exact).
     from routepack_opt.core.projection import block_loads  # numba, on first use (see rank_loads)
 
-    N, L, _ = b_NLP.shape
-    r_N, d_N = np.asarray(row_N, dtype=np.int64), np.asarray(slot_N, dtype=np.int64)
-    if r_N.shape != (N,) or d_N.shape != (N,) or (N and (min(r_N.min(), d_N.min()) < 0 or r_N.max() >= rows
-                                                        or d_N.max() >= D)):
-        raise InputError(f"a layout must put each of the {N} samples in a cell of the {rows} × {D} grid")
+    if b_NLP.shape[0] != N:
+        raise InputError(f"per-rank loads for {b_NLP.shape[0]} samples, lengths for {N}")
+    L = b_NLP.shape[1]
     rg_N = r_N * G + topology.shard_array()[d_N]
     W = block_loads(np.asarray(b_NLP), np.ascontiguousarray(rg_N), rows * G)
     M_RGL = W.reshape(rows, G, L, P).max(axis=3).astype(np.float64)
