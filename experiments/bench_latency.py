@@ -1,7 +1,7 @@
 """Planner latency and scale: cold vs warm start, the production window in process, a scaling
 table over N and D, and anytime curves.
 
-    python experiments/bench_latency.py [--parts cold,prod,scale,anytime] [--quick]
+    python experiments/bench_latency.py [--parts cold,prod,scale,anytime,ep] [--quick]
 
 Writes ``experiments/results/bench_latency/bench_latency.md`` (+ ``bench_latency.json``,
 ``bench_latency_anytime.png``).
@@ -18,6 +18,9 @@ generated 4,096-sample windows (different seeds), so every size is generated in 
   (peak resident memory from the kernel): plan time, time per sample, gap to the lower bound, gain
   over the length-only baseline (identity placement + verl-style KK packing, same rows).
 - anytime: best makespan against time over the annealing ladder (default budget, 5× budget).
+- ep: the DeepSeek-V3 shape (58 MoE layers, E=256, top-8, capacity 8192) on D=512 slots with
+  P=8 and P=64 EP ranks, N ∈ {4k, 32k}, default budget (and N=32k, P=64 under a 60 s limit):
+  time, memory, gap and gain as in the scaling table, and the ladder's cost per proposal.
 """
 
 from __future__ import annotations
@@ -43,16 +46,19 @@ SHAPE = dict(num_experts=256, num_layers=48, capacity=8192)
 CAP, EP, COST = 8192, 8, "qwen3-30b-a3b"
 
 
-def make_window(n: int, seed: int = 0):
+def make_window(n: int, seed: int = 0, preset: str = COST):
+    """A window of ``preset``'s trace shape (qwen3: SHAPE; other presets their own)."""
     from routepack_opt.core.window import Window
     from routepack_opt.trace import generate_window
 
+    shape = SHAPE if preset == COST else {}
     if n <= 4096:
-        return generate_window(COST, n, seed, **SHAPE)
+        return generate_window(preset, n, seed, **shape)
+    first = generate_window(preset, 4096, seed, **shape)
     lengths = np.empty(n, dtype=np.int64)
-    counts = np.empty((n, SHAPE["num_layers"], SHAPE["num_experts"]), dtype=np.int32)
+    counts = np.empty((n, first.num_layers, first.num_experts), dtype=np.int32)
     for k in range(n // 4096):  # filled part by part: the peak is the counts plus one part
-        w = generate_window(COST, 4096, seed + k, **SHAPE)
+        w = first if k == 0 else generate_window(preset, 4096, seed + k, **shape)
         lengths[k * 4096:(k + 1) * 4096] = w.lengths
         counts[k * 4096:(k + 1) * 4096] = w.counts
     return Window(lengths, counts, top_k=w.top_k, copy=False)
@@ -60,7 +66,7 @@ def make_window(n: int, seed: int = 0):
 
 # ------------------------------------------------------------------ one scaling point (child)
 
-def _child(n: int, dp: int) -> None:
+def _child(n: int, dp: int, ep: int = EP, preset: str = COST, limit: float | None = None) -> None:
     import resource
 
     from routepack_opt.certify import pack_into_bins
@@ -73,16 +79,16 @@ def _child(n: int, dp: int) -> None:
     from routepack_opt.warmup import warm
 
     warm()
-    w = make_window(n)
-    topo, cost = Topology(dp=dp, ep=EP, capacity=CAP), resolve_cost(COST)
+    w = make_window(n, preset=preset)
+    topo, cost = Topology(dp=dp, ep=ep, capacity=CAP), resolve_cost(preset)
     t = time.perf_counter()
-    p = solve(w, topo, cost)
+    p = solve(w, topo, cost, time_limit=limit)
     seconds = time.perf_counter() - t
     ev = Evaluator(w, topo, cost)
     row, slot = verl_kk_layout(w.lengths, topo, p.rows, exact_pack=pack_into_bins)  # tight windows need it
     base = ev.score(identity_placement(w.num_layers, w.num_experts), row, slot, p.rows, "max-sum").makespan
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"N": n, "D": dp, "rows": p.rows, "seconds": seconds, "makespan": p.score["makespan"],
+    print(json.dumps({"N": n, "D": dp, "P": ep, "L": w.num_layers, "limit": limit, "rows": p.rows, "seconds": seconds, "makespan": p.score["makespan"],
                       "gap": p.score["makespan"] / p.lower_bound, "gain": 1 - p.score["makespan"] / base,
                       "peak_bytes": peak, "counts_bytes": int(w.counts.nbytes),
                       "timings": dict(p.report.timings), "sweeps": p.report.search.sweeps if p.report.search else None,
@@ -157,20 +163,29 @@ def part_prod() -> dict:
     return out
 
 
+def _run_child(n: int, dp: int, *extra) -> dict:
+    """One scaling point in its own process (its peak memory is its own)."""
+    out = subprocess.run([sys.executable, __file__, "--child", str(n), str(dp), *map(str, extra)],
+                         capture_output=True, text=True, cwd=ROOT)
+    if out.returncode != 0:
+        tail = out.stderr.strip().splitlines()
+        row = {"N": n, "D": dp, "error": tail[-1] if tail else f"exit code {out.returncode}"}
+    else:
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+    print(row, flush=True)
+    return row
+
+
 def part_scale(quick: bool) -> list[dict]:
     sizes = [1024, 4096] if quick else [1024, 4096, 16384, 32768]
-    rows = []
-    for n in sizes:
-        for dp in (32, 128, 512):
-            out = subprocess.run([sys.executable, __file__, "--child", str(n), str(dp)],
-                                 capture_output=True, text=True, cwd=ROOT)
-            if out.returncode != 0:
-                tail = out.stderr.strip().splitlines()
-                rows.append({"N": n, "D": dp, "error": tail[-1] if tail else f"exit code {out.returncode}"})
-            else:
-                rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(rows[-1], flush=True)
-    return rows
+    return [_run_child(n, dp) for n in sizes for dp in (32, 128, 512)]
+
+
+def part_ep(quick: bool) -> list[dict]:
+    points = ([(1024, 64, 8, None), (1024, 64, 64, None)] if quick else
+              [(4096, 512, 8, None), (4096, 512, 64, None), (32768, 512, 8, None), (32768, 512, 64, None),
+               (32768, 512, 64, 60.0)])
+    return [_run_child(n, dp, ep, "deepseek-v3", "" if limit is None else limit) for n, dp, ep, limit in points]
 
 
 def part_anytime(quick: bool) -> dict:
@@ -265,6 +280,19 @@ def write(report: dict) -> None:
                            formats={1: ",.0f", 2: ",.0f", 3: ",.0f", 4: ".2f"})
         lines.append("")
         _plot(report["anytime"])
+    if "ep" in report:
+        lines += ["## Many EP ranks: the DeepSeek-V3 shape (one process per point)", "",
+                  "58 MoE layers, E=256, top-8, capacity 8192, D=512 slots; default budget unless a limit is given.",
+                  ""]
+        rows = [(r["N"], r["D"], r.get("P"), None, None, None, None, None, None, None, None, r["error"]) if "error" in r
+                else (r["N"], r["D"], r["P"], r["limit"] or "none (budget)", r["rows"], r["seconds"],
+                      r["seconds"] / r["N"] * 1e6, r["peak_bytes"] / 2**30, r["gap"], r["gain"],
+                      r["search"]["ns_per_move"] if r.get("search") else None, r["sweeps"]) for r in report["ep"]]
+        lines += rep.table(("N", "D", "P", "time limit s", "rows", "plan s", "µs per sample", "peak RSS GiB",
+                            "gap to LB", "gain over baseline", "ns per proposal", "sweeps"), rows,
+                           formats={5: ".1f", 6: ".0f", 7: ".2f", 8: ".4f", 9: lambda g: f"{g * 100:+.1f} %",
+                                    10: ".0f", 11: ".1f"})
+        lines.append("")
     rep.write_md(RESULTS / "bench_latency.md", lines)
     rep.write_text(RESULTS / "bench_latency.json", json.dumps(report, indent=1) + "\n")
 
@@ -284,8 +312,10 @@ def _plot(curves: dict) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        _child(int(sys.argv[2]), int(sys.argv[3]))
+    if len(sys.argv) >= 4 and sys.argv[1] == "--child":
+        extra = sys.argv[4:]
+        _child(int(sys.argv[2]), int(sys.argv[3]), *([int(extra[0]), extra[1]] if extra else []),
+               *([float(extra[2])] if len(extra) > 2 and extra[2] else []))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="cold,prod,scale,anytime")
@@ -303,6 +333,8 @@ def main() -> None:
             report["scale"] = part_scale(args.quick)
         if "anytime" in parts:
             report["anytime"] = part_anytime(args.quick)
+        if "ep" in parts:
+            report["ep"] = part_ep(args.quick)
     write(report)
     print(f"wrote {RESULTS / 'bench_latency.md'}")
 
