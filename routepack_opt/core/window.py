@@ -175,8 +175,15 @@ class Window:
         return int(self.lengths.sum())
 
     def expert_loads(self) -> np.ndarray:
-        """Aggregate load ``load_LE[l, e] = Σ_i counts[i, l, e]`` (docs/pipeline.md, step 1)."""
-        return self.counts.sum(axis=0, dtype=np.int64)
+        """Aggregate load ``load_LE[l, e] = Σ_i counts[i, l, e]`` (docs/pipeline.md, step 1);
+        read-only, computed once per window (the window is immutable: ~7 ms a pass over the
+        counts at N=1,024, L=48, E=256, and a plan asks for it more than once)."""
+        load_LE = self.__dict__.get("_load_LE")
+        if load_LE is None:
+            load_LE = self.counts.sum(axis=0, dtype=np.int64)
+            load_LE.setflags(write=False)
+            object.__setattr__(self, "_load_LE", load_LE)
+        return load_LE
 
     def replace(self, **changes) -> Window:
         """A new window with some fields changed (validated again)."""
