@@ -107,13 +107,14 @@ def placement_ranks(placement_LE, ep: int) -> np.ndarray:
     return placement_LE // (placement_LE.shape[1] // ep)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, parallel=True)
 def _swap_kernel(load_LE, rank_LE, ep, max_rounds):
     """Per layer: while some swap of an expert on the busiest rank with a lighter expert on
     another rank lowers the busiest rank without creating a new one at least as busy, make the
-    best such swap (the one minimising the larger of the two new loads)."""
+    best such swap (the one minimising the larger of the two new loads). Layers are independent
+    (each reads and writes its own row), so they run in parallel with the same result."""
     L, E = load_LE.shape
-    for l in range(L):
+    for l in numba.prange(L):
         acc = np.zeros(ep)
         for e in range(E):
             acc[rank_LE[l, e]] += load_LE[l, e]
