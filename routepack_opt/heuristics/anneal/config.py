@@ -44,12 +44,18 @@ class AnnealConfig:
     greedy_seed: bool = True  # add the joint-cost greedy layout to the seeds
     tie_eps: float = 1e-9  # η: relative weight of the tie-break terms (see search.py)
     chunk_sweeps: int = 2  # sweeps per compiled call (clock checks in between)
+    # Row windows (moves.row_window): where b and W outgrow this many bytes, a replica's
+    # unguided moves stay window_sweeps sweeps of a window's samples inside a window of rows whose
+    # share of them fits it (0: never). Below it (every window of N ≤ 4,096 at L = 48, P = 8)
+    # nothing changes; above it plans were equal or better (experiments/results/bench_window).
+    window_bytes: int = 4 << 20
+    window_sweeps: float = 2.0
     resample: bool = True  # systematic resampling between temperatures
     fill_time: bool = False  # with a time limit and no max_sweeps: use all of it (else ≤ sweeps)
 
     def __post_init__(self):
         ints = {"population": 1, "temperatures": 1, "sweeps": 1, "calibration_moves": 16,
-                "chunk_sweeps": 1, "swap_window": 1, "near_min_samples": 1}
+                "chunk_sweeps": 1, "swap_window": 1, "near_min_samples": 1, "window_bytes": 0}
         for name, lo in ints.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
@@ -75,6 +81,10 @@ class AnnealConfig:
         if v < 0:
             raise InputError(f"anneal: random_walk_sweeps must be ≥ 0, got {v}")
         object.__setattr__(self, "random_walk_sweeps", v)
+        v = _float("window_sweeps", self.window_sweeps)
+        if not v > 0:
+            raise InputError(f"anneal: window_sweeps must be > 0, got {v}")
+        object.__setattr__(self, "window_sweeps", v)
         v = _float("tie_eps", self.tie_eps)
         if not 0.0 < v <= 1e-3:
             raise InputError(f"anneal: tie_eps must be in (0, 1e-3], got {v}")
