@@ -35,3 +35,12 @@ def test_exact_study_n24_markdown_is_its_record(load_script):
     recs = ex.load(ex.RESULTS / "exact_study_n24.jsonl")
     text = ex.summarise(recs, 36, 1.3 * 60, shipped=True) + ex.crosscheck_md(recs)
     assert text == (ex.RESULTS / "exact_study_n24.md").read_text()
+
+
+def test_bench_window_markdown_is_its_record(load_script):
+    """render(bench_window.json) == bench_window.md: the row-window study's tables come from its
+    record."""
+    bw = load_script("bench_window")
+    folder = settings.RESULTS / "bench_window"
+    lines = bw.render(json.loads((folder / "bench_window.json").read_text()))
+    assert "\n".join(lines) + "\n" == (folder / "bench_window.md").read_text()
