@@ -37,6 +37,39 @@ def instance(topo_spec, seed, n=40, layers=3, max_len=30):
     return w, topo, pl, b, R
 
 
+def check_deltas_against_evaluator(w, b, topo, R, objective, pop, cfg, steps=200):
+    """Step replica 0 of ``pop`` one proposal at a time at T = ∞ (every evaluated proposal is
+    accepted) and check each move's (Δmakespan, Δtotal, Δpeak) and the state after it against a
+    full re-evaluation by the evaluator. Returns how many moves were checked."""
+    import pytest
+
+    from routepack_opt.core.evaluate import row_shard_costs, score_from_J
+    from routepack_opt.heuristics.anneal.moves import run_one
+
+    before = score_from_J(row_shard_costs(w.lengths, b, *pop.layout(0), R, topo, COST), objective)
+    checked = 0
+    for _ in range(steps):
+        n_eval = pop.walk.counters[0, 0]
+        run_one(pop, 1, np.inf, cfg)
+        if pop.walk.counters[0, 0] == n_eval:
+            continue  # proposal was infeasible (capacity / nonempty / same cell / no partner)
+        J = row_shard_costs(w.lengths, b, *pop.layout(0), R, topo, COST)
+        after = score_from_J(J, objective)
+        d = pop.walk.last[0]
+        scale = max(1.0, abs(before.makespan))
+        assert d[0] == pytest.approx(after.makespan - before.makespan, abs=1e-9 * scale)
+        assert d[1] == pytest.approx(after.total - before.total, abs=1e-9 * scale)
+        assert d[2] == pytest.approx(after.peak - before.peak, abs=1e-9 * scale)
+        # the maintained state is the evaluator's, to rounding
+        np.testing.assert_array_equal(pop.state.J[0], J.ravel())
+        assert pop.state.agg[0, 0] == pytest.approx(after.makespan, rel=1e-12)
+        assert pop.state.agg[0, 1] == pytest.approx(after.total, rel=1e-12)
+        assert pop.state.agg[0, 2] == after.peak
+        before = after
+        checked += 1
+    return checked
+
+
 def feasible_layout(lengths, topo, R, rng):
     """Random feasible layout: one sample per cell, then the rest first-fit in random order."""
     N, D, C = lengths.size, topo.dp, topo.capacity

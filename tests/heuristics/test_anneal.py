@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cases import COST, TOPOLOGIES, feasible_layout, instance  # noqa: E402
+from cases import COST, TOPOLOGIES, check_deltas_against_evaluator, feasible_layout, instance  # noqa: E402
 
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.errors import InputError
@@ -46,27 +46,7 @@ def test_move_delta_equals_full_reevaluation(objective, mix, ti):
     r32, s32 = pb.check_layout(row, slot, "layout")
     pop.init(r32[None], s32[None])
     pop.walk.rng[:] = rng_states(ti, 0, 1)
-    before = full_score(w, b, topo, row, slot, R, objective)
-    checked = 0
-    for _ in range(200):
-        n_eval = pop.walk.counters[0, 0]
-        run_one(pop, 1, np.inf, cfg)  # T = ∞: every evaluated proposal is accepted
-        if pop.walk.counters[0, 0] == n_eval:
-            continue  # proposal was infeasible (capacity / nonempty / same cell)
-        J = row_shard_costs(w.lengths, b, *pop.layout(0), R, topo, COST)
-        after = score_from_J(J, objective)
-        d = pop.walk.last[0]
-        scale = max(1.0, abs(before.makespan))
-        assert d[0] == pytest.approx(after.makespan - before.makespan, abs=1e-9 * scale)
-        assert d[1] == pytest.approx(after.total - before.total, abs=1e-9 * scale)
-        assert d[2] == pytest.approx(after.peak - before.peak, abs=1e-9 * scale)
-        # the maintained state is the evaluator's, to rounding
-        np.testing.assert_array_equal(pop.state.J[0], J.ravel())
-        assert pop.state.agg[0, 0] == pytest.approx(after.makespan, rel=1e-12)
-        assert pop.state.agg[0, 1] == pytest.approx(after.total, rel=1e-12)
-        assert pop.state.agg[0, 2] == after.peak
-        before = after
-        checked += 1
+    checked = check_deltas_against_evaluator(w, b, topo, R, objective, pop, cfg)
     assert checked >= 40
 
 

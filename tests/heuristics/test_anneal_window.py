@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cases import COST, TOPOLOGIES, feasible_layout, instance  # noqa: E402
+from cases import COST, TOPOLOGIES, check_deltas_against_evaluator, feasible_layout, instance  # noqa: E402
 
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import row_shard_costs, score_from_J
@@ -92,23 +92,7 @@ def test_windowed_move_delta_equals_full_reevaluation(objective, mix, ti):
                        p_guide=1.0 if mix == "guided" else 0.0, p_near=0.5, swap_window=3,
                        **WINDOWED)
     w, topo, pl, b, R, pb, pop = _population(ti, objective, cfg, seed=ti)
-    before = score_from_J(row_shard_costs(w.lengths, b, *pop.layout(0), R, topo, COST), objective)
-    checked = 0
-    for _ in range(200):
-        n_eval = pop.walk.counters[0, 0]
-        run_one(pop, 1, np.inf, cfg)
-        if pop.walk.counters[0, 0] == n_eval:
-            continue
-        J = row_shard_costs(w.lengths, b, *pop.layout(0), R, topo, COST)
-        after = score_from_J(J, objective)
-        d = pop.walk.last[0]
-        scale = max(1.0, abs(before.makespan))
-        assert d[0] == pytest.approx(after.makespan - before.makespan, abs=1e-9 * scale)
-        assert d[1] == pytest.approx(after.total - before.total, abs=1e-9 * scale)
-        assert d[2] == pytest.approx(after.peak - before.peak, abs=1e-9 * scale)
-        np.testing.assert_array_equal(pop.state.J[0], J.ravel())
-        before = after
-        checked += 1
+    checked = check_deltas_against_evaluator(w, b, topo, R, objective, pop, cfg)
     assert checked >= 30
 
 
