@@ -112,9 +112,9 @@ def row_window(inst, cfg: AnnealConfig) -> tuple[int, int]:
     return w, max(1, int(round(cfg.window_sweeps * inst.N * w / R)))
 
 
-def moves_of(cfg: AnnealConfig, inst=None) -> Moves:
-    """The move mix of ``cfg``; its row window from ``inst`` (none without one)."""
-    w, stay = (1 << 62, 0) if inst is None else row_window(inst, cfg)
+def moves_of(cfg: AnnealConfig, inst) -> Moves:
+    """The move mix of ``cfg`` and its row window on ``inst``."""
+    w, stay = row_window(inst, cfg)
     # in a row window of w of R rows, 1 sample in R/w is a member: the near-swap neighbourhood
     # widens by that factor so it still holds ~swap_window members each side
     wide = cfg.swap_window if stay == 0 else cfg.swap_window * -(-inst.R // w)
@@ -228,21 +228,18 @@ def pick_target_first(s0, s1, s2, s3, st, pb, r0, w):
 
 
 @njit(cache=True, _nrt=False, inline='always')
-def near_partner(s0, s1, s2, s3, st, pb, mv, i, r0, w):
+def near_partner(s0, s1, s2, s3, pb, mv, i):
     """A guided sample's near-swap partner: a length neighbour either way (a bottleneck sample
-    may swap with a shorter one), −1 past either end (or, with a row window, when none of
-    WINDOW_TRIES draws lies in it); capacity is checked by the caller."""
-    for _t in range(WINDOW_TRIES):
-        x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
-        k = below(x, 2 * mv.window) - mv.window
-        if k >= 0:
-            k += 1
-        j = i + k
-        if j < 0 or j >= pb.N:
-            return -1, s0, s1, s2, s3
-        if w >= pb.R or in_window(np.int64(st.row[j]), r0, w, pb.R):
-            return j, s0, s1, s2, s3
-    return -1, s0, s1, s2, s3
+    may swap with a shorter one), −1 past either end; capacity is checked by the caller. Only
+    guided moves draw it, so never inside a row window."""
+    x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+    k = below(x, 2 * mv.window) - mv.window
+    if k >= 0:
+        k += 1
+    j = i + k
+    if j < 0 or j >= pb.N:
+        return -1, s0, s1, s2, s3
+    return j, s0, s1, s2, s3
 
 
 @njit(cache=True, _nrt=False, inline='always')
@@ -325,7 +322,7 @@ def propose_swap(s0, s1, s2, s3, st, pb, mv, i, a, guided, r0, w):
         x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
         near = unit(x) <= mv.p_near
     if near and guided:
-        j, s0, s1, s2, s3 = near_partner(s0, s1, s2, s3, st, pb, mv, i, r0, w)
+        j, s0, s1, s2, s3 = near_partner(s0, s1, s2, s3, pb, mv, i)
     else:
         j, s0, s1, s2, s3 = fitting_partner(s0, s1, s2, s3, st, pb, mv, i, a, near, r0, w)
     zero = np.int64(0)
@@ -451,17 +448,17 @@ def run_replica(n_moves, temp, mv, pb, st, wk, sc):
         ra = np.int64(st.row[i])
         da = np.int64(st.slot[i])
         a = ra * pb.D + da
+        wm = pb.R if guided else w  # guided moves are never confined to the row window
         if swap:
             j, bc, rb, db, Ta, Qa, Tb, Qb, s0, s1, s2, s3 = propose_swap(s0, s1, s2, s3, st, pb,
-                                                                         mv, i, a, guided, r0,
-                                                                         pb.R if guided else w)
+                                                                         mv, i, a, guided, r0, wm)
             if j < 0:
                 continue
         else:
             j = N  # the zero row: a relocation is evaluated as a swap with it
             bc, rb, db, Ta, Qa, Tb, Qb, s0, s1, s2, s3 = propose_relocation(s0, s1, s2, s3, st,
                                                                             pb, i, a, ra, da, bc,
-                                                                            r0, pb.R if guided else w)
+                                                                            r0, wm)
             if bc < 0:
                 continue
         ga = np.int64(pb.shard_D[da])
