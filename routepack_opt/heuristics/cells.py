@@ -90,7 +90,7 @@ def _kk_kernel(values_n, k, chunk):
     spread = np.zeros(S, dtype=np.float64)
     sid = np.arange(S)
     heap = np.empty(S, dtype=np.int64)
-    size = 0
+    size = np.int64(0)
     first = n - (S - 1) * chunk
     pos = 0
     for s in range(S):

@@ -203,10 +203,14 @@ def _make_room(i, t, order, quota, sc, ec, pb, st, m, reach):
     if bs2 < 0:
         return -1
     c2 = np.int64(st.row[bs2]) * D + np.int64(st.slot[bs2])
-    _add(bs, c, -1, pb, st, m)
-    _add(bs2, c2, -1, pb, st, m)
-    _add(bs, c2, 1, pb, st, m)
-    _add(bs2, c, 1, pb, st, m)
+    # np.int64(...): plain int64 arguments, not numba literals (each literal combination would
+    # compile _add once more; tests/test_warmup.py checks one signature per load storage)
+    out, into = np.int64(-1), np.int64(1)
+    bs, bs2, c, c2 = np.int64(bs), np.int64(bs2), np.int64(c), np.int64(c2)
+    _add(bs, c, out, pb, st, m)
+    _add(bs2, c2, out, pb, st, m)
+    _add(bs, c2, into, pb, st, m)
+    _add(bs2, c, into, pb, st, m)
     st.row[bs], st.row[bs2] = st.row[bs2], st.row[bs]
     st.slot[bs], st.slot[bs2] = st.slot[bs2], st.slot[bs]
     return c
@@ -276,7 +280,7 @@ def greedy_place(t_from, t_to, order, pb, st, quota, n_cand, rng, pool, repairs)
             empty -= 1
             ec[d] -= 1
         sc[d] += 1
-        _add(i, c, 1, pb, st, m)
+        _add(np.int64(i), np.int64(c), np.int64(1), pb, st, m)
         st.row[i] = r
         st.slot[i] = d
     rng[0] = s0

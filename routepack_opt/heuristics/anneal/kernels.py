@@ -357,7 +357,7 @@ def aggregates(st, pb):
     X = R * G
     top2(J, X, agg)
     peak = agg[2]
-    total = pairwise_sum(J, 0, X)
+    total = pairwise_sum(J, np.int64(0), X)
     for g in range(G):
         s = J[g]
         for r in range(1, R):
@@ -373,7 +373,7 @@ def aggregates(st, pb):
         for g in range(1, G):
             ms = max(ms, colsum[g])
     else:
-        ms = pairwise_sum(rowmax, 0, R)
+        ms = pairwise_sum(rowmax, np.int64(0), R)
     agg[0] = ms
     agg[1] = total
     agg[3] = ms + eps1 * total + eps2 * peak
