@@ -26,14 +26,28 @@ The warmers drive the same functions the pipeline does — placement, the R* cer
 baselines, the evaluator, the annealer, joint placement, the exact models' numba parts — on tiny
 windows; this module sits above them and below the pipeline, so it cannot call the pipeline
 itself. Where the cache lives: :mod:`routepack_opt.core.cache`.
+
+In parallel (``warm(groups, jobs=N)``, ``routepack warmup --jobs N``): numba's on-disk cache is
+shared by processes, so worker processes first compile independent *units* into it — the
+annealer's greedy seed and its Metropolis loop for each load storage, the planning kernels
+around them, the exact models' parts; each unit's heavy kernels are its own, so no two workers
+compile the same function — then the joint-placement kernels (which sit on top of the plan
+group's), and the calling process loads the lot from the cache through the serial path above,
+compiling whatever a worker missed. The workers are plain ``python -c`` subprocesses (never a
+fork or a re-import of the caller's ``__main__``), run by a thread pool of ``jobs`` threads.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 from numba.core import config as numba_config
@@ -55,7 +69,7 @@ from routepack_opt.models import binpack as exact_binpack
 from routepack_opt.models import layout_blocks
 from routepack_opt.models.layout_common import LayoutInstance
 
-__all__ = ["warm", "groups_for", "GROUPS", "numba_kernels"]
+__all__ = ["warm", "groups_for", "GROUPS", "UNITS", "numba_kernels", "run_unit", "default_jobs"]
 
 log = logging.getLogger(__name__)
 
@@ -111,13 +125,16 @@ def _cache_counts(kernels: dict) -> tuple[int, int]:
     return hits, misses
 
 
-def warm(groups=("plan",)) -> dict:
+def warm(groups=("plan",), jobs: int = 1, progress: Callable[[str, float, bool], None] | None = None) -> dict:
     """Compile or load every kernel of ``groups`` (``"plan"``: placement, R* bounds and packings,
     baselines, annealer — both objectives, the ordinary load storage; ``"joint"``: row-aware
     joint placement and migration; ``"storage"``: the annealer's rare int32/int64 load storages, which it otherwise
     compiles off its clock when a window needs them; ``"exact"``: the numba parts of the exact
-    models). Returns a report: seconds, kernels,
-    signatures, ``compiled`` (cache misses), ``loaded`` (cache hits), cache directory.
+    models). ``jobs`` > 1: first compile into numba's cache in that many worker processes (see
+    the module docstring; skipped when every kernel of ``groups`` already has a cache index),
+    calling ``progress(unit, seconds, ok)`` as each finishes. Returns a report: seconds,
+    kernels, signatures, ``compiled`` (cache misses in this process), ``loaded`` (cache hits),
+    cache directory, and ``workers`` (``{unit: seconds}``) when workers ran.
     Never raises: a failure is logged and reported (``error``), and planning then compiles
     lazily as before."""
     groups = tuple(groups)
@@ -130,6 +147,10 @@ def warm(groups=("plan",)) -> dict:
         return _merge(groups)
     fresh = []
     with _lock:
+        t_workers = time.perf_counter()
+        workers = (_compile_in_workers([g for g in groups if g not in _done], jobs, progress)
+                   if jobs > 1 else {})
+        t_workers = time.perf_counter() - t_workers
         for g in groups:
             if g in _done:
                 continue
@@ -155,7 +176,11 @@ def warm(groups=("plan",)) -> dict:
                 _local.depth -= 1
             rep["seconds"] = time.perf_counter() - t0
             _done[g] = rep
-    return _merge(groups, fresh)
+    out = _merge(groups, fresh)
+    if workers:
+        out["workers"] = workers
+        out["seconds"] += t_workers
+    return out
 
 
 def _merge(groups, fresh=()) -> dict:
@@ -213,24 +238,31 @@ def _seeds(window: Window, topology: Topology, rows: int) -> list[tuple[np.ndarr
             for fn in BASELINES.values()]
 
 
-def _warm_plan() -> None:
+# (placement, objective, budget) as solve() runs the annealer: sweep budgets and a time limit
+_PLAN_RUNS = [("lpt", Objective.MAX_SUM, {"max_sweeps": 2}), ("lpt", Objective.SUM_MAX, {"max_sweeps": 2}),
+              ("identity", Objective.MAX_SUM, {"time_limit": 0.05}),
+              ("lpt-plain", Objective.SUM_MAX, {"max_sweeps": 1})]
+
+
+def _warm_plan(with_anneal: bool = True) -> None:
+    """The plan group; ``with_anneal=False`` leaves out the annealer (a worker unit of its own)."""
     w, topo, cost, cfg = _tiny_problem()
     pls = _placements(w, topo.ep)
     R = certify_rows(w, topo, time_limit=1.0).rows
     seeds = _seeds(w, topo, R)
     ev = Evaluator(w, topo, cost)
-    # (placement, objective, budget) as solve() runs them: sweep budgets and a time limit
-    runs = [("lpt", Objective.MAX_SUM, {"max_sweeps": 2}), ("lpt", Objective.SUM_MAX, {"max_sweeps": 2}),
-            ("identity", Objective.MAX_SUM, {"time_limit": 0.05}),
-            ("lpt-plain", Objective.SUM_MAX, {"max_sweeps": 1})]
-    for name, objective, budget in runs:
+    for name, objective, budget in _PLAN_RUNS:
         pl = pls[name]
         for row, slot in seeds:
             ev.score(pl, row, slot, R, objective)
-        res = anneal.anneal(w.lengths, ev.rank_loads(pl), topo, cost, R, objective, seeds,
-                               config=cfg, seed=0, **budget)
-        ev.evaluate(pl, res.row, res.slot, R, objective)
-    anneal.warm_storage(*anneal.STORAGES[0])  # the ordinary storage (compiled above)
+        if with_anneal:
+            res = anneal.anneal(w.lengths, ev.rank_loads(pl), topo, cost, R, objective, seeds,
+                                config=cfg, seed=0, **budget)
+            ev.evaluate(pl, res.row, res.slot, R, objective)
+        else:
+            ev.evaluate(pl, *seeds[0], R, objective)
+    if with_anneal:
+        anneal.warm_storage(*anneal.STORAGES[0])  # the ordinary storage (compiled above)
     # R* escalation past the cheap bounds: MBS' and the overflow tabu search on K bins
     sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
     binpack.best_packing(sizes, 64)
@@ -277,3 +309,102 @@ def _warm_blocks() -> None:
 
 
 _WARMERS = {"plan": _warm_plan, "joint": _warm_joint, "storage": _warm_storage, "exact": _warm_exact}
+
+
+# ---------------------------------------------------------------------------------------------
+# parallel compilation: worker units (see the module docstring)
+# ---------------------------------------------------------------------------------------------
+
+
+def _storage_unit(k: int, part: str) -> Callable[[], None]:
+    return lambda: anneal.drive_storage(*anneal.STORAGES[k], parts=(part,))
+
+
+_SEARCH = "routepack_opt.heuristics.anneal.moves.run_population"
+_GREEDY = "routepack_opt.heuristics.anneal.greedy.greedy_place"
+
+
+def _storage_mark(k: int) -> str:
+    """The text of a search kernel's cached signature that names load storage k (b's dtype is
+    the third array of the compiled ``Problem``)."""
+    return f"Problem(array(int64, 1d, C), array(int64, 1d, C), array({np.dtype(anneal.STORAGES[k][0]).name}, 2d"
+
+
+# unit → (group, stage, driver, landmarks). Stage 0 units share no heavy kernel; stage 1 (joint)
+# runs on top of the plan group's kernels, so after stage 0. Listed longest first (measured
+# serially). Landmarks: (kernel, text its cached signature must hold) — a unit whose landmarks
+# all have a current cache entry is not run again (if one is stale or missing, it is).
+UNITS: dict[str, tuple[str, int, Callable[[], None], tuple[tuple[str, str], ...]]] = {
+    "plan:anneal-search": ("plan", 0, _storage_unit(0, "search"), ((_SEARCH, _storage_mark(0)),)),
+    "plan:anneal-greedy": ("plan", 0, _storage_unit(0, "greedy"), ((_GREEDY, _storage_mark(0)),)),
+    "storage:int32-search": ("storage", 0, _storage_unit(1, "search"), ((_SEARCH, _storage_mark(1)),)),
+    "storage:int32-greedy": ("storage", 0, _storage_unit(1, "greedy"), ((_GREEDY, _storage_mark(1)),)),
+    "storage:int64-search": ("storage", 0, _storage_unit(2, "search"), ((_SEARCH, _storage_mark(2)),)),
+    "storage:int64-greedy": ("storage", 0, _storage_unit(2, "greedy"), ((_GREEDY, _storage_mark(2)),)),
+    "exact": ("exact", 0, _warm_exact, (("routepack_opt.models.layout_blocks._cover_dfs", ""),
+                                         ("routepack_opt.models.binpack._arcflow_arcs", ""))),
+    "plan:rest": ("plan", 0, lambda: _warm_plan(with_anneal=False),
+                  tuple((f"routepack_opt.{k}", "") for k in (
+                      "heuristics.cells._kk_kernel", "heuristics.cells._repair_cells",
+                      "heuristics.binpack._mbs_kernel", "heuristics.placement.lpt._swap_kernel",
+                      "core.projection.project_counts", "core.projection.block_loads"))),
+    "joint": ("joint", 1, _warm_joint, (("routepack_opt.heuristics.placement.refine._scan_layer", ""),
+                                        ("routepack_opt.heuristics.placement.migration._hungarian_max", ""))),
+}
+
+
+def run_unit(name: str) -> None:
+    """Run one worker unit in this process (the workers' entry point)."""
+    UNITS[name][2]()
+
+
+def default_jobs() -> int:
+    """The CPUs this process may use (its affinity mask), for ``--jobs``' default."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _unit_cached(name: str, kernels: dict) -> bool:
+    """Every landmark of unit ``name`` has a cache entry for the current source (numba's index
+    is empty when the source changed since it was written) whose signature holds its text."""
+    for kernel, mark in UNITS[name][3]:
+        try:
+            index = kernels[kernel]._cache._cache_file._load_index()
+        except Exception:  # no cache (numba internals changed, unreadable index): compile
+            return False
+        if not any(mark in str(key[0]) for key in index):
+            return False
+    return True
+
+
+def _run_worker(name: str) -> tuple[str, float, bool, str]:
+    t = time.perf_counter()
+    code = "import sys; from routepack_opt.warmup import run_unit; run_unit(sys.argv[1])"
+    r = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True)
+    tail = (r.stderr or "").strip().splitlines()[-1:] if r.returncode else []
+    return name, time.perf_counter() - t, r.returncode == 0, " ".join(tail)
+
+
+def _compile_in_workers(groups, jobs: int, progress) -> dict[str, float]:
+    """Compile the units of ``groups`` into numba's cache in ``jobs`` worker processes, stage by
+    stage. A failed unit is logged; the serial pass after it compiles what is still missing."""
+    kernels = numba_kernels(tuple(GROUPS))
+    todo = [n for n, (g, *_) in UNITS.items() if g in groups and not _unit_cached(n, kernels)]
+    times: dict[str, float] = {}
+    if not todo:
+        return times
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        for stage in (0, 1):
+            names = [n for n in todo if UNITS[n][1] == stage]
+            futures = [pool.submit(_run_worker, n) for n in names]  # longest first
+            for fut in concurrent.futures.as_completed(futures):
+                name, secs, ok, why = fut.result()
+                times[name] = secs
+                if not ok:
+                    log.warning("routepack warm-up worker %s failed (compiled in-process instead): %s",
+                                name, why)
+                if progress is not None:
+                    progress(name, secs, ok)
+    return times

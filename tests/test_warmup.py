@@ -152,3 +152,22 @@ def test_cold_plan_is_bit_identical_to_warm(tmp_path):
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["compiled"] == 0 and rep["loaded"] > 0 and rep["cache_dir"] == str(cache)
+
+
+@pytest.mark.slow
+def test_parallel_warmup_fills_the_cache_for_the_serial_pass(tmp_path):
+    """routepack warmup --jobs 2 on an empty cache compiles the plan group in worker processes:
+    every unit succeeds, and the command's own in-process pass then compiles nothing (the units
+    cover every planning signature); a second run finds the cache complete and starts no worker."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(PYTHONPATH=str(REPO), ROUTEPACK_CACHE_DIR=str(tmp_path / "cache"))
+    reps = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-m", "routepack_opt", "warmup", "--group", "plan", "--jobs", "2",
+                            "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr
+        reps.append(json.loads(r.stdout))
+    cold, again = reps
+    assert set(cold["workers"]) == {"plan:anneal-search", "plan:anneal-greedy", "plan:rest"}
+    assert cold["compiled"] == 0 and cold["loaded"] > 0 and cold["jobs"] == 2
+    assert "workers" not in again and again["compiled"] == 0

@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 
-from routepack_opt.cli.common import add_json, emit
+from routepack_opt.cli.common import add_json, emit, positive_int
 
 
 def register(sub) -> None:
@@ -26,6 +26,9 @@ def register(sub) -> None:
                         "(--placement joint, migration), storage "
                         "(the annealer's int32/int64 load storages for huge loads), exact "
                         "(numba parts of routepack exact), or all (default)")
+    p.add_argument("--jobs", type=positive_int, default=None,
+                   help="worker processes that compile at once (default: the CPUs this process may "
+                        "use; 1: compile in this process only)")
     add_json(p)
     p.set_defaults(func=run)
 
@@ -59,16 +62,31 @@ def _c_fflush() -> None:
         pass
 
 
+def worker_progress(enabled: bool):
+    """A ``warm(progress=)`` callback that prints one line per finished worker unit to stderr."""
+    if not enabled:
+        return None
+
+    def progress(unit: str, seconds: float, ok: bool) -> None:
+        print(f"  {unit}: {'compiled' if ok else 'FAILED (compiled in-process instead)'} "
+              f"in {seconds:.1f} s", file=sys.stderr, flush=True)
+
+    return progress
+
+
 def run(args) -> dict:
-    from routepack_opt.warmup import GROUPS, warm
+    from routepack_opt.warmup import GROUPS, default_jobs, warm
 
     groups = tuple(GROUPS) if args.group == "all" else (args.group,)
+    jobs = args.jobs or default_jobs()
     with _stdout_to_stderr():
-        rep = warm(groups)
+        rep = warm(groups, jobs=jobs, progress=worker_progress(not args.json))
+    rep["jobs"] = jobs
     if rep.get("error"):
         raise RuntimeError(f"warm-up failed: {rep['error']}")
     text = (f"warmup: {rep['kernels']} numba kernels ({', '.join(groups)}), "
-            f"{rep['compiled']} signatures compiled, {rep['loaded']} loaded from the cache "
-            f"in {rep['seconds']:.2f} s\n  cache: {rep['cache_dir']}")
+            f"{rep['compiled']} signatures compiled here, {rep['loaded']} loaded from the cache "
+            f"({len(rep.get('workers', {}))} worker units, {jobs} at a time) in {rep['seconds']:.2f} s"
+            f"\n  cache: {rep['cache_dir']}")
     emit(args, rep, text)
     return rep

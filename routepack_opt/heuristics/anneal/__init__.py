@@ -16,7 +16,14 @@ Modules, each importing only those above it in this list:
 
 from routepack_opt.heuristics.anneal.config import AnnealConfig, AnnealResult
 from routepack_opt.heuristics.anneal.greedy import greedy_layout
-from routepack_opt.heuristics.anneal.search import STORAGES, anneal, layout_energy, warm_storage
+from routepack_opt.heuristics.anneal.search import (
+    STORAGE_PARTS,
+    STORAGES,
+    anneal,
+    drive_storage,
+    layout_energy,
+    warm_storage,
+)
 
 __all__ = ["AnnealConfig", "AnnealResult", "anneal", "greedy_layout", "layout_energy",
-           "warm_storage", "STORAGES"]
+           "warm_storage", "drive_storage", "STORAGE_PARTS", "STORAGES"]

@@ -57,7 +57,7 @@ from routepack_opt.heuristics.anneal.rng import rng_states
 from routepack_opt.heuristics.anneal.schedule import fit_rung, ladder, moves_per_rung, resample_parents
 from routepack_opt.heuristics.anneal.state import Population
 
-__all__ = ["anneal", "layout_energy", "warm_storage", "STORAGES"]
+__all__ = ["anneal", "layout_energy", "warm_storage", "drive_storage", "STORAGE_PARTS", "STORAGES"]
 
 GREEDY_SHARE = 0.25  # of a time limit, at most, for the joint-cost greedy seed
 
@@ -282,19 +282,33 @@ def warm_storage(b_dtype, w_dtype) -> float:
         if key in _STORAGES_READY:
             return 0.0
         t = time.perf_counter()
-        cost = CostModel(stages=(Stage("attn", 0.01, 1e-6),), gamma=0.004, row_overhead=50.0)
-        topo = Topology(dp=2, ep=2, capacity=64)
-        lengths = 3 * np.arange(1, 9, dtype=np.int64)
-        b_NLP = np.zeros((8, 1, 2), dtype=np.int64)
-        b_NLP[:, 0, 0] = lengths
-        cfg = AnnealConfig(population=2, temperatures=2, sweeps=1, calibration_moves=16)
-        inst = Instance(lengths, b_NLP, topo, cost, 2, "max-sum", cfg.tie_eps, (b_dtype, w_dtype))
+        drive_storage(b_dtype, w_dtype)
+        _STORAGES_READY.add(key)
+        return time.perf_counter() - t
+
+
+STORAGE_PARTS = ("greedy", "search")
+
+
+def drive_storage(b_dtype, w_dtype, parts: Sequence[str] = STORAGE_PARTS) -> None:
+    """Run the search kernels of one load storage on a tiny instance, so that numba compiles
+    (or loads) them. ``parts``: ``"greedy"`` (the joint-cost greedy seed) and/or ``"search"``
+    (population init, the calibration probe, the Metropolis loop, the evaluator's block sums).
+    The two share only small kernels, so ``routepack warmup`` compiles them in two processes at
+    once (:mod:`routepack_opt.warmup`)."""
+    cost = CostModel(stages=(Stage("attn", 0.01, 1e-6),), gamma=0.004, row_overhead=50.0)
+    topo = Topology(dp=2, ep=2, capacity=64)
+    lengths = 3 * np.arange(1, 9, dtype=np.int64)
+    b_NLP = np.zeros((8, 1, 2), dtype=np.int64)
+    b_NLP[:, 0, 0] = lengths
+    cfg = AnnealConfig(population=2, temperatures=2, sweeps=1, calibration_moves=16)
+    inst = Instance(lengths, b_NLP, topo, cost, 2, "max-sum", cfg.tie_eps, (b_dtype, w_dtype))
+    if "greedy" in parts:
         greedy_seed(inst)
+    if "search" in parts:
         row, slot = inst.check_layout(np.arange(8) % 2, (np.arange(8) // 2) % 2, "warm-up layout")
         pop = Population(inst, 2)
         pop.init(np.stack([row, row]), np.stack([slot, slot]))
         run(pop, inst.N, 1.0, cfg, probe=np.zeros((2, cfg.calibration_moves)))
         run(pop, inst.N, np.inf, cfg)
         inst.evaluator_key(row, slot)  # the evaluator's block sums over this storage's view of b
-        _STORAGES_READY.add(key)
-        return time.perf_counter() - t
