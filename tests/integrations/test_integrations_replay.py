@@ -212,7 +212,7 @@ def test_cli_import_replay(run_cli, rng, tmp_path):
     assert not (tmp_path / "w2.npz").exists()
     code, _, err = run_cli("import-replay", tmp_path / "slime.pt", "--format", "slime",
                            "--num-experts", E, "-o", tmp_path / "slime.pt")
-    assert code == 2 and "over an input" in err
+    assert code == 2 and "overwrite the input" in err
 
 
 def test_cli_import_replay_verl_pt(run_cli, rng, tmp_path):
