@@ -509,7 +509,7 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
         return obj
 
 
-_SAVE_HINT = "save each sample as a numeric array (np.savez(path, *arrays), or torch.save of tensors)"
+_SAVE_HINT = "save each sample as a numeric array (np.savez(path, *arrays) or a .pt of tensors)"
 
 
 def _read_npy(fh, where: str, mmap_path: Path | None = None):
@@ -533,7 +533,7 @@ def _read_npy(fh, where: str, mmap_path: Path | None = None):
     try:
         arr = _NumpyOnlyUnpickler(fh).load()
     except Exception as exc:
-        raise InputError(f"{where}: an object array holding more than numeric arrays ({_brief(exc, 60)}); "
+        raise InputError(f"{where}: an object array of more than numeric arrays ({_brief(exc, 50)}); "
                          f"{_SAVE_HINT}") from None
     if not isinstance(arr, np.ndarray):
         raise InputError(f"{where}: the object array did not load as an array; {_SAVE_HINT}")
@@ -604,9 +604,12 @@ def _load_pt(path: Path):
                 return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", _ANSI.sub("", str(exc)))
-        what = f"'{found.group(1)}'" if found else "an object"
-        raise InputError(f"{path}: holds {what}, which the safe loader refuses (it reads tensors, numeric "
-                         "numpy arrays, lists, dicts, numbers); save the routes as those") from None
+        if found is None:  # torch's own reason is the line after its long preamble
+            why = re.search(r"WeightsUnpickler error:\s*([^\n]+)", _ANSI.sub("", str(exc)))
+            reason = why.group(1).strip()[:80] if why else _brief(exc, 80)
+            raise InputError(f"{path}: not a readable .pt file ({reason})") from None
+        raise InputError(f"{path}: holds '{found.group(1)}', which the safe loader refuses; save the routes "
+                         "as tensors or numeric numpy arrays (in lists or dicts)") from None
 
 
 def _load_file(path: Path):
