@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from routepack_opt.cli.common import add_json, emit
+from routepack_opt.cli.common import add_json, emit, nonneg_int, positive_int
 from routepack_opt.core.errors import InputError
 
 
@@ -23,8 +23,8 @@ def register(sub) -> None:
                    "need it when the file has none; slime: total_lengths (routes + 1 per sample)")
     p.add_argument("--moe-layer-freq", help="Megatron's moe_layer_freq: an int, or a comma list of 0/1 "
                    "(dense layers are dropped, in every format; slime: detected when not given)")
-    p.add_argument("--top-k", type=int, help="expected router top-k (checked)")
-    p.add_argument("--step", type=int, help="optimizer step stored in the window")
+    p.add_argument("--top-k", type=positive_int, help="expected router top-k (checked)")
+    p.add_argument("--step", type=nonneg_int, help="optimizer step stored in the window")
     p.add_argument("-o", "--output", required=True, metavar="W.npz")
     add_json(p)
     p.set_defaults(func=run)

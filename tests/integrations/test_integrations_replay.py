@@ -485,9 +485,11 @@ def test_cli_import_replay_refuses_bad_outputs_before_importing(run_cli, tmp_pat
     (["--num-experts", "16", "--lengths", "len2d.npy"], "expected a 1-D vector"),
     (["--num-experts", "16", "--moe-layer-freq", "0"], "must be ≥ 1"),
     (["--num-experts", "16", "--moe-layer-freq", "1,x"], "comma list of 0/1"),
+    (["--num-experts", "16", "--step", "-1"], "must be ≥ 0"),
+    (["--num-experts", "16", "--top-k", "0"], "must be ≥ 1"),
 ])
 def test_cli_import_replay_bad_settings_exit_2(run_cli, rng, tmp_path, monkeypatch, extra, match):
-    """import-replay with a huge --num-experts, 2-D --lengths or --moe-layer-freq 0: exit 2, one short line."""
+    """import-replay with a huge --num-experts, 2-D --lengths, --moe-layer-freq 0, --step -1: exit 2, one short line."""
     monkeypatch.chdir(tmp_path)
     np.save("flat.npy", np.concatenate([_routes(rng, n, 2, 2, 16) for n in (3, 4)]))
     np.save("len2d.npy", np.array([[3, 4], [3, 4]]))
