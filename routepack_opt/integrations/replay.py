@@ -48,7 +48,7 @@ import numpy as np
 
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.io import check_output_path
-from routepack_opt.core.window import Window, check_window_memory, save_window
+from routepack_opt.core.window import Window, available_memory, save_window
 from routepack_opt.integrations import _deps
 
 __all__ = ["ReplayImport", "import_replay", "window_from_replay", "FORMATS", "moe_layers",
@@ -224,7 +224,10 @@ class _Accumulator:
     """Counts of one sample at a time into a preallocated ``counts_NLE`` (its memory checked first)."""
 
     def __init__(self, N: int, L: int, E: int, K: int):
-        check_window_memory((N, L, E), np.dtype(np.int32), f"num_experts={E}")
+        need, avail = 8 * N * L * E, available_memory()  # int32 counts and the window's int32 copy
+        if avail is not None and need > avail:
+            raise InputError(f"num_experts={E}: counts [N={N}, L={L}, E] need {need / 2**30:.1f} GiB, "
+                             f"{avail / 2**30:.1f} GiB is available; is E the model's experts per MoE layer?")
         self.counts_NLE = np.zeros((N, L, E), dtype=np.int32)
         self.lengths_N = np.zeros(N, dtype=np.int64)
         self.E, self.K, self.L = E, K, L

@@ -511,3 +511,15 @@ def test_cli_import_replay_prints_notes(run_cli, rng, tmp_path, monkeypatch):
     code, out, _ = run_cli("import-replay", "padded.npz", "--format", "slime", "--num-experts", 64, "-o", "w.npz",
                            "--json")
     assert code == 0 and len(json.loads(out)["notes"]) == 2
+
+
+def test_counts_larger_than_memory_refused_before_allocating(rng, monkeypatch):
+    """num_experts whose counts [N, L, E] exceed the memory available: one short InputError, nothing allocated."""
+    import routepack_opt.integrations.replay as replay
+
+    monkeypatch.setattr(replay, "available_memory", lambda: 2**30)
+    samples, _ = _slime_step(rng)
+    with pytest.raises(InputError, match=r"need 24\.0 GiB, 1\.0 GiB is available") as exc:
+        import_replay(samples, format="slime", num_experts=2**28)
+    assert len(str(exc.value)) <= 200
+    assert import_replay(samples, format="slime", num_experts=16).window.num_experts == 16
