@@ -519,7 +519,7 @@ def test_counts_larger_than_memory_refused_before_allocating(rng, monkeypatch):
 
     monkeypatch.setattr(replay, "available_memory", lambda: 2**30)
     samples, _ = _slime_step(rng)
-    with pytest.raises(InputError, match=r"need 24\.0 GiB, 1\.0 GiB is available") as exc:
+    with pytest.raises(InputError, match=r"need 18\.0 GiB, 1\.0 GiB is available") as exc:
         import_replay(samples, format="slime", num_experts=2**28)
     assert len(str(exc.value)) <= 200
     assert import_replay(samples, format="slime", num_experts=16).window.num_experts == 16
