@@ -91,7 +91,8 @@ def output_target(path) -> tuple[str, Path]:
     except FileNotFoundError:
         st = None
     except NotADirectoryError:
-        raise InputError(f"{text}: a part of the path is not a directory") from None
+        raise InputError(f"{text}: directory {os.path.dirname(text) or '.'} does not exist (a part of "
+                         "the path is a file)") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise InputError(f"{text}: too many levels of symbolic links") from None
