@@ -220,7 +220,9 @@ def _stream_open(kind: str, target: Path, mode: str):
     try:
         if kind == "stdout":
             sys.stdout.flush()
-            raw = sys.stdout.buffer
+            raw = getattr(sys.stdout, "buffer", None)
+            if raw is None and "b" in mode:
+                raise InputError("standard output takes text only here (no binary buffer); give a file name")
             fh = raw if "b" in mode else sys.stdout
             yield fh
             fh.flush()
