@@ -32,17 +32,26 @@ import numpy as np
 
 from routepack_opt import pipeline
 from routepack_opt.core.cost import CostModel, resolve_cost
-from routepack_opt.core.errors import InputError
+from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout
 from routepack_opt.core.objective import check_objective
-from routepack_opt.core.plan import Plan, check_placement
+from routepack_opt.core.plan import Plan
 from routepack_opt.core.report import PlanReport
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.heuristics.equal_counts import count_fit_decreasing
 from routepack_opt.params import PlannerParams
-from routepack_opt.pipeline import DEFAULT_PARAMS, baseline_layouts, build_plan, resolve_placement, solve
+from routepack_opt.pipeline import (
+    DEFAULT_PARAMS,
+    PLACEMENT_KINDS,
+    as_placement_array,
+    baseline_layouts,
+    build_plan,
+    check_current_placement,
+    resolve_placement,
+    solve,
+)
 from routepack_opt.warmup import groups_for
 from routepack_opt.warmup import warm as warm_kernels
 
@@ -117,6 +126,15 @@ class PlanOptions:
         if not isinstance(self.params, PlannerParams):
             raise InputError(f"params must be a PlannerParams, got {self.params!r}")
         self.topology()  # dp/ep/capacity/row rules checked here, in the caller's thread
+        self.cost_model()  # an unknown preset or a bad cost file, too
+        if isinstance(self.placement, str):
+            if self.placement not in PLACEMENT_KINDS:
+                raise InputError(f"placement must be one of {', '.join(PLACEMENT_KINDS)} or an [L, E] "
+                                 f"array, got {self.placement!r}")
+        elif not isinstance(self.placement, Plan):
+            as_placement_array("placement", self.placement)
+        if self.current_placement is not None and not isinstance(self.current_placement, Plan):
+            as_placement_array("current_placement", self.current_placement)
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> PlanOptions:
@@ -154,6 +172,29 @@ def window_from(lengths, counts=None, routes=None, num_experts: int | None = Non
     if num_experts is None:
         raise InputError("routes=... needs num_experts=E")
     return Window.from_routes(lengths, routes, num_experts)
+
+
+def checked_window(lengths, counts, routes, num_experts, opts: PlanOptions) -> Window:
+    """The window of a call, checked against its options before any planning: every window
+    invariant (:class:`Window`), E divisible by ``ep_size``, the placements' shapes, every length
+    within ``max_tokens``, enough samples for R·D nonempty cells (and N/D with
+    ``equal_samples_per_slot``). Raises InputError."""
+    window = window_from(lengths, counts, routes, num_experts)
+    topo = opts.topology()
+    topo.check_experts(window.num_experts)
+    topo.check_samples(window.num_samples)
+    check_current_placement(opts.current_placement, window)
+    if not isinstance(opts.placement, str):
+        resolve_placement(window, topo, opts.placement)
+    longest = int(window.lengths.max())
+    if longest > topo.capacity:
+        raise InputError(f"a sample of {longest} tokens exceeds max_tokens={topo.capacity}")
+    m = topo.row_multiple
+    least_rows = max(-(-topo.min_rows // m) * m, opts.num_micro_batches or 1)
+    if window.num_samples < least_rows * topo.dp:
+        raise InputError(f"{window.num_samples} samples cannot fill {least_rows} micro-batch(es) on each "
+                         f"of {topo.dp} DP ranks (every micro-batch holds at least one sample)")
+    return window
 
 
 def _to_result(p: Plan) -> MicroBatchPlan:
@@ -196,10 +237,7 @@ def plan_micro_batches(lengths, counts=None, *, routes=None, num_experts: int | 
 class _Job:
     """One submitted window and what planning it has produced so far."""
 
-    lengths: Any
-    counts: Any
-    routes: Any
-    num_experts: int | None
+    window: Window  # checked in submit()
     opts: PlanOptions
     deadline_at: float  # time.monotonic() by which result() should answer (plus grace)
     future: Future
@@ -251,13 +289,15 @@ class AsyncPlanner:
         :func:`plan_micro_batches`); ``deadline``: seconds
         from now until ``result()`` answers (the search's time limit is what is left of it, or
         ``time_limit`` if smaller). Returns a Future of the plan (or the worker's fallback;
-        cancelled if superseded). Raises only ``InputError`` for bad options, never because an
-        earlier window is still running."""
+        cancelled if superseded). Raises ``InputError`` for bad input, checked here as
+        :func:`plan_micro_batches` checks it (the window's invariants, shapes, the cost, the
+        placements, E divisible by ``ep_size``, lengths within ``max_tokens``, enough samples
+        for the cells); never because an earlier window is still running."""
         deadline = _check_seconds("deadline", deadline)
-        if (counts is None) == (routes is None):
-            raise InputError("give exactly one of counts=[N, L, E] or routes=[T, L, k]")
         opts = PlanOptions.of(options)
-        job = _Job(lengths, counts, routes, num_experts, opts, time.monotonic() + deadline, Future())
+        # every input checked here, in the caller's thread (one pass over the counts)
+        window = checked_window(lengths, counts, routes, num_experts, opts)
+        job = _Job(window, opts, time.monotonic() + deadline, Future())
         with self._cv:
             if self._closed:
                 raise RuntimeError("AsyncPlanner: closed")
@@ -276,9 +316,11 @@ class AsyncPlanner:
 
     def result(self) -> MicroBatchPlan:
         """The latest submitted window's plan, by its deadline + grace; else its fallback (the
-        worker's, or a quick one built here). Raises ``InputError`` only when not even a
-        fallback exists (the lengths themselves are unusable), ``RuntimeError`` before any
-        submit."""
+        worker's, or a quick one built here); every plan returned passes ``Plan.validate()``.
+        Never raises because planning failed. Raises ``InputError`` only for a window on which
+        no valid plan exists at all (e.g. N not a multiple of D with every sample too long to
+        share a micro-batch: :func:`plan_micro_batches` refuses it too), ``RuntimeError``
+        before any submit."""
         with self._cv:
             job = self._latest
         if job is None:
@@ -289,10 +331,29 @@ class AsyncPlanner:
                 return job.plan
             job.cancel.set()  # past its deadline: a late plan would be thrown away, stop it
             if job.fallback is None:
-                job.fallback = self._quick_fallback(job)
-            if job.error is not None and "error" not in job.fallback.report:
-                job.fallback.report["error"] = f"{job.error.__class__.__name__}: {job.error}"
-            return job.fallback
+                try:
+                    job.fallback = self._quick_fallback(job)
+                except InputError:
+                    quick_failed = True
+                else:
+                    quick_failed = False
+            else:
+                quick_failed = False
+        if quick_failed:
+            # best-fit may need more rows than the window has samples for where the certified R*
+            # does not: build the worker's kind of fallback (at R*) here
+            fb = self._certified_fallback(job)
+            with job.lock:
+                if job.fallback is None:
+                    job.fallback = fb
+        with job.lock:
+            if job.plan is not None:
+                return job.plan
+            done = job.fallback
+            assert done is not None  # set above, or by the worker
+            if job.error is not None and "error" not in done.report:
+                done.report["error"] = f"{job.error.__class__.__name__}: {job.error}"
+            return done
 
     def close(self) -> None:
         """Cancel what is running and let the worker thread end."""
@@ -330,7 +391,7 @@ class AsyncPlanner:
         warm_kernels(groups_for(opts.placement))  # waits for the background warm-up if it is running
         if job.cancel.is_set():
             return
-        window = window_from(job.lengths, job.counts, job.routes, job.num_experts)
+        window = job.window
         topo, cost = opts.topology(), opts.cost_model()
         job.stage = "certify"
         left = job.deadline_at - time.monotonic()
@@ -352,6 +413,18 @@ class AsyncPlanner:
         if not job.cancel.is_set():
             with job.lock:
                 job.plan = mb
+
+    def _certified_fallback(self, job: _Job) -> MicroBatchPlan:
+        """The worker's fallback, built in the caller's thread (R* certified first); InputError
+        only where no valid plan exists."""
+        opts = job.opts
+        topo, c = opts.topology(), opts.params.certify
+        try:
+            rows, cert = pipeline.resolve_rows(job.window, topo, opts.num_micro_batches,
+                                               time_limit=c.time_limit, method=c.method)
+            return self._fallback(job.window, topo, opts.cost_model(), opts, rows, cert)
+        except (InputError, InfeasibleError) as exc:
+            raise InputError(f"AsyncPlanner: no valid plan exists for this window: {exc}") from None
 
     @staticmethod
     def _fallback(window, topo, cost, opts, rows, cert) -> MicroBatchPlan:
@@ -399,26 +472,12 @@ class AsyncPlanner:
 def _quick_plan(job: _Job) -> MicroBatchPlan:
     opts = job.opts
     topo = opts.topology()
-    lengths = np.asarray(job.lengths)
-    if lengths.ndim != 1 or lengths.size == 0 or lengths.dtype.kind not in "iuf" \
-            or (lengths.dtype.kind == "f" and not np.all(np.isfinite(lengths) & (lengths == np.round(lengths)))):
-        raise InputError("lengths must be a non-empty 1-D array of integers")
-    lengths = lengths.astype(np.int64)
-    if job.counts is not None:
-        shape = np.shape(job.counts)
-        if len(shape) != 3:
-            raise InputError(f"counts must be [N, L, E], got shape {list(shape)}")
-        L, E = int(shape[1]), int(shape[2])
-    else:
-        shape = np.shape(job.routes)
-        if len(shape) != 3 or job.num_experts is None:
-            raise InputError("routes must be [T, L, k] with num_experts=E")
-        L, E = int(shape[1]), int(job.num_experts)
+    lengths = job.window.lengths  # checked in submit()
+    L, E = job.window.num_layers, job.window.num_experts
     placement = np.tile(np.arange(E, dtype=np.int64), (L, 1))
-    if opts.current_placement is not None:
-        cur = np.asarray(opts.current_placement)
-        if not check_placement(cur, L, E):
-            placement = cur.astype(np.int64)
+    current = check_current_placement(opts.current_placement, job.window)
+    if current is not None:
+        placement = current
     N, D, C = lengths.size, topo.dp, topo.capacity
     if lengths.min() < 1 or lengths.max() > C:
         raise InputError(f"every length must be in 1..max_tokens={C}")

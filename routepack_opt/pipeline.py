@@ -58,11 +58,40 @@ def resolve_placement(window: Window, topology: Topology, placement) -> tuple[np
         if placement == "identity":
             return identity_placement(window.num_layers, window.num_experts), "identity"
         raise InputError(f"placement must be one of {', '.join(PLACEMENT_KINDS)} or a plan file, got {placement!r}")
-    arr = np.asarray(placement, dtype=np.int64)
+    arr = as_placement_array("placement", placement)
     errs = check_placement(arr, window.num_layers, window.num_experts)
     if errs:
         raise InputError("given placement does not fit the window: " + errs[0])
     return arr, "given"
+
+
+def as_placement_array(name: str, value) -> np.ndarray:
+    """``value`` as an [L, E] int64 array, or an InputError naming ``name`` (ragged lists,
+    floats, booleans and the like are refused, not truncated)."""
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{name}: cannot be read as an [L, E] array of expert slots ({exc})") from None
+    if arr.dtype == object or arr.ndim != 2:
+        raise InputError(f"{name}: expected an [L, E] array of integers, got "
+                         f"{'a ragged or mixed list' if arr.dtype == object else f'shape {tuple(arr.shape)}'}")
+    if arr.dtype.kind not in "iu":
+        raise InputError(f"{name}: expected integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def check_current_placement(current_placement, window: Window) -> np.ndarray | None:
+    """The materialized placement as an [L, E] array that fits ``window``, or None; a bad one is
+    an InputError (never dropped silently), as the CLI's ``--placement-from``."""
+    if current_placement is None:
+        return None
+    if isinstance(current_placement, Plan):
+        current_placement = current_placement.placement
+    arr = as_placement_array("current_placement", current_placement)
+    errs = check_placement(arr, window.num_layers, window.num_experts)
+    if errs:
+        raise InputError(f"current_placement does not fit the window: {errs[0]}")
+    return arr
 
 
 def resolve_rows(window: Window, topology: Topology, rows: int | None, time_limit: float = 10.0,
@@ -179,6 +208,7 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     objective = check_objective(objective)
     if not isinstance(params, PlannerParams):
         raise InputError(f"params must be a PlannerParams, got {type(params).__name__}")
+    current_placement = check_current_placement(current_placement, window)
     warmup = Timings()
     with warmup.stage("warmup"):
         warm(groups_for(placement))

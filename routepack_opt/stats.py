@@ -166,7 +166,12 @@ def implications(window: Window, topology, cost) -> dict:
 
 
 def window_stats(window: Window, tokens: int = 64, seed: int = 0, max_samples: int | None = 4096) -> dict:
-    """Size, lengths, skew and routing dispersion of ``window``."""
+    """Size, lengths, skew and routing dispersion of ``window``. Where no sample has ``tokens``
+    tokens the dispersion is undefined: its ``median`` and ``mean`` are None (JSON null), with
+    ``pairs`` 0 and every sample counted in ``samples_short``."""
+    disp = routing_dispersion(window, tokens, seed, max_samples)
+    if disp["pairs"] == 0:
+        disp.update(median=None, mean=None)
     return {"samples": window.num_samples, "layers": window.num_layers, "experts": window.num_experts,
             "top_k": window.top_k, "lengths": length_stats(window), "skew": skew_stats(window),
-            "routing_dispersion": routing_dispersion(window, tokens, seed, max_samples)}
+            "routing_dispersion": disp}

@@ -60,6 +60,17 @@ PRESET_SKEW = {"olmoe-1b-7b": 4.5, "deepseek-v3": 6.5, "qwen3-30b-a3b": 6.5, "li
 SKEW_SPREAD = 0.3  # sd of log(busiest/mean) across layers: DeepSeek's max 13.7 vs median ~6.5
 PER_SAMPLE_BYTES = 64  # lengths, group ids and length-generation temporaries (int64/float64)
 _BLOCK_ELEMS = 1 << 21  # samples per block = this // (L·E): blocks of ~16 MB float64
+# Declared domain of the generator's sizes (real MoE models: E ≤ 384, L ≤ 94). Beyond them the
+# dispersion calibration alone (512 pilot samples × min(L, 4) × E, ~20 times) runs for minutes.
+MAX_EXPERTS = 4096
+MAX_LAYERS = 4096
+MAX_DOMAINS = 4096
+# The routing policy (per-domain logits [Dm + 1, L, E], float64) is drawn for the window and again
+# for every pilot of the calibration: at most 2^25 elements (256 MiB; real shapes: < 2^18).
+MAX_POLICY_ELEMS = 2**25
+# The policy's random walk draws (Dm + 1)·L·E normals per optimizer step: at most this many in all
+# (a few seconds), so `--step 10^9` is refused instead of running for days.
+MAX_DRIFT_DRAWS = 5 * 10**8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +107,14 @@ class TraceConfig:
             v = getattr(self, key)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise InputError(f"trace: {key} must be a positive integer, got {v!r}")
+        for key, most in (("num_experts", MAX_EXPERTS), ("num_layers", MAX_LAYERS), ("num_domains", MAX_DOMAINS)):
+            if getattr(self, key) > most:
+                raise InputError(f"trace: {key} = {getattr(self, key):,} is out of range (at most {most:,})")
+        policy = (self.num_domains + 1) * self.num_layers * self.num_experts
+        if policy > MAX_POLICY_ELEMS:
+            raise InputError(f"trace: (domains + 1) × L × E = {self.num_domains + 1} × {self.num_layers} × "
+                             f"{self.num_experts} = {policy:,} policy logits, at most {MAX_POLICY_ELEMS:,}: "
+                             "use fewer domains, layers or experts")
         if self.top_k > self.num_experts:
             raise InputError(f"trace: top_k={self.top_k} exceeds num_experts={self.num_experts}")
         if self.group_size_min > self.group_size_max:
@@ -146,6 +165,11 @@ def trace_config(preset: str = "qwen3-30b-a3b", **overrides) -> TraceConfig:
     if unknown:
         raise InputError(f"trace: unknown option(s) {', '.join(sorted(unknown))}")
     base.update(overrides)
+    skew, E, k = overrides.get("skew"), base["num_experts"], base["top_k"]
+    if isinstance(skew, (int, float)) and isinstance(E, int) and isinstance(k, int) and k >= 1 and skew > E / k:
+        # busiest/mean load ≤ E/k: a token picks an expert at most once
+        raise InputError(f"trace: skew is busiest/mean expert load, at most E/k = {E}/{k} = {E / k:g}; "
+                         f"got {skew:g}")
     dom = base.get("domains")
     if isinstance(dom, (int, np.integer)) and not isinstance(dom, bool):
         base["domains"], base["num_domains"] = None, int(dom)
@@ -420,19 +444,27 @@ def routing_scale(cfg: TraceConfig) -> float:
 def memory_needed(cfg: TraceConfig, num_samples: int, in_memory: bool) -> int:
     """Bytes needed: ``PER_SAMPLE_BYTES`` per sample (+ int32 counts L·E·4 per sample when the
     whole window is built in memory) + one block's float64 logits/probabilities and int64 counts."""
-    per = PER_SAMPLE_BYTES + (4 * cfg.num_layers * cfg.num_experts if in_memory else 0)
-    block = 5 * 8 * _block_size(cfg) * cfg.num_layers * cfg.num_experts
-    return num_samples * per + block
+    L, E = cfg.num_layers, cfg.num_experts
+    per = PER_SAMPLE_BYTES + (4 * L * E if in_memory else 0)
+    block = 5 * 8 * _block_size(cfg) * L * E
+    # the policy: z, base and per-domain logits [Dm, L, E] float64, with a step's draw beside them;
+    # the dispersion calibration's pilot window: 512 samples × min(L, 4) × E, as a block is
+    policy = 8 * L * E * (2 * cfg.num_domains + 3)
+    pilot = 0 if cfg.uniform else (5 * 8 + 4) * _PILOT_SAMPLES * min(L, _PILOT_LAYERS) * E
+    return num_samples * per + block + policy + pilot
 
 
 def _check_memory(cfg: TraceConfig, num_samples: int, in_memory: bool) -> None:
     need = memory_needed(cfg, num_samples, in_memory)
     avail = available_memory()
     if avail is not None and need > avail:
-        per = memory_needed(cfg, 1, in_memory) - memory_needed(cfg, 0, in_memory)
+        fixed = memory_needed(cfg, 0, in_memory)
+        per = memory_needed(cfg, 1, in_memory) - fixed
         raise InputError(
             f"trace: {num_samples} samples need ≈ {need / 2**30:.1f} GiB ({per} bytes per sample "
-            f"+ one block) but only {avail / 2**30:.1f} GiB is available; use fewer samples"
+            f"+ {fixed / 2**30:.2f} GiB for a block, the routing policy of L={cfg.num_layers} × "
+            f"E={cfg.num_experts} × {cfg.num_domains} domains and its calibration) but only "
+            f"{avail / 2**30:.1f} GiB is available; use fewer samples, experts or domains"
             + ("" if not in_memory else " or the streaming writer (gen-trace)"))
 
 
@@ -444,7 +476,13 @@ def _prepare(preset, num_samples, seed, step, routing_step, overrides):
     for name, v in checks:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
             raise InputError(f"trace: {name} must be an integer ≥ 0, got {v!r}")
-    return cfg, N, step if routing_step is None else routing_step
+    routing_step = step if routing_step is None else routing_step
+    draws = routing_step * (cfg.num_domains + 1) * cfg.num_layers * cfg.num_experts
+    if draws > MAX_DRIFT_DRAWS:
+        raise InputError(f"trace: routing drifts step by step from step 0; step {routing_step:,} at "
+                         f"L={cfg.num_layers}, E={cfg.num_experts}, {cfg.num_domains} domains needs "
+                         f"{draws:.3g} random draws (at most {MAX_DRIFT_DRAWS:.0e}): use a smaller --step")
+    return cfg, N, routing_step
 
 
 def generate_window(preset: str = "qwen3-30b-a3b", num_samples: int = 1024, seed: int = 0,

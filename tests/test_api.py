@@ -15,6 +15,7 @@ from routepack_opt.core.cost import PRESETS
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import Window
 from routepack_opt.heuristics.anneal import anneal
 from routepack_opt.trace import generate_window
 
@@ -184,10 +185,8 @@ def test_quick_fallback_is_valid_at_the_certified_rows_on_a_tight_window():
     lengths = np.concatenate([a, C - a])
     counts = np.zeros((lengths.size, 1, 4), dtype=np.int64)
     counts[:, 0, 0] = lengths
-    job = api._Job(lengths, counts, None, None, PlanOptions(dp_size=D, ep_size=2, max_tokens=C),
+    job = api._Job(Window(lengths, counts, top_k=1), PlanOptions(dp_size=D, ep_size=2, max_tokens=C),
                    0.0, api.Future())
     mb = api._quick_plan(job)
-    from routepack_opt.core.window import Window
-
     assert mb.plan.validate(Window(lengths, counts, top_k=1)) == []
     assert mb.num_micro_batches == 4  # 16 full bins on 4 slots: best-fit finds the pairs

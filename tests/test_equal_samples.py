@@ -16,6 +16,7 @@ from routepack_opt.core.evaluate import row_shard_costs, score_from_J
 from routepack_opt.core.plan import Plan
 from routepack_opt.core.testing import random_window
 from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import Window
 from routepack_opt.heuristics.anneal import AnnealConfig, anneal, greedy_layout
 from routepack_opt.heuristics.anneal.moves import run, run_one
 from routepack_opt.heuristics.anneal.problem import Instance
@@ -392,8 +393,6 @@ def test_cli_flag_on_certify_plan_evaluate(run_cli, tmp_path):
     code, _, err = run_cli("evaluate", tmp_path / "w.npz", tmp_path / "u.json", "--cost", "qwen3-30b-a3b",
                            "--equal-samples-per-slot")
     assert code == 2 and "slot 0 holds 9" in err and err.count("\n") == 1
-    from routepack_opt.core.window import Window
-
     save_window(Window(w.lengths[:47], w.counts[:47], top_k=w.top_k), tmp_path / "w47.npz")
     code, _, err = run_cli("plan", tmp_path / "w47.npz", *topo, "--cost", "qwen3-30b-a3b",
                            "--equal-samples-per-slot", "-o", tmp_path / "q.json")
@@ -442,14 +441,12 @@ def test_async_planner_option_and_quick_fallback_keep_equal_counts():
     samples (count-limited first fit), valid under the cap."""
     from routepack_opt import api
     from routepack_opt.api import PlanOptions
-    from routepack_opt.core.window import Window
-
     rng = np.random.default_rng(3)
     lengths = rng.integers(50, 600, size=48)
     counts = np.zeros((48, 1, 4), dtype=np.int64)
     counts[:, 0, 0] = lengths
     opts = PlanOptions(dp_size=4, ep_size=2, max_tokens=1000, equal_samples_per_slot=True)
-    mb = api._quick_plan(api._Job(lengths, counts, None, None, opts, 0.0, api.Future()))
+    mb = api._quick_plan(api._Job(Window(lengths, counts, top_k=1), opts, 0.0, api.Future()))
     assert mb.plan.validate(Window(lengths, counts, top_k=1)) == []
     assert [sum(len(c) for c in rank) for rank in mb.micro_batches] == [12] * 4
     planner = api.AsyncPlanner(warm=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from routepack_opt.core.errors import InputError
@@ -49,6 +50,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    old_term = _on_sigterm_interrupt()
+    try:
+        return _main(argv)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _on_sigterm_interrupt():
+    """SIGTERM is handled like SIGINT (a clean ``error: interrupted``, temporary files removed);
+    returns the previous handler (None off the main thread, where signals cannot be set)."""
+    try:
+        return signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:
+        return None
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null: what is left in its buffer cannot fail again at exit."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        sys.stdout = open(os.devnull, "w")
+    except OSError:
+        pass
+
+
+def _main(argv: list[str]) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -57,13 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
         return 0
     except (InputError, UsageError) as exc:
+        if "standard output" in str(exc):
+            _quiet_stdout()
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like: not a failure
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
+        _quiet_stdout()
         return 0
     except MemoryError as exc:  # the up-front checks missed it: still one line, no traceback
         print(f"error: out of memory ({_one_line(exc) or 'MemoryError'}): give the process more "

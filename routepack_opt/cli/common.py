@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from routepack_opt.core.cost import PRESETS, CostModel, resolve_cost
@@ -120,9 +121,24 @@ def output_path(path: str | None, *inputs) -> Path | None:
 
 
 def emit(args, result: dict | None, text: str | None = None) -> None:
-    """Print ``result`` as JSON with ``--json``, else ``text`` (if any)."""
+    """Print ``result`` as JSON with ``--json``, else ``text`` (if any), on standard output — on
+    standard error when the command's output file is standard output (``-o -``), so the two never
+    mix. A failed write (a full disk behind ``> /dev/full``) is an InputError."""
+    from routepack_opt.core.io import is_stdout
+
+    stream = sys.stderr if is_stdout(getattr(args, "output", None)) else sys.stdout
     if getattr(args, "json", False):
         from routepack_opt.core.plan import dumps_strict
-        print(dumps_strict(result or {}, indent=1))
+        body = dumps_strict(result or {}, indent=1)
     elif text:
-        print(text)
+        body = text
+    else:
+        return
+    try:
+        print(body, file=stream)
+        stream.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        name = "standard error" if stream is sys.stderr else "standard output"
+        raise InputError(f"cannot write the result to {name} ({exc.strerror or exc})") from None

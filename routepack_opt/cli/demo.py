@@ -53,11 +53,13 @@ def run(args) -> None:
 
     for name in ("window.npz", "plan.json", "routepack-demo.png"):  # before the work starts
         check_output_path(out / name)
+    # the topology is checked before anything is generated or written
+    topo = Topology(dp=args.dp, ep=args.ep, capacity=preset.config.capacity)
+    topo.check_experts(preset.config.experts)
     console = Console(width=140, stderr=args.json, quiet=args.json)
     t0 = time.perf_counter()
     window = generate_window(args.preset, args.samples, args.seed)
     save_window(window, out / "window.npz")
-    topo = Topology(dp=args.dp, ep=args.ep, capacity=preset.config.capacity)
     cost = preset.cost
     console.print(f"[bold]window[/]: {args.preset}, N={window.num_samples} samples, L={window.num_layers} "
                   f"layers, E={window.num_experts} experts, top-{window.top_k}, {window.total_tokens:,} tokens "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from routepack_opt.cli.common import add_json, add_topology, add_window, emit
+from routepack_opt.cli.common import add_json, add_topology, add_window, emit, nonneg_int, positive_int
 from routepack_opt.core.cost import PRESETS, resolve_cost
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.window import load_window
@@ -14,9 +14,9 @@ def register(sub) -> None:
                        "dispersion of a window, and what they imply for placement and packing "
                        "(scored by the evaluator when a cost and topology are known).")
     add_window(p)
-    p.add_argument("--tokens", type=int, default=64, help="n of the routing dispersion (default 64)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the dispersion's subsampling")
-    p.add_argument("--max-samples", type=int, default=4096,
+    p.add_argument("--tokens", type=positive_int, default=64, help="n of the routing dispersion (default 64)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the dispersion's subsampling")
+    p.add_argument("--max-samples", type=positive_int, default=4096,
                    help="samples used for the dispersion (a seeded subset; default 4096)")
     add_topology(p)
     p.add_argument("--cost", metavar="NAME_OR_TOML",

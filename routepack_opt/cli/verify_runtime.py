@@ -41,7 +41,12 @@ def run(args) -> None:
     cfg = dataclasses.replace(VerifyConfig(), steps=args.steps, seed=args.seed,
                               timeout_s=args.timeout, start_method=args.start_method,
                               device=args.device)
-    rep = verify_runtime(cfg, world_size=args.world_size, ep=ep)
+    try:
+        rep = verify_runtime(cfg, world_size=args.world_size, ep=ep)
+    except TimeoutError:  # the user's budget, not our failure: say so and how to fix it
+        raise InputError(f"the distributed run did not finish within --timeout {args.timeout:g} s "
+                         f"({args.world_size} processes, each starting torch and a process group); "
+                         "give it more time (default 180)") from None
     lines = [f"verify-runtime: world_size={rep['world_size']} ep={rep['ep']} steps={rep['steps']} "
              f"(re-placed {rep['experts_replaced']} experts after step {rep['replace_after']})"]
     for mode in ("single_process", "distributed"):

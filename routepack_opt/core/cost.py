@@ -24,6 +24,10 @@ TRAIN_FLOP_FACTOR = 3.0  # forward + backward (2×) ≈ 3× forward FLOPs
 # Largest coefficient accepted (µs per unit). Real ones are < 1; 1e6 µs (a second) per token still
 # leaves scores of production windows (~1e6 tokens, ~1e12 token²) far below float overflow.
 MAX_COEF = 1e6
+# Largest state of one expert (1 PB; real ones are < 10 GB) and longest migration of one expert
+# (10^12 µs, 11 days): migration times of every expert of a window stay far below float overflow.
+MAX_EXPERT_BYTES = 1e15
+MAX_MIGRATION_US = 1e12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +86,15 @@ class CostModel:
             if key != "expert_bytes":  # bytes, not µs: may be large
                 _check_coef(key, getattr(self, key))
             elif isinstance(self.expert_bytes, bool) or not isinstance(self.expert_bytes, (int, float)) \
-                    or not math.isfinite(self.expert_bytes) or self.expert_bytes < 0:
-                raise InputError(f"cost: expert_bytes must be finite and ≥ 0, got {self.expert_bytes!r}")
+                    or not math.isfinite(self.expert_bytes) or not 0 <= self.expert_bytes <= MAX_EXPERT_BYTES:
+                raise InputError(f"cost: expert_bytes must be a number of bytes in [0, {MAX_EXPERT_BYTES:g}], "
+                                 f"got {self.expert_bytes!r}")
             object.__setattr__(self, key, float(getattr(self, key)))
+        if self.expert_bytes > 0 and self.migration_bandwidth > 0 \
+                and self.expert_bytes / self.migration_bandwidth > MAX_MIGRATION_US:
+            raise InputError(f"cost: moving one expert takes expert_bytes / migration_bandwidth = "
+                             f"{self.expert_bytes / self.migration_bandwidth:g} µs (at most "
+                             f"{MAX_MIGRATION_US:g}): migration_bandwidth is in bytes per µs")
         if self.gamma == 0 and all(s.alpha == 0 and s.beta == 0 for s in stages):
             raise InputError("cost: every attention and expert coefficient is 0, so every plan would "
                              "score the same; give at least one positive alpha, beta or gamma")

@@ -26,6 +26,11 @@ class BinPackUndecided(RoutePackError):
     """Neither a packing into the requested bins nor a proof of impossibility within the limit."""
 
 
+def _no_constant(name: str):
+    """JSON files are strict JSON: ``NaN``, ``Infinity`` and ``-Infinity`` are not numbers there."""
+    raise json.JSONDecodeError(f"{name} is not a JSON number (plan files are strict JSON)", name, 0)
+
+
 def load_document(path, what: str, fmt: str, build):
     """``build(data)`` of the TOML (``fmt="toml"``) or JSON (``"json"``) file at ``path``. A
     missing, unreadable or malformed file, or data ``build`` rejects, is one InputError that
@@ -35,7 +40,7 @@ def load_document(path, what: str, fmt: str, build):
         raise InputError(f"{path}: no such {what} file")
     try:
         text = path.read_text()
-        data = tomllib.loads(text) if fmt == "toml" else json.loads(text)
+        data = tomllib.loads(text) if fmt == "toml" else json.loads(text, parse_constant=_no_constant)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not valid {fmt.upper()} ({exc})") from None
     except RecursionError:

@@ -265,12 +265,17 @@ class Plan:
         errs = check_placement(placement)
         if errs:
             raise InputError("plan: " + errs[0])
-        n = num_samples if num_samples is not None else 1 + max((i for r in cells for c in r for i in c), default=-1)
+        # Without the window's N, a plan holds samples 0..n-1, n the number of ids it lists: the
+        # arrays are sized by that count, never by the largest id (id 10^8 would cost 1.6 GB).
+        n = num_samples if num_samples is not None else sum(len(c) for r in cells for c in r)
         row_N, slot_N = assignment_from_cells(cells, n)
         objective = d.get("objective", Objective.MAX_SUM)  # checked by __post_init__
+        info = d.get("info", {})
+        if not isinstance(info, dict):
+            raise InputError(f"plan: info must be a JSON object, got {type(info).__name__} {info!r:.40}")
         return cls(topology=topo, rows=rows, placement=placement, row=row_N, slot=slot_N,
                    objective=objective, score=d.get("score"), lower_bound=d.get("lower_bound"),
-                   certificate=d.get("certificate"), report=PlanReport.from_json(d.get("info") or {}))
+                   certificate=d.get("certificate"), report=PlanReport.from_json(info))
 
 
 def _jsonable(x):

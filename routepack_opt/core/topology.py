@@ -71,9 +71,14 @@ class Topology:
             sos = tuple(d // self.ep for d in range(self.dp))
         else:
             try:
-                sos = tuple(int(s) for s in self.shard_of_slot)
-            except (TypeError, ValueError):
+                raw = list(self.shard_of_slot)
+            except TypeError:
+                raw = None
+            # integers only: a float shard (0.5) would be truncated to another shard silently
+            if raw is None or not all(isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_))
+                                      for s in raw):
                 raise InputError("topology: shard_of_slot must be a list of integers") from None
+            sos = tuple(int(s) for s in raw)
             if len(sos) != self.dp:
                 raise InputError(f"topology: shard_of_slot has {len(sos)} entries for dp={self.dp}")
             sizes = np.bincount(np.asarray(sos, dtype=np.int64).clip(min=0), minlength=G)

@@ -46,7 +46,7 @@ def _as_int_array(name: str, value, ndim: int, dtype=np.int64, copy: bool = True
         # Checked as floats, before the cast (which would warn and wrap near 2^63).
         if arr.size and (arr.max() >= float(np.iinfo(dtype).max) or arr.min() <= float(np.iinfo(dtype).min)):
             raise InputError(f"{name}: values outside the {np.dtype(dtype).name} range")
-    elif arr.dtype.kind not in "iub":
+    elif arr.dtype.kind not in "iu":  # booleans are not token counts
         raise InputError(f"{name}: expected integers, got dtype {arr.dtype}")
     if arr.size and (arr.max() > np.iinfo(dtype).max or arr.min() < np.iinfo(dtype).min):
         raise InputError(f"{name}: values outside the {np.dtype(dtype).name} range")
@@ -125,8 +125,10 @@ class Window:
             top_k = int(sums_NL[0, 0] // lengths_N[0])
         else:
             try:
+                if isinstance(top_k, (bool, np.bool_)):
+                    raise TypeError
                 top_k_int = int(top_k)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # inf overflows, NaN is a ValueError
                 raise InputError(f"top_k: expected an integer, got {top_k!r}") from None
             if top_k_int != top_k:
                 raise InputError(f"top_k: expected an integer, got {top_k!r}")
@@ -149,6 +151,8 @@ class Window:
             if step_arr.ndim != 0 or step_arr.dtype.kind not in "iu":
                 raise InputError(f"step: expected an integer scalar, got {step!r}")
             step = int(step_arr)
+            if step < 0:
+                raise InputError(f"step: the optimizer step must be ≥ 0, got {step}")
         object.__setattr__(self, "lengths", lengths_N)
         object.__setattr__(self, "counts", counts_NLE)
         object.__setattr__(self, "top_k", int(top_k))

@@ -129,7 +129,7 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, retr
         try:
             while not ctx.join(timeout=0.2):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{world_size} processes did not finish in {timeout_s:.0f} s")
+                    raise TimeoutError(f"{world_size} processes did not finish in {timeout_s:g} s")
             return
         except mp.ProcessRaisedException as exc:
             msg = str(exc)

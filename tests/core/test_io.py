@@ -4,6 +4,7 @@ import json
 import os
 import resource
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -139,3 +140,131 @@ def test_check_output_path_refusals(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         check_output_path(tmp_path / "nope" / "x.json")
     assert check_output_path(tmp_path / "ok.json", tmp_path / "w.npz") == tmp_path / "ok.json"
+
+
+# --- writes go where the user means (issue 25 item 5) and leave no debris (issue 30) -------------
+def _mknod_or_skip(path, minor):
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+    except (PermissionError, OSError) as exc:
+        pytest.skip(f"cannot create a character device here ({exc})")
+
+
+def test_symlink_output_writes_the_target_and_keeps_the_link(tmp_path):
+    """`-o link.json` (a symlink): the file it points to gets the new contents, the link stays a link."""
+    (tmp_path / "real.json").write_text("old")
+    (tmp_path / "link.json").symlink_to("real.json")
+    atomic_write_text(tmp_path / "link.json", "new")
+    assert (tmp_path / "link.json").is_symlink() and (tmp_path / "real.json").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
+
+
+def test_fifo_output_is_written_through_not_replaced(tmp_path):
+    """`-o fifo` (a named pipe): the reader gets the bytes and the FIFO is still a FIFO afterwards."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    atomic_write_text(fifo, "through the pipe")
+    assert reader.communicate(timeout=30)[0] == b"through the pipe"
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_char_devices_are_written_through_never_replaced(tmp_path):
+    """As root, a char device output (null, full made with mknod) stays a device; full is exit-2 ENOSPC."""
+    null, full = tmp_path / "null", tmp_path / "full"
+    _mknod_or_skip(null, 3)
+    _mknod_or_skip(full, 7)
+    atomic_write_text(null, "gone")
+    with pytest.raises(InputError, match="No space left"):
+        atomic_write_text(full, "x" * 10_000)
+    assert stat.S_ISCHR(os.lstat(null).st_mode) and stat.S_ISCHR(os.lstat(full).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "null"]
+
+
+def test_dash_and_dev_stdout_stream_to_standard_output(tmp_path):
+    """`-o -` and `-o /dev/stdout` (redirected to a file, as `> out` does) put the plan on stdout,
+    the summary on stderr, and leave /dev/stdout a link."""
+    w = random_window(12, 2, 4, 2, max_len=40, seed=1)
+    save_window(w, tmp_path / "w.npz")
+    before = os.lstat("/dev/stdout").st_mode if os.path.lexists("/dev/stdout") else None
+    for name in ("-", "/dev/stdout"):
+        with open(tmp_path / "out.json", "w") as fh:
+            r = subprocess.run([sys.executable, "-m", "routepack_opt", "plan", str(tmp_path / "w.npz"), "--dp",
+                                "4", "--ep", "2", "--capacity", "200", "--cost", "olmoe-1b-7b", "--max-sweeps",
+                                "1", "-o", name], stdout=fh, stderr=subprocess.PIPE, text=True, env=ENV,
+                               cwd=tmp_path, timeout=600)
+        assert r.returncode == 0, r.stderr
+        assert json.loads((tmp_path / "out.json").read_text())["format"] == "routepack-plan/1"
+        assert "wrote" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "w.npz"]
+    if before is not None:
+        assert os.lstat("/dev/stdout").st_mode == before
+
+
+@pytest.mark.parametrize("name, match", [("", "empty"), ("x" * 300 + ".json", "at most 255"),
+                                         ("newdir/", "directory"), (".", "directory"), ("sub", "directory")])
+def test_outputs_no_write_can_succeed_on_are_refused_up_front(tmp_path, name, match):
+    """Empty, over-long, directory-like and existing-directory outputs: InputError before any work."""
+    (tmp_path / "sub").mkdir()
+    path = name if name in ("",) else str(tmp_path / name) if name != "newdir/" else str(tmp_path / "newdir") + "/"
+    with pytest.raises(InputError, match=match):
+        check_output_path(path)
+    assert not (tmp_path / "newdir").exists()
+
+
+def test_socket_output_is_refused(tmp_path):
+    """A socket is never replaced by a file."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(tmp_path / "s.sock"))
+        with pytest.raises(InputError, match="socket"):
+            check_output_path(tmp_path / "s.sock")
+    finally:
+        s.close()
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_stale_temp_files_of_dead_writers_are_swept(tmp_path):
+    """Before a write, temp files of the same target whose writer is dead go; a live writer's stay."""
+    dead = tmp_path / f".x.json.{_dead_pid()}-abcd1234.tmp"
+    live = tmp_path / f".x.json.{os.getppid()}-efgh5678.tmp"
+    other = tmp_path / f".y.json.{_dead_pid()}-abcd1234.tmp"
+    for p in (dead, live, other):
+        p.write_bytes(b"junk")
+    atomic_write_text(tmp_path / "x.json", "ok")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, "x.json"])
+
+
+def test_kill9_debris_is_removed_by_the_next_run(tmp_path):
+    """SIGKILL mid-write leaves a temp file; the next write to the same target removes it."""
+    target = tmp_path / "plan.json"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(target)], stdout=subprocess.PIPE,
+                            env=ENV, cwd=REPO)
+    assert proc.stdout.readline().strip() == b"writing"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # the debris of the kill
+    atomic_write_text(target, "clean")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"] and target.read_text() == "clean"
+
+
+def test_sigterm_is_a_clean_interrupt(tmp_path):
+    """SIGTERM during `gen-trace -o`: exit 130, one `error: interrupted` line, no temp file left."""
+    target = tmp_path / "w.npz"
+    proc = subprocess.Popen([sys.executable, "-m", "routepack_opt", "gen-trace", "--samples", "200000",
+                             "--layers", "8", "-o", str(target)], env=ENV, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not any(p.name.endswith(".tmp") for p in tmp_path.iterdir()) and time.monotonic() - t0 < 300:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130 and err == "error: interrupted\n", err
+    assert list(tmp_path.iterdir()) == []

@@ -9,8 +9,19 @@ from pathlib import Path
 import numpy as np
 
 from routepack_opt.core.errors import InputError, load_document
+from routepack_opt.core.window import available_memory
 
 __all__ = ["AnnealConfig", "AnnealResult"]
+
+
+# Declared domain of the sizes (checked when a config is built or read; defaults 16, 24, 2048).
+# Past them a config only buys time and memory the clock cannot take back: the ladder's arrays and
+# rungs scale with ``temperatures``, the calibration's |ΔE| record with ``calibration_moves``.
+MAX_SIZES = {"population": 4096, "temperatures": 4096, "calibration_moves": 1 << 22,
+             "chunk_sweeps": 1 << 10, "swap_window": 1 << 20, "window_bytes": 1 << 40}
+MAX_WALK_SWEEPS = 1e4
+MAX_SEEDS = 8  # seed layouts of a search: the caller's (KK, FFD, ...) and the greedy
+MIN_REPLICA_BYTES = 256  # the fixed part of one replica's state (aggregates, stream, counters)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +71,12 @@ class AnnealConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
                 raise InputError(f"anneal: {name} must be an integer ≥ {lo}, got {v!r}")
+            most = MAX_SIZES.get(name)
+            if most is not None and v > most:
+                raise InputError(f"anneal: {name} = {v:,} is out of range (at most {most:,}; the "
+                                 f"default is {getattr(AnnealConfig, name):,})")
             object.__setattr__(self, name, int(v))
+        self._check_memory()
         unit = ("p_swap", "p_guide", "p_near", "random_fraction")
         for name in unit:
             v = _float(name, getattr(self, name))
@@ -78,8 +94,8 @@ class AnnealConfig:
             raise InputError(f"anneal: near_gap must be ≥ 0, got {v}")
         object.__setattr__(self, "near_gap", v)
         v = _float("random_walk_sweeps", self.random_walk_sweeps)
-        if v < 0:
-            raise InputError(f"anneal: random_walk_sweeps must be ≥ 0, got {v}")
+        if not 0 <= v <= MAX_WALK_SWEEPS:
+            raise InputError(f"anneal: random_walk_sweeps must be in [0, {MAX_WALK_SWEEPS:g}], got {v}")
         object.__setattr__(self, "random_walk_sweeps", v)
         v = _float("window_sweeps", self.window_sweeps)
         if not v > 0:
@@ -92,6 +108,17 @@ class AnnealConfig:
         for name in ("greedy_seed", "resample", "fill_time"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"anneal: {name} must be true or false, got {getattr(self, name)!r}")
+
+    def _check_memory(self) -> None:
+        """The least memory the sizes imply, whatever the window: ``calibration_moves`` |ΔE| of
+        up to ``MAX_SEEDS`` seeds (float64) and ``population`` replicas of at least
+        ``MIN_REPLICA_BYTES`` each (the search checks the exact figure for its window)."""
+        need = 8 * self.calibration_moves * MAX_SEEDS + MIN_REPLICA_BYTES * self.population
+        avail = available_memory()
+        if avail is not None and need > avail:
+            raise InputError(f"anneal: population = {self.population:,} and calibration_moves = "
+                             f"{self.calibration_moves:,} need at least {need / 2**30:.1f} GiB; only "
+                             f"{avail / 2**30:.1f} GiB is available")
 
     def replace(self, **changes) -> AnnealConfig:
         """A copy with ``changes`` (validated again)."""

@@ -49,6 +49,7 @@ from routepack_opt.core.bounds import layout_lower_bound
 from routepack_opt.core.cost import CostModel, Stage
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.topology import Topology
+from routepack_opt.core.window import available_memory
 from routepack_opt.heuristics.anneal.config import AnnealConfig, AnnealResult
 from routepack_opt.heuristics.anneal.greedy import greedy_seed
 from routepack_opt.heuristics.anneal.moves import run
@@ -60,6 +61,20 @@ from routepack_opt.heuristics.anneal.state import Population
 __all__ = ["anneal", "layout_energy", "warm_storage", "drive_storage", "STORAGE_PARTS", "STORAGES"]
 
 GREEDY_SHARE = 0.25  # of a time limit, at most, for the joint-cost greedy seed
+# of a time limit: the calibration walks stop at half of it, the random walks off the seeds at it
+# (the defaults take milliseconds; a config's large calibration_moves or random_walk_sweeps do not)
+SETUP_SHARE = 0.5
+DEFAULT_K = AnnealConfig().population  # chunks are sized for it (see ``chunk`` below)
+
+
+def check_population_memory(inst: Instance, K: int) -> None:
+    """InputError up front when K replicas of this window cannot be allocated in the memory left."""
+    need = K * Population.bytes_per_replica(inst)
+    avail = available_memory()
+    if avail is not None and need > avail:
+        raise InputError(f"anneal: population = {K:,} replicas of this window need "
+                         f"{need / 2**30:.1f} GiB ({Population.bytes_per_replica(inst):,} bytes each); only "
+                         f"{avail / 2**30:.1f} GiB is available: lower [anneal] population")
 
 
 def layout_energy(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, objective: str,
@@ -132,9 +147,31 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     timings["seeds"] = time.perf_counter() - tt
     tt = time.perf_counter()
     # --- ladder: scaled from |ΔE| of random proposals around the seeds --------------------------
+    # The walks below run in chunks of at least a sweep (the defaults: one chunk, draw for draw as
+    # one call), with the clock and stop() read between chunks: a config's sizes never outlive
+    # the time limit or a cancel (the ladder then scales from the proposals made so far).
+    step = max(1, max(cfg.chunk_sweeps * N, 4 * 2048) * DEFAULT_K // max(cfg.population, S, DEFAULT_K))
+
+    def out_of_time(share: float) -> bool:
+        late = time_limit is not None and time.perf_counter() >= t0 + share * float(time_limit)
+        return late or (stop is not None and stop())
+
+    def walk_chunks(walk_pop, n_moves, temp, walk_cfg, share: float, probe=None, first: bool = False) -> None:
+        """``n_moves`` proposals per replica in chunks, until ``share`` of the time limit is spent
+        or stop() says no more (``first``: the first chunk runs whatever the clock says: the
+        ladder needs a scale)."""
+        done = 0
+        while done < n_moves and (first or not out_of_time(share)):
+            n = min(step, n_moves - done)
+            run(walk_pop, n, temp, walk_cfg, probe=probe)
+            done += n
+            first = False
+
+    check_population_memory(inst, cfg.population)
     probe = np.zeros((S, cfg.calibration_moves))
     seeds_pop.walk.rng[:] = rng_states(seed, -1, S)
-    run(seeds_pop, 4 * cfg.calibration_moves, 0.0, cfg.replace(p_guide=0.0), probe=probe)
+    walk_chunks(seeds_pop, 4 * cfg.calibration_moves, 0.0, cfg.replace(p_guide=0.0), SETUP_SHARE / 2,
+                probe=probe, first=True)
     got = seeds_pop.walk.counters[:, 2]
     # a best seed already near the lower bound starts a cooler ladder (see AnnealConfig.near_gap)
     bound = layout_lower_bound(inst.lengths, inst.b_NLP().sum(axis=0), inst.R, topology, cost)
@@ -156,7 +193,7 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
         pop.walk.rng[:] = rng_states(seed, -2, K)
         walkers = np.arange(K) >= K - n_random
         held = [arr.copy() for arr in pop.state]
-        run(pop, walk, np.inf, cfg.replace(p_guide=0.0))
+        walk_chunks(pop, walk, np.inf, cfg.replace(p_guide=0.0), SETUP_SHARE)
         for arr, kept in zip(pop.state, held):  # the first K - n_random replicas stay at their seeds
             arr[~walkers] = kept[~walkers]
     pop.walk.counters[:] = 0
@@ -175,7 +212,9 @@ def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, obj
     deadline = None if time_limit is None else t0 + float(time_limit) - reserve
     timed = deadline is not None and max_sweeps is None
     per_temp = moves_per_rung((max_sweeps if max_sweeps is not None else cfg.sweeps) * N, nT)
-    chunk = cfg.chunk_sweeps * N
+    # a chunk is chunk_sweeps sweeps of 16 replicas' worth of proposals: a larger population
+    # takes shorter chunks, so the clock is read as often as with the default one
+    chunk = max(1, cfg.chunk_sweeps * N * DEFAULT_K // max(K, DEFAULT_K))
     trace = []
     sweeps_done = 0.0
     stopped = False

@@ -220,6 +220,14 @@ class Population:
     :attr:`state` (a stacked :class:`State`) and :attr:`walk` (a stacked :class:`Walk`, no
     probe). The compiled walk itself is :mod:`routepack_opt.heuristics.anneal.moves`."""
 
+    @staticmethod
+    def bytes_per_replica(inst: Instance) -> int:
+        """Memory of one replica (its :class:`State` and :class:`Walk` rows), as allocated below."""
+        N, R, D, G, L, Pp = inst.N, inst.R, inst.D, inst.G, inst.L, inst.Pp
+        C, X = R * D, R * G
+        return (4 * 5 * N + 8 * 3 * C + 4 * C * inst.cap + X * L * Pp * np.dtype(inst.wdtype).itemsize
+                + 8 * X * (2 + 3 * len(inst.alpha)) + 8 * (G + R) + 4 * (2 * C + 1) + 256)
+
     def __init__(self, inst: Instance, K: int):
         N, R, D, G, L, Pp = inst.N, inst.R, inst.D, inst.G, inst.L, inst.Pp
         C, X = R * D, R * G
