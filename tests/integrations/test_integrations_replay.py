@@ -469,7 +469,7 @@ def test_plan_micro_batches_with_huge_num_experts_is_an_input_error():
 
 
 @pytest.mark.parametrize("out, match", [("dir", "is a directory"), ("", "output name is empty"),
-                                        ("newdir/", "is a directory")])
+                                        ("newdir/", "names a directory")])
 def test_cli_import_replay_refuses_bad_outputs_before_importing(run_cli, tmp_path, monkeypatch, out, match):
     """import-replay -o DIR / "" / newdir/: exit 2, one line, before the import (the routes file is bad too), nothing written."""
     monkeypatch.chdir(tmp_path)
