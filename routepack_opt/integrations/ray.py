@@ -156,20 +156,30 @@ def task_overhead(n: int = 200) -> dict:
 
 
 class _PlannerActor:
-    """Holds an :class:`AsyncPlanner` in a Ray worker; its methods run on the actor's threads."""
+    """Holds an :class:`AsyncPlanner` in a Ray worker; its methods run on the actor's threads,
+    which take calls in any order: ``submit`` carries the driver's sequence number, and one
+    older than a submit already taken is dropped (the latest window wins, as in AsyncPlanner)."""
 
     def __init__(self, grace: float, warm: bool):
         from routepack_opt.api import AsyncPlanner
 
         _one_thread()
         self._planner = AsyncPlanner(grace=grace, warm=warm)
+        self._lock = threading.Lock()
+        self._seq = -1
 
-    def submit(self, lengths, counts, routes, num_experts, deadline_at: float, options: dict) -> None:
+    def submit(self, seq: int, lengths, counts, routes, num_experts, deadline_at: float, options: dict) -> None:
         """``deadline_at``: wall-clock time (``time.time()``) by which the driver wants the plan."""
-        left = max(1e-3, deadline_at - time.time())
-        self._planner.submit(lengths, counts, routes=routes, num_experts=num_experts, deadline=left, **options)
+        with self._lock:
+            if seq <= self._seq:
+                return  # a newer window was submitted already
+            self._seq = seq
+            left = max(1e-3, deadline_at - time.time())
+            self._planner.submit(lengths, counts, routes=routes, num_experts=num_experts, deadline=left, **options)
 
-    def result(self):
+    def result(self, submitted=None):
+        """``submitted``: the ObjectRef of the matching ``submit`` call, passed by the driver so
+        that Ray runs this only after that submit (a threaded actor runs calls in any order)."""
         return self._planner.result()
 
     def threads(self) -> int:
@@ -208,9 +218,12 @@ class RayPlanner:
         self.grace = _check_seconds("grace", grace) if grace != 0 else 0.0
         self.last_error: BaseException | None = None
         self._warm = warm
-        self._options = dict(num_cpus=num_cpus, max_concurrency=4, **(actor_options or {}))
+        # two threads: result() of one window may still wait while the next submit arrives
+        self._options = dict(num_cpus=num_cpus, max_concurrency=2, **(actor_options or {}))
         self._actor = self._start()
         self._job: tuple | None = None  # (lengths, counts, routes, num_experts, opts, deadline_at)
+        self._submitted = None  # ObjectRef of the actor's submit call
+        self._seq = 0
         self._closed = False
 
     def _start(self):
@@ -240,12 +253,13 @@ class RayPlanner:
         lengths, counts, routes = (None if a is None else _as_numpy(a) for a in (lengths, counts, routes))
         self._job = (lengths, counts, routes, num_experts, opts, deadline_at)
         refs = [None if a is None else ray.put(a) for a in (lengths, counts, routes)]
+        self._seq += 1
         try:
-            self._actor.submit.remote(*refs, num_experts, deadline_at, options)
+            self._submitted = self._actor.submit.remote(self._seq, *refs, num_experts, deadline_at, options)
         except Exception as exc:  # the actor handle is unusable: a new actor, and try once more
             self.last_error = exc
             self._actor = self._start()
-            self._actor.submit.remote(*refs, num_experts, deadline_at, options)
+            self._submitted = self._actor.submit.remote(self._seq, *refs, num_experts, deadline_at, options)
 
     def result(self):
         """The latest window's :class:`~routepack_opt.api.MicroBatchPlan` by its deadline +
@@ -257,7 +271,7 @@ class RayPlanner:
         lengths, counts, routes, num_experts, opts, deadline_at = self._job
         error: BaseException | None = None
         try:
-            ref = self._actor.result.remote()
+            ref = self._actor.result.remote(self._submitted)  # runs after that submit
             ready, _ = ray.wait([ref], timeout=max(0.0, deadline_at + self.grace - time.time()))
             if ready:
                 return ray.get(ref)
