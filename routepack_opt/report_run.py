@@ -177,7 +177,7 @@ def _judge(ev, window, topology: Topology, placement, row, slot, rows: int, R_st
 def analyze_window(path, cfg: ReportConfig, step: int | None = None) -> dict:
     """The report's line for one window (module docstring). Never raises: a window that cannot
     be read or planned gives ``{"window", "step", "error"}``."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     name = Path(path).name
     out: dict = {"window": name, "step": step}
     try:
@@ -185,6 +185,7 @@ def analyze_window(path, cfg: ReportConfig, step: int | None = None) -> dict:
     except Exception as exc:  # recorded; the run goes on
         out["error"] = f"{exc.__class__.__name__}: {' '.join(str(exc).split())}"
         out["timings"] = {"total": time.perf_counter() - t0}
+    out["timings"]["cpu"] = time.process_time() - c0  # this process's CPU seconds (all its threads)
     return out
 
 
