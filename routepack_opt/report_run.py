@@ -440,7 +440,7 @@ def render_report(records: list[dict], path, *, title: str = "", windows: list[s
         ax.plot(x, sav, lw=1.2, color="tab:blue")
         ax.axhline(0, color="k", lw=0.6)
         ax.set(xlabel="step (window, in name order)", ylabel="saving %",
-               title="Saving per step over the best cap-keeping framework baseline")
+               title="Saving per step over the best cap-keeping baseline")
         figs.append(("Saving per step", _png(fig)))
         fig, ax = plt.subplots(figsize=(5, 3.2))
         ax.hist(sav[np.isfinite(sav)], bins=min(40, max(5, len(ok) // 5)), color="tab:blue")
