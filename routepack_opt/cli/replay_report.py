@@ -68,7 +68,10 @@ def run(args) -> None:
                        moe_layer_freq=_freq(args.moe_layer_freq), top_k=args.top_k)
     check_dirs(args.run_dir, args.output)  # before Ray starts: bad paths cost nothing
     list_windows(args.run_dir, args.format)
-    from routepack_opt.integrations.ray import run_report
+    from routepack_opt.integrations.ray import _check_reachable, run_report
+
+    if args.address is not None:
+        _check_reachable(args.address)
 
     res = run_report(args.run_dir, args.output, cfg, workers=args.workers, address=args.address,
                      retry_errors=args.retry_errors, progress=sys.stderr.isatty() and not args.json)

@@ -66,6 +66,7 @@ def ray_cluster(workers: int | None = None, address: str | None = None) -> Itera
     if address is not None:
         if ray.is_initialized():
             raise InputError("Ray is already initialised in this process; drop --address to use it")
+        _check_reachable(address)  # Ray itself retries an unreachable GCS for minutes
         try:
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         except Exception as exc:  # ConnectionError, ValueError, TimeoutError... all one line
@@ -81,6 +82,22 @@ def ray_cluster(workers: int | None = None, address: str | None = None) -> Itera
     finally:
         if started:
             ray.shutdown()
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A ``host:port`` (or ``ray://host:port``) address must accept a TCP connection."""
+    import socket
+
+    hostport = address.removeprefix("ray://")
+    if address == "auto" or ":" not in hostport:
+        return
+    host, _, port = hostport.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--address {address}: nothing answers there ({exc.__class__.__name__}: {exc}); "
+                         "start the cluster (ray start --head) or fix the address") from None
 
 
 def _one_thread() -> None:
