@@ -171,7 +171,8 @@ def resume_run(run_dir: Path, work: Path, common: list, env, windows: int) -> di
     torn = not raw.endswith(b"\n")
     wall = run_cli(cli(run_dir, "-o", out, *common, "--workers", 2), env)
     after = records(out)
-    same = canon(after) == canon(records(work / "out_w2"))
+    names = {r["window"] for r in after}
+    same = canon(after) == canon([r for r in records(work / "out_full") if r["window"] in names])
     return {"processes_left_after_kill": len(left), "lines_at_kill": kept_lines, "torn_tail_at_kill": torn, "resume_wall": wall, "lines_after": len(after),
             "identical_to_uninterrupted": same, "duplicates": len(after) - len({r["window"] for r in after})}
 
@@ -302,12 +303,12 @@ def render(res: dict) -> list[str]:
                                          f"**{t['identical_to_full_run']}**" if "identical_to_full_run" in t else "")
               + ".", ""]
     if r:
-        lines += ["## Killed and resumed", "",
+        lines += [f"## Killed and resumed ({r['lines_after']} windows, 2 workers)", "",
                   f"Killed (SIGKILL to the driver's session) with {r['lines_at_kill']} lines in `steps.jsonl` "
                   f"(torn last line at the kill: {r['torn_tail_at_kill']}; Ray processes left running after the "
                   f"kill: {r['processes_left_after_kill']}); the same command again took "
                   f"{r['resume_wall']:.1f} s and left {r['lines_after']} lines ({r['duplicates']} duplicates). "
-                  f"Equal to the uninterrupted 2-worker run, line for line up to order: "
+                  f"Equal to the same windows' lines of the uninterrupted full run, line for line up to order: "
                   f"**{r['identical_to_uninterrupted']}**.", ""]
     lines += ["## The run's numbers (from `steps.jsonl`, as in report.html)", "",
               f"Saving over the best cap-keeping baseline: mean {100 * s['mean_saving']:+.2f} %, median "
@@ -362,10 +363,12 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/routepack-replay-work"))
     ap.add_argument("--parts", default="gen,full,time,resume,overhead,planner")
     ap.add_argument("--time-windows", type=int, default=None,
-                    help="windows (the first K) for 1 vs 2 workers and kill/resume (default: all)")
+                    help="windows (the first K) for 1 vs 2 workers (default: all)")
+    ap.add_argument("--resume-windows", type=int, default=40, help="windows (the first K) for kill/resume")
+    ap.add_argument("--render", action="store_true", help="rewrite the markdown and figures from the record")
     settings.add_out(ap, STUDY)
     args = ap.parse_args(argv)
-    parts = set(args.parts.split(","))
+    parts = set() if args.render else set(args.parts.split(","))
     out = settings.results_dir(STUDY, args.out)
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
@@ -373,12 +376,14 @@ def main(argv=None) -> int:
     common = ["--cost", PRESET, "--max-sweeps", args.max_sweeps, "--seed", args.seed]
     rec_path = out / "replay_report.json"
     res = json.loads(rec_path.read_text()) if rec_path.exists() else {}
-    res.update(windows=args.windows, samples=args.samples, max_sweeps=args.max_sweeps)
+    if not args.render:
+        res.update(windows=args.windows, samples=args.samples, max_sweeps=args.max_sweeps)
     if "gen" in parts:
         res["gen_seconds"] = gen(args.run_dir, args.windows, args.samples, args.seed)
         print(f"generated {args.windows} windows in {res['gen_seconds']:.0f} s", file=sys.stderr)
-    small = subset(args.run_dir, work, args.time_windows)
-    res["time_windows"] = len(list(small.glob("*.npz")))
+    if parts & {"time", "resume"}:
+        small = subset(args.run_dir, work, args.time_windows)
+        res["time_windows"] = len(list(small.glob("*.npz")))
     if "full" in parts:
         res["full"] = full_run(args.run_dir, work, common, env)
         shutil.copy(work / "out_full" / "report.html", out / "report.html")
@@ -389,10 +394,11 @@ def main(argv=None) -> int:
     if "time" in parts:
         res["time"] = {str(k): v for k, v in time_runs(small, work, common, env).items()}
     if "resume" in parts:
-        res["resume"] = resume_run(small, work, common, env, res["time_windows"])
+        first = subset(args.run_dir, work, args.resume_windows)
+        res["resume"] = resume_run(first, work, common, env, len(list(first.glob("*.npz"))))
     if "overhead" in parts:
         res["overhead"] = overhead(work)
-    if "time" in res and "overhead" in res:
+    if "time" in res and "overhead" in res and not args.render:
         # the work per window: CPU seconds of the worker (single-threaded), not its wall time, which
         # the other jobs on this shared machine stretch
         src = res.get("full") or res["time"]["1"]
@@ -408,7 +414,8 @@ def main(argv=None) -> int:
                             "Per-worker warm-up (import + numba cache, ~2 s) is paid once per worker, in parallel.")
     if "planner" in parts:
         res["planner"] = planner_loop(args.run_dir)
-    report.write_json(rec_path, res)
+    if not args.render:
+        report.write_json(rec_path, res)
     if "time" in res and "overhead" in res and "summary" in res:
         figures(res, out)
         report.write_md(out / "replay_report.md", render(res))

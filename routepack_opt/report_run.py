@@ -165,6 +165,32 @@ def _critical_split(ev, placement, row, slot, rows: int, objective: str) -> dict
             "overhead": float(rows * ev.cost.row_overhead)}
 
 
+def _seed_packing(lengths, capacity: int, num_bins: int, certified) -> tuple[np.ndarray, bool]:
+    """A packing into at most ``num_bins`` bins that does not depend on the machine's speed, for
+    the seeds' last resort (tight windows). The certifier's steps with budgets in iterations and
+    search nodes instead of seconds: FFD/BFD; the overflow tabu search from them; MBS' (200
+    seeded restarts, stopping at ``num_bins``); the tabu search from MBS'. If none packs, the
+    certifier's packing, which its time limits shaped (``False``: the line may then differ
+    between runs)."""
+    from routepack_opt.certify import _mbs_nodes
+    from routepack_opt.heuristics.binpack import best_packing, fixed_bins_search, minimum_bin_slack
+
+    base, used, _ = best_packing(lengths, capacity)
+    if used <= num_bins:
+        return base, True
+    found = fixed_bins_search(lengths, capacity, num_bins, start=base, seed=0, time_limit=None)
+    if found is not None:
+        return found, True
+    mbs, used = minimum_bin_slack(lengths, capacity, restarts=200, target=num_bins,
+                                  node_limit=_mbs_nodes(len(lengths)), time_limit=None)
+    if used <= num_bins:
+        return mbs, True
+    found = fixed_bins_search(lengths, capacity, num_bins, start=mbs, seed=1, time_limit=None)
+    if found is not None:
+        return found, True
+    return certified, False
+
+
 def _judge(ev, window, topology: Topology, placement, row, slot, rows: int, R_star: int, objective: str) -> dict:
     from routepack_opt.heuristics.frameworks import cap_violations
 
@@ -207,6 +233,8 @@ def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
     t1 = time.perf_counter()
     c = cfg.params.certify
     R, full = certified_rows(window, topo, None, c.time_limit, c.method)
+    packing, deterministic = _seed_packing(window.lengths, topo.capacity, R * topo.dp, full.packing_N)
+    full = dataclasses.replace(full, packing_N=packing)
     t["certify"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     plan = solve(window, topo, cost, objective=obj, placement="lpt", rows=R, params=cfg.params,
@@ -259,7 +287,11 @@ def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
            "baselines": baselines, "best_baseline": best,
            "saving": None if best is None else keeping[best]["saving"],
            "rows_saved": None if best is None else keeping[best]["rows"] - plan.rows,
-           "fallback": plan.report.fallback}
+           "fallback": plan.report.fallback,
+           # False where neither FFD/BFD nor an iteration-bounded search packs into R*·D bins and
+           # the certifier's time-bounded packing seeds the plan: the line may then differ
+           # between runs (never seen on the study's windows)
+           "deterministic": deterministic and cert.get("status") == "optimal"}
     if best is not None:
         bl = best.split("/")
         brow, bslot, brows = layouts[bl[0]]
