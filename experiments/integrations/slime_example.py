@@ -1,7 +1,7 @@
 """slime end to end: routes in slime's format → RoutePack's build_dp_schedule → per-rank schedule
 and the step's expert map.
 
-    python experiments/integrations/slime_example.py
+    python experiments/integrations/slime_example.py           # --ray: also plan with RayPlanner
 
 In a slime job the same call sits in ``RolloutManager._split_train_data_by_dp`` (``slime/ray/
 rollout.py``), with ``routed_experts=data.get("rollout_routed_experts")``; or, without routes,
@@ -43,3 +43,18 @@ for r in range(2):
 print("step 0 logical→physical map, MoE layer 0:", sched.logical_to_physical[0][0].tolist())
 print("predicted step time (µs):", round(sched.reports[0]["score"]["makespan"]),
       "| dropped trailing samples:", sched.dropped_samples)
+
+if "--ray" in sys.argv:  # the planner in a Ray actor, off the driver's critical path (needs ray)
+    import ray
+
+    from routepack_opt.integrations.ray import RayPlanner
+    from routepack_opt.integrations.replay import import_replay
+
+    ray.init(num_cpus=2, include_dashboard=False)  # slime's driver has already done this
+    w = import_replay(routed, format="slime", num_experts=E).window  # the next step's replay
+    with RayPlanner(grace=1.0) as planner:
+        planner.submit(w.lengths, w.counts, deadline=10.0, dp_size=8, ep_size=4, max_tokens=8192, max_sweeps=20)
+        # ... the current step trains here; submit() returned at once ...
+        mb = planner.result()  # by the deadline: the plan, or a valid fallback (never raises)
+    print("RayPlanner:", mb.num_micro_batches, "micro-batches per rank,", mb.report.get("fallback") or "planned")
+    ray.shutdown()

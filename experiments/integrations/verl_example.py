@@ -1,7 +1,7 @@
 """verl end to end: a real verl TensorDict batch with routed_experts → RoutePack's
 rearrange_micro_batches (vs verl's own) → restore_dynamic_batch, plus the expert map.
 
-    python experiments/integrations/verl_example.py          # needs the [verl] extra
+    python experiments/integrations/verl_example.py          # needs the [verl] extra; --ray: RayPlanner
 
 In a verl job: ``ROUTEPACK_VERL=1`` in the workers' environment enables the ``verl.plugins``
 entry point, which swaps ``verl.utils.seqlen_balancing.rearrange_micro_batches`` for ours.
@@ -44,3 +44,17 @@ restored = restore_dynamic_batch(logits, ours)
 assert torch.equal(restored, batch["input_ids"].float().mean(1, keepdim=True))
 print("restore_dynamic_batch round trip: ok")
 print("expert map (EP=4) layer 0:", expert_map_from_batch(batch, E, 4)[0].tolist())
+
+if "--ray" in sys.argv:  # the whole step planned in a Ray actor on a CPU worker (verl's driver is a Ray driver)
+    import ray
+
+    from routepack_opt.integrations.ray import RayPlanner
+    from routepack_opt.integrations.replay import import_replay
+
+    ray.init(num_cpus=2, include_dashboard=False)  # verl's driver has already done this
+    w = import_replay(routed, format="verl", attention_mask=mask, num_experts=E).window
+    with RayPlanner(grace=1.0) as planner:
+        planner.submit(w.lengths, w.counts, deadline=10.0, dp_size=4, ep_size=4, max_tokens=cap, max_sweeps=20)
+        mb = planner.result()  # by the deadline: the plan, or a valid fallback (never raises)
+    print("RayPlanner:", mb.num_micro_batches, "micro-batches per rank, rank 0:", mb.micro_batches[0])
+    ray.shutdown()

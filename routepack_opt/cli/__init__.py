@@ -21,7 +21,7 @@ __all__ = ["main", "COMMANDS"]
 
 # Order = order in --help. A module listed here that does not exist yet is skipped.
 COMMANDS = ["demo", "gen_trace", "stats", "import_replay", "certify", "plan", "evaluate", "exact", "compare",
-            "calibrate", "measure", "verify_runtime", "warmup"]
+            "calibrate", "measure", "verify_runtime", "warmup", "replay_report"]
 
 
 class UsageError(Exception):

@@ -8,6 +8,7 @@ of them installed. These modules import the rest of the package, never the other
 - :mod:`.slime`    — drop-in for ``slime.utils.dp_schedule.build_dp_schedule``
 - :mod:`.verl`     — drop-in for ``verl.utils.seqlen_balancing.rearrange_micro_batches``
 - :mod:`.megatron` — logical→physical expert placement for Megatron-Core ``MoELayer``
+- :mod:`.ray`      — ``RayPlanner`` (the planner in a Ray actor) and ``replay-report``'s parallel runs
 """
 
 from routepack_opt.integrations.replay import ReplayImport, import_replay, window_from_replay

@@ -44,3 +44,17 @@ def test_bench_window_markdown_is_its_record(load_script):
     folder = settings.RESULTS / "bench_window"
     lines = bw.render(json.loads((folder / "bench_window.json").read_text()))
     assert "\n".join(lines) + "\n" == (folder / "bench_window.md").read_text()
+
+
+def test_replay_report_markdown_and_report_are_its_records(load_script):
+    """render(replay_report.json) == replay_report.md, and the committed report.html shows the mean saving of the committed steps.jsonl."""
+    from routepack_opt.report_run import read_steps, summarize
+
+    rr = load_script("replay_report")
+    folder = settings.RESULTS / "replay_report"
+    assert "\n".join(rr.render(json.loads((folder / "replay_report.json").read_text()))) + "\n" == \
+        (folder / "replay_report.md").read_text()
+    recs, torn = read_steps(folder / "steps.jsonl")
+    mean = summarize(recs)["mean_saving"]
+    assert len(recs) == 200 and not torn
+    assert f"<b id=mean-saving>{100 * mean:+.2f}%</b>" in (folder / "report.html").read_text()

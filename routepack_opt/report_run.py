@@ -1,0 +1,554 @@
+"""Whole-run replay report (``routepack replay-report``, docs/cli.md): what RoutePack would save
+on every step of a recorded run.
+
+Legend: N samples, L layers, E experts, P EP ranks, D DP slots, R rows, C token cap, G shards.
+
+Per window (one optimizer step), :func:`analyze_window` computes
+
+- R* and its certificate (:func:`routepack_opt.certify.certify_rows`);
+- our plan: :func:`routepack_opt.pipeline.solve` at R* (LPT + swaps placement, annealed packing);
+- the frameworks' own packers at the rows each picks (:mod:`routepack_opt.heuristics.frameworks`:
+  verl, verl-target, NeMo-RL FFD/MFFD, slime) and verl's KK repaired to the cap at R*
+  (``verl-kk@R*``, ``routepack compare``'s baseline), each under the identity placement and
+  EPLB's (balanced packing without replication, which is cardinality-constrained LPT);
+- every layout scored by the one evaluator: makespan M, the lower bound LB of its placement
+  and rows, its cap violations (micro-batches over C) and extra rows (R − R*);
+- saving = (M_best − M_ours) / M_best over the best baseline that keeps the cap;
+- EP-rank imbalance (CV of the per-layer rank loads) of identity, EPLB and our placement;
+- where the time goes on the critical path of our plan: for max-sum the busiest shard
+  g* = argmax_g Σ_r J[r, g], split into attention Σ_r Σ_s A[s, r, g*], experts
+  γ Σ_r Σ_l M[r, g*, l] and overhead R·row_overhead (for sum-max, per row its busiest shard);
+  the three add up to the makespan.
+
+``OUT_DIR/steps.jsonl`` holds one JSON object per window, appended by :func:`append_step` as each
+finishes (one ``write`` of the whole line with ``O_APPEND``, then ``fsync``): a kill loses at most
+the windows in flight, and a torn last line is ignored by :func:`read_steps` and cut off before
+the next append. ``OUT_DIR/run.json`` records the options; a rerun with the same options skips the
+windows already in ``steps.jsonl``. Results do not depend on how many workers ran them: every
+window is planned alone with the run's seed, and with ``max_sweeps`` (no time limit) bit for bit.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import io
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from routepack_opt.core.cost import CostModel
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.io import atomic_write_text
+from routepack_opt.core.topology import Topology
+from routepack_opt.params import PlannerParams
+
+__all__ = ["ReportConfig", "list_windows", "load_step_window", "analyze_window", "append_step", "read_steps",
+           "prepare_out_dir", "render_report", "summarize", "strip_timings", "check_dirs", "FORMATS",
+           "STEPS", "REPORT", "RUN"]
+
+FORMATS = ("window", "slime", "verl", "routes")
+_REPLAY_SUFFIXES = (".pt", ".pth", ".npy", ".npz", ".safetensors")
+PLACEMENTS = ("identity", "eplb")
+STEPS, REPORT, RUN = "steps.jsonl", "report.html", "run.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportConfig:
+    """What every window is planned and judged with. ``format``: ``window`` (our ``.npz``) or an
+    ``import-replay`` format (``slime``, ``verl``, ``routes``; then ``num_experts`` is required)."""
+
+    topology: Topology
+    cost: CostModel
+    objective: str = "max-sum"
+    params: PlannerParams = PlannerParams()
+    time_limit: float | None = None
+    max_sweeps: int | None = None
+    seed: int = 0
+    format: str = "window"
+    num_experts: int | None = None
+    moe_layer_freq: object = None
+    top_k: int | None = None
+
+    def __post_init__(self):
+        if self.format not in FORMATS:
+            raise InputError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if self.format != "window" and self.num_experts is None:
+            raise InputError(f"--format {self.format} needs --num-experts E (logical experts per MoE layer)")
+
+    def fingerprint(self) -> dict:
+        """The options that change the numbers (not the workers): compared on resume."""
+        return {"topology": dataclasses.asdict(self.topology), "cost": self.cost.to_toml(),
+                "objective": self.objective, "params": self.params.to_dict(), "time_limit": self.time_limit,
+                "max_sweeps": self.max_sweeps, "seed": self.seed, "format": self.format,
+                "num_experts": self.num_experts, "moe_layer_freq": self.moe_layer_freq, "top_k": self.top_k}
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def _natural_key(name: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def list_windows(run_dir, fmt: str = "window") -> list[Path]:
+    """The windows of ``run_dir`` (not recursive), in natural name order (``step_2`` before
+    ``step_10``): ``*.npz`` for our format, else the files ``import-replay`` reads. Hidden files
+    (a writer's temporaries) are skipped."""
+    d = Path(run_dir)
+    if not d.exists():
+        raise InputError(f"{d}: no such directory")
+    if not d.is_dir():
+        raise InputError(f"{d}: not a directory; give the directory that holds one window per step")
+    suffixes = (".npz",) if fmt == "window" else _REPLAY_SUFFIXES
+    files = [p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")
+             and p.suffix.lower() in suffixes]
+    if not files:
+        raise InputError(f"{d}: no windows ({', '.join('*' + s for s in suffixes)}) in it"
+                         + ("; for replay files give --format slime|verl|routes" if fmt == "window" else ""))
+    return sorted(files, key=lambda p: _natural_key(p.name))
+
+
+def load_step_window(path, cfg: ReportConfig):
+    """One step's window: :func:`~routepack_opt.core.window.load_window`, or
+    :func:`~routepack_opt.integrations.replay.import_replay` for the replay formats."""
+    if cfg.format == "window":
+        from routepack_opt.core.window import load_window
+
+        return load_window(path)
+    from routepack_opt.integrations.replay import import_replay
+
+    assert cfg.num_experts is not None  # checked by ReportConfig
+    return import_replay(str(path), format=cfg.format, num_experts=cfg.num_experts,
+                         moe_layer_freq=cfg.moe_layer_freq, top_k=cfg.top_k).window
+
+
+def check_dirs(run_dir, out_dir) -> Path:
+    """Refuse an OUT_DIR that is RUN_DIR, an existing file, or in a missing directory."""
+    out = Path(out_dir)
+    run = Path(run_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: exists and is not a directory; -o takes the report's directory")
+    if out.exists() and run.exists() and os.path.samefile(out, run):
+        raise InputError(f"{out}: is RUN_DIR; write the report to another directory")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{out}: directory {parent} does not exist")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# one window
+# ---------------------------------------------------------------------------------------------
+
+
+def _critical_split(ev, placement, row, slot, rows: int, objective: str) -> dict:
+    """Attention / experts / overhead on the critical path (module docstring); sums to the makespan."""
+    J_RG, A_SRG, M_RGL = ev.costs(placement, row, slot, rows, parts=True)
+    att_RG = A_SRG.sum(axis=0)
+    exp_RG = ev.cost.gamma * M_RGL.sum(axis=2)
+    if objective == "max-sum":
+        g = int(J_RG.sum(axis=0).argmax())
+        pick = (np.arange(rows), np.full(rows, g))
+    else:
+        pick = (np.arange(rows), J_RG.argmax(axis=1))
+    return {"attention": float(att_RG[pick].sum()), "experts": float(exp_RG[pick].sum()),
+            "overhead": float(rows * ev.cost.row_overhead)}
+
+
+def _seed_packing(lengths, capacity: int, num_bins: int, certified) -> tuple[np.ndarray, bool]:
+    """A packing into at most ``num_bins`` bins that does not depend on the machine's speed, for
+    the seeds' last resort (tight windows). The certifier's steps with budgets in iterations and
+    search nodes instead of seconds: FFD/BFD; the overflow tabu search from them; MBS' (200
+    seeded restarts, stopping at ``num_bins``); the tabu search from MBS'. If none packs, the
+    certifier's packing, which its time limits shaped (``False``: the line may then differ
+    between runs)."""
+    from routepack_opt.certify import _mbs_nodes
+    from routepack_opt.heuristics.binpack import best_packing, fixed_bins_search, minimum_bin_slack
+
+    base, used, _ = best_packing(lengths, capacity)
+    if used <= num_bins:
+        return base, True
+    found = fixed_bins_search(lengths, capacity, num_bins, start=base, seed=0, time_limit=None)
+    if found is not None:
+        return found, True
+    mbs, used = minimum_bin_slack(lengths, capacity, restarts=200, target=num_bins,
+                                  node_limit=_mbs_nodes(len(lengths)), time_limit=None)
+    if used <= num_bins:
+        return mbs, True
+    found = fixed_bins_search(lengths, capacity, num_bins, start=mbs, seed=1, time_limit=None)
+    if found is not None:
+        return found, True
+    return certified, False
+
+
+def _judge(ev, window, topology: Topology, placement, row, slot, rows: int, R_star: int, objective: str) -> dict:
+    from routepack_opt.heuristics.frameworks import cap_violations
+
+    e = ev.evaluate(placement, row, slot, rows, objective)
+    return {"makespan": e.score.makespan, "rows": int(rows), "extra_rows": int(rows - R_star),
+            "cap_violations": cap_violations(window.lengths, row, slot, rows, topology.dp, topology.capacity),
+            "lower_bound": e.lower_bound, "gap": e.gap}
+
+
+def analyze_window(path, cfg: ReportConfig, step: int | None = None) -> dict:
+    """The report's line for one window (module docstring). Never raises: a window that cannot
+    be read or planned gives ``{"window", "step", "error"}``."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    name = Path(path).name
+    out: dict = {"window": name, "step": step}
+    try:
+        out.update(_analyze(path, cfg, t0))
+    except Exception as exc:  # recorded; the run goes on
+        out["error"] = f"{exc.__class__.__name__}: {' '.join(str(exc).split())}"
+        out["timings"] = {"total": time.perf_counter() - t0}
+    out["timings"]["cpu"] = time.process_time() - c0  # this process's CPU seconds (all its threads)
+    return out
+
+
+def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
+    from routepack_opt.compare import plan_metrics
+    from routepack_opt.core.evaluate import Evaluator
+    from routepack_opt.heuristics.baselines import BASELINES
+    from routepack_opt.heuristics.frameworks import FRAMEWORK_PACKERS
+    from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, rank_load_cv
+    from routepack_opt.pipeline import SharedPacker, certified_rows, solve
+    from routepack_opt.warmup import warm
+
+    topo, cost, obj = cfg.topology, cfg.cost, cfg.objective
+    t = {}
+    window = load_step_window(path, cfg)
+    topo.check_experts(window.num_experts)
+    t["load"] = time.perf_counter() - t0
+    warm()  # numba kernels loaded (once per worker process) before the clock of the planning starts
+    t1 = time.perf_counter()
+    c = cfg.params.certify
+    R, full = certified_rows(window, topo, None, c.time_limit, c.method)
+    packing, deterministic = _seed_packing(window.lengths, topo.capacity, R * topo.dp, full.packing_N)
+    full = dataclasses.replace(full, packing_N=packing)
+    t["certify"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    plan = solve(window, topo, cost, objective=obj, placement="lpt", rows=R, params=cfg.params,
+                 time_limit=cfg.time_limit, max_sweeps=cfg.max_sweeps, seed=cfg.seed, certificate=full)
+    t["plan"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    ev = Evaluator(window, topo, cost)
+    m = plan_metrics(ev, plan, obj, t["plan"])
+    load_LE = window.expert_loads()
+    placements = {"identity": identity_placement(window.num_layers, window.num_experts),
+                  "eplb": lpt_placement(load_LE, topo.ep)}
+    layouts: dict[str, tuple] = {}
+    errors: dict[str, str] = {}
+    try:
+        row, slot = BASELINES["verl-kk"](window.lengths, topo, R, exact_pack=SharedPacker(
+            window.lengths, topo.capacity, full.packing_N))
+        layouts["verl-kk@R*"] = (row, slot, R)
+    except Exception as exc:
+        errors["verl-kk@R*"] = f"{exc.__class__.__name__}: {exc}"
+    for pname, fn in FRAMEWORK_PACKERS.items():
+        try:
+            layouts[pname] = fn(window.lengths, topo)
+        except Exception as exc:  # e.g. verl needing more micro-batches than a rank has samples
+            errors[pname] = f"{exc.__class__.__name__}: {exc}"
+    baselines: dict[str, dict] = {}
+    for plname, pl in placements.items():
+        for pname, (row, slot, rows) in layouts.items():
+            baselines[f"{pname}/{plname}"] = _judge(ev, window, topo, pl, row, slot, rows, R, obj)
+    for pname, msg in errors.items():
+        for plname in placements:
+            baselines[f"{pname}/{plname}"] = {"error": msg}
+    ours = m["makespan"]
+    for b in baselines.values():
+        if "makespan" in b:
+            b["saving"] = (b["makespan"] - ours) / b["makespan"]
+    keeping = {k: b for k, b in baselines.items() if "makespan" in b and b["cap_violations"] == 0}
+    best = min(keeping, key=lambda k: (keeping[k]["makespan"], k)) if keeping else None
+    t["baselines"] = time.perf_counter() - t1
+    t["total"] = time.perf_counter() - t0
+    cert = plan.certificate or {}
+    rec = {"samples": window.num_samples, "tokens": int(window.total_tokens), "layers": window.num_layers,
+           "experts": window.num_experts, "rows": plan.rows,
+           "certificate": {k: cert.get(k) for k in ("rows", "status", "lower_bound", "method")},
+           "objective": obj, "makespan": ours, "lower_bound": m["lower_bound"], "gap": m["gap"],
+           "lower_bound_any_placement": ev.placement_free_lower_bound(plan.rows),
+           "makespan_other_objective": m["makespan_sum_max" if obj == "max-sum" else "makespan_max_sum"],
+           "ep_imbalance": {"routepack": m["ep_rank_cv"],
+                            **{k: rank_load_cv(load_LE, pl, topo.ep) for k, pl in placements.items()}},
+           "time_split": _critical_split(ev, plan.placement, plan.row, plan.slot, plan.rows, obj),
+           "baselines": baselines, "best_baseline": best,
+           "saving": None if best is None else keeping[best]["saving"],
+           "rows_saved": None if best is None else keeping[best]["rows"] - plan.rows,
+           "fallback": plan.report.fallback,
+           # False where neither FFD/BFD nor an iteration-bounded search packs into R*·D bins and
+           # the certifier's time-bounded packing seeds the plan: the line may then differ
+           # between runs (never seen on the study's windows)
+           "deterministic": deterministic and cert.get("status") == "optimal"}
+    if best is not None:
+        bl = best.split("/")
+        brow, bslot, brows = layouts[bl[0]]
+        rec["time_split_best_baseline"] = _critical_split(ev, placements[bl[1]], brow, bslot, brows, obj)
+    rec["timings"] = t
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------
+# steps.jsonl
+# ---------------------------------------------------------------------------------------------
+
+
+def _dumps(rec: dict) -> str:
+    from routepack_opt.core.plan import dumps_strict
+
+    return dumps_strict(rec, separators=(",", ":"), sort_keys=True)
+
+
+def append_step(path, rec: dict) -> None:
+    """Append ``rec`` as one line: one ``os.write`` of the whole line to an ``O_APPEND`` file
+    descriptor, then ``fsync``. A reader never sees a finished line half written; a kill during
+    the write leaves at most a torn last line, which :func:`read_steps` ignores."""
+    data = (_dumps(rec) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        view = memoryview(data)
+        while view:  # a regular file takes it in one write; a short write (disk full) goes on
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot append ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def read_steps(path) -> tuple[list[dict], bool]:
+    """(records, torn): every complete line of ``steps.jsonl``; ``torn`` when the last line was
+    cut by a kill (no newline, or not JSON) and was left out. A bad line before the last one is
+    an InputError (the file was edited or is not ours)."""
+    p = Path(path)
+    if not p.exists():
+        return [], False
+    data = p.read_bytes()
+    lines = data.split(b"\n")
+    tail = lines.pop()  # after the last newline: b"" when the file ends cleanly
+    torn = bool(tail.strip())
+    out = []
+    for k, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            if k == len(lines) - 1 and not tail:
+                torn = True
+                break
+            raise InputError(f"{p}: line {k + 1} is not a JSON object; move the file away to start over") from None
+        if not isinstance(rec, dict) or "window" not in rec:
+            raise InputError(f"{p}: line {k + 1} is not a step record; move the file away to start over")
+        out.append(rec)
+    return out, torn
+
+
+def _trim_torn_tail(path) -> None:
+    """Cut a torn last line (everything after the last complete, parseable line)."""
+    p = Path(path)
+    if not p.exists():
+        return
+    data = p.read_bytes()
+    keep = len(data)
+    if not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+    else:
+        last = data[:-1].rfind(b"\n") + 1
+        try:
+            json.loads(data[last:])
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            keep = last
+    if keep != len(data):
+        with open(p, "r+b") as fh:
+            fh.truncate(keep)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def strip_timings(rec: dict) -> dict:
+    """A record without its timings: what must be equal between runs with any worker count."""
+    return {k: v for k, v in rec.items() if k != "timings"}
+
+
+def prepare_out_dir(out_dir, cfg: ReportConfig) -> None:
+    """Create OUT_DIR; write ``run.json`` (the options), or check it against a previous run's."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{out}: cannot create ({exc.strerror or exc})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise InputError(f"{out}: not writable")
+    fp = json.loads(_dumps(cfg.fingerprint()))
+    run = out / RUN
+    if run.exists():
+        try:
+            old = json.loads(run.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            raise InputError(f"{run}: unreadable; move OUT_DIR away to start over") from None
+        if old != fp:
+            diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
+            raise InputError(f"{out}: holds a run made with other options ({', '.join(diff)}); use the same "
+                             "options to resume, or another OUT_DIR")
+    else:
+        atomic_write_text(run, json.dumps(fp, indent=1, sort_keys=True) + "\n")
+    _trim_torn_tail(out / STEPS)
+
+
+# ---------------------------------------------------------------------------------------------
+# report.html
+# ---------------------------------------------------------------------------------------------
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _fmt_pct(x) -> str:
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{100 * x:+.2f}%"
+
+
+def summarize(records: Iterable[dict]) -> dict:
+    """Aggregates shown in the report (and printed by the CLI)."""
+    ok = [r for r in records if "error" not in r]
+    sav = np.array([r["saving"] for r in ok if r.get("saving") is not None], dtype=np.float64)
+    names = sorted({k for r in ok for k in r["baselines"]})
+    per = {}
+    for n in names:
+        bs = [(r["baselines"][n], r) for r in ok if n in r["baselines"] and "makespan" in r["baselines"][n]]
+        if not bs:
+            continue
+        per[n] = {"windows": len(bs), "mean_saving": float(np.mean([b["saving"] for b, _ in bs])),
+                  "cap_violations": int(sum(b["cap_violations"] for b, _ in bs)),
+                  "windows_over_cap": int(sum(b["cap_violations"] > 0 for b, _ in bs)),
+                  "extra_rows": int(sum(b["extra_rows"] for b, _ in bs)),
+                  "mean_gap": float(np.mean([b["gap"] for b, _ in bs]))}
+    return {"windows": len(ok) + sum("error" in r for r in records), "ok": len(ok),
+            "failed": sum("error" in r for r in records),
+            "mean_saving": float(sav.mean()) if sav.size else None,
+            "median_saving": float(np.median(sav)) if sav.size else None,
+            "min_saving": float(sav.min()) if sav.size else None,
+            "max_saving": float(sav.max()) if sav.size else None,
+            "rows_saved": int(sum(r["rows_saved"] for r in ok if r.get("rows_saved") is not None)),
+            "mean_gap": float(np.mean([r["gap"] for r in ok])) if ok else None,
+            "baselines": per}
+
+
+def render_report(records: list[dict], path, *, title: str = "", windows: list[str] | None = None) -> Path:
+    """Write the self-contained ``report.html`` (plots as base64 PNGs) for ``records``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = {w: k for k, w in enumerate(windows or [])}
+    recs = sorted(records, key=lambda r: (order.get(r["window"], len(order)), _natural_key(r["window"])))
+    ok = [r for r in recs if "error" not in r]
+    s = summarize(recs)
+    figs = []
+    x = np.arange(len(ok))
+    if ok:
+        sav = np.array([np.nan if r.get("saving") is None else 100 * r["saving"] for r in ok])
+        fig, ax = plt.subplots(figsize=(10, 3.2))
+        ax.plot(x, sav, lw=1.2, color="tab:blue")
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set(xlabel="step (window, in name order)", ylabel="saving %",
+               title="Saving per step over the best cap-keeping baseline")
+        figs.append(("Saving per step", _png(fig)))
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.hist(sav[np.isfinite(sav)], bins=min(40, max(5, len(ok) // 5)), color="tab:blue")
+        ax.set(xlabel="saving %", ylabel="windows", title="Distribution of the saving")
+        figs.append(("Distribution of the saving", _png(fig)))
+        packers = sorted({k.split("/")[0] for r in ok for k in r["baselines"]})
+        fig, ax = plt.subplots(figsize=(10, 3.2))
+        for p in packers:
+            key = f"{p}/identity"
+            ys = [r["baselines"].get(key, {}).get("rows", np.nan) - r["rows"] for r in ok]
+            ax.plot(x, ys, lw=1, label=p)
+        ax.set(xlabel="step", ylabel="rows − R*", title="Rows saved: micro-batches each framework uses beyond R*")
+        ax.legend(fontsize=8, ncol=3)
+        figs.append(("Rows saved", _png(fig)))
+        names = sorted(s["baselines"])
+        fig, ax = plt.subplots(figsize=(10, 3.4))
+        vals = [s["baselines"][n]["cap_violations"] for n in names]
+        ax.bar(range(len(names)), vals, color="tab:red")
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set(ylabel="micro-batches over the cap", title="Baselines' cap violations (all windows)")
+        for k, v in enumerate(vals):
+            ax.text(k, v, str(v), ha="center", va="bottom", fontsize=8)
+        figs.append(("Cap violations", _png(fig)))
+        fig, axs = plt.subplots(1, 2, figsize=(10, 3.2), sharey=True)
+        for ax, key, label in ((axs[0], "time_split", "RoutePack plan"),
+                               (axs[1], "time_split_best_baseline", "best cap-keeping baseline")):
+            rs = [r for r in ok if key in r]
+            xs = np.arange(len(rs))
+            a = np.array([r[key]["attention"] for r in rs]) / 1e3
+            e = np.array([r[key]["experts"] for r in rs]) / 1e3
+            o = np.array([r[key]["overhead"] for r in rs]) / 1e3
+            ax.stackplot(xs, a, e, o, labels=["attention", "experts", "overhead"],
+                         colors=["tab:orange", "tab:green", "tab:gray"])
+            ax.set(xlabel="step", title=f"Critical path: {label}")
+        axs[0].set_ylabel("ms")
+        axs[0].legend(fontsize=8, loc="lower left")
+        figs.append(("Where the time goes (attention vs experts)", _png(fig)))
+        fig, axs = plt.subplots(1, 2, figsize=(10, 3.2))
+        axs[0].plot(x, [r["gap"] for r in ok], lw=1)
+        axs[0].set(xlabel="step", ylabel="makespan / LB", title="Gap to the lower bound (RoutePack)")
+        for k in ("identity", "eplb", "routepack"):
+            axs[1].plot(x, [r["ep_imbalance"][k] for r in ok], lw=1, label=k)
+        axs[1].set(xlabel="step", ylabel="CV of EP-rank loads", title="EP-rank imbalance")
+        axs[1].legend(fontsize=8)
+        figs.append(("Gap and EP-rank imbalance", _png(fig)))
+    esc = html.escape
+    rows_html = "".join(
+        f"<tr><td>{esc(n)}</td><td>{b['windows']}</td><td>{_fmt_pct(b['mean_saving'])}</td>"
+        f"<td>{b['cap_violations']}</td><td>{b['windows_over_cap']}</td><td>{b['extra_rows']}</td>"
+        f"<td>{b['mean_gap']:.4f}</td></tr>" for n, b in sorted(s["baselines"].items()))
+    steps_html = "".join(
+        f"<tr><td>{esc(r['window'])}</td>" + (
+            f"<td colspan=6 class=err>{esc(r['error'])}</td>" if "error" in r else
+            f"<td>{r['rows']}</td><td>{r['makespan'] / 1e3:,.2f}</td><td>{r['lower_bound'] / 1e3:,.2f}</td>"
+            f"<td>{r['gap']:.4f}</td><td>{esc(str(r['best_baseline']))}</td><td>{_fmt_pct(r['saving'])}</td>")
+        + "</tr>" for r in recs)
+    summary = (f"<p>{s['windows']} windows, {s['ok']} planned, {s['failed']} failed. Saving over the best "
+               f"cap-keeping baseline: mean <b id=mean-saving>{_fmt_pct(s['mean_saving'])}</b>, median "
+               f"{_fmt_pct(s['median_saving'])}, min {_fmt_pct(s['min_saving'])}, max {_fmt_pct(s['max_saving'])}; "
+               f"rows saved in all: <b>{s['rows_saved']}</b>; mean gap to the lower bound "
+               f"{'–' if s['mean_gap'] is None else format(s['mean_gap'], '.4f')}.</p>")
+    imgs = "".join(f"<h2>{esc(t)}</h2><img alt='{esc(t)}' src='data:image/png;base64,{b}'>" for t, b in figs)
+    doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>RoutePack replay report</title>
+<style>body{{font-family:sans-serif;margin:1.5em;max-width:1100px}}table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}td:first-child{{text-align:left}}
+.err{{color:#b00;text-align:left}}img{{max-width:100%}}</style></head><body>
+<h1>RoutePack replay report</h1><p>{esc(title)}</p>{summary}
+<p>Saving = (best cap-keeping baseline − RoutePack) / best, every layout scored by RoutePack's one evaluator.
+Baselines: each framework's own packer at the rows it picks, under identity or EPLB placement
+(cap violations: micro-batches over the token cap; extra rows: rows − R*).</p>
+<h2>Baselines (all windows)</h2><table><tr><th>baseline</th><th>windows</th><th>mean saving vs it</th>
+<th>cap violations</th><th>windows over cap</th><th>extra rows</th><th>mean gap to LB</th></tr>{rows_html}</table>
+{imgs}
+<h2>Steps</h2><table><tr><th>window</th><th>rows R*</th><th>makespan ms</th><th>LB ms</th><th>gap</th>
+<th>best baseline</th><th>saving</th></tr>{steps_html}</table></body></html>
+"""
+    path = Path(path)
+    atomic_write_text(path, doc)
+    return path
