@@ -55,7 +55,7 @@ from routepack_opt.pipeline import (
 from routepack_opt.warmup import groups_for
 from routepack_opt.warmup import warm as warm_kernels
 
-__all__ = ["MicroBatchPlan", "PlanOptions", "plan_micro_batches", "AsyncPlanner", "window_from"]
+__all__ = ["MicroBatchPlan", "PlanOptions", "plan_micro_batches", "AsyncPlanner", "window_from", "quick_fallback"]
 
 log = logging.getLogger(__name__)
 
@@ -467,6 +467,16 @@ class AsyncPlanner:
         log.warning("routepack AsyncPlanner: no plan by the deadline (stage %s); quick fallback",
                     job.stage)
         return mb
+
+
+def quick_fallback(lengths, counts=None, *, routes=None, num_experts=None,
+                   options: PlanOptions | dict | None = None) -> MicroBatchPlan:
+    """AsyncPlanner's quick fallback for one window (numpy only, no numba): the window checked
+    as :meth:`AsyncPlanner.submit` checks it, packed best-fit decreasing at the current (or
+    identity) placement. Raises ``InputError`` for bad input or a window no fallback fits."""
+    opts = options if isinstance(options, PlanOptions) else PlanOptions.of(options or {})
+    window = checked_window(lengths, counts, routes, num_experts, opts)
+    return _quick_plan(_Job(window, opts, 0.0, Future()))
 
 
 def _quick_plan(job: _Job) -> MicroBatchPlan:

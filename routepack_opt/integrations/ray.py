@@ -23,7 +23,6 @@ import dataclasses
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -257,7 +256,7 @@ class RayPlanner:
                **options: Any) -> None:
         """Start planning a window in the actor (see the class docstring); returns at once.
         Raises only ``InputError`` for bad options (and ``RuntimeError`` after ``close()``)."""
-        from routepack_opt.api import PlanOptions, _check_seconds
+        from routepack_opt.api import PlanOptions, _check_seconds, checked_window
 
         ray = _ray()
         if self._closed:
@@ -268,6 +267,7 @@ class RayPlanner:
         opts = PlanOptions.of(options)
         deadline_at = time.time() + deadline
         lengths, counts, routes = (None if a is None else _as_numpy(a) for a in (lengths, counts, routes))
+        checked_window(lengths, counts, routes, num_experts, opts)  # bad input: InputError here, as AsyncPlanner
         self._job = (lengths, counts, routes, num_experts, opts, deadline_at)
         refs = [None if a is None else ray.put(a) for a in (lengths, counts, routes)]
         self._seq += 1
@@ -332,9 +332,9 @@ def _as_numpy(a):
 
 def _driver_fallback(lengths, counts, routes, num_experts, opts):
     """AsyncPlanner's quick fallback (numpy only), built in the driver."""
-    from routepack_opt import api
+    from routepack_opt.api import quick_fallback
 
-    return api._quick_plan(api._Job(lengths, counts, routes, num_experts, opts, 0.0, Future()))
+    return quick_fallback(lengths, counts, routes=routes, num_experts=num_experts, options=opts)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -230,7 +230,7 @@ def test_ray_planner_always_late_never_raises_and_leaks_nothing(ray_cluster):
 
 
 def test_ray_planner_checks_options_in_the_caller(ray_cluster):
-    """Bad options raise InputError at submit; result() before any submit is a RuntimeError; a window the actor rejects gives the fallback."""
+    """Bad options and a bad window raise InputError at submit (AsyncPlanner's contract); result() before any submit is a RuntimeError."""
     from routepack_opt.integrations.ray import RayPlanner
 
     w = random_window(40, 2, 8, 2, max_len=40, min_len=5, seed=2)
@@ -241,10 +241,11 @@ def test_ray_planner_checks_options_in_the_caller(ray_cluster):
             planner.submit(w.lengths, w.counts, deadline=1.0, dp_size=4, ep_size=2)  # no max_tokens
         with pytest.raises(InputError):
             planner.submit(w.lengths, w.counts, deadline=-1, dp_size=4, ep_size=2, max_tokens=60)
-        bad = np.asarray(w.counts)[:, :, :3]  # counts that do not add up to k·len: the actor refuses
-        planner.submit(w.lengths, bad, deadline=1.0, dp_size=4, ep_size=2, max_tokens=60)
+        bad = np.asarray(w.counts)[:, :, :3]  # counts that do not add up to k·len
+        with pytest.raises(InputError, match="counts"):
+            planner.submit(w.lengths, bad, deadline=1.0, dp_size=4, ep_size=2, max_tokens=60)
+        planner.submit(w.lengths, w.counts, deadline=1.0, dp_size=4, ep_size=2, max_tokens=60)
         mb = planner.result()
-        assert "error" in mb.report and mb.report.get("fallback")
         assert sorted(i for d in mb.micro_batches for m in d for i in m) == list(range(40))
 
 
