@@ -86,15 +86,17 @@ class PlannedCells:
 
 def plan_cells(window: Window, topology: Topology, cost, *, objective: str = "max-sum",
                placement="lpt", rows: int | None = None, time_limit: float | None = None,
-               max_sweeps: int | None = None, seed: int = 0, current_placement=None) -> PlannedCells:
-    """One call into the pipeline; every seam plans through here."""
+               max_sweeps: int | None = None, seed: int = 0, current_placement=None,
+               certificate=None) -> PlannedCells:
+    """One call into the pipeline; every seam plans through here (``certificate``: an R*
+    certificate for ``rows`` the caller already has)."""
 
     if window.num_samples < topology.dp:
         raise InputError(f"{window.num_samples} samples cannot give every one of {topology.dp} DP "
                          "ranks a non-empty micro-batch")
     p = solve(window, topology, as_cost(cost), objective=objective, placement=placement, rows=rows,
               time_limit=time_limit, max_sweeps=max_sweeps, seed=seed,
-              current_placement=current_placement)
+              current_placement=current_placement, certificate=certificate)
     rep = p.info
     rep["score"] = p.score
     rep["certificate"] = p.certificate

@@ -31,13 +31,34 @@ metrics, max_token_len=..., logging_prefix=logging_prefix)``.
 
 Enabling it by config: RoutePack registers a ``verl.plugins`` entry point
 (:mod:`routepack_opt.integrations.verl_plugin`); with ``ROUTEPACK_VERL=1`` in the workers'
-environment, ``import verl`` swaps verl's function for ours (cost preset from
-``ROUTEPACK_COST``, default ``qwen3-30b-a3b``).
+environment, ``import verl`` swaps verl's function for ours, with the settings of
+``ROUTEPACK_COST`` (default ``qwen3-30b-a3b``), ``ROUTEPACK_OBJECTIVE`` and
+``ROUTEPACK_TIME_LIMIT`` (default ``DEFAULT_TIME_LIMIT["verl"]`` seconds per call), checked when
+the plugin loads.
+
+Contract (verl 0.9.1's): every keyword verl's callers pass is accepted; where verl asserts
+(``max_token_len`` below the padded sequence length, a batch not divisible into forced groups)
+ours raises :class:`~routepack_opt.integrations._seam.FrameworkAssertionError` (an
+``AssertionError``) with verl's message, and where verl raises ``ValueError`` (a forced group over
+the cap, too few groups for the agreed count) so do we, with verl's message. A batch whose lengths
+cannot be read (neither nested ``input_ids`` nor a 2-D ``attention_mask``; a sample without
+tokens) goes to verl's own function, with one warning per cause; the ranks of ``dp_group`` agree
+on that first (all-reduce MAX with the other fatal constraints), so they all run the same
+collectives. A batch with ``attention_mask`` and no ``input_ids`` is planned from the mask.
+A planning failure after the ranks agreed on the count keeps that count and uses the best
+length-only baseline (one warning).
+
+Each call yields a :class:`~routepack_opt.integrations._seam.SeamRecord` (:func:`last_record`,
+:func:`pop_records`, or ``on_record=``): micro-batches and predicted time of ours and of verl's
+KK on the same lengths (verl's own partitioner, on lengths only: no tensors are sliced), the
+planning time and the net saving. ``metrics.update(rp_verl.last_record().metrics())`` puts it in
+verl's step metrics.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
@@ -46,22 +67,62 @@ from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
-from routepack_opt.integrations import _deps
-from routepack_opt.integrations._common import as_cost, length_only_window, plan_cells
+from routepack_opt.integrations import _deps, verl_plugin
+from routepack_opt.integrations._common import length_only_window, plan_cells, score_cells
+from routepack_opt.integrations._seam import (
+    UNSET,
+    FrameworkAssertionError,
+    Recorder,
+    SeamRecord,
+    SeamSettings,
+    seam_settings,
+    warn_once,
+)
 from routepack_opt.integrations.replay import import_replay
+from routepack_opt.pipeline import baseline_layouts
 
-__all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths",
-           "balance_batch_partitions", "balance_batch", "GlobalBalance"]
+__all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths", "UnsupportedBatch",
+           "balance_batch_partitions", "balance_batch", "GlobalBalance", "last_record", "pop_records",
+           "verl_own"]
+
+
+_RECORDS = Recorder()
+
+
+def last_record() -> SeamRecord | None:
+    """The record of the last :func:`rearrange_micro_batches` call in this process."""
+    return _RECORDS.last()
+
+
+def pop_records() -> list[SeamRecord]:
+    """Every record since the last ``pop_records()`` (at most 1,024), oldest first."""
+    return _RECORDS.pop_all()
+
+
+class UnsupportedBatch(InputError):
+    """A batch layout the drop-in cannot read lengths from; ``cause`` names the reason."""
+
+    def __init__(self, cause: str, message: str):
+        super().__init__(message)
+        self.cause = cause
 
 
 def batch_lengths(batch) -> tuple[np.ndarray, int]:
     """(effective tokens per sample, padded sequence length) the way verl reads them: nested
-    ``input_ids`` offsets, else ``attention_mask.sum(1)``."""
-    input_ids = batch["input_ids"]
-    if getattr(input_ids, "is_nested", False):
-        lens = input_ids.offsets().diff()
-        return lens.cpu().numpy().astype(np.int64), int(lens.max())
+    ``input_ids`` offsets, else ``attention_mask.sum(1)`` (also without ``input_ids``). Raises
+    :class:`UnsupportedBatch` when neither is there or the mask is not ``[B, S]``."""
+    keys = set(batch.keys())
+    if "input_ids" in keys and getattr(batch["input_ids"], "is_nested", False):
+        lens = batch["input_ids"].offsets().diff()
+        len_N = lens.cpu().numpy().astype(np.int64)
+        return len_N, int(len_N.max()) if len_N.size else 0
+    if "attention_mask" not in keys:
+        raise UnsupportedBatch("no-attention-mask", "the batch has no attention_mask and no nested input_ids "
+                               f"(keys: {', '.join(sorted(map(str, keys)))})")
     mask = batch["attention_mask"]
+    if getattr(mask, "is_nested", False) or getattr(mask, "ndim", 0) != 2:
+        raise UnsupportedBatch("mask-shape", f"attention_mask has shape {tuple(getattr(mask, 'shape', ()))}, "
+                               "not [batch, sequence]")
     return mask.sum(dim=1).cpu().numpy().astype(np.int64), int(mask.shape[-1])
 
 
@@ -78,60 +139,161 @@ def _dist_reduce(values: list[int], op: str, dp_group) -> list[int]:
     return [int(v) for v in t.cpu().tolist()]
 
 
+def verl_own():
+    """verl's own ``rearrange_micro_batches`` (the one the plugin replaced)."""
+    from routepack_opt.integrations import verl_plugin
+
+    fn = verl_plugin.ORIGINAL.get("rearrange_micro_batches")
+    if fn is None:
+        fn = _deps.verl_seqlen_balancing().rearrange_micro_batches
+    if getattr(fn, "__routepack__", False):
+        raise InputError("verl's own rearrange_micro_batches is not known (patched before the plugin saved it)")
+    return fn
+
+
+def _verl_reference(item_len, cap: int, rows_min: int, multiple: int) -> tuple[list[list[int]], float]:
+    """verl's own packing of the items on this rank (its KK on its workload, micro-batches added
+    until every one fits the cap; no DP sync), by verl's own helpers; and the seconds it took."""
+    t0 = time.perf_counter()
+    sb = _deps.verl_seqlen_balancing()
+    torch = _deps.torch()
+    n = len(item_len)
+    work = sb.calculate_workload(torch.as_tensor(item_len, dtype=torch.long)).tolist()
+    k = max(min(n, -(-int(sum(item_len)) // cap)), rows_min)
+    k = -(-k // multiple) * multiple
+    while True:
+        parts = sb.get_seqlen_balanced_partitions(work, k, equal_size=False)
+        if all(sum(item_len[i] for i in p) <= cap for p in parts) or k + multiple > n:
+            return parts, time.perf_counter() - t0
+        k += multiple
+
+
+def _fallback_rows(item_len, cap: int, topo: Topology) -> int:
+    """A feasible row count without the certifier: first-fit decreasing bins, then the row rules."""
+    tot: list[int] = []
+    for x in sorted(item_len, reverse=True):
+        for j, t in enumerate(tot):
+            if t + x <= cap:
+                tot[j] += x
+                break
+        else:
+            tot.append(int(x))
+    r = max(len(tot), topo.min_rows)
+    return -(-r // topo.row_multiple) * topo.row_multiple
+
+
 def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_divided_by=None,
                             same_micro_num_in_dp=True, min_num_micro_batch=None,
                             use_dynamic_bsz_balance=True, force_group_size=1, *,
-                            cost="qwen3-30b-a3b", objective: str = "max-sum",
-                            time_limit: float | None = None, max_sweeps: int | None = None, seed: int = 0):
-    """Same signature and return as verl's; the extra keyword-only options tune the planner.
+                            cost=None, objective: str | None = None, time_limit=UNSET,
+                            max_sweeps: int | None = None, seed: int = 0,
+                            settings: SeamSettings | None = None, compare: bool = True, on_record=None):
+    """Same signature, return and errors as verl's; the extra keyword-only options tune the
+    planner (``settings``: resolved ones, as the plugin passes; ``compare``: also run verl's
+    partitioner on the lengths for the record; ``on_record(record)``: called once per call).
 
     Never exceeds ``max_token_len`` effective tokens per micro-batch. ``force_group_size`` > 1
     keeps consecutive groups together (planned as one item of the group's total length, so the
-    quadratic term is an over-estimate for those). Raises :class:`InputError` where verl asserts
-    (a sample or forced group longer than the cap, a batch not divisible into groups, fewer
-    groups than the agreed micro-batch count).
+    quadratic term is an over-estimate for those).
     """
-    tu = _deps.verl_tensordict_utils()
-
-    lens_N, _ = batch_lengths(batch)
-    N = int(lens_N.shape[0])
+    t0 = time.perf_counter()
+    if settings is None:
+        kw = {} if time_limit is UNSET else {"time_limit": time_limit}
+        settings = seam_settings("verl", cost=cost, objective=objective, max_sweeps=max_sweeps, seed=seed, **kw)
     cap = int(max_token_len)
     g = int(force_group_size)
-    if g < 1 or N % g:
-        raise InputError(f"batch size {N} is not divisible by force_group_size {g}")
-    item_len = lens_N.reshape(N // g, g).sum(axis=1)
-    if (item_len < 1).any():
-        raise InputError("a sample has no tokens (attention_mask all zero)")
-    num_items = item_len.shape[0]
-    # Agree on the fatal constraints first, so that no rank raises while its peers wait (as verl).
+    unsupported: UnsupportedBatch | None = None
+    try:
+        lens_N, padded = batch_lengths(batch)
+    except UnsupportedBatch as exc:
+        unsupported, lens_N, padded = exc, np.zeros(0, dtype=np.int64), 0
+    # verl's own asserts, raised before any collective as verl does
+    if unsupported is None:
+        if cap < padded:
+            raise FrameworkAssertionError("max_token_len must be greater than the sequence length. Got "
+                                          f"max_token_len={cap} and max_seq_len={padded}")
+        N = int(lens_N.shape[0])
+        if g < 1 or N % g:
+            raise FrameworkAssertionError(f"Batch size {N} must be divisible by force_group_size {g}")
+        if N == 0:
+            unsupported = UnsupportedBatch("empty", "the batch has no samples")
+        elif (lens_N < 1).any():
+            unsupported = UnsupportedBatch("empty-sample", "a sample has no tokens (attention_mask all zero)")
+    item_len = lens_N.reshape(-1, g).sum(axis=1) if unsupported is None else lens_N
+    num_items = int(item_len.shape[0])
+    # Agree on the fatal constraints (and on falling back) first, so that no rank raises or
+    # leaves while its peers wait in a collective (as verl).
     sync = same_micro_num_in_dp and dp_group is not None
-    longest, neg_items = _dist_reduce([int(item_len.max()), -num_items], "MAX", dp_group if sync else None)
+    longest, neg_items, bad = _dist_reduce([int(item_len.max()) if num_items else 0, -num_items,
+                                            int(unsupported is not None)], "MAX", dp_group if sync else None)
+    if bad:
+        why = unsupported if unsupported is not None else UnsupportedBatch(
+            "peer", "another DP rank's batch is unsupported")
+        warn_once("verl", why.cause, f"{why}; using verl's own rearrange_micro_batches")
+        out = verl_own()(batch, max_token_len, dp_group=dp_group, num_batches_divided_by=num_batches_divided_by,
+                         same_micro_num_in_dp=same_micro_num_in_dp, min_num_micro_batch=min_num_micro_batch,
+                         use_dynamic_bsz_balance=use_dynamic_bsz_balance, force_group_size=force_group_size)
+        planning = time.perf_counter() - t0
+        _RECORDS.add(SeamRecord("verl", len(out[1]), len(out[1]), None, None, planning, planning,
+                                samples=int(lens_N.shape[0]), fallback=str(why)), on_record)
+        return out
     if longest > cap:
-        raise InputError(f"a {'forced group' if g > 1 else 'sample'} of {longest} tokens exceeds "
-                         f"max_token_len={cap} and cannot be split")
+        raise InputError("A forced group exceeds max_token_len and cannot be split. "
+                         f"Got max_group_token_len={longest} and max_token_len={cap}.")
     topo = Topology(dp=1, ep=1, capacity=cap, min_rows=int(min_num_micro_batch or 1),
                     row_multiple=int(num_batches_divided_by or 1))
     window = length_only_window(item_len)
-
-    rows = int(certify_rows(window, topo, time_limit=10.0).rows)
+    tl = settings.time_limit
+    fallback = None
+    try:
+        cert = certify_rows(window, topo, time_limit=10.0 if tl is None else max(0.01, 0.3 * tl))
+        rows = int(cert.rows)
+    except Exception as exc:  # keep to the collectives: a count every rank can still agree on
+        cert, rows = None, _fallback_rows(item_len, cap, topo)
+        fallback = f"certifying the count failed ({exc.__class__.__name__}: {exc}); first-fit count"
+        warn_once("verl", "certify", fallback)
     if sync:
         rows = _dist_reduce([rows], "MAX", dp_group)[0]
     if rows > -neg_items:
-        raise InputError(f"cannot keep every micro-batch under max_token_len={cap} with {rows} "
-                         f"non-empty micro-batches: a rank has only {-neg_items} "
-                         f"{'groups' if g > 1 else 'samples'}")
-    pc = plan_cells(window, topo, cost, objective=objective, rows=rows, time_limit=time_limit,
-                    max_sweeps=max_sweeps, seed=seed)
-    parts = [[j for it in pc.cells[r][0] for j in range(it * g, it * g + g)] for r in range(rows)]
+        raise InputError("Cannot satisfy max_token_len while keeping forced groups atomic and using the same "
+                         "micro-batch count across DP ranks. "
+                         f"Requested {rows} non-empty micro-batches, but a rank has only {-neg_items} forced groups.")
+    left = None if tl is None else max(0.01, tl - (time.perf_counter() - t0))
+    try:
+        pc = plan_cells(window, topo, settings.cost, objective=settings.objective, rows=rows, time_limit=left,
+                        max_sweeps=settings.max_sweeps, seed=settings.seed,
+                        certificate=cert if (cert is not None and int(cert.rows) == rows) else None)
+        parts = [[j for it in pc.cells[r][0] for j in range(it * g, it * g + g)] for r in range(rows)]
+        pl = pc.plan
+        J_R = Evaluator(window, topo, settings.cost).costs(pl.placement, pl.row, pl.slot, rows)[:, 0]
+        ours_us = float(pl.score["makespan"])
+    except Exception as exc:  # after the sync: keep the agreed count, a length-only baseline
+        fallback = f"planning failed ({exc.__class__.__name__}: {exc}); length-only baseline"
+        warn_once("verl", "plan", fallback)
+        name, lay = next(iter(baseline_layouts(window, topo, rows, time_limit=1.0).items()))
+        cells = [[[] for _ in range(1)] for _ in range(rows)]
+        for i in range(num_items):
+            cells[int(lay.row[i])][0].append(i)
+        parts = [[j for it in cells[r][0] for j in range(it * g, it * g + g)] for r in range(rows)]
+        J_R = Evaluator(window, topo, settings.cost).costs(np.zeros((1, 1), dtype=np.int64), lay.row, lay.slot,
+                                                           rows)[:, 0]
+        ours_us = float(J_R.sum())
     if use_dynamic_bsz_balance:
         # verl's pipeline-bubble order: heaviest in the middle, lighter ones at both ends.
-
-        pl = pc.plan
-        J_R = Evaluator(window, topo, as_cost(cost)).costs(pl.placement, pl.row, pl.slot, rows)[:, 0]
         order = sorted(range(rows), key=lambda r: (J_R[r], parts[r][0]), reverse=True)
         order = order[::2][::-1] + order[1::2]
         parts = [parts[r] for r in order]
+    planning = time.perf_counter() - t0
+    rows_theirs = theirs_us = theirs_s = None
+    if compare:
+        ref, theirs_s = _verl_reference(item_len.tolist(), cap, topo.min_rows, topo.row_multiple)
+        rows_theirs = len(ref)
+        theirs_us = score_cells(window, Topology(dp=1, ep=1, capacity=int(item_len.sum()), min_rows=1),
+                                settings.cost, [[list(p)] for p in ref], settings.objective)
+    tu = _deps.verl_tensordict_utils()
     micro_batches = [tu.index_select_tensor_dict(batch, p) for p in parts]
+    _RECORDS.add(SeamRecord("verl", rows, rows_theirs, ours_us, theirs_us, planning, theirs_s,
+                            samples=int(lens_N.shape[0]), fallback=fallback), on_record)
     return micro_batches, parts
 
 
@@ -226,3 +388,8 @@ def balance_batch(batch, dp_size: int, metrics: dict | None = None, *, max_token
                                             partitions=[list(range(d * m, d * m + m)) for d in range(dp_size)],
                                             prefix=logging_prefix))
     return gb
+
+
+# ROUTEPACK_VERL set while verl's plugins are off: say so where RoutePack is imported (the plugin
+# itself never runs then)
+verl_plugin.check_environment()
