@@ -25,7 +25,7 @@ from routepack_opt.core.errors import InputError
 from routepack_opt.core.objective import check_objective
 
 __all__ = ["FrameworkAssertionError", "SeamSettings", "seam_settings", "SeamRecord", "Recorder",
-           "warn_once", "UNSET", "DEFAULT_TIME_LIMIT", "DEFAULT_COST", "ENV_VARS"]
+           "warn_once", "UNSET", "DEFAULT_TIME_LIMIT", "SHARE_OF_STEP", "DEFAULT_COST", "ENV_VARS"]
 
 logger = logging.getLogger("routepack_opt.integrations")
 
@@ -35,6 +35,7 @@ DEFAULT_COST = "qwen3-30b-a3b"
 # verl's own time at B = 256 (96 ms in the trainer-seams trial); slime plans each step once on
 # the driver, where a step trains for seconds. experiments/integrations_bench.py measures both.
 DEFAULT_TIME_LIMIT = {"verl": 0.1, "slime": 0.25}
+SHARE_OF_STEP = 0.1  # the default limit's share of the framework layout's predicted step time
 ENV_VARS = ("ROUTEPACK_COST", "ROUTEPACK_OBJECTIVE", "ROUTEPACK_TIME_LIMIT")
 
 
@@ -56,6 +57,15 @@ class SeamSettings:
     time_limit: float | None
     max_sweeps: int | None = None
     seed: int = 0
+    time_limit_is_default: bool = False  # neither keyword nor ROUTEPACK_TIME_LIMIT set it
+
+    def step_time_limit(self, predicted_us: float | None) -> float | None:
+        """The limit for one call whose framework layout is predicted at ``predicted_us``: a set
+        limit as it is; the default one at most :data:`SHARE_OF_STEP` of that predicted time (at
+        least 10 ms), so planning stays well below what it can save."""
+        if not self.time_limit_is_default or self.time_limit is None or predicted_us is None:
+            return self.time_limit
+        return min(self.time_limit, max(0.01, SHARE_OF_STEP * predicted_us / 1e6))
 
 
 def _check_time_limit(value, where: str) -> float | None:
@@ -108,9 +118,11 @@ def seam_settings(seam: str, *, cost=None, objective=None, time_limit=UNSET, max
             obj = check_objective(objective)
         except InputError as exc:
             raise InputError(f"objective={objective!r}: {exc}") from None
+    default = False
     if time_limit is UNSET:
         text = env.get("ROUTEPACK_TIME_LIMIT", "").strip()
         tl = _check_time_limit(text, f"ROUTEPACK_TIME_LIMIT={text!r}") if text else DEFAULT_TIME_LIMIT[seam]
+        default = not text
     else:
         tl = _check_time_limit(time_limit, "time_limit")
     if max_sweeps is not None and (isinstance(max_sweeps, bool) or not isinstance(max_sweeps, int)
@@ -118,7 +130,7 @@ def seam_settings(seam: str, *, cost=None, objective=None, time_limit=UNSET, max
         raise InputError(f"max_sweeps: expected a positive integer or None, got {max_sweeps!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InputError(f"seed: expected an integer, got {seed!r}")
-    return SeamSettings(cm, str(obj.value), tl, max_sweeps, seed)
+    return SeamSettings(cm, str(obj.value), tl, max_sweeps, seed, default)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -392,6 +392,10 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
         theirs_s = time.perf_counter() - t_ref
         plan_window, clipped = clip_to_cap(window, cap)
         topo = Topology(dp=dp_size, ep=ep, capacity=cap, row_multiple=group)
+        t_ref = time.perf_counter()
+        theirs_us = None if theirs is None else score_cells(plan_window, topo, settings.cost, theirs,
+                                                            settings.objective)
+        theirs_s += time.perf_counter() - t_ref
         fallback = None
         if dynamic and step_mm is not None and mm_mode in _MULTIMODAL_SEPARATE and any(step_mm):
             fallback = (f"multimodal_aware_packing={mm_mode!r} with multimodal samples: slime's own "
@@ -404,7 +408,8 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
         elif not dynamic and mbs == 1 and dp_size == 1:
             cells, pc = theirs, None  # one sample per micro-batch on one rank: nothing to decide
         else:
-            opts = dict(objective=settings.objective, placement=placement, time_limit=settings.time_limit,
+            opts = dict(objective=settings.objective, placement=placement,
+                        time_limit=settings.step_time_limit(theirs_us),
                         max_sweeps=settings.max_sweeps, seed=settings.seed)
             if dynamic:
                 try:
@@ -435,8 +440,6 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
         planning_s = time.perf_counter() - t0 - theirs_s
         ours_us = (float(pc.plan.score["makespan"]) if pc is not None
                    else score_cells(plan_window, topo, settings.cost, cells, settings.objective))
-        theirs_us = None if theirs is None else score_cells(plan_window, topo, settings.cost, theirs,
-                                                            settings.objective)
         rec = SeamRecord("slime", rows, None if theirs is None else len(theirs), ours_us, theirs_us,
                          planning_s, theirs_s, samples=len(idx), fallback=fallback, step=s)
         records.append(_RECORDS.add(rec, on_record))

@@ -5,10 +5,13 @@ verl's function picks ``ceil(tokens / max_token_len)`` micro-batches, balances a
 workload (``24576·s + s²``, a 7B dense model) by Karmarkar–Karp, and adds micro-batches until
 every one fits the cap. Ours certifies the least micro-batch count that fits the cap (bounds, FFD,
 exact bin packing where bounds do not close), agrees on it across ``dp_group`` (all-reduce MAX,
-as verl does), and packs by population annealing on RoutePack's cost model (attention stages with
-their linear and quadratic terms, per-micro-batch overhead). Return value and index lists are
-verl's: ``(list[TensorDict], list[list[int]])``, every sample once, so ``restore_dynamic_batch``
-undoes it.
+as verl does), and packs the rank's samples into that many micro-batches with the best
+length-only baseline by RoutePack's cost model. On one rank without expert loads the predicted
+time of R micro-batches is the same for every packing (``Σ_i`` of each sample's own attention
+and expert terms plus ``R·row_overhead``; docs/model.md), so the count is what saves time and
+no search runs (``max_sweeps`` and ``seed`` are accepted for the signature and unused here).
+Return value and index lists are verl's: ``(list[TensorDict], list[list[int]])``, every sample
+once, so ``restore_dynamic_batch`` undoes it.
 
 Expert loads: verl calls this per DP rank on the rank's already-dispatched samples, so a local
 packing cannot move tokens between ranks; what the replayed routes change here is the placement.
@@ -50,7 +53,7 @@ length-only baseline (one warning).
 
 Each call yields a :class:`~routepack_opt.integrations._seam.SeamRecord` (:func:`last_record`,
 :func:`pop_records`, or ``on_record=``): micro-batches and predicted time of ours and of verl's
-KK on the same lengths (verl's own partitioner, on lengths only: no tensors are sliced), the
+count on the same lengths (verl's rule with RoutePack's compiled KK, on lengths only), the
 planning time and the net saving. ``metrics.update(rp_verl.last_record().metrics())`` puts it in
 verl's step metrics.
 """
@@ -65,10 +68,12 @@ import numpy as np
 from routepack_opt.certify import certify_rows
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.layout import Layout
 from routepack_opt.core.topology import Topology
+from routepack_opt.heuristics.cells import kk_partition
 from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
 from routepack_opt.integrations import _deps, verl_plugin
-from routepack_opt.integrations._common import length_only_window, plan_cells, score_cells
+from routepack_opt.integrations._common import length_only_window, plan_cells
 from routepack_opt.integrations._seam import (
     UNSET,
     FrameworkAssertionError,
@@ -151,21 +156,45 @@ def verl_own():
     return fn
 
 
-def _verl_reference(item_len, cap: int, rows_min: int, multiple: int) -> tuple[list[list[int]], float]:
-    """verl's own packing of the items on this rank (its KK on its workload, micro-batches added
-    until every one fits the cap; no DP sync), by verl's own helpers; and the seconds it took."""
+def _verl_reference(item_len: np.ndarray, cap: int, rows_min: int, multiple: int) -> tuple[int, float]:
+    """verl's micro-batch count on this rank's items (no DP sync): ``ceil(tokens / cap)`` (at most
+    the item count, at least ``min_num_micro_batch``, rounded up to the multiple), then one more
+    multiple while verl's KK partition on its workload (``24576·s + s²``) leaves a micro-batch
+    over the cap. RoutePack's compiled KK replaces verl's pure-Python one (the same greedy
+    differencing; they may break ties differently): at B = 1,024 verl's takes seconds. Returns
+    (count, seconds)."""
     t0 = time.perf_counter()
-    sb = _deps.verl_seqlen_balancing()
-    torch = _deps.torch()
-    n = len(item_len)
-    work = sb.calculate_workload(torch.as_tensor(item_len, dtype=torch.long)).tolist()
-    k = max(min(n, -(-int(sum(item_len)) // cap)), rows_min)
+    s = item_len.astype(np.float64)
+    work = 24576.0 * s + s * s
+    n = int(item_len.size)
+    k = max(min(n, -(-int(item_len.sum()) // cap)), rows_min)
     k = -(-k // multiple) * multiple
-    while True:
-        parts = sb.get_seqlen_balanced_partitions(work, k, equal_size=False)
-        if all(sum(item_len[i] for i in p) <= cap for p in parts) or k + multiple > n:
-            return parts, time.perf_counter() - t0
+    while k < n:
+        part = kk_partition(work, k, equal_size=False)
+        if int(np.bincount(part, weights=item_len, minlength=k).max()) <= cap:
+            break
         k += multiple
+    return k, time.perf_counter() - t0
+
+
+_ONE_EXPERT = np.zeros((1, 1), dtype=np.int64)  # the placement of a length-only window
+
+
+def _first_fit_layout(item_len, cap: int, rows: int) -> Layout:
+    """Items into ``rows`` nonempty micro-batches under the cap: first-fit decreasing into the
+    least loaded fitting bin, every bin opened by one of the longest items (``rows`` is at least
+    a feasible count, so this only fails on the tightest windows, where it raises)."""
+    order = np.argsort(-np.asarray(item_len), kind="stable")
+    tot = np.zeros(rows, dtype=np.int64)
+    row = np.empty(len(item_len), dtype=np.int64)
+    for n, i in enumerate(order):
+        fits = np.flatnonzero(tot + item_len[i] <= cap) if n >= rows else np.array([n])
+        if fits.size == 0:
+            raise InputError(f"no packing of {len(item_len)} items into {rows} micro-batches of {cap} tokens found")
+        r = int(fits[np.argmin(tot[fits])])
+        row[i] = r
+        tot[r] += item_len[i]
+    return Layout(row, np.zeros_like(row), rows)
 
 
 def _fallback_rows(item_len, cap: int, topo: Topology) -> int:
@@ -258,26 +287,26 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
         raise InputError("Cannot satisfy max_token_len while keeping forced groups atomic and using the same "
                          "micro-batch count across DP ranks. "
                          f"Requested {rows} non-empty micro-batches, but a rank has only {-neg_items} forced groups.")
-    left = None if tl is None else max(0.01, tl - (time.perf_counter() - t0))
+    left = 1.0 if tl is None else max(0.01, tl - (time.perf_counter() - t0))
+    ev = Evaluator(window, topo, settings.cost)
     try:
-        pc = plan_cells(window, topo, settings.cost, objective=settings.objective, rows=rows, time_limit=left,
-                        max_sweeps=settings.max_sweeps, seed=settings.seed,
-                        certificate=cert if (cert is not None and int(cert.rows) == rows) else None)
-        parts = [[j for it in pc.cells[r][0] for j in range(it * g, it * g + g)] for r in range(rows)]
-        pl = pc.plan
-        J_R = Evaluator(window, topo, settings.cost).costs(pl.placement, pl.row, pl.slot, rows)[:, 0]
-        ours_us = float(pl.score["makespan"])
-    except Exception as exc:  # after the sync: keep the agreed count, a length-only baseline
-        fallback = f"planning failed ({exc.__class__.__name__}: {exc}); length-only baseline"
+        # One slot, one EP rank, length-only: Σ_r J[r] = Σ_i (Σ_s α_s·len_i + β_s·len_i² + γ·len_i)
+        # + R·row_overhead for every layout of R rows (docs/model.md), under both objectives, so
+        # no search can lower the predicted time; only R (certified above) and the tie-break
+        # (the peak micro-batch) differ. The best length-only baseline at R is taken as it is.
+        seeds = baseline_layouts(window, topo, rows, time_limit=left,
+                                 packing=cert.packing_N if (cert is not None and int(cert.rows) == rows) else None)
+        lay = min(seeds.values(), key=lambda s_: ev.score_layout(_ONE_EXPERT, s_, settings.objective).key)
+    except Exception as exc:  # after the sync: keep the agreed count with any packing that fits
+        fallback = f"packing failed ({exc.__class__.__name__}: {exc}); first-fit at the agreed count"
         warn_once("verl", "plan", fallback)
-        name, lay = next(iter(baseline_layouts(window, topo, rows, time_limit=1.0).items()))
-        cells = [[[] for _ in range(1)] for _ in range(rows)]
-        for i in range(num_items):
-            cells[int(lay.row[i])][0].append(i)
-        parts = [[j for it in cells[r][0] for j in range(it * g, it * g + g)] for r in range(rows)]
-        J_R = Evaluator(window, topo, settings.cost).costs(np.zeros((1, 1), dtype=np.int64), lay.row, lay.slot,
-                                                           rows)[:, 0]
-        ours_us = float(J_R.sum())
+        lay = _first_fit_layout(item_len, cap, rows)
+    cells: list[list[int]] = [[] for _ in range(rows)]
+    for i in range(num_items):
+        cells[int(lay.row[i])].append(i)
+    parts = [[j for it in cells[r] for j in range(it * g, it * g + g)] for r in range(rows)]
+    J_R = ev.costs(_ONE_EXPERT, lay.row, lay.slot, rows)[:, 0]
+    ours_us = float(ev.score_layout(_ONE_EXPERT, lay, settings.objective).makespan)
     if use_dynamic_bsz_balance:
         # verl's pipeline-bubble order: heaviest in the middle, lighter ones at both ends.
         order = sorted(range(rows), key=lambda r: (J_R[r], parts[r][0]), reverse=True)
@@ -286,10 +315,9 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
     planning = time.perf_counter() - t0
     rows_theirs = theirs_us = theirs_s = None
     if compare:
-        ref, theirs_s = _verl_reference(item_len.tolist(), cap, topo.min_rows, topo.row_multiple)
-        rows_theirs = len(ref)
-        theirs_us = score_cells(window, Topology(dp=1, ep=1, capacity=int(item_len.sum()), min_rows=1),
-                                settings.cost, [[list(p)] for p in ref], settings.objective)
+        rows_theirs, theirs_s = _verl_reference(item_len, cap, topo.min_rows, topo.row_multiple)
+        # layout-independent at a given count (above): verl's time is ours with its count
+        theirs_us = ours_us + (rows_theirs - rows) * settings.cost.row_overhead
     tu = _deps.verl_tensordict_utils()
     micro_batches = [tu.index_select_tensor_dict(batch, p) for p in parts]
     _RECORDS.add(SeamRecord("verl", rows, rows_theirs, ours_us, theirs_us, planning, theirs_s,

@@ -291,3 +291,18 @@ def test_install_checks_module_and_settings(monkeypatch, caplog):
     with caplog.at_level("INFO", logger="routepack_opt.integrations"):
         rp_slime.install(SimpleNamespace(build_dp_schedule=None, __name__="fake.rollout"))
     assert any("fake.rollout.build_dp_schedule replaced" in r.message for r in caplog.records)
+
+
+def test_default_time_limit_is_a_share_of_the_predicted_step(monkeypatch):
+    """The default limit shrinks to a tenth of slime's predicted step (≥ 10 ms); a keyword or ROUTEPACK_TIME_LIMIT is kept."""
+    from routepack_opt.integrations._seam import DEFAULT_TIME_LIMIT, seam_settings
+
+    monkeypatch.delenv("ROUTEPACK_TIME_LIMIT", raising=False)
+    s = seam_settings("slime")
+    assert s.step_time_limit(200_000.0) == pytest.approx(0.02)
+    assert s.step_time_limit(1e3) == 0.01
+    assert s.step_time_limit(1e9) == DEFAULT_TIME_LIMIT["slime"]
+    assert seam_settings("slime", time_limit=2.0).step_time_limit(1e3) == 2.0
+    assert seam_settings("slime", time_limit=None).step_time_limit(1e3) is None
+    monkeypatch.setenv("ROUTEPACK_TIME_LIMIT", "none")
+    assert seam_settings("slime").step_time_limit(1e3) is None

@@ -339,7 +339,7 @@ def test_planning_failure_keeps_the_count_with_a_baseline(monkeypatch, caplog):
 
     lens = [100, 300, 50, 400, 200, 250, 120, 80]
     batch = make_batch(lens, 400, routes=False)
-    monkeypatch.setattr(rp_verl, "plan_cells", boom)
+    monkeypatch.setattr(rp_verl, "baseline_layouts", boom)
     with caplog.at_level("WARNING", logger="routepack_opt.integrations"):
         mbs, parts = rp_verl.rearrange_micro_batches(batch, 600)
     check_valid(batch, mbs, parts, 600)
