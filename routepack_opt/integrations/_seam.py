@@ -8,11 +8,15 @@ the keyword):
 - ``ROUTEPACK_COST``: a preset name or a cost TOML (default ``qwen3-30b-a3b``);
 - ``ROUTEPACK_OBJECTIVE``: ``max-sum`` or ``sum-max`` (default ``max-sum``);
 - ``ROUTEPACK_TIME_LIMIT``: seconds per seam call, or ``none`` for no limit (default
-  :data:`DEFAULT_TIME_LIMIT` for the seam).
+  :data:`DEFAULT_TIME_LIMIT` for the seam);
+- ``ROUTEPACK_THREADS``: numba threads the planner's kernels use during a seam call, or ``all``
+  (default 1: a trainer host's cores are busy, and on a busy machine the parallel kernels' thread
+  launches cost more than they save on a seam's small windows, experiments/seam_latency.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -25,7 +29,7 @@ from routepack_opt.core.errors import InputError
 from routepack_opt.core.objective import check_objective
 
 __all__ = ["FrameworkAssertionError", "SeamSettings", "seam_settings", "SeamRecord", "Recorder",
-           "warn_once", "UNSET", "DEFAULT_TIME_LIMIT", "SHARE_OF_STEP", "DEFAULT_COST", "ENV_VARS"]
+           "warn_once", "UNSET", "DEFAULT_TIME_LIMIT", "SHARE_OF_STEP", "DEFAULT_THREADS", "DEFAULT_COST", "ENV_VARS"]
 
 logger = logging.getLogger("routepack_opt.integrations")
 
@@ -36,7 +40,8 @@ DEFAULT_COST = "qwen3-30b-a3b"
 # the driver, where a step trains for seconds. experiments/integrations_bench.py measures both.
 DEFAULT_TIME_LIMIT = {"verl": 0.1, "slime": 0.25}
 SHARE_OF_STEP = 0.1  # the default limit's share of the framework layout's predicted step time
-ENV_VARS = ("ROUTEPACK_COST", "ROUTEPACK_OBJECTIVE", "ROUTEPACK_TIME_LIMIT")
+ENV_VARS = ("ROUTEPACK_COST", "ROUTEPACK_OBJECTIVE", "ROUTEPACK_TIME_LIMIT", "ROUTEPACK_THREADS")
+DEFAULT_THREADS = 1
 
 
 class FrameworkAssertionError(InputError, AssertionError):
@@ -58,6 +63,23 @@ class SeamSettings:
     max_sweeps: int | None = None
     seed: int = 0
     time_limit_is_default: bool = False  # neither keyword nor ROUTEPACK_TIME_LIMIT set it
+    threads: int | None = DEFAULT_THREADS  # numba threads during a call (None: numba's own)
+
+    @contextlib.contextmanager
+    def planner_threads(self):
+        """Run the block with :attr:`threads` numba threads (numba's setting is per calling
+        thread; restored after)."""
+        if self.threads is None:
+            yield
+            return
+        import numba
+
+        prev = numba.get_num_threads()
+        numba.set_num_threads(max(1, min(self.threads, numba.config.NUMBA_NUM_THREADS)))
+        try:
+            yield
+        finally:
+            numba.set_num_threads(prev)
 
     def step_time_limit(self, predicted_us: float | None) -> float | None:
         """The limit for one call whose framework layout is predicted at ``predicted_us``: a set
@@ -88,8 +110,24 @@ def _strip_flag(msg: str) -> str:
     return msg.removeprefix("--cost: ")
 
 
+def _check_threads(value, where: str) -> int | None:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "all":
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            raise InputError(f"{where}: expected a positive integer or 'all', got {value!r}") from None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{where}: expected a positive integer or None, got {value!r}")
+    return value
+
+
 def seam_settings(seam: str, *, cost=None, objective=None, time_limit=UNSET, max_sweeps=None,
-                  seed: int = 0) -> SeamSettings:
+                  seed: int = 0, threads=UNSET) -> SeamSettings:
     """Settings of ``seam`` (``"verl"`` or ``"slime"``): each keyword given wins, else its
     ``ROUTEPACK_*`` variable, else the default. A bad value is one :class:`InputError` naming the
     keyword (``cost=...``) or the variable (``ROUTEPACK_COST=...``)."""
@@ -130,7 +168,12 @@ def seam_settings(seam: str, *, cost=None, objective=None, time_limit=UNSET, max
         raise InputError(f"max_sweeps: expected a positive integer or None, got {max_sweeps!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InputError(f"seed: expected an integer, got {seed!r}")
-    return SeamSettings(cm, str(obj.value), tl, max_sweeps, seed, default)
+    if threads is UNSET:
+        text = env.get("ROUTEPACK_THREADS", "").strip()
+        nt = _check_threads(text, f"ROUTEPACK_THREADS={text!r}") if text else DEFAULT_THREADS
+    else:
+        nt = _check_threads(threads, "threads")
+    return SeamSettings(cm, str(obj.value), tl, max_sweeps, seed, default, nt)
 
 
 @dataclasses.dataclass(frozen=True)

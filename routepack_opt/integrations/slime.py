@@ -285,21 +285,32 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
                      rollout_indices, routed_experts=None, num_experts: int | None = None,
                      ep_size: int | None = None, moe_layer_freq=None, sample_is_multimodal=None,
                      cost=None, objective: str | None = None, placement="lpt", time_limit=UNSET,
-                     max_sweeps: int | None = None, seed: int = 0, settings: SeamSettings | None = None,
-                     on_record=None) -> SlimeSchedule:
+                     max_sweeps: int | None = None, seed: int = 0, threads=UNSET,
+                     settings: SeamSettings | None = None, on_record=None) -> SlimeSchedule:
     """:func:`build_dp_schedule` with RoutePack's extras (see :class:`SlimeSchedule`).
 
     ``routed_experts``: slime's ``rollout_routed_experts`` (one ``[len_i - 1, layers, top_k]``
     array per sample, same order as ``total_lengths``); ``num_experts`` defaults to
     ``args.num_experts``, ``ep_size`` to ``args.expert_model_parallel_size`` (1 if absent).
     ``time_limit`` (seconds per step; None: unbounded), ``cost``, ``objective``, ``max_sweeps``,
-    ``seed``: see the module docstring; ``settings`` passes them resolved (as :func:`install` does).
-    ``on_record(record)`` is called once per step.
+    ``seed``, ``threads`` (numba threads during the call): see the module docstring; ``settings``
+    passes them resolved (as :func:`install` does). ``on_record(record)`` is called once per step.
     """
-    t_call = time.perf_counter()
     if settings is None:
         kw = {} if time_limit is UNSET else {"time_limit": time_limit}
+        if threads is not UNSET:
+            kw["threads"] = threads
         settings = seam_settings("slime", cost=cost, objective=objective, max_sweeps=max_sweeps, seed=seed, **kw)
+    with settings.planner_threads():
+        return _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout_indices,
+                     routed_experts, num_experts, ep_size, moe_layer_freq, sample_is_multimodal, placement,
+                     settings, on_record)
+
+
+def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout_indices, routed_experts,
+          num_experts, ep_size, moe_layer_freq, sample_is_multimodal, placement, settings: SeamSettings,
+          on_record) -> SlimeSchedule:
+    t_call = time.perf_counter()
     dp_size, cp_size, vpp_size, mb_group = _cfg(train_parallel_config)
     dynamic = bool(getattr(args, "use_dynamic_batch_size", False))
     lengths = [int(x) for x in total_lengths]
@@ -461,7 +472,7 @@ def build_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, 
                             **planner_options).as_slime()
 
 
-_SETTING_KEYS = ("cost", "objective", "time_limit", "max_sweeps", "seed")
+_SETTING_KEYS = ("cost", "objective", "time_limit", "max_sweeps", "seed", "threads")
 
 
 def install(module, **options):

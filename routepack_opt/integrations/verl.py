@@ -215,7 +215,7 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
                             same_micro_num_in_dp=True, min_num_micro_batch=None,
                             use_dynamic_bsz_balance=True, force_group_size=1, *,
                             cost=None, objective: str | None = None, time_limit=UNSET,
-                            max_sweeps: int | None = None, seed: int = 0,
+                            max_sweeps: int | None = None, seed: int = 0, threads=UNSET,
                             settings: SeamSettings | None = None, compare: bool = True, on_record=None):
     """Same signature, return and errors as verl's; the extra keyword-only options tune the
     planner (``settings``: resolved ones, as the plugin passes; ``compare``: also run verl's
@@ -228,7 +228,18 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
     t0 = time.perf_counter()
     if settings is None:
         kw = {} if time_limit is UNSET else {"time_limit": time_limit}
+        if threads is not UNSET:
+            kw["threads"] = threads
         settings = seam_settings("verl", cost=cost, objective=objective, max_sweeps=max_sweeps, seed=seed, **kw)
+    with settings.planner_threads():
+        return _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micro_num_in_dp,
+                          min_num_micro_batch, use_dynamic_bsz_balance, force_group_size, settings, compare,
+                          on_record, t0)
+
+
+def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micro_num_in_dp, min_num_micro_batch,
+               use_dynamic_bsz_balance, force_group_size, settings: SeamSettings, compare: bool, on_record,
+               t0: float):
     cap = int(max_token_len)
     g = int(force_group_size)
     unsupported: UnsupportedBatch | None = None

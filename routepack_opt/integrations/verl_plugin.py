@@ -5,7 +5,7 @@ verl loads every ``verl.plugins`` entry point during ``import verl`` (policy
 ``VERL_USE_EXTERNAL_PLUGINS``, default ``auto``); this module does nothing unless
 ``ROUTEPACK_VERL`` is on (``1``, ``true``, ``yes``, ``on``), so installing RoutePack never changes
 a verl job by itself. Settings: ``ROUTEPACK_COST`` (preset or TOML, default ``qwen3-30b-a3b``),
-``ROUTEPACK_OBJECTIVE``, ``ROUTEPACK_TIME_LIMIT`` (see :mod:`routepack_opt.integrations._seam`),
+``ROUTEPACK_OBJECTIVE``, ``ROUTEPACK_TIME_LIMIT``, ``ROUTEPACK_THREADS`` (see :mod:`routepack_opt.integrations._seam`),
 checked here when the plugin loads.
 
 verl logs a plugin's failure only at DEBUG, so this module says itself what happened, once:
@@ -49,7 +49,8 @@ def _warn_once(key: str, msg: str, *args) -> None:
 _NOT_GIVEN = object()
 
 
-def activate(cost=None, objective=None, time_limit=_NOT_GIVEN, max_sweeps=None, seed: int = 0) -> list[str]:
+def activate(cost=None, objective=None, time_limit=_NOT_GIVEN, max_sweeps=None, seed: int = 0,
+             threads=_NOT_GIVEN) -> list[str]:
     """Point verl's ``rearrange_micro_batches`` (where verl binds it) at RoutePack's, with the
     settings given, else ``ROUTEPACK_*``, else the defaults (checked here: a bad one is an
     ``InputError`` naming the keyword or variable). Returns the modules patched; logs one INFO."""
@@ -59,7 +60,8 @@ def activate(cost=None, objective=None, time_limit=_NOT_GIVEN, max_sweeps=None, 
     from routepack_opt.integrations._seam import seam_settings
 
     settings = seam_settings("verl", cost=cost, objective=objective, max_sweeps=max_sweeps, seed=seed,
-                             **({} if time_limit is _NOT_GIVEN else {"time_limit": time_limit}))
+                             **({} if time_limit is _NOT_GIVEN else {"time_limit": time_limit}),
+                             **({} if threads is _NOT_GIVEN else {"threads": threads}))
     fn = functools.partial(rp_verl.rearrange_micro_batches, settings=settings)
     fn.__routepack__ = True  # type: ignore[attr-defined]
     done = []

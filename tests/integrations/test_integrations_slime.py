@@ -306,3 +306,22 @@ def test_default_time_limit_is_a_share_of_the_predicted_step(monkeypatch):
     assert seam_settings("slime", time_limit=None).step_time_limit(1e3) is None
     monkeypatch.setenv("ROUTEPACK_TIME_LIMIT", "none")
     assert seam_settings("slime").step_time_limit(1e3) is None
+
+
+def test_seam_threads_setting_is_applied_and_restored(monkeypatch):
+    """ROUTEPACK_THREADS / threads= set numba's threads for the call only (default 1); a bad value names the variable."""
+    import numba
+
+    from routepack_opt.integrations._seam import seam_settings
+
+    monkeypatch.delenv("ROUTEPACK_THREADS", raising=False)
+    assert seam_settings("verl").threads == 1
+    assert seam_settings("verl", threads="all").threads is None
+    monkeypatch.setenv("ROUTEPACK_THREADS", "many")
+    with pytest.raises(InputError, match="ROUTEPACK_THREADS='many'"):
+        seam_settings("slime")
+    monkeypatch.setenv("ROUTEPACK_THREADS", "1")
+    before = numba.get_num_threads()
+    with seam_settings("slime").planner_threads():
+        assert numba.get_num_threads() == 1
+    assert numba.get_num_threads() == before
