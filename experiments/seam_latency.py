@@ -11,13 +11,16 @@
   calls it. Time per call: wall clock around the call (median of ``--calls``, after one warm-up
   call that compiles or loads numba's kernels).
 - slime: one step of B samples (the same lengths) on dp_size = 8 (dynamic batch,
-  ``max_tokens_per_gpu`` = 16,384). slime's own ``build_dp_schedule`` (with ``--slime-src``, a checkout of THUDM/slime;
-  else the reproduction of its layout that RoutePack's record scores, timed inside the call)
+  ``max_tokens_per_gpu`` = 16,384). slime's own ``build_dp_schedule`` (with ``--slime-src``, a
+  checkout of THUDM/slime; else the reproduction of its layout that RoutePack's record scores, timed inside the call)
   vs ours with default settings.
 
-Predicted saving: from the seam's record (one evaluator, ours vs the framework's own layout of the
-same input; for verl verl's KK on the rank's lengths), and net of the planning time (the verl call
-is on the critical path; the slime step can be planned while the previous one trains).
+Predicted saving: from the seam's record (one evaluator, in the cost preset's µs; ours vs the
+framework's own layout of the same input, for verl verl's count on the rank's lengths), and net of
+the planning time: both seams are called synchronously today (verl on every rank, slime's
+``RolloutManager`` before the step), so planning is on the critical path. slime's default time
+limit is a tenth of its own layout's predicted step (here 11-139 ms), the column shows its cap.
+Seams plan on one numba thread (``ROUTEPACK_THREADS``, default 1).
 """
 
 from __future__ import annotations

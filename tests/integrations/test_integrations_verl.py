@@ -346,3 +346,26 @@ def test_planning_failure_keeps_the_count_with_a_baseline(monkeypatch, caplog):
     rec = rp_verl.last_record()
     assert "boom" in rec.fallback and rec.rows == len(parts)
     assert sum("boom" in r.message for r in caplog.records) == 1
+
+
+def test_plugin_serves_verls_own_caller():
+    """With the plugin active, verl's prepare_dynamic_batch calls ours with its keywords (the engine's caller needs peft, not installed)."""
+    from verl import DataProto
+
+    from routepack_opt.integrations import verl_plugin
+
+    lens = [100, 300, 50, 400, 200, 250, 120, 80]
+    batch = make_batch(lens, 400, routes=False)
+    old = verl_sb.rearrange_micro_batches
+    try:
+        verl_plugin.activate(time_limit=1.0)
+        rp_verl.pop_records()
+        data = DataProto(batch=batch.clone(), non_tensor_batch={"uid": np.arange(8)})
+        mbs, idx = verl_sb.prepare_dynamic_batch(data, max_token_len=600, num_batches_divided_by=2,
+                                                 min_num_micro_batch=3)
+        assert len(idx) % 2 == 0 and len(idx) >= 3 and sorted(i for p in idx for i in p) == list(range(8))
+        assert all(sum(lens[i] for i in p) <= 600 for p in idx)
+        assert all(mb.non_tensor_batch["uid"].tolist() == p for mb, p in zip(mbs, idx))
+        assert len(rp_verl.pop_records()) == 1
+    finally:
+        verl_sb.rearrange_micro_batches = old
