@@ -37,8 +37,9 @@ DEFAULT_COST = "qwen3-30b-a3b"
 # Seconds per seam call (pipeline clock: R*, seeds and the search together; numba's first compile
 # is off it). verl calls the drop-in on every rank several times a step, so its limit is about
 # verl's own time at B = 256 (96 ms in the trainer-seams trial); slime plans each step once on
-# the driver, where a step trains for seconds. experiments/integrations_bench.py measures both.
-DEFAULT_TIME_LIMIT = {"verl": 0.1, "slime": 0.25}
+# the driver, where a step trains for seconds; verl's balance_batch plans the whole global batch
+# once per step on the driver. experiments/seam_latency.py measures the per-call ones.
+DEFAULT_TIME_LIMIT = {"verl": 0.1, "slime": 0.25, "verl_balance": 0.5}
 SHARE_OF_STEP = 0.1  # the default limit's share of the framework layout's predicted step time
 ENV_VARS = ("ROUTEPACK_COST", "ROUTEPACK_OBJECTIVE", "ROUTEPACK_TIME_LIMIT", "ROUTEPACK_THREADS")
 DEFAULT_THREADS = 1

@@ -422,19 +422,25 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
             opts = dict(objective=settings.objective, placement=placement,
                         time_limit=settings.step_time_limit(theirs_us),
                         max_sweeps=settings.max_sweeps, seed=settings.seed)
-            if dynamic:
-                try:
+            try:
+                if dynamic:
                     pc = plan_cells(plan_window, topo, settings.cost, **opts)
-                except InfeasibleError as exc:
-                    raise FrameworkAssertionError(f"dynamic path: step {s} has {len(idx)} samples, too few for "
-                                                  f"a multiple of {dp_size * group} micro-batches ({exc})") from None
-            else:
-                seeds = [theirs]
-                if weight_n is None:
-                    seeds.append(_slime_layout(step_len, dynamic=False, cap=cap, mbs=mbs, dp=dp_size,
-                                               group=group, weight_n=_sample_cost(window, settings.cost)))
-                pc = plan_fixed_cells(plan_window, topo, settings.cost, seeds, **opts)
-            cells = pc.cells
+                else:
+                    seeds = [theirs]
+                    if weight_n is None:
+                        seeds.append(_slime_layout(step_len, dynamic=False, cap=cap, mbs=mbs, dp=dp_size,
+                                                   group=group, weight_n=_sample_cost(window, settings.cost)))
+                    pc = plan_fixed_cells(plan_window, topo, settings.cost, seeds, **opts)
+                cells = pc.cells
+            except InfeasibleError as exc:
+                raise FrameworkAssertionError(f"dynamic path: step {s} has {len(idx)} samples, too few for "
+                                              f"a multiple of {dp_size * group} micro-batches ({exc})") from None
+            except Exception as exc:  # never break slime: its own layout for this step
+                if theirs is None:
+                    raise
+                fallback = f"planning failed ({exc.__class__.__name__}: {exc}); slime's own layout"
+                warn_once("slime", "plan", fallback)
+                cells, pc = theirs, None
         rows = len(cells)
         for d in range(dp_size):
             for r in range(rows):

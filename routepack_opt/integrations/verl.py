@@ -61,6 +61,7 @@ verl's step metrics.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 import numpy as np
@@ -86,9 +87,11 @@ from routepack_opt.integrations._seam import (
 from routepack_opt.integrations.replay import import_replay
 from routepack_opt.pipeline import baseline_layouts
 
+logger = logging.getLogger("routepack_opt.integrations")
+
 __all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths", "UnsupportedBatch",
            "balance_batch_partitions", "balance_batch", "GlobalBalance", "last_record", "pop_records",
-           "verl_own"]
+           "verl_own", "install_balance_batch"]
 
 
 _RECORDS = Recorder()
@@ -427,6 +430,74 @@ def balance_batch(batch, dp_size: int, metrics: dict | None = None, *, max_token
                                             partitions=[list(range(d * m, d * m + m)) for d in range(dp_size)],
                                             prefix=logging_prefix))
     return gb
+
+
+def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int | None = None,
+                          ep_size: int = 1, moe_layer_freq=None, **settings_options):
+    """Replace ``trainer_cls._balance_batch`` (verl's ``RayPPOTrainer``) by a driver-side plan of
+    the whole global batch (:func:`balance_batch_partitions`: equal sample counts per rank, every
+    micro-batch ≤ ``max_token_len``, joint cost with ``routed_experts`` when ``num_experts`` is
+    given); returns the method it replaced. Settings (``cost``, ``objective``, ``time_limit``,
+    ``max_sweeps``, ``seed``, ``threads``) are checked here (keyword > ``ROUTEPACK_*`` > default;
+    the default limit is ``DEFAULT_TIME_LIMIT["verl_balance"]`` once per step).
+
+    verl's branches are kept: ``keep_minibatch=True`` balances each mini-batch of
+    ``actor_rollout_ref.actor.ppo_mini_batch_size`` samples on its own (as verl does) and plans
+    each; with ``use_prefix_grouper`` (samples of one uid kept on one rank), and on any planning
+    error, verl's own method runs (one warning per cause). The step's :class:`SeamRecord`
+    (ours vs the verl-style KK split at the same count, one evaluator) goes into ``metrics`` as
+    ``routepack/balance/...``, next to verl's ``global_seqlen`` balance metrics."""
+    if not hasattr(trainer_cls, "_balance_batch"):
+        raise InputError(f"install_balance_batch: {getattr(trainer_cls, '__name__', trainer_cls)!r} has no "
+                         "_balance_batch to replace (pass verl.trainer.ppo.ray_trainer.RayPPOTrainer)")
+    settings = seam_settings("verl_balance", **settings_options)
+    original = trainer_cls._balance_batch
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        if getattr(self, "use_prefix_grouper", False) and "uid" in batch.non_tensor_batch:
+            warn_once("verl", "prefix-grouper", "use_prefix_grouper keeps a uid's samples on one rank, which "
+                      "RoutePack's balance does not model: verl's own _balance_batch runs")
+            return original(self, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+        t0 = time.perf_counter()
+        try:
+            dp_size = self._get_dp_size(self.actor_rollout_wg, "actor")
+            N = int(batch.batch["attention_mask"].shape[0])
+            size = N
+            if keep_minibatch:
+                size = int(self.config.actor_rollout_ref.actor.get("ppo_mini_batch_size"))
+                if size < 1 or N % size:
+                    raise InputError(f"keep_minibatch: batch of {N} is not a multiple of ppo_mini_batch_size {size}")
+            parts: list[list[int]] = [[] for _ in range(dp_size)]
+            ours = theirs = 0.0
+            for start in range(0, N, size):
+                sub = batch.batch[start:start + size]
+                gb = balance_batch_partitions(sub, dp_size, max_token_len=max_token_len, num_experts=num_experts,
+                                              ep_size=ep_size, moe_layer_freq=moe_layer_freq, cost=settings.cost,
+                                              objective=settings.objective, time_limit=settings.time_limit,
+                                              max_sweeps=settings.max_sweeps, seed=settings.seed)
+                for d in range(dp_size):
+                    parts[d].extend(start + i for i in gb.partitions[d])
+                ours += float(gb.plan.score["makespan"])
+                seeds = gb.plan.report.seed_scores or {}
+                theirs += float(seeds.get("verl-kk", gb.plan.score["makespan"]))
+        except Exception as exc:  # never break the trainer: verl's own balance
+            warn_once("verl", "balance", f"balance_batch planning failed ({exc.__class__.__name__}: {exc}); "
+                      "verl's own _balance_batch runs")
+            return original(self, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+        torch = _deps.torch()
+        lens = batch.batch["attention_mask"].reshape(N, -1).sum(-1).tolist()
+        batch.reorder(torch.tensor([j for part in parts for j in part]))
+        metrics.update(_deps.verl_log_seqlen_unbalance()(seqlen_list=lens, partitions=parts, prefix=logging_prefix))
+        rec = SeamRecord("verl.balance_batch", int(gb.plan.rows), int(gb.plan.rows), ours, theirs,
+                         time.perf_counter() - t0, samples=N)
+        metrics.update(_RECORDS.add(rec).metrics(prefix="routepack/balance"))
+
+    _balance_batch.__routepack__ = True  # type: ignore[attr-defined]
+    trainer_cls._balance_batch = _balance_batch
+    logger.info("routepack verl: %s._balance_batch replaced (objective %s, time limit %s per step)",
+                getattr(trainer_cls, "__name__", trainer_cls), settings.objective,
+                "none" if settings.time_limit is None else f"{settings.time_limit:g} s")
+    return original
 
 
 # ROUTEPACK_VERL set while verl's plugins are off: say so where RoutePack is imported (the plugin

@@ -325,3 +325,20 @@ def test_seam_threads_setting_is_applied_and_restored(monkeypatch):
     with seam_settings("slime").planner_threads():
         assert numba.get_num_threads() == 1
     assert numba.get_num_threads() == before
+
+
+def test_planning_failure_keeps_slimes_layout_with_one_warning(monkeypatch, caplog):
+    """A planner error in a step: slime's own layout for that step (valid), one warning, a fallback record."""
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(rp_slime, "plan_cells", boom)
+    tl = [5, 3, 7, 2, 9, 4, 6, 1]
+    with caplog.at_level("WARNING", logger="routepack_opt.integrations"):
+        for _ in range(2):
+            sched = plan_dp_schedule(make_args(10), make_tp(2), tl, global_batch_size=4,
+                                     rollout_indices=list(range(8)))
+    p, m, n, _ = sched.as_slime()
+    assert_invariants(p, m, n, dp_size=2, expected=range(8), total_lengths=tl, max_per_bin=10)
+    assert all("boom" in r.fallback for r in sched.records)
+    assert sum("boom" in r.message for r in caplog.records) == 1

@@ -369,3 +369,58 @@ def test_plugin_serves_verls_own_caller():
         assert len(rp_verl.pop_records()) == 1
     finally:
         verl_sb.rearrange_micro_batches = old
+
+
+class _FakeTrainer:
+    """The part of verl's RayPPOTrainer that _balance_batch uses (the real module needs torchdata)."""
+
+    actor_rollout_wg = None
+    use_prefix_grouper = False
+
+    def __init__(self, mini=8):
+        from omegaconf import OmegaConf
+
+        self.config = OmegaConf.create({"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini}}})
+        self.calls = []
+
+    def _get_dp_size(self, wg, role):
+        return 2
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        self.calls.append(keep_minibatch)
+
+
+@pytest.mark.parametrize("keep_minibatch", [False, True])
+def test_install_balance_batch_keeps_verls_branches(keep_minibatch):
+    """install_balance_batch: equal counts per rank (per mini-batch with keep_minibatch), verl's and our metrics, no worse than verl-kk."""
+    from verl import DataProto
+
+    cls = type("T", (_FakeTrainer,), {})
+    old = rp_verl.install_balance_batch(cls, max_token_len=1000, max_sweeps=5, time_limit=None)
+    assert old is _FakeTrainer._balance_batch
+    lens = [100, 300, 50, 400, 200, 250, 120, 80, 60, 90, 30, 10, 700, 20, 340, 150]
+    data = DataProto(batch=make_batch(lens, 700, routes=False), non_tensor_batch={"uid": np.arange(16)})
+    t, metrics = cls(), {}
+    t._balance_batch(data, metrics, keep_minibatch=keep_minibatch)
+    assert t.calls == []  # ours ran, not verl's
+    order = data.non_tensor_batch["uid"].tolist()
+    assert sorted(order) == list(range(16))
+    chunks = [order[:8], order[8:]]  # the dispatch's equal chunks
+    if keep_minibatch:  # every rank holds half of each mini-batch of 8
+        assert all(sum(i < 8 for i in c) == 4 for c in chunks)
+    assert any(k.startswith("global_seqlen/") for k in metrics)
+    assert metrics["routepack/balance/predicted_ms"] <= metrics["routepack/balance/predicted_ms_theirs"] + 1e-9
+
+
+def test_install_balance_batch_falls_back_for_prefix_grouper_and_bad_class():
+    """use_prefix_grouper runs verl's own _balance_batch; a class without _balance_batch is one clear InputError."""
+    from verl import DataProto
+
+    cls = type("T", (_FakeTrainer,), {"use_prefix_grouper": True})
+    rp_verl.install_balance_batch(cls, max_token_len=800, max_sweeps=5, time_limit=None)
+    data = DataProto(batch=make_batch([5, 6, 7, 8], 8, routes=False), non_tensor_batch={"uid": np.arange(4)})
+    t = cls()
+    t._balance_batch(data, {})
+    assert t.calls == [False]
+    with pytest.raises(InputError, match="has no _balance_batch"):
+        rp_verl.install_balance_batch(object, max_token_len=800)
