@@ -27,10 +27,8 @@ same number of samples (verl partitions with ``equal_size=True`` and asserts N %
 listed micro-batch by micro-batch — and :func:`balance_batch` applies it to a ``DataProto`` the
 way ``_balance_batch`` does (reorder in place, verl's balance metrics). With ``routed_experts``
 (and ``num_experts``, ``ep_size``) the whole step is planned on the joint cost; otherwise on
-lengths only. Patch it in with
-``RayPPOTrainer._balance_batch = lambda self, batch, metrics, logging_prefix="global_seqlen",
-keep_minibatch=False: balance_batch(batch, self._get_dp_size(self.actor_rollout_wg, "actor"),
-metrics, max_token_len=..., logging_prefix=logging_prefix)``.
+lengths only. :func:`install_balance_batch` patches it into ``RayPPOTrainer`` (keeping verl's
+``keep_minibatch`` and ``use_prefix_grouper`` branches).
 
 Enabling it by config: RoutePack registers a ``verl.plugins`` entry point
 (:mod:`routepack_opt.integrations.verl_plugin`); with ``ROUTEPACK_VERL=1`` in the workers'
