@@ -342,3 +342,46 @@ def test_planning_failure_keeps_slimes_layout_with_one_warning(monkeypatch, capl
     assert_invariants(p, m, n, dp_size=2, expected=range(8), total_lengths=tl, max_per_bin=10)
     assert all("boom" in r.fallback for r in sched.records)
     assert sum("boom" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("ROUTEPACK_SLIME_SRC"),
+                    reason="slime is not on PyPI; set ROUTEPACK_SLIME_SRC to a THUDM/slime checkout")
+@pytest.mark.parametrize("dynamic, margin, tokens", [(True, 1.0, None), (True, 0.6, None), (False, 1.0, None),
+                                                     (True, 1.0, 6000)])
+def test_record_scores_slimes_real_layout(dynamic, margin, tokens):
+    """The layout the record scores as slime's is slime's real build_dp_schedule output (steps, micro-batches, ranks)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.environ["ROUTEPACK_SLIME_SRC"])
+    from slime.utils.dp_schedule import build_dp_schedule as slime_fn
+
+    rng = np.random.default_rng(7)
+    tl = [int(x) for x in np.clip(rng.lognormal(6.0, 0.9, 64), 16, 3000)]
+    args = make_args(2048, dynamic=dynamic, packing_safety_margin=margin, global_batch_tokens=tokens)
+    args.micro_batch_size = 4
+    tp = make_tp(4)
+    import inspect
+
+    if (margin != 1.0 or tokens) and "sample_is_multimodal" not in inspect.signature(slime_fn).parameters:
+        pytest.skip("this slime predates packing_safety_margin / global_batch_tokens")
+    theirs = slime_fn(args, tp, tl, global_batch_size=16, rollout_indices=list(range(64)))
+    ours = plan_dp_schedule(args, tp, tl, global_batch_size=16, rollout_indices=list(range(64)), **SWEEPS)
+    assert ours.global_batch_sizes == theirs[3]
+    assert [r.rows_theirs for r in ours.records] == theirs[2]
+    # slime's cells, step by step, scored by the evaluator = the record's predicted_us_theirs
+    from routepack_opt.core.cost import get_preset
+    from routepack_opt.core.topology import Topology
+    from routepack_opt.integrations._common import clip_to_cap, length_only_window, score_cells
+
+    start = 0
+    for s, n in enumerate(theirs[2]):
+        cells = [[[theirs[0][d][i] for i in theirs[1][d][start + r]] for d in range(4)] for r in range(n)]
+        idx = sorted(i for row in cells for c in row for i in c)
+        local = [[[idx.index(i) for i in c] for c in row] for row in cells]
+        cap = sum(tl) if not dynamic else max(1, int(2048 * margin))
+        window = clip_to_cap(length_only_window([tl[i] for i in idx]), cap)[0]  # as the record scores it
+        us = score_cells(window, Topology(dp=4, ep=1, capacity=cap),
+                         get_preset("qwen3-30b-a3b").cost, local, "max-sum")
+        assert ours.records[s].predicted_us_theirs == pytest.approx(us)
+        start += n
