@@ -71,7 +71,7 @@ from routepack_opt.core.layout import Layout
 from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.cells import kk_partition
 from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
-from routepack_opt.integrations import _deps, verl_plugin
+from routepack_opt.integrations import _deps, _verl_env
 from routepack_opt.integrations._common import length_only_window, plan_cells
 from routepack_opt.integrations._seam import (
     UNSET,
@@ -147,9 +147,7 @@ def _dist_reduce(values: list[int], op: str, dp_group) -> list[int]:
 
 def verl_own():
     """verl's own ``rearrange_micro_batches`` (the one the plugin replaced)."""
-    from routepack_opt.integrations import verl_plugin
-
-    fn = verl_plugin.ORIGINAL.get("rearrange_micro_batches")
+    fn = _verl_env.ORIGINAL.get("rearrange_micro_batches")
     if fn is None:
         fn = _deps.verl_seqlen_balancing().rearrange_micro_batches
     if getattr(fn, "__routepack__", False):
@@ -499,5 +497,5 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
 
 
 # ROUTEPACK_VERL set while verl's plugins are off: say so where RoutePack is imported (the plugin
-# itself never runs then)
-verl_plugin.check_environment()
+# itself never runs then); _verl_env, not verl_plugin, whose import would activate the plugin
+_verl_env.check_environment()

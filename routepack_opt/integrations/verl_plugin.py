@@ -22,8 +22,9 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-import os
 import sys
+
+from routepack_opt.integrations._verl_env import OFF_VALUES, ON_VALUES, ORIGINAL, check_environment, warn_once
 
 __all__ = ["activate", "check_environment", "PATCHED_MODULES", "ORIGINAL", "ON_VALUES", "OFF_VALUES"]
 
@@ -33,19 +34,6 @@ logger = logging.getLogger("routepack_opt.integrations")
 # patching seqlen_balancing before they load (verl loads plugins in its __init__) covers them;
 # they are patched here only if already imported.
 PATCHED_MODULES = ("verl.utils.seqlen_balancing", "verl.workers.engine.utils")
-ON_VALUES = ("1", "true", "yes", "on")
-OFF_VALUES = ("", "0", "false", "no", "off")
-# verl's own function, saved before the first patch (the drop-in's fallback calls it)
-ORIGINAL: dict[str, object] = {}
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, msg: str, *args) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(msg, *args)
-
-
 _NOT_GIVEN = object()
 
 
@@ -83,33 +71,13 @@ def activate(cost=None, objective=None, time_limit=_NOT_GIVEN, max_sweeps=None, 
     return done
 
 
-def check_environment() -> bool:
-    """Whether ``ROUTEPACK_VERL`` asks for the plugin; warns once when it does but verl's plugin
-    policy (``VERL_USE_EXTERNAL_PLUGINS``) keeps it from loading, or the value is not recognised."""
-    raw = os.environ.get("ROUTEPACK_VERL", "")
-    value = raw.strip().lower()
-    if value in OFF_VALUES:
-        return False
-    if value not in ON_VALUES:
-        _warn_once("value", "routepack verl: ROUTEPACK_VERL=%r is not recognised (%s switch RoutePack on; "
-                   "unset or %s keep it off): verl's rearrange_micro_batches stays",
-                   raw, "/".join(ON_VALUES), "/".join(v for v in OFF_VALUES if v))
-        return False
-    policy = os.environ.get("VERL_USE_EXTERNAL_PLUGINS", "auto").strip().lower()
-    if policy == "none" or (policy != "auto" and "routepack" not in {p.strip() for p in policy.split(",")}):
-        _warn_once("policy", "routepack verl: ROUTEPACK_VERL=%s is set but VERL_USE_EXTERNAL_PLUGINS=%r keeps "
-                   "verl from loading the routepack plugin: RoutePack is not active (set it to 'auto' or "
-                   "add 'routepack')", raw, policy)
-    return True
-
-
 def _load() -> None:
     if not check_environment():
         return
     try:
         activate()
     except Exception as exc:  # never break `import verl`; verl would log this only at DEBUG
-        _warn_once("load", "routepack verl: the plugin did not activate (%s: %s); verl's "
+        warn_once("load", "routepack verl: the plugin did not activate (%s: %s); verl's "
                    "rearrange_micro_batches stays", exc.__class__.__name__, exc)
 
 

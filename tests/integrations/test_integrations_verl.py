@@ -230,11 +230,11 @@ def test_plugin_activate_patches_verl(caplog):
 ])
 def test_plugin_says_why_it_is_off(monkeypatch, caplog, env, match):
     """Plugin load: an unknown ROUTEPACK_VERL, plugins disabled, or a bad ROUTEPACK_* setting is one warning naming it; verl's function stays."""
-    from routepack_opt.integrations import verl_plugin
+    from routepack_opt.integrations import _verl_env, verl_plugin
 
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(verl_plugin, "_warned", set())
+    monkeypatch.setattr(_verl_env, "_warned", set())
     old = verl_sb.rearrange_micro_batches
     with caplog.at_level("WARNING", logger="routepack_opt.integrations"):
         if "VERL_USE_EXTERNAL_PLUGINS" in env:
@@ -424,3 +424,19 @@ def test_install_balance_batch_falls_back_for_prefix_grouper_and_bad_class():
     assert t.calls == [False]
     with pytest.raises(InputError, match="has no _balance_batch"):
         rp_verl.install_balance_batch(object, max_token_len=800)
+
+
+def test_importing_the_drop_in_first_still_lets_the_plugin_activate(tmp_path):
+    """ROUTEPACK_VERL=1: importing routepack's verl module before verl does not spoil the plugin (no circular half-import)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import routepack_opt.integrations.verl as rp\n"
+            "import verl.utils.seqlen_balancing as sb\n"
+            "print('patched' if getattr(sb.rearrange_micro_batches, '__routepack__', False) else 'not patched')\n")
+    env = dict(os.environ, ROUTEPACK_VERL="1", VERL_USE_EXTERNAL_PLUGINS="auto")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().endswith("patched") and "not patched" not in p.stdout
+    assert "did not activate" not in p.stderr
