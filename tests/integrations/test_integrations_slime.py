@@ -385,3 +385,21 @@ def test_record_scores_slimes_real_layout(dynamic, margin, tokens):
                          get_preset("qwen3-30b-a3b").cost, local, "max-sum")
         assert ours.records[s].predicted_us_theirs == pytest.approx(us)
         start += n
+
+
+def test_static_path_with_routed_experts_plans_the_joint_cost():
+    """Static path with routed_experts: fixed counts kept, an LPT map per step, predicted time ≤ slime's layout with identity experts."""
+    rng = np.random.default_rng(4)
+    E, La, K, dp, ep = 8, 2, 2, 4, 2
+    tl = [int(x) for x in rng.integers(20, 200, size=32)]
+    routes = _slime_routes(rng, tl, La, K, E, hot=[0, 1])
+    args = make_args(None, dynamic=False, num_experts=E, expert_model_parallel_size=ep)
+    args.micro_batch_size = 2
+    sched = plan_dp_schedule(args, make_tp(dp), tl, global_batch_size=32, rollout_indices=list(range(32)),
+                             routed_experts=routes, **SWEEPS)
+    p, m, n, _ = sched.as_slime()
+    assert n == [4] and all(len(mbs) == 2 for r in range(dp) for mbs in m[r])
+    assert_invariants(p, m, n, dp_size=dp, expected=range(32), total_lengths=tl, max_per_bin=sum(tl))
+    l2p = sched.logical_to_physical[0]
+    assert l2p.shape == (La, E) and all(sorted(row) == list(range(E)) for row in l2p)
+    assert sched.records[0].predicted_us <= sched.records[0].predicted_us_theirs
