@@ -164,9 +164,30 @@ def baseline_layouts(window: Window, topology: Topology, rows: int,
         except InfeasibleError:
             continue
         out[name] = Layout(row, slot, rows)
+    if not out and packing is not None and topology.equal_samples_per_slot:
+        # The constructions missed a layout the R* certificate holds (with equal counts its
+        # packing is a layout, cell = row·D + slot; e.g. one CP-SAT found on a tight window)
+        lay = _certificate_layout(window.lengths, topology, rows, packing)
+        if lay is not None:
+            out["certificate"] = lay
     if not out:
         raise InputError(f"no feasible layout with {rows} rows for this window and capacity")
     return out
+
+
+def _certificate_layout(lengths_N, topology: Topology, rows: int, packing_N) -> Layout | None:
+    """The equal-count certificate's layout at ``rows`` rows if it is one (every cell nonempty
+    and under the cap, N / D samples per slot), else None."""
+    D = topology.dp
+    cell_N = np.asarray(packing_N, dtype=np.int64)
+    if cell_N.shape != lengths_N.shape or cell_N.min(initial=0) < 0 or cell_N.max(initial=0) >= rows * D:
+        return None
+    per_cell = np.bincount(cell_N, minlength=rows * D)
+    tokens = np.bincount(cell_N, weights=lengths_N, minlength=rows * D)
+    per_slot = per_cell.reshape(rows, D).sum(axis=0)
+    if (per_cell == 0).any() or (tokens > topology.capacity).any() or (per_slot != per_slot[0]).any():
+        return None
+    return Layout(cell_N // D, cell_N % D, rows)
 
 
 _NO_REPORT = PlanReport()  # immutable: a safe default

@@ -468,3 +468,17 @@ def test_without_the_exact_decision_the_certificate_stays_honest(monkeypatch):
     c = certify_rows(np.array([100, 100, 100, 1, 1, 1]), Topology(dp=2, ep=1, capacity=100,
                                                                  equal_samples_per_slot=True))
     assert (c.rows, c.status, c.lower_bound) == (3, "feasible", 2)
+
+
+def test_solve_uses_the_certificates_layout_when_no_construction_fills_r_star():
+    """Equal counts, R* = 1 proved by CP-SAT while no construction finds a layout: solve plans from the certificate's layout (was an InputError)."""
+    from routepack_opt.core.cost import get_preset
+    from routepack_opt.core.window import Window
+    from routepack_opt.pipeline import solve
+
+    lens = np.array([60, 90, 30, 10, 700, 20, 340, 150])
+    w = Window(lens, lens[:, None, None], top_k=1)
+    topo = Topology(dp=2, ep=1, capacity=800, equal_samples_per_slot=True)
+    plan = solve(w, topo, get_preset("qwen3-30b-a3b").cost, max_sweeps=5)
+    assert plan.rows == 1 and plan.validate(w) == []
+    assert "certificate" in plan.report.seed_scores

@@ -9,8 +9,13 @@ of them installed. These modules import the rest of the package, never the other
 - :mod:`.verl`     — drop-in for ``verl.utils.seqlen_balancing.rearrange_micro_batches``
 - :mod:`.megatron` — logical→physical expert placement for Megatron-Core ``MoELayer``
 - :mod:`.ray`      — ``RayPlanner`` (the planner in a Ray actor) and ``replay-report``'s parallel runs
+
+Every seam call yields a :class:`SeamRecord` (ours vs the framework's own function on the same
+input); where the framework asserts, a seam raises :class:`FrameworkAssertionError`. Settings:
+:mod:`._seam` (keyword > ``ROUTEPACK_*`` > default).
 """
 
+from routepack_opt.integrations._seam import FrameworkAssertionError, SeamRecord
 from routepack_opt.integrations.replay import ReplayImport, import_replay, window_from_replay
 
-__all__ = ["ReplayImport", "import_replay", "window_from_replay"]
+__all__ = ["ReplayImport", "import_replay", "window_from_replay", "SeamRecord", "FrameworkAssertionError"]

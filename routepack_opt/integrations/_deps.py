@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 
 __all__ = ["torch", "torch_distributed", "safe_open", "verl_tensordict_utils",
-           "verl_log_seqlen_unbalance"]
+           "verl_log_seqlen_unbalance", "verl_seqlen_balancing"]
 
 
 @functools.cache
@@ -47,3 +47,10 @@ def verl_log_seqlen_unbalance():
     from verl.utils.seqlen_balancing import log_seqlen_unbalance as fn
 
     return fn
+
+
+@functools.cache
+def verl_seqlen_balancing():
+    from verl.utils import seqlen_balancing as module
+
+    return module

@@ -5,10 +5,13 @@ verl's function picks ``ceil(tokens / max_token_len)`` micro-batches, balances a
 workload (``24576·s + s²``, a 7B dense model) by Karmarkar–Karp, and adds micro-batches until
 every one fits the cap. Ours certifies the least micro-batch count that fits the cap (bounds, FFD,
 exact bin packing where bounds do not close), agrees on it across ``dp_group`` (all-reduce MAX,
-as verl does), and packs by population annealing on RoutePack's cost model (attention stages with
-their linear and quadratic terms, per-micro-batch overhead). Return value and index lists are
-verl's: ``(list[TensorDict], list[list[int]])``, every sample once, so ``restore_dynamic_batch``
-undoes it.
+as verl does), and packs the rank's samples into that many micro-batches with the best
+length-only baseline by RoutePack's cost model. On one rank without expert loads the predicted
+time of R micro-batches is the same for every packing (``Σ_i`` of each sample's own attention
+and expert terms plus ``R·row_overhead``; docs/model.md), so the count is what saves time and
+no search runs (``max_sweeps`` and ``seed`` are accepted for the signature and unused here).
+Return value and index lists are verl's: ``(list[TensorDict], list[list[int]])``, every sample
+once, so ``restore_dynamic_batch`` undoes it.
 
 Expert loads: verl calls this per DP rank on the rank's already-dispatched samples, so a local
 packing cannot move tokens between ranks; what the replayed routes change here is the placement.
@@ -24,44 +27,108 @@ same number of samples (verl partitions with ``equal_size=True`` and asserts N %
 listed micro-batch by micro-batch — and :func:`balance_batch` applies it to a ``DataProto`` the
 way ``_balance_batch`` does (reorder in place, verl's balance metrics). With ``routed_experts``
 (and ``num_experts``, ``ep_size``) the whole step is planned on the joint cost; otherwise on
-lengths only. Patch it in with
-``RayPPOTrainer._balance_batch = lambda self, batch, metrics, logging_prefix="global_seqlen",
-keep_minibatch=False: balance_batch(batch, self._get_dp_size(self.actor_rollout_wg, "actor"),
-metrics, max_token_len=..., logging_prefix=logging_prefix)``.
+lengths only. :func:`install_balance_batch` patches it into ``RayPPOTrainer`` (keeping verl's
+``keep_minibatch`` and ``use_prefix_grouper`` branches).
 
 Enabling it by config: RoutePack registers a ``verl.plugins`` entry point
 (:mod:`routepack_opt.integrations.verl_plugin`); with ``ROUTEPACK_VERL=1`` in the workers'
-environment, ``import verl`` swaps verl's function for ours (cost preset from
-``ROUTEPACK_COST``, default ``qwen3-30b-a3b``).
+environment, ``import verl`` swaps verl's function for ours, with the settings of
+``ROUTEPACK_COST`` (default ``qwen3-30b-a3b``), ``ROUTEPACK_OBJECTIVE`` and
+``ROUTEPACK_TIME_LIMIT`` (default ``DEFAULT_TIME_LIMIT["verl"]`` seconds per call), checked when
+the plugin loads.
+
+Contract (verl 0.9.1's): every keyword verl's callers pass is accepted; where verl asserts
+(``max_token_len`` below the padded sequence length, a batch not divisible into forced groups)
+ours raises :class:`~routepack_opt.integrations._seam.FrameworkAssertionError` (an
+``AssertionError``) with verl's message, and where verl raises ``ValueError`` (a forced group over
+the cap, too few groups for the agreed count) so do we, with verl's message. A batch whose lengths
+cannot be read (neither nested ``input_ids`` nor a 2-D ``attention_mask``; a sample without
+tokens) goes to verl's own function, with one warning per cause; the ranks of ``dp_group`` agree
+on that first (all-reduce MAX with the other fatal constraints), so they all run the same
+collectives. A batch with ``attention_mask`` and no ``input_ids`` is planned from the mask.
+A planning failure after the ranks agreed on the count keeps that count and uses the best
+length-only baseline (one warning).
+
+Each call yields a :class:`~routepack_opt.integrations._seam.SeamRecord` (:func:`last_record`,
+:func:`pop_records`, or ``on_record=``): micro-batches and predicted time of ours and of verl's
+count on the same lengths (verl's rule with RoutePack's compiled KK, on lengths only), the
+planning time and the net saving. ``metrics.update(rp_verl.last_record().metrics())`` puts it in
+verl's step metrics.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 
 import numpy as np
 
 from routepack_opt.certify import certify_rows
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.layout import Layout
 from routepack_opt.core.topology import Topology
+from routepack_opt.heuristics.cells import kk_partition
 from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
-from routepack_opt.integrations import _deps
-from routepack_opt.integrations._common import as_cost, length_only_window, plan_cells
+from routepack_opt.integrations import _deps, _verl_env
+from routepack_opt.integrations._common import length_only_window, plan_cells
+from routepack_opt.integrations._seam import (
+    UNSET,
+    FrameworkAssertionError,
+    Recorder,
+    SeamRecord,
+    SeamSettings,
+    seam_settings,
+    warn_once,
+)
 from routepack_opt.integrations.replay import import_replay
+from routepack_opt.pipeline import baseline_layouts
 
-__all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths",
-           "balance_batch_partitions", "balance_batch", "GlobalBalance"]
+logger = logging.getLogger("routepack_opt.integrations")
+
+__all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths", "UnsupportedBatch",
+           "balance_batch_partitions", "balance_batch", "GlobalBalance", "last_record", "pop_records",
+           "verl_own", "install_balance_batch"]
+
+
+_RECORDS = Recorder()
+
+
+def last_record() -> SeamRecord | None:
+    """The record of the last :func:`rearrange_micro_batches` call in this process."""
+    return _RECORDS.last()
+
+
+def pop_records() -> list[SeamRecord]:
+    """Every record since the last ``pop_records()`` (at most 1,024), oldest first."""
+    return _RECORDS.pop_all()
+
+
+class UnsupportedBatch(InputError):
+    """A batch layout the drop-in cannot read lengths from; ``cause`` names the reason."""
+
+    def __init__(self, cause: str, message: str):
+        super().__init__(message)
+        self.cause = cause
 
 
 def batch_lengths(batch) -> tuple[np.ndarray, int]:
     """(effective tokens per sample, padded sequence length) the way verl reads them: nested
-    ``input_ids`` offsets, else ``attention_mask.sum(1)``."""
-    input_ids = batch["input_ids"]
-    if getattr(input_ids, "is_nested", False):
-        lens = input_ids.offsets().diff()
-        return lens.cpu().numpy().astype(np.int64), int(lens.max())
+    ``input_ids`` offsets, else ``attention_mask.sum(1)`` (also without ``input_ids``). Raises
+    :class:`UnsupportedBatch` when neither is there or the mask is not ``[B, S]``."""
+    keys = set(batch.keys())
+    if "input_ids" in keys and getattr(batch["input_ids"], "is_nested", False):
+        lens = batch["input_ids"].offsets().diff()
+        len_N = lens.cpu().numpy().astype(np.int64)
+        return len_N, int(len_N.max()) if len_N.size else 0
+    if "attention_mask" not in keys:
+        raise UnsupportedBatch("no-attention-mask", "the batch has no attention_mask and no nested input_ids "
+                               f"(keys: {', '.join(sorted(map(str, keys)))})")
     mask = batch["attention_mask"]
+    if getattr(mask, "is_nested", False) or getattr(mask, "ndim", 0) != 2:
+        raise UnsupportedBatch("mask-shape", f"attention_mask has shape {tuple(getattr(mask, 'shape', ()))}, "
+                               "not [batch, sequence]")
     return mask.sum(dim=1).cpu().numpy().astype(np.int64), int(mask.shape[-1])
 
 
@@ -78,60 +145,193 @@ def _dist_reduce(values: list[int], op: str, dp_group) -> list[int]:
     return [int(v) for v in t.cpu().tolist()]
 
 
+def verl_own():
+    """verl's own ``rearrange_micro_batches`` (the one the plugin replaced)."""
+    fn = _verl_env.ORIGINAL.get("rearrange_micro_batches")
+    if fn is None:
+        fn = _deps.verl_seqlen_balancing().rearrange_micro_batches
+    if getattr(fn, "__routepack__", False):
+        raise InputError("verl's own rearrange_micro_batches is not known (patched before the plugin saved it)")
+    return fn
+
+
+def _verl_reference(item_len: np.ndarray, cap: int, rows_min: int, multiple: int) -> tuple[int, float]:
+    """verl's micro-batch count on this rank's items (no DP sync): ``ceil(tokens / cap)`` (at most
+    the item count, at least ``min_num_micro_batch``, rounded up to the multiple), then one more
+    multiple while verl's KK partition on its workload (``24576·s + s²``) leaves a micro-batch
+    over the cap. RoutePack's compiled KK replaces verl's pure-Python one (the same greedy
+    differencing; they may break ties differently): at B = 1,024 verl's takes seconds. Returns
+    (count, seconds)."""
+    t0 = time.perf_counter()
+    s = item_len.astype(np.float64)
+    work = 24576.0 * s + s * s
+    n = int(item_len.size)
+    k = max(min(n, -(-int(item_len.sum()) // cap)), rows_min)
+    k = -(-k // multiple) * multiple
+    while k < n:
+        part = kk_partition(work, k, equal_size=False)
+        if int(np.bincount(part, weights=item_len, minlength=k).max()) <= cap:
+            break
+        k += multiple
+    return k, time.perf_counter() - t0
+
+
+_ONE_EXPERT = np.zeros((1, 1), dtype=np.int64)  # the placement of a length-only window
+
+
+def _first_fit_layout(item_len, cap: int, rows: int) -> Layout:
+    """Items into ``rows`` nonempty micro-batches under the cap: first-fit decreasing into the
+    least loaded fitting bin, every bin opened by one of the longest items (``rows`` is at least
+    a feasible count, so this only fails on the tightest windows, where it raises)."""
+    order = np.argsort(-np.asarray(item_len), kind="stable")
+    tot = np.zeros(rows, dtype=np.int64)
+    row = np.empty(len(item_len), dtype=np.int64)
+    for n, i in enumerate(order):
+        fits = np.flatnonzero(tot + item_len[i] <= cap) if n >= rows else np.array([n])
+        if fits.size == 0:
+            raise InputError(f"no packing of {len(item_len)} items into {rows} micro-batches of {cap} tokens found")
+        r = int(fits[np.argmin(tot[fits])])
+        row[i] = r
+        tot[r] += item_len[i]
+    return Layout(row, np.zeros_like(row), rows)
+
+
+def _fallback_rows(item_len, cap: int, topo: Topology) -> int:
+    """A feasible row count without the certifier: first-fit decreasing bins, then the row rules."""
+    tot: list[int] = []
+    for x in sorted(item_len, reverse=True):
+        for j, t in enumerate(tot):
+            if t + x <= cap:
+                tot[j] += x
+                break
+        else:
+            tot.append(int(x))
+    r = max(len(tot), topo.min_rows)
+    return -(-r // topo.row_multiple) * topo.row_multiple
+
+
 def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_divided_by=None,
                             same_micro_num_in_dp=True, min_num_micro_batch=None,
                             use_dynamic_bsz_balance=True, force_group_size=1, *,
-                            cost="qwen3-30b-a3b", objective: str = "max-sum",
-                            time_limit: float | None = None, max_sweeps: int | None = None, seed: int = 0):
-    """Same signature and return as verl's; the extra keyword-only options tune the planner.
+                            cost=None, objective: str | None = None, time_limit=UNSET,
+                            max_sweeps: int | None = None, seed: int = 0, threads=UNSET,
+                            settings: SeamSettings | None = None, compare: bool = True, on_record=None):
+    """Same signature, return and errors as verl's; the extra keyword-only options tune the
+    planner (``settings``: resolved ones, as the plugin passes; ``compare``: also run verl's
+    partitioner on the lengths for the record; ``on_record(record)``: called once per call).
 
     Never exceeds ``max_token_len`` effective tokens per micro-batch. ``force_group_size`` > 1
     keeps consecutive groups together (planned as one item of the group's total length, so the
-    quadratic term is an over-estimate for those). Raises :class:`InputError` where verl asserts
-    (a sample or forced group longer than the cap, a batch not divisible into groups, fewer
-    groups than the agreed micro-batch count).
+    quadratic term is an over-estimate for those).
     """
-    tu = _deps.verl_tensordict_utils()
+    t0 = time.perf_counter()
+    if settings is None:
+        kw = {} if time_limit is UNSET else {"time_limit": time_limit}
+        if threads is not UNSET:
+            kw["threads"] = threads
+        settings = seam_settings("verl", cost=cost, objective=objective, max_sweeps=max_sweeps, seed=seed, **kw)
+    with settings.planner_threads():
+        return _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micro_num_in_dp,
+                          min_num_micro_batch, use_dynamic_bsz_balance, force_group_size, settings, compare,
+                          on_record, t0)
 
-    lens_N, _ = batch_lengths(batch)
-    N = int(lens_N.shape[0])
+
+def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micro_num_in_dp, min_num_micro_batch,
+               use_dynamic_bsz_balance, force_group_size, settings: SeamSettings, compare: bool, on_record,
+               t0: float):
     cap = int(max_token_len)
     g = int(force_group_size)
-    if g < 1 or N % g:
-        raise InputError(f"batch size {N} is not divisible by force_group_size {g}")
-    item_len = lens_N.reshape(N // g, g).sum(axis=1)
-    if (item_len < 1).any():
-        raise InputError("a sample has no tokens (attention_mask all zero)")
-    num_items = item_len.shape[0]
-    # Agree on the fatal constraints first, so that no rank raises while its peers wait (as verl).
+    unsupported: UnsupportedBatch | None = None
+    try:
+        lens_N, padded = batch_lengths(batch)
+    except UnsupportedBatch as exc:
+        unsupported, lens_N, padded = exc, np.zeros(0, dtype=np.int64), 0
+    # verl's own asserts, raised before any collective as verl does
+    if unsupported is None:
+        if cap < padded:
+            raise FrameworkAssertionError("max_token_len must be greater than the sequence length. Got "
+                                          f"max_token_len={cap} and max_seq_len={padded}")
+        N = int(lens_N.shape[0])
+        if g < 1 or N % g:
+            raise FrameworkAssertionError(f"Batch size {N} must be divisible by force_group_size {g}")
+        if N == 0:
+            unsupported = UnsupportedBatch("empty", "the batch has no samples")
+        elif (lens_N < 1).any():
+            unsupported = UnsupportedBatch("empty-sample", "a sample has no tokens (attention_mask all zero)")
+    item_len = lens_N.reshape(-1, g).sum(axis=1) if unsupported is None else lens_N
+    num_items = int(item_len.shape[0])
+    # Agree on the fatal constraints (and on falling back) first, so that no rank raises or
+    # leaves while its peers wait in a collective (as verl).
     sync = same_micro_num_in_dp and dp_group is not None
-    longest, neg_items = _dist_reduce([int(item_len.max()), -num_items], "MAX", dp_group if sync else None)
+    longest, neg_items, bad = _dist_reduce([int(item_len.max()) if num_items else 0, -num_items,
+                                            int(unsupported is not None)], "MAX", dp_group if sync else None)
+    if bad:
+        why = unsupported if unsupported is not None else UnsupportedBatch(
+            "peer", "another DP rank's batch is unsupported")
+        warn_once("verl", why.cause, f"{why}; using verl's own rearrange_micro_batches")
+        out = verl_own()(batch, max_token_len, dp_group=dp_group, num_batches_divided_by=num_batches_divided_by,
+                         same_micro_num_in_dp=same_micro_num_in_dp, min_num_micro_batch=min_num_micro_batch,
+                         use_dynamic_bsz_balance=use_dynamic_bsz_balance, force_group_size=force_group_size)
+        planning = time.perf_counter() - t0
+        _RECORDS.add(SeamRecord("verl", len(out[1]), len(out[1]), None, None, planning, planning,
+                                samples=int(lens_N.shape[0]), fallback=str(why)), on_record)
+        return out
     if longest > cap:
-        raise InputError(f"a {'forced group' if g > 1 else 'sample'} of {longest} tokens exceeds "
-                         f"max_token_len={cap} and cannot be split")
+        raise InputError("A forced group exceeds max_token_len and cannot be split. "
+                         f"Got max_group_token_len={longest} and max_token_len={cap}.")
     topo = Topology(dp=1, ep=1, capacity=cap, min_rows=int(min_num_micro_batch or 1),
                     row_multiple=int(num_batches_divided_by or 1))
     window = length_only_window(item_len)
-
-    rows = int(certify_rows(window, topo, time_limit=10.0).rows)
+    tl = settings.time_limit
+    fallback = None
+    try:
+        cert = certify_rows(window, topo, time_limit=10.0 if tl is None else max(0.01, 0.3 * tl))
+        rows = int(cert.rows)
+    except Exception as exc:  # keep to the collectives: a count every rank can still agree on
+        cert, rows = None, _fallback_rows(item_len, cap, topo)
+        fallback = f"certifying the count failed ({exc.__class__.__name__}: {exc}); first-fit count"
+        warn_once("verl", "certify", fallback)
     if sync:
         rows = _dist_reduce([rows], "MAX", dp_group)[0]
     if rows > -neg_items:
-        raise InputError(f"cannot keep every micro-batch under max_token_len={cap} with {rows} "
-                         f"non-empty micro-batches: a rank has only {-neg_items} "
-                         f"{'groups' if g > 1 else 'samples'}")
-    pc = plan_cells(window, topo, cost, objective=objective, rows=rows, time_limit=time_limit,
-                    max_sweeps=max_sweeps, seed=seed)
-    parts = [[j for it in pc.cells[r][0] for j in range(it * g, it * g + g)] for r in range(rows)]
+        raise InputError("Cannot satisfy max_token_len while keeping forced groups atomic and using the same "
+                         "micro-batch count across DP ranks. "
+                         f"Requested {rows} non-empty micro-batches, but a rank has only {-neg_items} forced groups.")
+    left = 1.0 if tl is None else max(0.01, tl - (time.perf_counter() - t0))
+    ev = Evaluator(window, topo, settings.cost)
+    try:
+        # One slot, one EP rank, length-only: Σ_r J[r] = Σ_i (Σ_s α_s·len_i + β_s·len_i² + γ·len_i)
+        # + R·row_overhead for every layout of R rows (docs/model.md), under both objectives, so
+        # no search can lower the predicted time; only R (certified above) and the tie-break
+        # (the peak micro-batch) differ. The best length-only baseline at R is taken as it is.
+        seeds = baseline_layouts(window, topo, rows, time_limit=left,
+                                 packing=cert.packing_N if (cert is not None and int(cert.rows) == rows) else None)
+        lay = min(seeds.values(), key=lambda s_: ev.score_layout(_ONE_EXPERT, s_, settings.objective).key)
+    except Exception as exc:  # after the sync: keep the agreed count with any packing that fits
+        fallback = f"packing failed ({exc.__class__.__name__}: {exc}); first-fit at the agreed count"
+        warn_once("verl", "plan", fallback)
+        lay = _first_fit_layout(item_len, cap, rows)
+    cells: list[list[int]] = [[] for _ in range(rows)]
+    for i in range(num_items):
+        cells[int(lay.row[i])].append(i)
+    parts = [[j for it in cells[r] for j in range(it * g, it * g + g)] for r in range(rows)]
+    J_R = ev.costs(_ONE_EXPERT, lay.row, lay.slot, rows)[:, 0]
+    ours_us = float(ev.score_layout(_ONE_EXPERT, lay, settings.objective).makespan)
     if use_dynamic_bsz_balance:
         # verl's pipeline-bubble order: heaviest in the middle, lighter ones at both ends.
-
-        pl = pc.plan
-        J_R = Evaluator(window, topo, as_cost(cost)).costs(pl.placement, pl.row, pl.slot, rows)[:, 0]
         order = sorted(range(rows), key=lambda r: (J_R[r], parts[r][0]), reverse=True)
         order = order[::2][::-1] + order[1::2]
         parts = [parts[r] for r in order]
+    planning = time.perf_counter() - t0
+    rows_theirs = theirs_us = theirs_s = None
+    if compare:
+        rows_theirs, theirs_s = _verl_reference(item_len, cap, topo.min_rows, topo.row_multiple)
+        # layout-independent at a given count (above): verl's time is ours with its count
+        theirs_us = ours_us + (rows_theirs - rows) * settings.cost.row_overhead
+    tu = _deps.verl_tensordict_utils()
     micro_batches = [tu.index_select_tensor_dict(batch, p) for p in parts]
+    _RECORDS.add(SeamRecord("verl", rows, rows_theirs, ours_us, theirs_us, planning, theirs_s,
+                            samples=int(lens_N.shape[0]), fallback=fallback), on_record)
     return micro_batches, parts
 
 
@@ -226,3 +426,76 @@ def balance_batch(batch, dp_size: int, metrics: dict | None = None, *, max_token
                                             partitions=[list(range(d * m, d * m + m)) for d in range(dp_size)],
                                             prefix=logging_prefix))
     return gb
+
+
+def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int | None = None,
+                          ep_size: int = 1, moe_layer_freq=None, **settings_options):
+    """Replace ``trainer_cls._balance_batch`` (verl's ``RayPPOTrainer``) by a driver-side plan of
+    the whole global batch (:func:`balance_batch_partitions`: equal sample counts per rank, every
+    micro-batch ≤ ``max_token_len``, joint cost with ``routed_experts`` when ``num_experts`` is
+    given); returns the method it replaced. Settings (``cost``, ``objective``, ``time_limit``,
+    ``max_sweeps``, ``seed``, ``threads``) are checked here (keyword > ``ROUTEPACK_*`` > default;
+    the default limit is ``DEFAULT_TIME_LIMIT["verl_balance"]`` once per step).
+
+    verl's branches are kept: ``keep_minibatch=True`` balances each mini-batch of
+    ``actor_rollout_ref.actor.ppo_mini_batch_size`` samples on its own (as verl does) and plans
+    each; with ``use_prefix_grouper`` (samples of one uid kept on one rank), and on any planning
+    error, verl's own method runs (one warning per cause). The step's :class:`SeamRecord`
+    (ours vs the verl-style KK split at the same count, one evaluator) goes into ``metrics`` as
+    ``routepack/balance/...``, next to verl's ``global_seqlen`` balance metrics."""
+    if not hasattr(trainer_cls, "_balance_batch"):
+        raise InputError(f"install_balance_batch: {getattr(trainer_cls, '__name__', trainer_cls)!r} has no "
+                         "_balance_batch to replace (pass verl.trainer.ppo.ray_trainer.RayPPOTrainer)")
+    settings = seam_settings("verl_balance", **settings_options)
+    original = trainer_cls._balance_batch
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        if getattr(self, "use_prefix_grouper", False) and "uid" in batch.non_tensor_batch:
+            warn_once("verl", "prefix-grouper", "use_prefix_grouper keeps a uid's samples on one rank, which "
+                      "RoutePack's balance does not model: verl's own _balance_batch runs")
+            return original(self, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+        t0 = time.perf_counter()
+        try:
+            dp_size = self._get_dp_size(self.actor_rollout_wg, "actor")
+            N = int(batch.batch["attention_mask"].shape[0])
+            size = N
+            if keep_minibatch:
+                size = int(self.config.actor_rollout_ref.actor.get("ppo_mini_batch_size"))
+                if size < 1 or N % size:
+                    raise InputError(f"keep_minibatch: batch of {N} is not a multiple of ppo_mini_batch_size {size}")
+            parts: list[list[int]] = [[] for _ in range(dp_size)]
+            ours = theirs = 0.0
+            for start in range(0, N, size):
+                sub = batch.batch[start:start + size]
+                gb = balance_batch_partitions(sub, dp_size, max_token_len=max_token_len, num_experts=num_experts,
+                                              ep_size=ep_size, moe_layer_freq=moe_layer_freq, cost=settings.cost,
+                                              objective=settings.objective, time_limit=settings.time_limit,
+                                              max_sweeps=settings.max_sweeps, seed=settings.seed)
+                for d in range(dp_size):
+                    parts[d].extend(start + i for i in gb.partitions[d])
+                ours += float(gb.plan.score["makespan"])
+                seeds = gb.plan.report.seed_scores or {}
+                theirs += float(seeds.get("verl-kk", gb.plan.score["makespan"]))
+        except Exception as exc:  # never break the trainer: verl's own balance
+            warn_once("verl", "balance", f"balance_batch planning failed ({exc.__class__.__name__}: {exc}); "
+                      "verl's own _balance_batch runs")
+            return original(self, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+        torch = _deps.torch()
+        lens = batch.batch["attention_mask"].reshape(N, -1).sum(-1).tolist()
+        batch.reorder(torch.tensor([j for part in parts for j in part]))
+        metrics.update(_deps.verl_log_seqlen_unbalance()(seqlen_list=lens, partitions=parts, prefix=logging_prefix))
+        rec = SeamRecord("verl.balance_batch", int(gb.plan.rows), int(gb.plan.rows), ours, theirs,
+                         time.perf_counter() - t0, samples=N)
+        metrics.update(_RECORDS.add(rec).metrics(prefix="routepack/balance"))
+
+    _balance_batch.__routepack__ = True  # type: ignore[attr-defined]
+    trainer_cls._balance_batch = _balance_batch
+    logger.info("routepack verl: %s._balance_batch replaced (objective %s, time limit %s per step)",
+                getattr(trainer_cls, "__name__", trainer_cls), settings.objective,
+                "none" if settings.time_limit is None else f"{settings.time_limit:g} s")
+    return original
+
+
+# ROUTEPACK_VERL set while verl's plugins are off: say so where RoutePack is imported (the plugin
+# itself never runs then); _verl_env, not verl_plugin, whose import would activate the plugin
+_verl_env.check_environment()

@@ -114,14 +114,13 @@ def test_rejects_when_fewer_rollouts_than_gbs():
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(dynamic=False), "dynamic"),
     (dict(tl=[3, 3, 3]), "rollout_indices"),
     (dict(tl=[3, 0, 3, 3]), "at least 1 token"),
     (dict(tp=make_tp(8)), "dp_size 8"),
     (dict(tp={"dp_size": 2}), "missing"),
 ])
 def test_bad_input_is_one_clear_error(bad, match):
-    """Static path, mismatched lengths, empty samples, too few samples per rank, bad config → InputError."""
+    """Mismatched lengths, empty samples, too few samples per rank, bad config → InputError."""
     args = make_args(12, dynamic=bad.get("dynamic", True))
     with pytest.raises(InputError, match=match):
         build_dp_schedule(args, bad.get("tp", make_tp(1)), bad.get("tl", [3, 3, 3, 3]),
@@ -189,3 +188,218 @@ def test_install_patches_the_module_attribute():
     p, m, n, g = mod.build_dp_schedule(make_args(10), make_tp(2), [5] * 4, global_batch_size=4,
                                        rollout_indices=list(range(4)))
     assert_invariants(p, m, n, dp_size=2, expected=range(4), total_lengths=[5] * 4, max_per_bin=10)
+
+
+def _cells(p, m, n, dp, step=0):
+    start = sum(n[:step])
+    return [[[p[d][i] for i in m[d][start + r]] for d in range(dp)] for r in range(n[step])]
+
+
+def test_static_path_keeps_fixed_counts_and_beats_slimes_layout():
+    """Static path: micro_batch_size samples per micro-batch, slime's count per rank, predicted time ≤ slime's layout."""
+    rng = np.random.default_rng(1)
+    tl = [int(x) for x in rng.integers(50, 4000, size=32)]
+    args = make_args(None, dynamic=False)
+    args.micro_batch_size = 4
+    sched = plan_dp_schedule(args, make_tp(2), tl, global_batch_size=32, rollout_indices=list(range(32)), **SWEEPS)
+    p, m, n, g = sched.as_slime()
+    assert n == [4] and g == [32]
+    assert_invariants(p, m, n, dp_size=2, expected=range(32), total_lengths=tl, max_per_bin=sum(tl))
+    assert all(len(mbs) == 4 for r in range(2) for mbs in m[r])
+    (rec,) = sched.records
+    assert rec.rows == rec.rows_theirs == 4 and rec.fallback is None
+    assert rec.predicted_us <= rec.predicted_us_theirs
+    assert rec.saving_us == pytest.approx(rec.predicted_us_theirs - rec.predicted_us)
+
+
+def test_static_count_that_does_not_divide_is_slimes_assertion():
+    """A static micro-batch count not divisible by dp_size raises AssertionError (and InputError) with slime's message."""
+    args = make_args(None, dynamic=False)
+    args.micro_batch_size = 2
+    with pytest.raises(AssertionError, match="static path: num_mbs \\(3\\)") as exc:
+        build_dp_schedule(args, make_tp(2), [5] * 6, global_batch_size=6, rollout_indices=list(range(6)))
+    assert isinstance(exc.value, InputError)
+
+
+def test_packing_safety_margin_shrinks_the_cap():
+    """args.packing_safety_margin scales the cap as slime's bins do (0.5 × 1024 → 512 tokens)."""
+    rng = np.random.default_rng(2)
+    tl = [int(x) for x in rng.integers(100, 500, size=16)]
+    args = make_args(1024, packing_safety_margin=0.5)
+    p, m, n, _ = build_dp_schedule(args, make_tp(2), tl, global_batch_size=16, rollout_indices=list(range(16)),
+                                   **SWEEPS)
+    for r in range(2):
+        for mbs in m[r]:
+            assert sum(tl[p[r][i]] for i in mbs) <= 512
+
+
+def test_global_batch_tokens_steps_follow_slimes_rule():
+    """Token-budget steps: dp-aligned rollout prefixes nearest the budget, the rest dropped (as slime)."""
+    tl = [10, 10, 30, 30, 5, 5, 100, 1, 3]
+    args = make_args(200, global_batch_tokens=45)
+    sched = plan_dp_schedule(args, make_tp(2), tl, global_batch_size=99, rollout_indices=list(range(9)), **SWEEPS)
+    # from sample 0: 2 / 4 samples hold 20 / 80 tokens, 20 is nearer 45 → 2 rollouts; from 2: 60
+    # tokens at 2 → 2; from 4: 10 at 2, 111 at 4 → 2; from 6: 101 at 2 → 2; sample 8 alone is
+    # not a multiple of dp_size → dropped
+    assert sched.global_batch_sizes == [2, 2, 2, 2]
+    assert sched.dropped_samples == [8]
+    p, m, n, _ = sched.as_slime()
+    assert_invariants(p, m, n, dp_size=2, expected=range(8), total_lengths=tl, max_per_bin=200)
+
+
+def test_sample_is_multimodal_separate_keeps_slimes_layout_with_one_warning(caplog):
+    """multimodal_aware_packing='separate' with image samples: slime's own layout (kinds never mixed), one warning."""
+    tl = [70, 20, 20, 20, 20, 20, 20, 20]
+    mm = [True] + [False] * 7
+    args = make_args(100, multimodal_aware_packing="separate")
+    with caplog.at_level("WARNING", logger="routepack_opt.integrations"):
+        for _ in range(2):
+            sched = plan_dp_schedule(args, make_tp(2), tl, global_batch_size=8, rollout_indices=list(range(8)),
+                                     sample_is_multimodal=mm, **SWEEPS)
+    p, m, n, _ = sched.as_slime()
+    assert_invariants(p, m, n, dp_size=2, expected=range(8), total_lengths=tl, max_per_bin=100)
+    assert all(len({mm[p[r][i]] for i in mbs}) == 1 for r in range(2) for mbs in m[r])
+    assert sched.records[0].fallback is not None
+    assert sum("multimodal" in rec.message for rec in caplog.records) == 1
+
+
+def test_record_metrics_are_flat_numbers():
+    """A step's record gives routepack/<name> numbers: rows, predicted times, saving, planning time, fallback."""
+    sched = plan_dp_schedule(make_args(10), make_tp(2), [5, 3, 7, 2, 9, 4, 6, 1], global_batch_size=8,
+                             rollout_indices=list(range(8)), **SWEEPS)
+    met = sched.records[0].metrics()
+    assert {"routepack/rows", "routepack/rows_theirs", "routepack/predicted_ms", "routepack/predicted_ms_theirs",
+            "routepack/saving_ms", "routepack/net_saving_ms", "routepack/planning_ms",
+            "routepack/fallback"} <= set(met)
+    assert all(isinstance(v, float) for v in met.values())
+    assert met["routepack/rows"] == sched.num_microbatches[0] and met["routepack/fallback"] == 0.0
+    assert rp_slime.last_records() == sched.records
+
+
+def test_install_checks_module_and_settings(monkeypatch, caplog):
+    """install() on a module without build_dp_schedule, or with a bad ROUTEPACK_COST, is one InputError naming it."""
+    with pytest.raises(InputError, match="has no build_dp_schedule"):
+        rp_slime.install(SimpleNamespace())
+    monkeypatch.setenv("ROUTEPACK_COST", "bogus")
+    with pytest.raises(InputError, match="ROUTEPACK_COST='bogus'"):
+        rp_slime.install(SimpleNamespace(build_dp_schedule=None))
+    monkeypatch.setenv("ROUTEPACK_COST", "qwen3-30b-a3b")
+    monkeypatch.setenv("ROUTEPACK_TIME_LIMIT", "soon")
+    with pytest.raises(InputError, match="ROUTEPACK_TIME_LIMIT"):
+        rp_slime.install(SimpleNamespace(build_dp_schedule=None))
+    monkeypatch.delenv("ROUTEPACK_TIME_LIMIT")
+    with caplog.at_level("INFO", logger="routepack_opt.integrations"):
+        rp_slime.install(SimpleNamespace(build_dp_schedule=None, __name__="fake.rollout"))
+    assert any("fake.rollout.build_dp_schedule replaced" in r.message for r in caplog.records)
+
+
+def test_default_time_limit_is_a_share_of_the_predicted_step(monkeypatch):
+    """The default limit shrinks to a tenth of slime's predicted step (≥ 10 ms); a keyword or ROUTEPACK_TIME_LIMIT is kept."""
+    from routepack_opt.integrations._seam import DEFAULT_TIME_LIMIT, seam_settings
+
+    monkeypatch.delenv("ROUTEPACK_TIME_LIMIT", raising=False)
+    s = seam_settings("slime")
+    assert s.step_time_limit(200_000.0) == pytest.approx(0.02)
+    assert s.step_time_limit(1e3) == 0.01
+    assert s.step_time_limit(1e9) == DEFAULT_TIME_LIMIT["slime"]
+    assert seam_settings("slime", time_limit=2.0).step_time_limit(1e3) == 2.0
+    assert seam_settings("slime", time_limit=None).step_time_limit(1e3) is None
+    monkeypatch.setenv("ROUTEPACK_TIME_LIMIT", "none")
+    assert seam_settings("slime").step_time_limit(1e3) is None
+
+
+def test_seam_threads_setting_is_applied_and_restored(monkeypatch):
+    """ROUTEPACK_THREADS / threads= set numba's threads for the call only (default 1); a bad value names the variable."""
+    import numba
+
+    from routepack_opt.integrations._seam import seam_settings
+
+    monkeypatch.delenv("ROUTEPACK_THREADS", raising=False)
+    assert seam_settings("verl").threads == 1
+    assert seam_settings("verl", threads="all").threads is None
+    monkeypatch.setenv("ROUTEPACK_THREADS", "many")
+    with pytest.raises(InputError, match="ROUTEPACK_THREADS='many'"):
+        seam_settings("slime")
+    monkeypatch.setenv("ROUTEPACK_THREADS", "1")
+    before = numba.get_num_threads()
+    with seam_settings("slime").planner_threads():
+        assert numba.get_num_threads() == 1
+    assert numba.get_num_threads() == before
+
+
+def test_planning_failure_keeps_slimes_layout_with_one_warning(monkeypatch, caplog):
+    """A planner error in a step: slime's own layout for that step (valid), one warning, a fallback record."""
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(rp_slime, "plan_cells", boom)
+    tl = [5, 3, 7, 2, 9, 4, 6, 1]
+    with caplog.at_level("WARNING", logger="routepack_opt.integrations"):
+        for _ in range(2):
+            sched = plan_dp_schedule(make_args(10), make_tp(2), tl, global_batch_size=4,
+                                     rollout_indices=list(range(8)))
+    p, m, n, _ = sched.as_slime()
+    assert_invariants(p, m, n, dp_size=2, expected=range(8), total_lengths=tl, max_per_bin=10)
+    assert all("boom" in r.fallback for r in sched.records)
+    assert sum("boom" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("ROUTEPACK_SLIME_SRC"),
+                    reason="slime is not on PyPI; set ROUTEPACK_SLIME_SRC to a THUDM/slime checkout")
+@pytest.mark.parametrize("dynamic, margin, tokens", [(True, 1.0, None), (True, 0.6, None), (False, 1.0, None),
+                                                     (True, 1.0, 6000)])
+def test_record_scores_slimes_real_layout(dynamic, margin, tokens):
+    """The layout the record scores as slime's is slime's real build_dp_schedule output (steps, micro-batches, ranks)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.environ["ROUTEPACK_SLIME_SRC"])
+    from slime.utils.dp_schedule import build_dp_schedule as slime_fn
+
+    rng = np.random.default_rng(7)
+    tl = [int(x) for x in np.clip(rng.lognormal(6.0, 0.9, 64), 16, 3000)]
+    args = make_args(2048, dynamic=dynamic, packing_safety_margin=margin, global_batch_tokens=tokens)
+    args.micro_batch_size = 4
+    tp = make_tp(4)
+    import inspect
+
+    if (margin != 1.0 or tokens) and "sample_is_multimodal" not in inspect.signature(slime_fn).parameters:
+        pytest.skip("this slime predates packing_safety_margin / global_batch_tokens")
+    theirs = slime_fn(args, tp, tl, global_batch_size=16, rollout_indices=list(range(64)))
+    ours = plan_dp_schedule(args, tp, tl, global_batch_size=16, rollout_indices=list(range(64)), **SWEEPS)
+    assert ours.global_batch_sizes == theirs[3]
+    assert [r.rows_theirs for r in ours.records] == theirs[2]
+    # slime's cells, step by step, scored by the evaluator = the record's predicted_us_theirs
+    from routepack_opt.core.cost import get_preset
+    from routepack_opt.core.topology import Topology
+    from routepack_opt.integrations._common import clip_to_cap, length_only_window, score_cells
+
+    start = 0
+    for s, n in enumerate(theirs[2]):
+        cells = [[[theirs[0][d][i] for i in theirs[1][d][start + r]] for d in range(4)] for r in range(n)]
+        idx = sorted(i for row in cells for c in row for i in c)
+        local = [[[idx.index(i) for i in c] for c in row] for row in cells]
+        cap = sum(tl) if not dynamic else max(1, int(2048 * margin))
+        window = clip_to_cap(length_only_window([tl[i] for i in idx]), cap)[0]  # as the record scores it
+        us = score_cells(window, Topology(dp=4, ep=1, capacity=cap),
+                         get_preset("qwen3-30b-a3b").cost, local, "max-sum")
+        assert ours.records[s].predicted_us_theirs == pytest.approx(us)
+        start += n
+
+
+def test_static_path_with_routed_experts_plans_the_joint_cost():
+    """Static path with routed_experts: fixed counts kept, an LPT map per step, predicted time ≤ slime's layout with identity experts."""
+    rng = np.random.default_rng(4)
+    E, La, K, dp, ep = 8, 2, 2, 4, 2
+    tl = [int(x) for x in rng.integers(20, 200, size=32)]
+    routes = _slime_routes(rng, tl, La, K, E, hot=[0, 1])
+    args = make_args(None, dynamic=False, num_experts=E, expert_model_parallel_size=ep)
+    args.micro_batch_size = 2
+    sched = plan_dp_schedule(args, make_tp(dp), tl, global_batch_size=32, rollout_indices=list(range(32)),
+                             routed_experts=routes, **SWEEPS)
+    p, m, n, _ = sched.as_slime()
+    assert n == [4] and all(len(mbs) == 2 for r in range(dp) for mbs in m[r])
+    assert_invariants(p, m, n, dp_size=dp, expected=range(32), total_lengths=tl, max_per_bin=sum(tl))
+    l2p = sched.logical_to_physical[0]
+    assert l2p.shape == (La, E) and all(sorted(row) == list(range(E)) for row in l2p)
+    assert sched.records[0].predicted_us <= sched.records[0].predicted_us_theirs

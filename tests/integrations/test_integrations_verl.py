@@ -97,13 +97,64 @@ def test_nested_input_ids():
     assert all(sum(lens[i] for i in p) <= 12 for p in parts)
 
 
-def test_sample_over_cap_and_bad_groups_are_errors():
-    """A sample over max_token_len, or a batch not divisible by force_group_size, is one InputError."""
+def test_verl_contract_errors_are_verls():
+    """Padded length over max_token_len, indivisible groups, a forced group over the cap: verl's exception types and messages."""
     batch = make_batch([10, 50, 20], 50, routes=False)
-    with pytest.raises(InputError, match="exceeds max_token_len"):
+    for fn in (verl_sb.rearrange_micro_batches, rp_verl.rearrange_micro_batches):
+        with pytest.raises(AssertionError, match="max_token_len must be greater than the sequence length"):
+            fn(batch, 40)
+        with pytest.raises(AssertionError, match="must be divisible by force_group_size 2"):
+            fn(batch, 100, force_group_size=2)
+        with pytest.raises(ValueError, match="A forced group exceeds max_token_len"):
+            fn(make_batch([30, 40, 5, 5], 40, routes=False), 50, force_group_size=2)
+    with pytest.raises(InputError):  # and a clear InputError for RoutePack's own callers
         rp_verl.rearrange_micro_batches(batch, 40)
-    with pytest.raises(InputError, match="force_group_size"):
-        rp_verl.rearrange_micro_batches(batch, 100, force_group_size=2)
+
+
+def test_batch_without_input_ids_is_planned_from_the_mask():
+    """attention_mask + routed_experts without input_ids (a raw KeyError before): planned from the mask, valid."""
+    lens = [30, 12, 25, 40, 7, 33]
+    batch = make_batch(lens, 40, seed=1)
+    del batch["input_ids"]
+    mbs, parts = rp_verl.rearrange_micro_batches(batch, 60, max_sweeps=10)
+    assert sorted(i for p in parts for i in p) == list(range(6))
+    assert all(sum(lens[i] for i in p) <= 60 for p in parts)
+    assert all(torch.equal(mb["attention_mask"], batch["attention_mask"][p]) for mb, p in zip(mbs, parts))
+
+
+def test_unsupported_batch_falls_back_to_verl_with_one_warning(caplog):
+    """A sample without tokens: verl's own function runs (same result), one warning for the cause, a fallback record."""
+    lens = [30, 0, 25, 40]
+    batch = make_batch([max(n, 1) for n in lens], 40, routes=False)
+    batch["attention_mask"][1] = 0
+    want = verl_sb.rearrange_micro_batches(batch, 60)[1]
+    with caplog.at_level("WARNING", logger="routepack_opt.integrations"):
+        for _ in range(2):
+            _, parts = rp_verl.rearrange_micro_batches(batch, 60)
+            assert parts == want
+    assert sum("no tokens" in r.message for r in caplog.records) == 1
+    rec = rp_verl.last_record()
+    assert rec.fallback is not None and "no tokens" in rec.fallback
+    assert rec.metrics()["routepack/fallback"] == 1.0
+
+
+def test_record_compares_with_verls_own_packing():
+    """Each call records rows and predicted time of ours and verl's KK (one evaluator), planning time, saving; flat metrics."""
+    rng = np.random.default_rng(5)
+    lens = [int(x) for x in np.clip(rng.lognormal(6.3, 0.8, 48), 16, 4000)]
+    batch = make_batch(lens, max(lens), routes=False)
+    rp_verl.pop_records()
+    seen = []
+    _, ours = rp_verl.rearrange_micro_batches(batch, 4096, max_sweeps=30, on_record=seen.append)
+    theirs = verl_sb.rearrange_micro_batches(batch, 4096)[1]
+    (rec,) = rp_verl.pop_records()
+    assert seen == [rec] and rec.fallback is None and rec.samples == 48
+    assert rec.rows == len(ours) and rec.rows_theirs == len(theirs)
+    assert rec.predicted_us == pytest.approx(joint_makespan(lens, ours, 4096))
+    assert rec.predicted_us_theirs == pytest.approx(joint_makespan(lens, theirs, 4096))
+    assert rec.net_saving_us == pytest.approx(rec.saving_us - 1e6 * rec.planning_s)
+    met = rec.metrics()
+    assert met["routepack/rows"] == len(ours) and met["routepack/planning_ms"] == pytest.approx(1e3 * rec.planning_s)
 
 
 def test_expert_map_from_batch_matches_lpt_on_imported_loads():
@@ -150,8 +201,8 @@ def test_dp_group_agrees_on_the_count(tmp_path):
     assert counts[0] == counts[1] >= 3
 
 
-def test_plugin_activate_patches_verl():
-    """The verl.plugins entry point swaps verl's function for ours, and pyproject declares it."""
+def test_plugin_activate_patches_verl(caplog):
+    """The verl.plugins entry point swaps verl's function for ours (one INFO line), and pyproject declares it."""
     import tomllib
     from pathlib import Path
 
@@ -159,12 +210,40 @@ def test_plugin_activate_patches_verl():
 
     old = verl_sb.rearrange_micro_batches
     try:
-        assert "verl.utils.seqlen_balancing" in verl_plugin.activate()
+        with caplog.at_level("INFO", logger="routepack_opt.integrations"):
+            assert "verl.utils.seqlen_balancing" in verl_plugin.activate(time_limit=0.5)
         assert getattr(verl_sb.rearrange_micro_batches, "__routepack__", False)
+        assert rp_verl.verl_own() is old
+        assert any("rearrange_micro_batches replaced" in r.message and "0.5 s" in r.message for r in caplog.records)
     finally:
         verl_sb.rearrange_micro_batches = old
     py = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert py["project"]["entry-points"]["verl.plugins"]["routepack"] == "routepack_opt.integrations.verl_plugin"
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"ROUTEPACK_VERL": "enabled"}, "ROUTEPACK_VERL='enabled' is not recognised"),
+    ({"ROUTEPACK_VERL": "1", "VERL_USE_EXTERNAL_PLUGINS": "none"}, "VERL_USE_EXTERNAL_PLUGINS='none'"),
+    ({"ROUTEPACK_VERL": "1", "ROUTEPACK_COST": "bogus"}, "ROUTEPACK_COST='bogus'"),
+    ({"ROUTEPACK_VERL": "1", "ROUTEPACK_OBJECTIVE": "fastest"}, "ROUTEPACK_OBJECTIVE='fastest'"),
+    ({"ROUTEPACK_VERL": "1", "ROUTEPACK_TIME_LIMIT": "-1"}, "ROUTEPACK_TIME_LIMIT='-1'"),
+])
+def test_plugin_says_why_it_is_off(monkeypatch, caplog, env, match):
+    """Plugin load: an unknown ROUTEPACK_VERL, plugins disabled, or a bad ROUTEPACK_* setting is one warning naming it; verl's function stays."""
+    from routepack_opt.integrations import _verl_env, verl_plugin
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(_verl_env, "_warned", set())
+    old = verl_sb.rearrange_micro_batches
+    with caplog.at_level("WARNING", logger="routepack_opt.integrations"):
+        if "VERL_USE_EXTERNAL_PLUGINS" in env:
+            verl_plugin.check_environment()  # verl never loads the plugin then
+        else:
+            verl_plugin._load()
+            verl_plugin._load()
+    assert verl_sb.rearrange_micro_batches is old
+    assert sum(match in r.message for r in caplog.records) == 1
 
 
 # --- DP balance seam (_balance_batch: equal sample counts per rank) ----------------------------
@@ -251,3 +330,113 @@ def test_balance_batch_rejects_indivisible_batch():
     td = make_batch([100] * 10, 100, routes=False)
     with pytest.raises(InputError, match=r"N=10 .*D=4"):
         rp_verl.balance_batch_partitions(td, 4, max_token_len=1000)
+
+
+def test_planning_failure_keeps_the_count_with_a_baseline(monkeypatch, caplog):
+    """A planner error after the ranks agreed on the count: a valid length-only baseline at that count, one warning."""
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    lens = [100, 300, 50, 400, 200, 250, 120, 80]
+    batch = make_batch(lens, 400, routes=False)
+    monkeypatch.setattr(rp_verl, "baseline_layouts", boom)
+    with caplog.at_level("WARNING", logger="routepack_opt.integrations"):
+        mbs, parts = rp_verl.rearrange_micro_batches(batch, 600)
+    check_valid(batch, mbs, parts, 600)
+    rec = rp_verl.last_record()
+    assert "boom" in rec.fallback and rec.rows == len(parts)
+    assert sum("boom" in r.message for r in caplog.records) == 1
+
+
+def test_plugin_serves_verls_own_caller():
+    """With the plugin active, verl's prepare_dynamic_batch calls ours with its keywords (the engine's caller needs peft, not installed)."""
+    from verl import DataProto
+
+    from routepack_opt.integrations import verl_plugin
+
+    lens = [100, 300, 50, 400, 200, 250, 120, 80]
+    batch = make_batch(lens, 400, routes=False)
+    old = verl_sb.rearrange_micro_batches
+    try:
+        verl_plugin.activate(time_limit=1.0)
+        rp_verl.pop_records()
+        data = DataProto(batch=batch.clone(), non_tensor_batch={"uid": np.arange(8)})
+        mbs, idx = verl_sb.prepare_dynamic_batch(data, max_token_len=600, num_batches_divided_by=2,
+                                                 min_num_micro_batch=3)
+        assert len(idx) % 2 == 0 and len(idx) >= 3 and sorted(i for p in idx for i in p) == list(range(8))
+        assert all(sum(lens[i] for i in p) <= 600 for p in idx)
+        assert all(mb.non_tensor_batch["uid"].tolist() == p for mb, p in zip(mbs, idx))
+        assert len(rp_verl.pop_records()) == 1
+    finally:
+        verl_sb.rearrange_micro_batches = old
+
+
+class _FakeTrainer:
+    """The part of verl's RayPPOTrainer that _balance_batch uses (the real module needs torchdata)."""
+
+    actor_rollout_wg = None
+    use_prefix_grouper = False
+
+    def __init__(self, mini=8):
+        from omegaconf import OmegaConf
+
+        self.config = OmegaConf.create({"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini}}})
+        self.calls = []
+
+    def _get_dp_size(self, wg, role):
+        return 2
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        self.calls.append(keep_minibatch)
+
+
+@pytest.mark.parametrize("keep_minibatch", [False, True])
+def test_install_balance_batch_keeps_verls_branches(keep_minibatch):
+    """install_balance_batch: equal counts per rank (per mini-batch with keep_minibatch), verl's and our metrics, no worse than verl-kk."""
+    from verl import DataProto
+
+    cls = type("T", (_FakeTrainer,), {})
+    old = rp_verl.install_balance_batch(cls, max_token_len=1000, max_sweeps=5, time_limit=None)
+    assert old is _FakeTrainer._balance_batch
+    lens = [100, 300, 50, 400, 200, 250, 120, 80, 60, 90, 30, 10, 700, 20, 340, 150]
+    data = DataProto(batch=make_batch(lens, 700, routes=False), non_tensor_batch={"uid": np.arange(16)})
+    t, metrics = cls(), {}
+    t._balance_batch(data, metrics, keep_minibatch=keep_minibatch)
+    assert t.calls == []  # ours ran, not verl's
+    order = data.non_tensor_batch["uid"].tolist()
+    assert sorted(order) == list(range(16))
+    chunks = [order[:8], order[8:]]  # the dispatch's equal chunks
+    if keep_minibatch:  # every rank holds half of each mini-batch of 8
+        assert all(sum(i < 8 for i in c) == 4 for c in chunks)
+    assert any(k.startswith("global_seqlen/") for k in metrics)
+    assert metrics["routepack/balance/predicted_ms"] <= metrics["routepack/balance/predicted_ms_theirs"] + 1e-9
+
+
+def test_install_balance_batch_falls_back_for_prefix_grouper_and_bad_class():
+    """use_prefix_grouper runs verl's own _balance_batch; a class without _balance_batch is one clear InputError."""
+    from verl import DataProto
+
+    cls = type("T", (_FakeTrainer,), {"use_prefix_grouper": True})
+    rp_verl.install_balance_batch(cls, max_token_len=800, max_sweeps=5, time_limit=None)
+    data = DataProto(batch=make_batch([5, 6, 7, 8], 8, routes=False), non_tensor_batch={"uid": np.arange(4)})
+    t = cls()
+    t._balance_batch(data, {})
+    assert t.calls == [False]
+    with pytest.raises(InputError, match="has no _balance_batch"):
+        rp_verl.install_balance_batch(object, max_token_len=800)
+
+
+def test_importing_the_drop_in_first_still_lets_the_plugin_activate(tmp_path):
+    """ROUTEPACK_VERL=1: importing routepack's verl module before verl does not spoil the plugin (no circular half-import)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import routepack_opt.integrations.verl as rp\n"
+            "import verl.utils.seqlen_balancing as sb\n"
+            "print('patched' if getattr(sb.rearrange_micro_batches, '__routepack__', False) else 'not patched')\n")
+    env = dict(os.environ, ROUTEPACK_VERL="1", VERL_USE_EXTERNAL_PLUGINS="auto")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().endswith("patched") and "not patched" not in p.stdout
+    assert "did not activate" not in p.stderr

@@ -1,0 +1,265 @@
+"""What every trainer seam shares around its plan: settings (keyword > environment > default,
+checked once, errors naming the keyword or the variable), the per-call record, the framework's
+exception types, and one warning per cause.
+
+Environment (read when a seam is installed / the verl plugin loads, and on calls that do not pass
+the keyword):
+
+- ``ROUTEPACK_COST``: a preset name or a cost TOML (default ``qwen3-30b-a3b``);
+- ``ROUTEPACK_OBJECTIVE``: ``max-sum`` or ``sum-max`` (default ``max-sum``);
+- ``ROUTEPACK_TIME_LIMIT``: seconds per seam call, or ``none`` for no limit (default
+  :data:`DEFAULT_TIME_LIMIT` for the seam);
+- ``ROUTEPACK_THREADS``: numba threads the planner's kernels use during a seam call, or ``all``
+  (default 1: a trainer host's cores are busy, and on a busy machine the parallel kernels' thread
+  launches cost more than they save on a seam's small windows, experiments/seam_latency.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import threading
+from collections import deque
+
+from routepack_opt.core.cost import CostModel, resolve_cost
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.objective import check_objective
+
+__all__ = ["FrameworkAssertionError", "SeamSettings", "seam_settings", "SeamRecord", "Recorder",
+           "warn_once", "UNSET", "DEFAULT_TIME_LIMIT", "SHARE_OF_STEP", "DEFAULT_THREADS", "DEFAULT_COST", "ENV_VARS"]
+
+logger = logging.getLogger("routepack_opt.integrations")
+
+DEFAULT_COST = "qwen3-30b-a3b"
+# Seconds per seam call (pipeline clock: R*, seeds and the search together; numba's first compile
+# is off it). verl calls the drop-in on every rank several times a step, so its limit is about
+# verl's own time at B = 256 (96 ms in the trainer-seams trial); slime plans each step once on
+# the driver, where a step trains for seconds; verl's balance_batch plans the whole global batch
+# once per step on the driver. experiments/seam_latency.py measures the per-call ones.
+DEFAULT_TIME_LIMIT = {"verl": 0.1, "slime": 0.25, "verl_balance": 0.5}
+SHARE_OF_STEP = 0.1  # the default limit's share of the framework layout's predicted step time
+ENV_VARS = ("ROUTEPACK_COST", "ROUTEPACK_OBJECTIVE", "ROUTEPACK_TIME_LIMIT", "ROUTEPACK_THREADS")
+DEFAULT_THREADS = 1
+
+
+class FrameworkAssertionError(InputError, AssertionError):
+    """Where the replaced function asserts, the drop-in raises this: an ``AssertionError`` for the
+    framework's callers and tests (``pytest.raises(AssertionError, match=...)``) and an
+    :class:`InputError` for RoutePack's (the CLI's ``error:`` line)."""
+
+
+UNSET = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class SeamSettings:
+    """A seam's planner settings, resolved and checked. ``time_limit`` None: unbounded."""
+
+    cost: CostModel
+    objective: str
+    time_limit: float | None
+    max_sweeps: int | None = None
+    seed: int = 0
+    time_limit_is_default: bool = False  # neither keyword nor ROUTEPACK_TIME_LIMIT set it
+    threads: int | None = DEFAULT_THREADS  # numba threads during a call (None: numba's own)
+
+    @contextlib.contextmanager
+    def planner_threads(self):
+        """Run the block with :attr:`threads` numba threads (numba's setting is per calling
+        thread; restored after)."""
+        if self.threads is None:
+            yield
+            return
+        import numba
+
+        prev = numba.get_num_threads()
+        numba.set_num_threads(max(1, min(self.threads, numba.config.NUMBA_NUM_THREADS)))
+        try:
+            yield
+        finally:
+            numba.set_num_threads(prev)
+
+    def step_time_limit(self, predicted_us: float | None) -> float | None:
+        """The limit for one call whose framework layout is predicted at ``predicted_us``: a set
+        limit as it is; the default one at most :data:`SHARE_OF_STEP` of that predicted time (at
+        least 10 ms), so planning stays well below what it can save."""
+        if not self.time_limit_is_default or self.time_limit is None or predicted_us is None:
+            return self.time_limit
+        return min(self.time_limit, max(0.01, SHARE_OF_STEP * predicted_us / 1e6))
+
+
+def _check_time_limit(value, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("none", "off", "inf", "unlimited"):
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise InputError(f"{where}: expected a positive number of seconds or 'none', got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InputError(f"{where}: expected a positive number of seconds or None, got {value!r}")
+    return float(value)
+
+
+def _strip_flag(msg: str) -> str:
+    return msg.removeprefix("--cost: ")
+
+
+def _check_threads(value, where: str) -> int | None:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "all":
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            raise InputError(f"{where}: expected a positive integer or 'all', got {value!r}") from None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{where}: expected a positive integer or None, got {value!r}")
+    return value
+
+
+def seam_settings(seam: str, *, cost=None, objective=None, time_limit=UNSET, max_sweeps=None,
+                  seed: int = 0, threads=UNSET) -> SeamSettings:
+    """Settings of ``seam`` (``"verl"`` or ``"slime"``): each keyword given wins, else its
+    ``ROUTEPACK_*`` variable, else the default. A bad value is one :class:`InputError` naming the
+    keyword (``cost=...``) or the variable (``ROUTEPACK_COST=...``)."""
+    env = os.environ
+    if cost is None:
+        name = env.get("ROUTEPACK_COST", "").strip() or DEFAULT_COST
+        try:
+            cm = resolve_cost(name)
+        except InputError as exc:
+            raise InputError(f"ROUTEPACK_COST={name!r}: {_strip_flag(str(exc))}") from None
+    elif isinstance(cost, CostModel):
+        cm = cost
+    else:
+        try:
+            cm = resolve_cost(cost)
+        except InputError as exc:
+            raise InputError(f"cost={cost!r}: {_strip_flag(str(exc))}") from None
+    if objective is None:
+        text = env.get("ROUTEPACK_OBJECTIVE", "").strip() or "max-sum"
+        try:
+            obj = check_objective(text)
+        except InputError as exc:
+            raise InputError(f"ROUTEPACK_OBJECTIVE={text!r}: {exc}") from None
+    else:
+        try:
+            obj = check_objective(objective)
+        except InputError as exc:
+            raise InputError(f"objective={objective!r}: {exc}") from None
+    default = False
+    if time_limit is UNSET:
+        text = env.get("ROUTEPACK_TIME_LIMIT", "").strip()
+        tl = _check_time_limit(text, f"ROUTEPACK_TIME_LIMIT={text!r}") if text else DEFAULT_TIME_LIMIT[seam]
+        default = not text
+    else:
+        tl = _check_time_limit(time_limit, "time_limit")
+    if max_sweeps is not None and (isinstance(max_sweeps, bool) or not isinstance(max_sweeps, int)
+                                   or max_sweeps < 1):
+        raise InputError(f"max_sweeps: expected a positive integer or None, got {max_sweeps!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InputError(f"seed: expected an integer, got {seed!r}")
+    if threads is UNSET:
+        text = env.get("ROUTEPACK_THREADS", "").strip()
+        nt = _check_threads(text, f"ROUTEPACK_THREADS={text!r}") if text else DEFAULT_THREADS
+    else:
+        nt = _check_threads(threads, "threads")
+    return SeamSettings(cm, str(obj.value), tl, max_sweeps, seed, default, nt)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeamRecord:
+    """One seam call: ours against the framework's own function on the same input.
+
+    Times in µs are the evaluator's predicted step time (makespan under ``objective``) of the
+    call's samples; ``theirs`` is the framework's own packing (verl's KK; slime's first-fit and
+    round-robin / KK, with the identity expert placement), scored by the same evaluator.
+    ``saving_us`` = theirs − ours; ``net_saving_us`` subtracts the planning time when the call is
+    on the critical path (``on_critical_path``). ``fallback``: why the framework's own result was
+    used (None when ours was)."""
+
+    seam: str
+    rows: int
+    rows_theirs: int | None
+    predicted_us: float | None
+    predicted_us_theirs: float | None
+    planning_s: float
+    theirs_s: float | None = None
+    samples: int = 0
+    on_critical_path: bool = True
+    fallback: str | None = None
+    step: int | None = None
+
+    @property
+    def saving_us(self) -> float | None:
+        if self.predicted_us is None or self.predicted_us_theirs is None:
+            return None
+        return self.predicted_us_theirs - self.predicted_us
+
+    @property
+    def net_saving_us(self) -> float | None:
+        s = self.saving_us
+        if s is None:
+            return None
+        return s - (1e6 * self.planning_s if self.on_critical_path else 0.0)
+
+    def metrics(self, prefix: str = "routepack") -> dict[str, float]:
+        """A flat ``{prefix}/<name>: number`` dict (numbers only, so it merges into verl's
+        ``metrics`` and its reducers / wandb): rows, rows_theirs, predicted_ms, predicted_ms_theirs,
+        saving_ms, net_saving_ms, planning_ms, samples, fallback (0/1). Unknown values are left out."""
+        vals = {"rows": self.rows, "rows_theirs": self.rows_theirs,
+                "predicted_ms": None if self.predicted_us is None else self.predicted_us / 1e3,
+                "predicted_ms_theirs": None if self.predicted_us_theirs is None else self.predicted_us_theirs / 1e3,
+                "saving_ms": None if self.saving_us is None else self.saving_us / 1e3,
+                "net_saving_ms": None if self.net_saving_us is None else self.net_saving_us / 1e3,
+                "planning_ms": 1e3 * self.planning_s, "samples": self.samples,
+                "fallback": float(self.fallback is not None)}
+        return {f"{prefix}/{k}": float(v) for k, v in vals.items() if v is not None}
+
+
+class Recorder:
+    """The last records of one seam in this process (thread-safe, bounded)."""
+
+    def __init__(self, maxlen: int = 1024):
+        self._records: deque[SeamRecord] = deque(maxlen=maxlen)
+        self._lock = threading.Lock()
+
+    def add(self, record: SeamRecord, callback=None) -> SeamRecord:
+        with self._lock:
+            self._records.append(record)
+        if callback is not None:
+            callback(record)
+        return record
+
+    def last(self) -> SeamRecord | None:
+        with self._lock:
+            return self._records[-1] if self._records else None
+
+    def pop_all(self) -> list[SeamRecord]:
+        with self._lock:
+            out = list(self._records)
+            self._records.clear()
+        return out
+
+
+_warned: set[tuple[str, str]] = set()
+_warn_lock = threading.Lock()
+
+
+def warn_once(seam: str, cause: str, message: str) -> None:
+    """Log ``message`` at WARNING the first time ``(seam, cause)`` is seen in this process."""
+    with _warn_lock:
+        if (seam, cause) in _warned:
+            return
+        _warned.add((seam, cause))
+    logger.warning("routepack %s: %s", seam, message)
