@@ -1,7 +1,7 @@
 """Megatron-Core end to end (CPU): megatron-core's own top-k router and permute/unpermute, with
 RoutePack's logical→physical map applied between route and dispatch, and the experts migrated.
 
-    python experiments/integrations/megatron_example.py      # needs the [megatron] extra
+    python experiments/integrations/megatron_example.py      # needs megatron-core (README's first command)
 
 In a Megatron job, per MoE layer l: ``handle = apply_expert_placement(moe_layer, physical_to_logical=p2l[l])``;
 between optimizer steps: ``migrate_experts([...expert_slot_tensors(layer.experts, optimizer)...],

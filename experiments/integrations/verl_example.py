@@ -1,7 +1,7 @@
 """verl end to end: a real verl TensorDict batch with routed_experts → RoutePack's
 rearrange_micro_batches (vs verl's own) → restore_dynamic_batch, plus the expert map.
 
-    python experiments/integrations/verl_example.py          # needs the [verl] extra; --ray: RayPlanner
+    python experiments/integrations/verl_example.py          # needs verl (README's first command); --ray: RayPlanner
 
 In a verl job: ``ROUTEPACK_VERL=1`` in the workers' environment enables the ``verl.plugins``
 entry point, which swaps ``verl.utils.seqlen_balancing.rearrange_micro_batches`` for ours.

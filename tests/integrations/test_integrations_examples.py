@@ -28,7 +28,7 @@ def test_slime_example_runs():
 
 def test_verl_example_runs():
     """experiments/integrations/verl_example.py runs against the real verl and round-trips."""
-    pytest.importorskip("verl.utils.seqlen_balancing", reason="verl is not installed (pip install '.[verl]')")
+    pytest.importorskip("verl.utils.seqlen_balancing", reason="verl is not installed (the README's first command installs it)")
     p = _run("verl")
     assert p.returncode == 0, p.stderr[-2000:]
     assert "restore_dynamic_batch round trip: ok" in p.stdout

@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 moe_utils = pytest.importorskip("megatron.core.transformer.moe.moe_utils",
-                                reason="megatron-core is not installed (pip install '.[megatron]')")
+                                reason="megatron-core is not installed (the README's first command installs it)")
 
 from routepack_opt.core.errors import InputError  # noqa: E402
 from routepack_opt.core.evaluate import rank_loads  # noqa: E402

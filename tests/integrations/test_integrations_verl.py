@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-verl_sb = pytest.importorskip("verl.utils.seqlen_balancing", reason="verl is not installed (pip install '.[verl]')")
+verl_sb = pytest.importorskip("verl.utils.seqlen_balancing", reason="verl is not installed (the README's first command installs it)")
 torch = pytest.importorskip("torch")
 
 from tensordict import TensorDict  # noqa: E402
