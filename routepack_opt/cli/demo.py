@@ -70,11 +70,12 @@ def run(args) -> None:
                   + ", ".join(f"{s.name} α={s.alpha:.3g} β={s.beta:.3g}" for s in cost.stages) + ")")
     from routepack_opt.warmup import default_jobs, warm
 
-    # compile/load the planning kernels first (in parallel worker processes on a cold cache), so
-    # no timing below includes it; the demo needs the plan group only
-    cold = console.status("compiling the planning kernels (once per install)") if not args.json else None
+    # compile/load the kernels first (in parallel worker processes on a cold cache), so no
+    # timing below includes it; the demo's table needs the plan and joint groups (not the exact
+    # models' or the rare load storages')
+    cold = console.status("compiling the numba kernels (once per install)") if not args.json else None
     with cold if cold is not None else contextlib.nullcontext():
-        wr = warm(("plan",), jobs=default_jobs(),
+        wr = warm(("plan", "joint"), jobs=default_jobs(),
                   progress=lambda unit, secs, ok: console.print(f"[dim]  {unit}: {'compiled' if ok else 'failed'}"
                                                                 f" in {secs:.1f} s[/]"))
     if not wr["already_warm"]:
