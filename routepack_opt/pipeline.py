@@ -8,6 +8,7 @@ OR-Tools); ``import routepack_opt`` stays cheap because the package exports :fun
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -20,6 +21,7 @@ from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout, check_rows
 from routepack_opt.core.objective import check_objective
+from routepack_opt.core.placement import Placement
 from routepack_opt.core.plan import Plan, check_placement
 from routepack_opt.core.report import EvaluationSummary, JointStats, PlanReport, SearchStats
 from routepack_opt.core.timing import Timings
@@ -29,6 +31,7 @@ from routepack_opt.heuristics.anneal import anneal
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.joint import anneal_packer, joint_search
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
+from routepack_opt.heuristics.placement.replicate import eplb_placement, replicated_placement
 from routepack_opt.params import PlannerParams
 from routepack_opt.warmup import groups_for, warm
 
@@ -36,16 +39,39 @@ __all__ = ["solve", "build_plan", "resolve_placement", "resolve_rows", "certifie
            "SharedPacker",
            "PLACEMENT_KINDS", "DEFAULT_PARAMS"]
 
-PLACEMENT_KINDS = ("lpt", "lpt-plain", "identity", "joint")
+PLACEMENT_KINDS = ("lpt", "lpt-plain", "identity", "joint", "eplb")
 DEFAULT_PARAMS = PlannerParams()
 
 
-def resolve_placement(window: Window, topology: Topology, placement) -> tuple[np.ndarray, str]:
-    """``placement`` is ``"lpt"``, ``"identity"``, a [L, E] array or a :class:`Plan` (its
-    placement is reused, e.g. the one already materialized)."""
+def resolve_placement(window: Window, topology: Topology, placement) -> tuple[np.ndarray | Placement, str]:
+    """``placement`` is ``"lpt"``, ``"identity"``, ``"eplb"``, a [L, E] array, a
+    :class:`Placement` or a :class:`Plan` (its placement is reused, e.g. the one already
+    materialized). With ``topology.redundant_experts > 0`` the result is a :class:`Placement` with
+    replicas (``lpt``/``joint``: replicate the hottest experts, LPT on distinct ranks, swaps;
+    ``eplb``: DeepSeek EPLB's policy)."""
     topology.check_experts(window.num_experts)
     if isinstance(placement, Plan):
-        placement = placement.placement
+        placement = placement.expert_placement
+    red = topology.redundant_experts
+    if isinstance(placement, str) and (red or placement == "eplb"):
+        load = window.expert_loads()
+        S = topology.num_slots(window.num_experts)
+        if placement in ("lpt", "joint", "lpt-plain"):
+            return replicated_placement(load, topology.ep, S), "lpt-replicated"
+        if placement == "eplb":
+            return eplb_placement(load, topology.ep, S), "eplb"
+        if placement == "identity":
+            return Placement.identity(window.num_layers, window.num_experts, topology.ep, red), "identity"
+    if isinstance(placement, Placement):
+        if placement.num_layers != window.num_layers or placement.num_experts != window.num_experts:
+            raise InputError(f"given placement is for L={placement.num_layers}, E={placement.num_experts}; "
+                             f"the window has L={window.num_layers}, E={window.num_experts}")
+        if placement.ep != topology.ep or placement.redundant != red:
+            raise InputError(f"given placement has ep={placement.ep} and {placement.redundant} redundant "
+                             f"slots; the topology has ep={topology.ep}, redundant_experts={red}")
+        return (placement.permutation(), "given") if placement.is_permutation else (placement, "given")
+    if red:
+        raise InputError(f"a placement without replicas does not fit --redundant-experts {red}")
     if isinstance(placement, str):
         load = window.expert_loads()
         if placement in ("lpt", "joint"):
@@ -162,7 +188,8 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
           time_limit: float | None = None, max_sweeps: int | None = None, seed: int = 0,
           current_placement=None, certificate: dict | Certificate | None = None,
           progress: Callable[[float], None] | None = None,
-          stop: Callable[[], bool] | None = None) -> Plan:
+          stop: Callable[[], bool] | None = None, redundant_experts: int | None = None,
+          max_replica_bytes: float | None = None) -> Plan:
     """Plan one window: placement, R*, length-only seeds, population annealing and (with
     ``placement="joint"``) the joint placement search; always a valid, scored :class:`Plan`.
 
@@ -175,8 +202,15 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     serves the seeds' last resort on tight windows). ``stop()`` (polled by the annealer, and
     before the joint stage) cancels cooperatively: the best layout so far is returned;
     ``progress(fraction)`` reports the annealer's progress. Numba kernels are compiled or loaded
-    by ``warm()`` before the clock starts (``timings["warmup"]``, not part of ``total``)."""
+    by ``warm()`` before the clock starts (``timings["warmup"]``, not part of ``total``).
+
+    ``redundant_experts`` (overrides ``topology.redundant_experts``): extra physical expert slots
+    per layer, E + N divisible by P; the plan then carries a :class:`Placement` with replicas
+    (``plan.replicas``), the search packs against the surrogate rank loads and the evaluator
+    scores the exact even-local split. ``max_replica_bytes``: the most expert state (bytes,
+    ``cost.expert_bytes`` per slot) the replicas may add to one rank; more is an ``InputError``."""
     objective = check_objective(objective)
+    topology = with_replicas(topology, window.num_experts, cost, redundant_experts, max_replica_bytes)
     if not isinstance(params, PlannerParams):
         raise InputError(f"params must be a PlannerParams, got {type(params).__name__}")
     warmup = Timings()
@@ -251,6 +285,36 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     report = PlanReport(placement_kind=pl_kind, seed_scores={k: v[0] for k, v in seed_scores.items()},
                         search=search, fallback=fallback, joint=joint, timings=timings.seconds)
     return build_plan(ev, pl, layout, objective, report=report, certificate=cert)
+
+
+def with_replicas(topology: Topology, num_experts: int, cost: CostModel, redundant_experts: int | None,
+                  max_replica_bytes: float | None) -> Topology:
+    """``topology`` with ``redundant_experts`` (when given), checked: E + N divisible by P, and
+    the replicas' expert state per rank (N / P slots × ``cost.expert_bytes``) within
+    ``max_replica_bytes`` (when given)."""
+    if redundant_experts is not None:
+        if isinstance(redundant_experts, bool) or not isinstance(redundant_experts, (int, np.integer)) \
+                or redundant_experts < 0:
+            raise InputError(f"redundant_experts must be an integer ≥ 0, got {redundant_experts!r}")
+        topology = dataclasses.replace(topology, redundant_experts=int(redundant_experts))
+    topology.check_experts(num_experts)
+    if max_replica_bytes is not None:
+        if isinstance(max_replica_bytes, bool) or not isinstance(max_replica_bytes, (int, float, np.number)) \
+                or not np.isfinite(max_replica_bytes) or max_replica_bytes < 0:
+            raise InputError(f"max_replica_bytes must be a finite number ≥ 0, got {max_replica_bytes!r}")
+        red = topology.redundant_experts
+        if red and cost.expert_bytes <= 0:
+            raise InputError("max_replica_bytes needs the cost model's expert_bytes (bytes of one "
+                             "expert's weights, gradients and optimizer state); use a preset or set "
+                             "expert_bytes in the cost TOML")
+        per_rank = red / topology.ep * cost.expert_bytes
+        if per_rank > max_replica_bytes:
+            fit = int(max_replica_bytes // cost.expert_bytes) * topology.ep if cost.expert_bytes else 0
+            raise InputError(
+                f"--redundant-experts {red}: {red / topology.ep:g} extra slots per rank × "
+                f"{cost.expert_bytes:,.0f} bytes = {per_rank:,.0f} bytes per rank, over "
+                f"max_replica_bytes {max_replica_bytes:,.0f}; at most {fit} redundant experts fit")
+    return topology
 
 
 class _OutOfTime(Exception):

@@ -30,6 +30,7 @@ itself. Where the cache lives: :mod:`routepack_opt.core.cache`.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import threading
@@ -51,6 +52,7 @@ from routepack_opt.heuristics.baselines import BASELINES, verl_kk_layout
 from routepack_opt.heuristics.placement.joint import JointConfig, joint_search
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
 from routepack_opt.heuristics.placement.refine import RefineConfig
+from routepack_opt.heuristics.placement.replicate import replicated_placement
 from routepack_opt.models import binpack as exact_binpack
 from routepack_opt.models import layout_blocks
 from routepack_opt.models.layout_common import LayoutInstance
@@ -64,6 +66,7 @@ _ANNEAL = tuple(f"routepack_opt.heuristics.anneal.{m}"
                 for m in ("rng", "kernels", "state", "moves", "greedy"))
 GROUPS = {
     "plan": ("routepack_opt.core.projection", "routepack_opt.heuristics.placement.lpt",
+             "routepack_opt.heuristics.placement.replicate",
              "routepack_opt.heuristics.binpack", "routepack_opt.heuristics.cells",
              "routepack_opt.heuristics.baselines",
              *_ANNEAL),
@@ -230,6 +233,12 @@ def _warm_plan() -> None:
         res = anneal.anneal(w.lengths, ev.rank_loads(pl), topo, cost, R, objective, seeds,
                                config=cfg, seed=0, **budget)
         ev.evaluate(pl, res.row, res.slot, R, objective)
+    # replicas: the replica placement, the surrogate loads and the exact even-local split
+    rtopo = dataclasses.replace(topo, redundant_experts=topo.ep)
+    rpl = replicated_placement(w.expert_loads(), rtopo.ep, rtopo.num_slots(w.num_experts))
+    rev = Evaluator(w, rtopo, cost)
+    rev.rank_loads(rpl)
+    rev.evaluate(rpl, seeds[0][0], seeds[0][1], R, Objective.MAX_SUM)
     anneal.warm_storage(*anneal.STORAGES[0])  # the ordinary storage (compiled above)
     # R* escalation past the cheap bounds: MBS' and the overflow tabu search on K bins
     sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)

@@ -11,7 +11,15 @@ import sys
 import time
 from pathlib import Path
 
-from routepack_opt.cli.common import add_json, add_objective, emit, nonneg_int, positive_float, positive_int
+from routepack_opt.cli.common import (
+    add_json,
+    add_objective,
+    add_replica_args,
+    emit,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 from routepack_opt.cli.plan import progress_bar
 from routepack_opt.core.cost import PRESETS, get_preset
 from routepack_opt.core.errors import InputError
@@ -28,6 +36,7 @@ def register(sub) -> None:
     p.add_argument("--ep", type=positive_int, default=DEFAULTS["ep"])
     p.add_argument("--seed", type=nonneg_int, default=DEFAULTS["seed"])
     p.add_argument("--time-limit", type=positive_float, help="search time limit per plan (s)")
+    add_replica_args(p)
     p.add_argument("--out", default="routepack-demo", help="output directory (window, plan, plot)")
     add_objective(p)
     add_json(p)
@@ -56,7 +65,8 @@ def run(args) -> None:
     t0 = time.perf_counter()
     window = generate_window(args.preset, args.samples, args.seed)
     save_window(window, out / "window.npz")
-    topo = Topology(dp=args.dp, ep=args.ep, capacity=preset.config.capacity)
+    topo = Topology(dp=args.dp, ep=args.ep, capacity=preset.config.capacity,
+                    redundant_experts=args.redundant_experts)
     cost = preset.cost
     console.print(f"[bold]window[/]: {args.preset}, N={window.num_samples} samples, L={window.num_layers} "
                   f"layers, E={window.num_experts} experts, top-{window.top_k}, {window.total_tokens:,} tokens "
@@ -76,6 +86,7 @@ def run(args) -> None:
                   f"by {cert.method}, {cert.seconds * 1e3:.1f} ms)")
     with progress_bar(sys.stderr.isatty() and not args.json, "planning") as cb:
         table, plans = compare_plans(window, topo, cost, objective=args.objective, time_limit=args.time_limit,
+                                     max_replica_bytes=args.max_replica_bytes,
                                      seed=args.seed, exact=False, progress=cb)
     console.print(format_table(table, args.objective))
     plans["routepack"].save(out / "plan.json")

@@ -118,6 +118,14 @@ class Placement:
         return cls(p2l, ep, E)
 
     @classmethod
+    def identity(cls, num_layers: int, num_experts: int, ep: int, redundant: int = 0) -> Placement:
+        """Slot s holds expert ``s mod E``: today's identity, and with redundant slots a second
+        copy of experts 0..redundant−1 (on other ranks than their first: slots e and e + E are
+        ≥ E ≥ S/P apart). A placement that needs no loads (the deadline fallbacks)."""
+        S = num_experts + redundant
+        return cls(np.tile(np.arange(S, dtype=np.int64) % num_experts, (num_layers, 1)), ep, num_experts)
+
+    @classmethod
     def from_ranks(cls, rank_LEK, logcnt_LE, ep: int, load_LE=None) -> Placement:
         """Slots from per-replica ranks: ``rank_LEK[l, e, j]`` is the rank of e's j-th replica
         (j < logcnt). Each rank's replicas take its slots by decreasing per-replica load
