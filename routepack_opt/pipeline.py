@@ -245,13 +245,18 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
         best_seed = min(seed_scores, key=lambda name: seed_scores[name])
     layout = seeds[best_seed]
     search = joint = fallback = None
+    # with replicas the search alternates packing and row-aware replica moves: the first packing
+    # gets half of what is left
+    replicated = isinstance(pl, Placement) and not pl.is_permutation and placement in ("lpt", "joint")
     with timings.stage("anneal"):
         try:
             if clock.expired():
                 raise _OutOfTime(f"the {time_limit:g}s limit was spent before the search")
+            left = clock.left()
             res = anneal(window.lengths, b, topology, cost, R, objective,
                          [lay.arrays() for lay in seeds.values()], config=params.anneal, seed=seed,
-                         time_limit=clock.left(), max_sweeps=max_sweeps, progress=progress, stop=stop)
+                         time_limit=None if left is None else (0.5 * left if replicated else left),
+                         max_sweeps=max_sweeps, progress=progress, stop=stop)
             found = Layout(res.row, res.slot, R)
             errs = Plan.from_layout(topology, pl, found, objective).validate(window)
             if errs:
@@ -263,6 +268,15 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
             fallback = f"no search: {exc}; using baseline {best_seed}"
         except Exception as exc:  # fall back to the best valid baseline, and say so
             fallback = f"annealing failed ({exc.__class__.__name__}: {exc}); using baseline {best_seed}"
+    replica_notes: dict = {}
+    if replicated and fallback is None and not clock.expired() and not (stop is not None and stop()):
+        with timings.stage("replicas"):
+            try:
+                assert isinstance(pl, Placement)
+                pl, layout, replica_notes = _replica_rounds(window, topology, cost, ev, pl, layout, R,
+                                                            objective, params, seed, clock, max_sweeps, stop)
+            except Exception as exc:  # keep the packing and placement found so far, and say so
+                fallback = f"replica moves failed ({exc.__class__.__name__}: {exc}); kept the constructive replicas"
     if (pl_kind == "lpt" and placement == "joint" and not clock.expired()
             and not (stop is not None and stop())):
         with timings.stage("joint"):
@@ -283,8 +297,57 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     timings.record("total", time.perf_counter() - t_start)
     timings.record("warmup", warmup.seconds["warmup"])
     report = PlanReport(placement_kind=pl_kind, seed_scores={k: v[0] for k, v in seed_scores.items()},
-                        search=search, fallback=fallback, joint=joint, timings=timings.seconds)
+                        search=search, fallback=fallback, joint=joint, timings=timings.seconds,
+                        notes={"replicas": replica_notes} if replica_notes else {})
     return build_plan(ev, pl, layout, objective, report=report, certificate=cert)
+
+
+def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Evaluator, pl: Placement,
+                    layout: Layout, R: int, objective, params: PlannerParams, seed: int, clock: _Clock,
+                    max_sweeps: int | None, stop, max_rounds: int = 3) -> tuple[Placement, Layout, dict]:
+    """Rounds of (row-aware replica moves for the current packing, then packing again against the
+    new placement's surrogate loads, from the current layout), each kept only if the one
+    evaluator scores it better. The moves run in chunks of a few passes between clock checks."""
+    from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
+
+    best = ev.score_layout(pl, layout, objective).key
+    notes = {"rounds": 0, "moves": 0, "placements_kept": 0, "packings_kept": 0}
+
+    def stopped() -> bool:
+        return clock.expired() or (stop is not None and stop())
+
+    for rnd in range(max_rounds):
+        if stopped():
+            break
+        V = block_expert_loads(window.counts, layout.row, layout.slot, R, topology)
+        cand, moves = pl, 0
+        for _ in range(8):  # ≤ 8 × 4 passes per layer
+            cand, m = refine_replicas(V, cand, topology, max_passes=4)
+            moves += m
+            if m == 0 or stopped():
+                break
+        notes["rounds"] += 1
+        notes["moves"] += moves
+        key = ev.score_layout(cand, layout, objective).key
+        if moves == 0 or key >= best:
+            break
+        pl, best = cand, key
+        notes["placements_kept"] += 1
+        if stopped():
+            break
+        left = clock.left()
+        res = anneal(window.lengths, ev.rank_loads(pl), topology, cost, R, objective, [layout.arrays()],
+                     config=params.anneal, seed=seed + rnd + 1,
+                     time_limit=None if left is None else (0.5 * left if rnd + 1 < max_rounds else left),
+                     max_sweeps=max_sweeps, stop=stop)
+        found = Layout(res.row, res.slot, R)
+        if Plan.from_layout(topology, pl, found, objective).validate(window):
+            raise RuntimeError("annealer returned an invalid layout")
+        key = ev.score_layout(pl, found, objective).key
+        if key < best:
+            layout, best = found, key
+            notes["packings_kept"] += 1
+    return pl, layout, notes
 
 
 def with_replicas(topology: Topology, num_experts: int, cost: CostModel, redundant_experts: int | None,

@@ -122,3 +122,36 @@ def test_cli_replica_flags(tmp_path):
     for extra in (["--redundant-experts", "3"], ["--redundant-experts", "4", "--max-replica-bytes", "1"]):
         r = subprocess.run(base + ["plan", str(tmp_path / "w.npz"), *topo, *extra], capture_output=True, text=True)
         assert r.returncode == 2 and r.stderr.count("error:") == 1 and "Traceback" not in r.stderr
+
+
+def _surrogate_cost(V_LEK, pl):
+    """Σ_{l,k} max_p Σ_e V[l,e,k]·n[e,p]/cnt[e], in numpy (independent of the kernel)."""
+    W_LKP = np.einsum("lek,lep->lkp", V_LEK.astype(float), pl.surrogate_rank_matrix())
+    return W_LKP.max(axis=2).sum()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_row_aware_replica_moves_never_raise_the_surrogate_and_stay_valid(seed):
+    """refine_replicas keeps S/P slots per rank, every expert ≥ 1 replica on distinct ranks, and
+    never raises the surrogate expert cost Σ_{l,k} max_p W (recomputed in numpy)."""
+    from routepack_opt.core.testing import random_layout
+    from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
+
+    rng = np.random.default_rng(seed)
+    w = random_window(num_samples=40, num_layers=3, num_experts=12, top_k=3, max_len=60, seed=seed, skew=2.5)
+    topo = Topology(dp=4, ep=4, capacity=10_000, redundant_experts=8)
+    pl = replicated_placement(w.expert_loads(), 4, 20)
+    row, slot = random_layout(40, 3, 4, rng)
+    V = block_expert_loads(w.counts, row, slot, 3, topo)
+    new, moves = refine_replicas(V, pl, topo)
+    assert _surrogate_cost(V, new) <= _surrogate_cost(V, pl) + 1e-6
+    assert new.num_slots == 20 and new.logcnt.min() >= 1
+    ranks = new.replica_ranks()
+    for l in range(3):
+        for e in range(12):
+            r = ranks[l, e][ranks[l, e] >= 0]
+            assert len(set(r.tolist())) == r.size
+    again, more = refine_replicas(V, new, topo, max_passes=64)
+    assert _surrogate_cost(V, again) <= _surrogate_cost(V, new) + 1e-6
+    if moves:
+        assert _surrogate_cost(V, new) < _surrogate_cost(V, pl)
