@@ -92,7 +92,8 @@ def run(args) -> dict:
     topo = with_replicas(topo, window.num_experts, cost, None, args.max_replica_bytes)
     if topo.redundant_experts:
         raise InputError(f"--redundant-experts {topo.redundant_experts}: the exact layout models "
-                         "(CP-SAT, HiGHS) do not model replicas yet; use routepack plan or compare")
+                         "(CP-SAT, HiGHS) do not model replicas; use routepack plan or compare (the exact replica "
+                         "placement at a fixed layout is routepack_opt.models.replica_placement)")
     objective = check_objective(args.objective)
     if not (args.time_limit and args.time_limit > 0):
         raise InputError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
