@@ -44,21 +44,27 @@ from routepack_opt.core.cost import get_preset
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout
 from routepack_opt.core.topology import Topology
-from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.replicate import eplb_placement
-from routepack_opt.pipeline import certified_rows, solve
+from routepack_opt.pipeline import baseline_layouts, certified_rows, solve
 from routepack_opt.trace import generate_window
 
 STUDY = "replication"
 PRESET = "deepseek-v3"
 
 
-def _metrics(ev: Evaluator, placement, layout: Layout, seconds: float) -> dict:
+def _metrics(ev: Evaluator, placement, layout: Layout, seconds: float, plan=None) -> dict:
     e = ev.evaluate_layout(placement, layout, "max-sum")
-    return {"makespan": e.score.makespan, "fb_bound": e.force_balanced_lower_bound,
-            "gap_fb": e.gap_force_balanced, "imb_median": e.imbalance.median,
-            "imb_p90": e.imbalance.p90, "maxvio_mean": e.imbalance.maxvio_mean,
-            "rows": layout.rows, "seconds": seconds}
+    _, _, M_RGL = ev.costs(placement, layout.row, layout.slot, layout.rows, parts=True)
+    # the expert part alone (one shard): Σ_{r,l} max_p W against Σ_l (layer tokens / P)
+    fb_expert = ev.window.expert_loads().sum() / ev.topology.ep
+    out = {"makespan": e.score.makespan, "fb_bound": e.force_balanced_lower_bound,
+           "gap_fb": e.gap_force_balanced, "expert_gap_fb": float(M_RGL.sum()) / fb_expert,
+           "imb_median": e.imbalance.median, "imb_p90": e.imbalance.p90,
+           "maxvio_mean": e.imbalance.maxvio_mean, "rows": layout.rows, "seconds": seconds}
+    if plan is not None and plan.report.timings:
+        out["plan_total_s"] = plan.report.timings.get("total")
+        out["fallback"] = plan.report.fallback
+    return out
 
 
 def _rule_study(ev: Evaluator, plan) -> dict:
@@ -104,23 +110,24 @@ def run_point(w, N: int, P: int, time_limit: float, seed: int, record) -> None:
         topo = Topology(dp=P, ep=P, capacity=8192, redundant_experts=red)
         ev = Evaluator(w, topo, cost)
         row = {"N": N, "P": P, "D": P, "redundant": red, "time_limit": time_limit, "seed": seed}
-        row["placement-only"] = _metrics(ev0, only.expert_placement, only.layout, t_only)
+        row["placement-only"] = _metrics(ev0, only.expert_placement, only.layout, t_only, only)
         if red == 0:
             record(row)
             continue
         t0 = time.perf_counter()
         eplb = eplb_placement(w.expert_loads(), P, w.num_experts + red)
         t_eplb = time.perf_counter() - t0
-        for name, fn in BASELINES.items():
-            t0 = time.perf_counter()
-            r_N, s_N = fn(w.lengths, topo, R)
-            row[f"eplb+{name}"] = _metrics(ev, eplb, Layout(r_N, s_N, R), t_eplb + time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        base = baseline_layouts(w, topo, R, packing=full.packing_N)  # verl-kk, nemo-ffd at R
+        t_base = (time.perf_counter() - t0) / max(len(base), 1)
+        for name, lay in base.items():
+            row[f"eplb+{name}"] = _metrics(ev, eplb, lay, t_eplb + t_base)
         t0 = time.perf_counter()
         pe = solve(w, topo, cost, placement=eplb, rows=R, certificate=full, time_limit=time_limit, seed=seed)
-        row["eplb+ours"] = _metrics(ev, pe.expert_placement, pe.layout, t_eplb + time.perf_counter() - t0)
+        row["eplb+ours"] = _metrics(ev, pe.expert_placement, pe.layout, t_eplb + time.perf_counter() - t0, pe)
         t0 = time.perf_counter()
         po = solve(w, topo, cost, rows=R, certificate=full, time_limit=time_limit, seed=seed)
-        row["ours"] = _metrics(ev, po.expert_placement, po.layout, time.perf_counter() - t0)
+        row["ours"] = _metrics(ev, po.expert_placement, po.layout, time.perf_counter() - t0, po)
         row["ours"]["replica_bytes_per_rank"] = po.report.evaluation.replica_bytes_per_rank
         if N <= 1024:
             row["rules"] = _rule_study(ev, po)
@@ -191,10 +198,20 @@ def main() -> None:
                     help="search time limit per plan, one per --samples value")
     ap.add_argument("--sweeps", type=int, default=3, help="sweep budget of the timing study")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--render", nargs="+", metavar="JSONL",
+                    help="only write the markdown from these records (concatenated)")
     settings.add_seed(ap)
     settings.add_quick(ap)
     settings.add_out(ap, STUDY)
     args = ap.parse_args()
+    if args.render:
+        rows, timing = [], []
+        for path in args.render:
+            for line in open(path):
+                r = json.loads(line)
+                (timing.append(r["timing"]) if "timing" in r else rows.append(r))
+        report.write_md(settings.results_dir(STUDY, args.out) / "replication.md", render(rows, timing))
+        return
     if args.quick:
         args.samples, args.ep, args.time_limit = [128], [8], [1.0]
     out = settings.results_dir(STUDY, args.out)

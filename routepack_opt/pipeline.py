@@ -256,7 +256,8 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
             res = anneal(window.lengths, b, topology, cost, R, objective,
                          [lay.arrays() for lay in seeds.values()], config=params.anneal, seed=seed,
                          time_limit=None if left is None else (0.5 * left if replicated else left),
-                         max_sweeps=max_sweeps, progress=progress, stop=stop)
+                         max_sweeps=(max_sweeps + 1) // 2 if replicated and max_sweeps else max_sweeps,
+                         progress=progress, stop=stop)
             found = Layout(res.row, res.slot, R)
             errs = Plan.from_layout(topology, pl, found, objective).validate(window)
             if errs:
@@ -307,7 +308,9 @@ def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Eva
                     max_sweeps: int | None, stop, max_rounds: int = 3) -> tuple[Placement, Layout, dict]:
     """Rounds of (row-aware replica moves for the current packing, then packing again against the
     new placement's surrogate loads, from the current layout), each kept only if the one
-    evaluator scores it better. The moves run in chunks of a few passes between clock checks."""
+    evaluator scores it better. The moves run in chunks of a few passes between clock checks.
+    Budget: the first packing had half of the time (or sweeps); each re-packing takes half of
+    what is left (the last one all of it), or max_sweeps / (2 · max_rounds) sweeps."""
     from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
 
     best = ev.score_layout(pl, layout, objective).key
@@ -339,7 +342,8 @@ def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Eva
         res = anneal(window.lengths, ev.rank_loads(pl), topology, cost, R, objective, [layout.arrays()],
                      config=params.anneal, seed=seed + rnd + 1,
                      time_limit=None if left is None else (0.5 * left if rnd + 1 < max_rounds else left),
-                     max_sweeps=max_sweeps, stop=stop)
+                     max_sweeps=None if max_sweeps is None else max(1, max_sweeps // (2 * max_rounds)),
+                     stop=stop)
         found = Layout(res.row, res.slot, R)
         if Plan.from_layout(topology, pl, found, objective).validate(window):
             raise RuntimeError("annealer returned an invalid layout")

@@ -155,3 +155,30 @@ def test_row_aware_replica_moves_never_raise_the_surrogate_and_stay_valid(seed):
     assert _surrogate_cost(V, again) <= _surrogate_cost(V, new) + 1e-6
     if moves:
         assert _surrogate_cost(V, new) < _surrogate_cost(V, pl)
+
+
+def test_async_planner_with_replicas_and_its_quick_fallback(monkeypatch):
+    """AsyncPlanner(redundant_experts=N) returns a replicated plan equal to the synchronous one,
+    and its quick fallback (no worker progress) is a valid plan with replicas too."""
+    import threading
+
+    from routepack_opt import pipeline
+    from routepack_opt.api import AsyncPlanner
+
+    w = random_window(num_samples=48, num_layers=2, num_experts=8, top_k=2, max_len=200, seed=6, skew=2.0)
+    opts = dict(dp_size=4, ep_size=4, max_tokens=800, cost=COST, redundant_experts=4)
+    sync = plan_micro_batches(w.lengths, w.counts, max_sweeps=2, seed=1, **opts)
+    ap = AsyncPlanner(grace=60.0, warm=False)
+    ap.submit(w.lengths, w.counts, deadline=60.0, max_sweeps=2, seed=1, **opts)
+    got = ap.result()
+    assert got.micro_batches == sync.micro_batches
+    assert np.array_equal(got.physical_to_logical, sync.physical_to_logical)
+    ap.close()
+    release = threading.Event()
+    monkeypatch.setattr(pipeline, "resolve_rows", lambda *a, **k: release.wait(30) and None)
+    ap = AsyncPlanner(grace=0.0, warm=False)
+    ap.submit(w.lengths, w.counts, deadline=0.01, **opts)
+    mb = ap.result()
+    release.set()
+    assert mb.plan.validate(w) == [] and mb.plan.replicas is not None and "quick" in mb.report["fallback"]
+    ap.close()
