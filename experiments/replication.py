@@ -134,17 +134,19 @@ def run_point(w, N: int, P: int, time_limit: float, seed: int, record) -> None:
         record(row)
 
 
-def timing_study(w, P: int, sweeps: int, seed: int) -> list[dict]:
+def timing_study(w, P: int, sweeps: int, time_limit: float, seed: int) -> list[dict]:
+    """``solve`` with and without replicas, under a sweep budget and under a time limit."""
     cost = get_preset(PRESET).cost
     out = []
-    for red in (0, P):
-        topo = Topology(dp=P, ep=P, capacity=8192, redundant_experts=red)
-        t0 = time.perf_counter()
-        p = solve(w, topo, cost, max_sweeps=sweeps, seed=seed)
-        wall = time.perf_counter() - t0
-        out.append({"N": w.num_samples, "P": P, "redundant": red, "sweeps": sweeps, "wall_s": wall,
-                    "timings": dict(p.report.timings or {}),
-                    "gap_fb": p.report.evaluation.gap_force_balanced})
+    for budget in ({"max_sweeps": sweeps}, {"time_limit": time_limit}):
+        for red in (0, P):
+            topo = Topology(dp=P, ep=P, capacity=8192, redundant_experts=red)
+            t0 = time.perf_counter()
+            p = solve(w, topo, cost, seed=seed, **budget)
+            wall = time.perf_counter() - t0
+            out.append({"N": w.num_samples, "P": P, "redundant": red, **budget, "wall_s": wall,
+                        "timings": dict(p.report.timings or {}),
+                        "gap_fb": p.report.evaluation.gap_force_balanced})
     return out
 
 
@@ -178,15 +180,19 @@ def render(rows: list[dict], timing: list[dict]) -> list[str]:
                               {k: report.num(".4f") for k in ("even-local", "by-source", "fractional")})
     if timing:
         lines += ["", "## Planning time with vs without replicas (fixed sweep budget)", ""]
-        body = [[t["N"], t["P"], t["redundant"], t["sweeps"], t["wall_s"],
-                 t["timings"].get("placement", 0.0), t["timings"].get("seeds", 0.0),
-                 t["timings"].get("anneal", 0.0), t["gap_fb"]] for t in timing]
-        lines += report.table(["N", "P", "red", "sweeps", "wall s", "placement s", "seeds s", "anneal s",
-                               "gap"], body, {k: report.num(".2f") for k in ("wall s", "placement s",
-                                                                             "seeds s", "anneal s")}
-                              | {"gap": report.num(".4f")})
-        if len(timing) == 2 and timing[0]["wall_s"] > 0:
-            lines += ["", f"Ratio with / without replicas: {timing[1]['wall_s'] / timing[0]['wall_s']:.2f}×."]
+        body = [[t["N"], t["P"], t["redundant"],
+                 f"{t['max_sweeps']} sweeps" if "max_sweeps" in t else f"{t['time_limit']:g} s limit",
+                 t["timings"].get("total", t["wall_s"]), t["timings"].get("placement", 0.0),
+                 t["timings"].get("seeds", 0.0), t["timings"].get("anneal", 0.0),
+                 t["timings"].get("replicas", 0.0), t["gap_fb"]] for t in timing]
+        cols = ["N", "P", "red", "budget", "total s", "placement s", "seeds s", "anneal s", "replica moves s", "gap"]
+        lines += report.table(cols, body, {k: report.num(".2f") for k in cols[4:9]} | {"gap": report.num(".4f")})
+        pairs = [(a, b) for a, b in zip(timing[::2], timing[1::2])]
+        for a, b in pairs:
+            budget = f"{a['max_sweeps']} sweeps" if "max_sweeps" in a else f"a {a['time_limit']:g} s limit"
+            ta, tb = a["timings"].get("total", a["wall_s"]), b["timings"].get("total", b["wall_s"])
+            lines += ["", f"With {budget}: planning time with / without replicas {tb / ta:.2f}× "
+                          f"(gap {b['gap_fb']:.4f} vs {a['gap_fb']:.4f})."]
     return lines
 
 
@@ -232,7 +238,7 @@ def main() -> None:
         timing = []
         if not args.no_timing and not args.quick:
             w = generate_window(PRESET, max(args.samples), args.seed, dispersion=1.25)
-            timing = timing_study(w, 32, args.sweeps, args.seed)
+            timing = timing_study(w, 32, args.sweeps, max(args.time_limit), args.seed)
             for t in timing:
                 fh.write(json.dumps({"timing": t}) + "\n")
             print(json.dumps(timing), flush=True)

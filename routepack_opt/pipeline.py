@@ -310,7 +310,8 @@ def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Eva
     new placement's surrogate loads, from the current layout), each kept only if the one
     evaluator scores it better. The moves run in chunks of a few passes between clock checks.
     Budget: the first packing had half of the time (or sweeps); each re-packing takes half of
-    what is left (the last one all of it), or max_sweeps / (2 · max_rounds) sweeps."""
+    what is left (the last one all of it); with a sweep budget, one round whose re-packing takes
+    the other half of the sweeps."""
     from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
 
     best = ev.score_layout(pl, layout, objective).key
@@ -319,13 +320,19 @@ def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Eva
     def stopped() -> bool:
         return clock.expired() or (stop is not None and stop())
 
+    # under a time limit: chunks of 4 passes between clock checks (≤ 32 passes per round); with a
+    # sweep budget: one round of 2·max_sweeps passes (deterministic, about the packing's cost)
+    timed = clock.limit is not None
+    chunks, passes = (8, 4) if timed or max_sweeps is None else (1, max(2, 2 * max_sweeps))
+    if not timed and max_sweeps is not None:
+        max_rounds = 1
     for rnd in range(max_rounds):
         if stopped():
             break
         V = block_expert_loads(window.counts, layout.row, layout.slot, R, topology)
         cand, moves = pl, 0
-        for _ in range(8):  # ≤ 8 × 4 passes per layer
-            cand, m = refine_replicas(V, cand, topology, max_passes=4)
+        for _ in range(chunks):
+            cand, m = refine_replicas(V, cand, topology, max_passes=passes)
             moves += m
             if m == 0 or stopped():
                 break
@@ -342,7 +349,7 @@ def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Eva
         res = anneal(window.lengths, ev.rank_loads(pl), topology, cost, R, objective, [layout.arrays()],
                      config=params.anneal, seed=seed + rnd + 1,
                      time_limit=None if left is None else (0.5 * left if rnd + 1 < max_rounds else left),
-                     max_sweeps=None if max_sweeps is None else max(1, max_sweeps // (2 * max_rounds)),
+                     max_sweeps=None if max_sweeps is None else max(1, max_sweeps // 2),
                      stop=stop)
         found = Layout(res.row, res.slot, R)
         if Plan.from_layout(topology, pl, found, objective).validate(window):

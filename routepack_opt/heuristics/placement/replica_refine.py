@@ -72,6 +72,24 @@ def _top3(W_KP, tv_K3, ti_K3):
 
 
 @numba.njit(cache=True)
+def _hot_ranks(ti_K3, h, wins_P, hot_P):
+    """``hot_P[p]``: p is among the ``h`` ranks that are the busiest of the most blocks (ties
+    to the lower rank), and the busiest of at least one."""
+    wins_P[:] = 0
+    for k in range(ti_K3.shape[0]):
+        wins_P[ti_K3[k, 0]] += 1
+    hot_P[:] = False
+    for _ in range(h):
+        b = -1
+        for p in range(wins_P.shape[0]):
+            if not hot_P[p] and wins_P[p] > 0 and (b < 0 or wins_P[p] > wins_P[b]):
+                b = p
+        if b < 0:
+            break
+        hot_P[b] = True
+
+
+@numba.njit(cache=True)
 def _loads(V_EK, p2l_S, cnt_E, M, P):
     E, K = V_EK.shape
     W = np.zeros((K, P))
@@ -84,10 +102,11 @@ def _loads(V_EK, p2l_S, cnt_E, M, P):
 
 
 @numba.njit(cache=True)
-def _search_layer(V_EK, p2l_S, P, max_passes, num_targets):
-    """Local search on one layer's ``p2l_S`` (changed in place): each pass takes every slot on a
-    rank that is the busiest of some block and makes its best improving swap, if any; a pass
-    without a swap tries the reassigns (best first). Returns the number of moves made."""
+def _search_layer(V_EK, p2l_S, P, max_passes, num_targets, hot_ranks):
+    """Local search on one layer's ``p2l_S`` (changed in place): each pass takes every slot on
+    the ``hot_ranks`` ranks that are the busiest of the most blocks and makes its best improving
+    swap, if any; a pass without a swap tries the reassigns (best first). Returns the number of
+    moves made."""
     E, K = V_EK.shape
     S = p2l_S.shape[0]
     M = S // P
@@ -107,15 +126,14 @@ def _search_layer(V_EK, p2l_S, P, max_passes, num_targets):
     tv = np.empty((K, 3))
     ti = np.empty((K, 3), dtype=np.int64)
     hot = np.zeros(P, dtype=np.bool_)
+    wins = np.zeros(P, dtype=np.int64)
     for _ in range(max_passes):
         swapped = 0
         for s in range(S):
             p = s // M
             if s % M == 0:  # the hot ranks and the blocks' largest loads, fresh for each rank
                 _top3(W, tv, ti)
-                hot[:] = False
-                for k in range(K):
-                    hot[ti[k, 0]] = True
+                _hot_ranks(ti, hot_ranks, wins, hot)
             if not hot[p]:
                 continue
             e = p2l_S[s]
@@ -215,11 +233,12 @@ def _search_layer(V_EK, p2l_S, P, max_passes, num_targets):
 
 
 @numba.njit(cache=True, parallel=True)
-def _search_all(V_LEK, p2l_LS, P, max_passes, num_targets):
+def _search_all(V_LEK, p2l_LS, P, max_passes, num_targets, hot_ranks):
     L = p2l_LS.shape[0]
     moves = np.zeros(L, dtype=np.int64)
     for l in numba.prange(L):
-        moves[l] = _search_layer(V_LEK[l].astype(np.float64), p2l_LS[l], P, max_passes, num_targets)
+        moves[l] = _search_layer(V_LEK[l].astype(np.float64), p2l_LS[l], P, max_passes, num_targets,
+                                 hot_ranks)
     return moves
 
 
@@ -229,11 +248,13 @@ def block_expert_loads(counts_NLE, row_N, slot_N, rows: int, topology: Topology)
 
 
 def refine_replicas(V_LEK: np.ndarray, placement: Placement, topology: Topology,
-                    max_passes: int = 16, num_targets: int = 8) -> tuple[Placement, int]:
+                    max_passes: int = 16, num_targets: int = 8, hot_ranks: int = 4) -> tuple[Placement, int]:
     """(improved placement, moves made) for a packing's block loads ``V_LEK``
     (:func:`block_expert_loads`; module docstring). Deterministic. ``max_passes`` bounds the
     passes per layer (call again to go on: a call that makes no move is a local optimum);
-    ``num_targets``: how many of the hottest experts per replica a reassign may give a slot to."""
+    ``num_targets``: how many of the hottest experts per replica a reassign may give a slot to;
+    ``hot_ranks``: how many of the ranks that are most often a block's busiest a swap starts from."""
     p2l = np.array(placement.phy2log, dtype=np.int64)
-    moves = _search_all(np.ascontiguousarray(V_LEK), p2l, int(topology.ep), int(max_passes), int(num_targets))
+    moves = _search_all(np.ascontiguousarray(V_LEK), p2l, int(topology.ep), int(max_passes), int(num_targets),
+                        int(hot_ranks))
     return Placement(p2l, placement.ep, placement.num_experts), int(moves.sum())
