@@ -109,20 +109,26 @@ def _plot(window, topo, cost, plans, objective, path: Path) -> None:
     ev = Evaluator(window, topo, cost)
     fig, axes = plt.subplots(2, 2, figsize=(13, 8), constrained_layout=True)
     for ax, name in zip(axes[0], ("baseline", "reorder")):
-        Lagg = expert_rank_loads(load, plans[name].placement, topo.ep)
+        pn = plans[name]
+        if pn.replicas is None:
+            Lagg = expert_rank_loads(load, pn.placement, topo.ep)
+        else:  # the ranks' window totals under the replica rule
+            Lagg = ev.block_loads(pn.replicas, pn.row, pn.slot, pn.rows).reshape(
+                -1, window.num_layers, topo.ep).sum(axis=0).astype(float)
         rel = Lagg / Lagg.mean(axis=1, keepdims=True)
         im = ax.imshow(rel.T, aspect="auto", cmap="magma", vmin=0.5, vmax=max(1.5, float(rel.max())))
         ax.set_title(f"{name}: per-rank expert load / mean (max {rel.max():.2f})")
         ax.set_xlabel("MoE layer")
         ax.set_ylabel("EP rank")
         fig.colorbar(im, ax=ax)
-    Js = {n: ev.costs(plans[n].placement, plans[n].row, plans[n].slot, plans[n].rows)
+    Js = {n: ev.costs(plans[n].expert_placement, plans[n].row, plans[n].slot, plans[n].rows)
           for n in ("baseline", "routepack")}
     vmax = max(float(J.max()) for J in Js.values()) / 1e3
     vmin = min(float(J.min()) for J in Js.values()) / 1e3
     for ax, (name, J) in zip(axes[1], Js.items()):
         im = ax.imshow(J.T / 1e3, aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax)
-        s = ev.evaluate(plans[name].placement, plans[name].row, plans[name].slot, plans[name].rows, objective).score
+        s = ev.evaluate(plans[name].expert_placement, plans[name].row, plans[name].slot, plans[name].rows,
+                        objective).score
         ax.set_title(f"{name}: J[row, shard] (ms); {objective} makespan {s.makespan / 1e3:,.1f} ms")
         ax.set_xlabel("row (micro-batch)")
         ax.set_ylabel("EDP shard")

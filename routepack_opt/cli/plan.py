@@ -47,7 +47,7 @@ def placement_arg(value: str, window):
     if value in ("lpt", "lpt-plain", "identity", "joint"):
         return value
     if value.endswith(".json") or Path(value).exists():
-        return load_plan(value).placement
+        return load_plan(value).expert_placement  # a Placement when the plan has replicas
     raise InputError(f"--placement must be lpt, lpt-plain, identity, joint or a PLAN.json, got {value!r}")
 
 
