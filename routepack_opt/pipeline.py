@@ -320,19 +320,25 @@ def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Eva
     def stopped() -> bool:
         return clock.expired() or (stop is not None and stop())
 
-    # under a time limit: chunks of 4 passes between clock checks (≤ 32 passes per round); with a
-    # sweep budget: one round of 2·max_sweeps passes (deterministic, about the packing's cost)
+    # under a time limit: single passes between clock checks (≤ 32 per round), none started with
+    # less than 1.5 passes' time left; with a sweep budget: one round of 2·max_sweeps passes
+    # (deterministic); with neither, 8 chunks of 4 passes
     timed = clock.limit is not None
-    chunks, passes = (8, 4) if timed or max_sweeps is None else (1, max(2, 2 * max_sweeps))
+    chunks, passes = (32, 1) if timed else (8, 4) if max_sweeps is None else (1, max(2, 2 * max_sweeps))
     if not timed and max_sweeps is not None:
         max_rounds = 1
     for rnd in range(max_rounds):
         if stopped():
             break
         V = block_expert_loads(window.counts, layout.row, layout.slot, R, topology)
-        cand, moves = pl, 0
+        cand, moves, t_pass = pl, 0, 0.0
         for _ in range(chunks):
+            left = clock.left()
+            if left is not None and left < 1.5 * t_pass:
+                break
+            t0 = time.perf_counter()
             cand, m = refine_replicas(V, cand, topology, max_passes=passes)
+            t_pass = max(t_pass, time.perf_counter() - t0)
             moves += m
             if m == 0 or stopped():
                 break
