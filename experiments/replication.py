@@ -187,7 +187,7 @@ def render(rows: list[dict], timing: list[dict]) -> list[str]:
         lines += report.table(["N", "P", "red", "even-local", "by-source", "fractional"], body,
                               {k: report.num(".4f") for k in ("even-local", "by-source", "fractional")})
     if timing:
-        lines += ["", "## Planning time with vs without replicas (fixed sweep budget)", ""]
+        lines += ["", "## Planning time with vs without replicas (N = 4096, P = 32: a sweep budget, then a time limit)", ""]
         body = [[t["N"], t["P"], t["redundant"],
                  f"{t['max_sweeps']} sweeps" if "max_sweeps" in t else f"{t['time_limit']:g} s limit",
                  t["timings"].get("total", t["wall_s"]), t["timings"].get("placement", 0.0),
