@@ -314,7 +314,9 @@ def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Eva
     the other half of the sweeps."""
     from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
 
+    t0 = time.perf_counter()
     best = ev.score_layout(pl, layout, objective).key
+    t_score = time.perf_counter() - t0  # one exact scoring (the even-local split, per cell)
     notes = {"rounds": 0, "moves": 0, "placements_kept": 0, "packings_kept": 0}
 
     def stopped() -> bool:
@@ -334,7 +336,7 @@ def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Eva
         cand, moves, t_pass = pl, 0, 0.0
         for _ in range(chunks):
             left = clock.left()
-            if left is not None and left < 1.5 * t_pass:
+            if left is not None and left < 1.5 * t_pass + 3.0 * t_score:
                 break
             t0 = time.perf_counter()
             cand, m = refine_replicas(V, cand, topology, max_passes=passes)
@@ -344,7 +346,9 @@ def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Eva
                 break
         notes["rounds"] += 1
         notes["moves"] += moves
+        t0 = time.perf_counter()
         key = ev.score_layout(cand, layout, objective).key
+        t_score = max(t_score, time.perf_counter() - t0)
         if moves == 0 or key >= best:
             break
         pl, best = cand, key
@@ -352,6 +356,8 @@ def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Eva
         if stopped():
             break
         left = clock.left()
+        if left is not None:  # what scoring the re-packing (and, after it, the plan) will cost
+            left = max(0.01, left - 2.0 * t_score)
         res = anneal(window.lengths, ev.rank_loads(pl), topology, cost, R, objective, [layout.arrays()],
                      config=params.anneal, seed=seed + rnd + 1,
                      time_limit=None if left is None else (0.5 * left if rnd + 1 < max_rounds else left),
