@@ -36,6 +36,7 @@ from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout
 from routepack_opt.core.objective import check_objective
+from routepack_opt.core.placement import Placement
 from routepack_opt.core.plan import Plan
 from routepack_opt.core.report import PlanReport
 from routepack_opt.core.topology import Topology
@@ -64,7 +65,9 @@ log = logging.getLogger(__name__)
 class MicroBatchPlan:
     """``micro_batches[d][m]``: sample indices of micro-batch m on DP rank d (same count on every
     rank); ``physical_to_logical[l, s]`` / ``logical_to_physical[l, e]`` as in DeepSeek's EPLB
-    (``phy2log`` / ``log2phy`` with one replica per expert); ``report``: score, bounds, gap,
+    (``phy2log`` / ``log2phy``): with one replica per expert both are [L, E] permutations; with
+    ``redundant_experts`` they are ``phy2log`` [L, E + N] and ``log2phy`` [L, E, K], −1 past an
+    expert's replica count (``plan.replicas`` holds the :class:`Placement`); ``report``: score, bounds, gap,
     certificate and timings (``fallback`` and ``error`` when a fallback plan was returned)."""
 
     micro_batches: list[list[list[int]]]
@@ -90,6 +93,9 @@ class PlanOptions:
     bit-identical. ``equal_samples_per_slot``: every DP rank gets exactly N / dp_size samples
     (verl's DP balance; N must divide by dp_size). ``params``: the planner's parameters
     (:class:`routepack_opt.PlannerParams`, e.g. ``PlannerParams.from_toml(path)``).
+    ``redundant_experts``: extra physical expert slots per layer (E + N divisible by ep_size;
+    hot experts get replicas, docs/model.md); ``max_replica_bytes``: the most expert state the
+    replicas may add to one EP rank (bytes; needs the cost model's ``expert_bytes``).
     """
 
     dp_size: int | None = None
@@ -107,6 +113,8 @@ class PlanOptions:
     current_placement: object = None
     equal_samples_per_slot: bool = False
     params: PlannerParams = DEFAULT_PARAMS
+    redundant_experts: int = 0
+    max_replica_bytes: float | None = None
 
     def __post_init__(self):
         for name in ("dp_size", "ep_size", "max_tokens"):
@@ -150,7 +158,8 @@ class PlanOptions:
         assert self.dp_size is not None and self.ep_size is not None and self.max_tokens is not None
         return Topology(dp=self.dp_size, ep=self.ep_size, capacity=self.max_tokens,
                         min_rows=self.min_micro_batches, row_multiple=self.pp_multiple,
-                        equal_samples_per_slot=self.equal_samples_per_slot)
+                        equal_samples_per_slot=self.equal_samples_per_slot,
+                        redundant_experts=self.redundant_experts)
 
     def cost_model(self) -> CostModel:
         return self.cost if isinstance(self.cost, CostModel) else resolve_cost(self.cost)
@@ -200,8 +209,11 @@ def checked_window(lengths, counts, routes, num_experts, opts: PlanOptions) -> W
 def _to_result(p: Plan) -> MicroBatchPlan:
     cells = p.cells()
     mbs = [[cells[r][d] for r in range(p.rows)] for d in range(p.topology.dp)]
-    l2p = p.placement.copy()
-    p2l = np.argsort(l2p, axis=1).astype(np.int64)
+    if p.replicas is not None:  # [L, S] and [L, E, K] (−1 past each expert's replica count)
+        p2l, l2p = p.replicas.phy2log.copy(), p.replicas.log2phy()
+    else:
+        l2p = p.placement.copy()
+        p2l = np.argsort(l2p, axis=1).astype(np.int64)
     rep = p.info  # the report's JSON form: what a trainer logs
     rep["certificate"] = p.certificate
     return MicroBatchPlan(mbs, p2l, l2p, p, rep)
@@ -214,7 +226,7 @@ def _plan(window: Window, opts: PlanOptions, *, rows=None, certificate=None, tim
               placement=opts.placement, rows=opts.num_micro_batches if rows is None else rows,
               params=opts.params, time_limit=opts.time_limit if time_limit is None else time_limit,
               max_sweeps=opts.max_sweeps, seed=opts.seed, current_placement=opts.current_placement,
-              certificate=certificate, stop=stop)
+              certificate=certificate, stop=stop, max_replica_bytes=opts.max_replica_bytes)
     return _to_result(p)
 
 
@@ -484,10 +496,14 @@ def _quick_plan(job: _Job) -> MicroBatchPlan:
     topo = opts.topology()
     lengths = job.window.lengths  # checked in submit()
     L, E = job.window.num_layers, job.window.num_experts
-    placement = np.tile(np.arange(E, dtype=np.int64), (L, 1))
-    current = check_current_placement(opts.current_placement, job.window)
-    if current is not None:
-        placement = current
+    placement: np.ndarray | Placement = np.tile(np.arange(E, dtype=np.int64), (L, 1))
+    if topo.redundant_experts:
+        topo.check_experts(E)
+        placement = Placement.identity(L, E, topo.ep, topo.redundant_experts)
+    else:
+        current = check_current_placement(opts.current_placement, job.window)
+        if current is not None:
+            placement = current
     N, D, C = lengths.size, topo.dp, topo.capacity
     if lengths.min() < 1 or lengths.max() > C:
         raise InputError(f"every length must be in 1..max_tokens={C}")

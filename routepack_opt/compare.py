@@ -8,6 +8,7 @@ packing), ``routepack`` (LPT + population annealing), and where available ``join
 
 from __future__ import annotations
 
+import numpy as np
 from rich.table import Table
 
 from routepack_opt.core.cost import CostModel
@@ -29,6 +30,7 @@ from routepack_opt.pipeline import (
     certified_rows,
     resolve_placement,
     solve,
+    with_replicas,
 )
 
 __all__ = ["plan_metrics", "compare_plans", "format_table"]
@@ -38,12 +40,21 @@ EXACT_MAX_SAMPLES = 24
 
 def plan_metrics(ev: Evaluator, plan: Plan, objective: str, seconds: float) -> dict:
     """Makespans under both objectives, LB gap, EP-rank CV, worst row-local EP peak, attention tail."""
-    e = ev.evaluate_layout(plan.placement, plan.layout, objective)
-    J, A_SRG, M_RGL = ev.costs(plan.placement, plan.row, plan.slot, plan.rows, parts=True)
+    pl = plan.expert_placement
+    e = ev.evaluate_layout(pl, plan.layout, objective)
+    J, A_SRG, M_RGL = ev.costs(pl, plan.row, plan.slot, plan.rows, parts=True)
+    if plan.replicas is None:
+        cv = rank_load_cv(ev.window.expert_loads(), plan.placement, ev.topology.ep)
+    else:  # the ranks' window totals under the replica rule
+        Lagg_LP = ev.block_loads(pl, plan.row, plan.slot, plan.rows).reshape(
+            -1, ev.window.num_layers, ev.topology.ep).sum(axis=0).astype(float)
+        cv = float((Lagg_LP.std(axis=1) / np.maximum(Lagg_LP.mean(axis=1), 1e-12)).mean())
     return {"makespan_max_sum": e.scores["max-sum"].makespan,
             "makespan_sum_max": e.scores["sum-max"].makespan,
             "makespan": e.score.makespan, "lower_bound": e.lower_bound, "gap": e.gap,
-            "ep_rank_cv": rank_load_cv(ev.window.expert_loads(), plan.placement, ev.topology.ep),
+            "ep_rank_cv": cv, "force_balanced_lower_bound": e.force_balanced_lower_bound,
+            "gap_force_balanced": e.gap_force_balanced,
+            "rank_imbalance_median": e.imbalance.median if e.imbalance else None,
             "row_ep_peak": float(M_RGL.max()),
             "expert_tail": float(ev.cost.gamma * M_RGL.sum()),
             "attention_tail": float(A_SRG.sum(axis=0).max()),
@@ -54,10 +65,15 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, *, object
                   rows: int | None = None, params: PlannerParams = DEFAULT_PARAMS,
                   time_limit: float | None = None, max_sweeps: int | None = None, seed: int = 0,
                   exact: bool | None = None, exact_time_limit: float = 30.0, joint: bool = True,
-                  current_placement=None, progress=None) -> tuple[list[dict], dict[str, Plan]]:
+                  current_placement=None, progress=None, redundant_experts: int | None = None,
+                  max_replica_bytes: float | None = None) -> tuple[list[dict], dict[str, Plan]]:
     """Plans for every row of the comparison and their metrics (first row = baseline). Every
     searched row is :func:`routepack_opt.solve` with the same ``params``, budget and seed, at the
-    same R (certified once; its time is added to every row's)."""
+    same R (certified once; its time is added to every row's). With redundant expert slots
+    (``redundant_experts`` or ``topology.redundant_experts``) every row's placement has replicas,
+    an ``eplb`` row (DeepSeek EPLB's replicas + the length-only packing) is added, and the exact
+    row is left out (its layout model has no replicas)."""
+    topology = with_replicas(topology, window.num_experts, cost, redundant_experts, max_replica_bytes)
     ev = Evaluator(window, topology, cost)
     timings = Timings()
     with timings.stage("certify"):
@@ -67,7 +83,11 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, *, object
     base_fn = BASELINES["verl-kk"]
     # on tight windows the baselines' last resort is the certificate's packing, not a new one
     exact_pack = SharedPacker(window.lengths, topology.capacity, full.packing_N)
-    for name, kind in (("baseline", "identity"), ("reorder", "lpt")):
+    fixed = [("baseline", "identity"), ("reorder", "lpt")]
+    if topology.redundant_experts:
+        fixed.append(("eplb", "eplb"))
+        exact = False
+    for name, kind in fixed:
         with timings.stage(name):
             pl, _ = resolve_placement(window, topology, kind)
             layout = Layout(*base_fn(window.lengths, topology, R, exact_pack=exact_pack), R)

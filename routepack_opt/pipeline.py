@@ -8,6 +8,7 @@ OR-Tools); ``import routepack_opt`` stays cheap because the package exports :fun
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -20,6 +21,7 @@ from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout, check_rows
 from routepack_opt.core.objective import check_objective
+from routepack_opt.core.placement import Placement
 from routepack_opt.core.plan import Plan, check_placement
 from routepack_opt.core.report import EvaluationSummary, JointStats, PlanReport, SearchStats
 from routepack_opt.core.timing import Timings
@@ -29,6 +31,7 @@ from routepack_opt.heuristics.anneal import anneal
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.joint import anneal_packer, joint_search
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
+from routepack_opt.heuristics.placement.replicate import eplb_placement, replicated_placement
 from routepack_opt.params import PlannerParams
 from routepack_opt.warmup import groups_for, warm
 
@@ -36,16 +39,39 @@ __all__ = ["solve", "build_plan", "resolve_placement", "resolve_rows", "certifie
            "SharedPacker",
            "PLACEMENT_KINDS", "DEFAULT_PARAMS"]
 
-PLACEMENT_KINDS = ("lpt", "lpt-plain", "identity", "joint")
+PLACEMENT_KINDS = ("lpt", "lpt-plain", "identity", "joint", "eplb")
 DEFAULT_PARAMS = PlannerParams()
 
 
-def resolve_placement(window: Window, topology: Topology, placement) -> tuple[np.ndarray, str]:
-    """``placement`` is ``"lpt"``, ``"identity"``, a [L, E] array or a :class:`Plan` (its
-    placement is reused, e.g. the one already materialized)."""
+def resolve_placement(window: Window, topology: Topology, placement) -> tuple[np.ndarray | Placement, str]:
+    """``placement`` is ``"lpt"``, ``"identity"``, ``"eplb"``, a [L, E] array, a
+    :class:`Placement` or a :class:`Plan` (its placement is reused, e.g. the one already
+    materialized). With ``topology.redundant_experts > 0`` the result is a :class:`Placement` with
+    replicas (``lpt``/``joint``: replicate the hottest experts, LPT on distinct ranks, swaps;
+    ``eplb``: DeepSeek EPLB's policy)."""
     topology.check_experts(window.num_experts)
     if isinstance(placement, Plan):
-        placement = placement.placement
+        placement = placement.expert_placement
+    red = topology.redundant_experts
+    if isinstance(placement, str) and (red or placement == "eplb"):
+        load = window.expert_loads()
+        S = topology.num_slots(window.num_experts)
+        if placement in ("lpt", "joint", "lpt-plain"):
+            return replicated_placement(load, topology.ep, S), "lpt-replicated"
+        if placement == "eplb":
+            return eplb_placement(load, topology.ep, S), "eplb"
+        if placement == "identity":
+            return Placement.identity(window.num_layers, window.num_experts, topology.ep, red), "identity"
+    if isinstance(placement, Placement):
+        if placement.num_layers != window.num_layers or placement.num_experts != window.num_experts:
+            raise InputError(f"given placement is for L={placement.num_layers}, E={placement.num_experts}; "
+                             f"the window has L={window.num_layers}, E={window.num_experts}")
+        if placement.ep != topology.ep or placement.redundant != red:
+            raise InputError(f"given placement has ep={placement.ep} and {placement.redundant} redundant "
+                             f"slots; the topology has ep={topology.ep}, redundant_experts={red}")
+        return (placement.permutation(), "given") if placement.is_permutation else (placement, "given")
+    if red:
+        raise InputError(f"a placement without replicas does not fit --redundant-experts {red}")
     if isinstance(placement, str):
         load = window.expert_loads()
         if placement in ("lpt", "joint"):
@@ -212,7 +238,8 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
           time_limit: float | None = None, max_sweeps: int | None = None, seed: int = 0,
           current_placement=None, certificate: dict | Certificate | None = None,
           progress: Callable[[float], None] | None = None,
-          stop: Callable[[], bool] | None = None) -> Plan:
+          stop: Callable[[], bool] | None = None, redundant_experts: int | None = None,
+          max_replica_bytes: float | None = None) -> Plan:
     """Plan one window: placement, R*, length-only seeds, population annealing and (with
     ``placement="joint"``) the joint placement search; always a valid, scored :class:`Plan`.
 
@@ -225,8 +252,15 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     serves the seeds' last resort on tight windows). ``stop()`` (polled by the annealer, and
     before the joint stage) cancels cooperatively: the best layout so far is returned;
     ``progress(fraction)`` reports the annealer's progress. Numba kernels are compiled or loaded
-    by ``warm()`` before the clock starts (``timings["warmup"]``, not part of ``total``)."""
+    by ``warm()`` before the clock starts (``timings["warmup"]``, not part of ``total``).
+
+    ``redundant_experts`` (overrides ``topology.redundant_experts``): extra physical expert slots
+    per layer, E + N divisible by P; the plan then carries a :class:`Placement` with replicas
+    (``plan.replicas``), the search packs against the surrogate rank loads and the evaluator
+    scores the exact even-local split. ``max_replica_bytes``: the most expert state (bytes,
+    ``cost.expert_bytes`` per slot) the replicas may add to one rank; more is an ``InputError``."""
     objective = check_objective(objective)
+    topology = with_replicas(topology, window.num_experts, cost, redundant_experts, max_replica_bytes)
     if not isinstance(params, PlannerParams):
         raise InputError(f"params must be a PlannerParams, got {type(params).__name__}")
     current_placement = check_current_placement(current_placement, window)
@@ -262,13 +296,19 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
         best_seed = min(seed_scores, key=lambda name: seed_scores[name])
     layout = seeds[best_seed]
     search = joint = fallback = None
+    # with replicas the search alternates packing and row-aware replica moves: the first packing
+    # gets half of what is left
+    replicated = isinstance(pl, Placement) and not pl.is_permutation and placement in ("lpt", "joint")
     with timings.stage("anneal"):
         try:
             if clock.expired():
                 raise _OutOfTime(f"the {time_limit:g}s limit was spent before the search")
+            left = clock.left()
             res = anneal(window.lengths, b, topology, cost, R, objective,
                          [lay.arrays() for lay in seeds.values()], config=params.anneal, seed=seed,
-                         time_limit=clock.left(), max_sweeps=max_sweeps, progress=progress, stop=stop)
+                         time_limit=None if left is None else (0.5 * left if replicated else left),
+                         max_sweeps=(max_sweeps + 1) // 2 if replicated and max_sweeps else max_sweeps,
+                         progress=progress, stop=stop)
             found = Layout(res.row, res.slot, R)
             errs = Plan.from_layout(topology, pl, found, objective).validate(window)
             if errs:
@@ -280,6 +320,15 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
             fallback = f"no search: {exc}; using baseline {best_seed}"
         except Exception as exc:  # fall back to the best valid baseline, and say so
             fallback = f"annealing failed ({exc.__class__.__name__}: {exc}); using baseline {best_seed}"
+    replica_notes: dict = {}
+    if replicated and fallback is None and not clock.expired() and not (stop is not None and stop()):
+        with timings.stage("replicas"):
+            try:
+                assert isinstance(pl, Placement)
+                pl, layout, replica_notes = _replica_rounds(window, topology, cost, ev, pl, layout, R,
+                                                            objective, params, seed, clock, max_sweeps, stop)
+            except Exception as exc:  # keep the packing and placement found so far, and say so
+                fallback = f"replica moves failed ({exc.__class__.__name__}: {exc}); kept the constructive replicas"
     if (pl_kind == "lpt" and placement == "joint" and not clock.expired()
             and not (stop is not None and stop())):
         with timings.stage("joint"):
@@ -300,8 +349,109 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     timings.record("total", time.perf_counter() - t_start)
     timings.record("warmup", warmup.seconds["warmup"])
     report = PlanReport(placement_kind=pl_kind, seed_scores={k: v[0] for k, v in seed_scores.items()},
-                        search=search, fallback=fallback, joint=joint, timings=timings.seconds)
+                        search=search, fallback=fallback, joint=joint, timings=timings.seconds,
+                        notes={"replicas": replica_notes} if replica_notes else {})
     return build_plan(ev, pl, layout, objective, report=report, certificate=cert)
+
+
+def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Evaluator, pl: Placement,
+                    layout: Layout, R: int, objective, params: PlannerParams, seed: int, clock: _Clock,
+                    max_sweeps: int | None, stop, max_rounds: int = 3) -> tuple[Placement, Layout, dict]:
+    """Rounds of (row-aware replica moves for the current packing, then packing again against the
+    new placement's surrogate loads, from the current layout), each kept only if the one
+    evaluator scores it better. The moves run in chunks of a few passes between clock checks.
+    Budget: the first packing had half of the time (or sweeps); each re-packing takes half of
+    what is left (the last one all of it); with a sweep budget, one round whose re-packing takes
+    the other half of the sweeps."""
+    from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
+
+    t0 = time.perf_counter()
+    best = ev.score_layout(pl, layout, objective).key
+    t_score = time.perf_counter() - t0  # one exact scoring (the even-local split, per cell)
+    notes = {"rounds": 0, "moves": 0, "placements_kept": 0, "packings_kept": 0}
+
+    def stopped() -> bool:
+        return clock.expired() or (stop is not None and stop())
+
+    # under a time limit: single passes between clock checks (≤ 32 per round), none started with
+    # less than 1.5 passes' time left; with a sweep budget: one round of 2·max_sweeps passes
+    # (deterministic); with neither, 8 chunks of 4 passes
+    timed = clock.limit is not None
+    chunks, passes = (32, 1) if timed else (8, 4) if max_sweeps is None else (1, max(2, 2 * max_sweeps))
+    if not timed and max_sweeps is not None:
+        max_rounds = 1
+    for rnd in range(max_rounds):
+        if stopped():
+            break
+        V = block_expert_loads(window.counts, layout.row, layout.slot, R, topology)
+        cand, moves, t_pass = pl, 0, 0.0
+        for _ in range(chunks):
+            left = clock.left()
+            if left is not None and left < 1.5 * t_pass + 3.0 * t_score:
+                break
+            t0 = time.perf_counter()
+            cand, m = refine_replicas(V, cand, topology, max_passes=passes)
+            t_pass = max(t_pass, time.perf_counter() - t0)
+            moves += m
+            if m == 0 or stopped():
+                break
+        notes["rounds"] += 1
+        notes["moves"] += moves
+        t0 = time.perf_counter()
+        key = ev.score_layout(cand, layout, objective).key
+        t_score = max(t_score, time.perf_counter() - t0)
+        if moves == 0 or key >= best:
+            break
+        pl, best = cand, key
+        notes["placements_kept"] += 1
+        if stopped():
+            break
+        left = clock.left()
+        if left is not None:  # what scoring the re-packing (and, after it, the plan) will cost
+            left = max(0.01, left - 2.0 * t_score)
+        res = anneal(window.lengths, ev.rank_loads(pl), topology, cost, R, objective, [layout.arrays()],
+                     config=params.anneal, seed=seed + rnd + 1,
+                     time_limit=None if left is None else (0.5 * left if rnd + 1 < max_rounds else left),
+                     max_sweeps=None if max_sweeps is None else max(1, max_sweeps // 2),
+                     stop=stop)
+        found = Layout(res.row, res.slot, R)
+        if Plan.from_layout(topology, pl, found, objective).validate(window):
+            raise RuntimeError("annealer returned an invalid layout")
+        key = ev.score_layout(pl, found, objective).key
+        if key < best:
+            layout, best = found, key
+            notes["packings_kept"] += 1
+    return pl, layout, notes
+
+
+def with_replicas(topology: Topology, num_experts: int, cost: CostModel, redundant_experts: int | None,
+                  max_replica_bytes: float | None) -> Topology:
+    """``topology`` with ``redundant_experts`` (when given), checked: E + N divisible by P, and
+    the replicas' expert state per rank (N / P slots × ``cost.expert_bytes``) within
+    ``max_replica_bytes`` (when given)."""
+    if redundant_experts is not None:
+        if isinstance(redundant_experts, bool) or not isinstance(redundant_experts, (int, np.integer)) \
+                or redundant_experts < 0:
+            raise InputError(f"redundant_experts must be an integer ≥ 0, got {redundant_experts!r}")
+        topology = dataclasses.replace(topology, redundant_experts=int(redundant_experts))
+    topology.check_experts(num_experts)
+    if max_replica_bytes is not None:
+        if isinstance(max_replica_bytes, bool) or not isinstance(max_replica_bytes, (int, float, np.number)) \
+                or not np.isfinite(max_replica_bytes) or max_replica_bytes < 0:
+            raise InputError(f"max_replica_bytes must be a finite number ≥ 0, got {max_replica_bytes!r}")
+        red = topology.redundant_experts
+        if red and cost.expert_bytes <= 0:
+            raise InputError("max_replica_bytes needs the cost model's expert_bytes (bytes of one "
+                             "expert's weights, gradients and optimizer state); use a preset or set "
+                             "expert_bytes in the cost TOML")
+        per_rank = red / topology.ep * cost.expert_bytes
+        if per_rank > max_replica_bytes:
+            fit = int(max_replica_bytes // cost.expert_bytes) * topology.ep if cost.expert_bytes else 0
+            raise InputError(
+                f"--redundant-experts {red}: {red / topology.ep:g} extra slots per rank × "
+                f"{cost.expert_bytes:,.0f} bytes = {per_rank:,.0f} bytes per rank, over "
+                f"max_replica_bytes {max_replica_bytes:,.0f}; at most {fit} redundant experts fit")
+    return topology
 
 
 class _OutOfTime(Exception):

@@ -40,6 +40,7 @@ fork or a re-import of the caller's ``__main__``), run by a thread pool of ``job
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import importlib
 import logging
 import os
@@ -65,6 +66,8 @@ from routepack_opt.heuristics.baselines import BASELINES, verl_kk_layout
 from routepack_opt.heuristics.placement.joint import JointConfig, joint_search
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
 from routepack_opt.heuristics.placement.refine import RefineConfig
+from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
+from routepack_opt.heuristics.placement.replicate import replicated_placement
 from routepack_opt.models import binpack as exact_binpack
 from routepack_opt.models import layout_blocks
 from routepack_opt.models.layout_common import LayoutInstance
@@ -78,6 +81,8 @@ _ANNEAL = tuple(f"routepack_opt.heuristics.anneal.{m}"
                 for m in ("rng", "kernels", "state", "moves", "greedy"))
 GROUPS = {
     "plan": ("routepack_opt.core.projection", "routepack_opt.heuristics.placement.lpt",
+             "routepack_opt.heuristics.placement.replicate",
+             "routepack_opt.heuristics.placement.replica_refine",
              "routepack_opt.heuristics.binpack", "routepack_opt.heuristics.cells",
              "routepack_opt.heuristics.baselines",
              *_ANNEAL),
@@ -263,6 +268,13 @@ def _warm_plan(with_anneal: bool = True) -> None:
             ev.evaluate(pl, *seeds[0], R, objective)
     if with_anneal:
         anneal.warm_storage(*anneal.STORAGES[0])  # the ordinary storage (compiled above)
+    # replicas: the replica placement, the surrogate loads and the exact even-local split
+    rtopo = dataclasses.replace(topo, redundant_experts=topo.ep)
+    rpl = replicated_placement(w.expert_loads(), rtopo.ep, rtopo.num_slots(w.num_experts))
+    rev = Evaluator(w, rtopo, cost)
+    rev.rank_loads(rpl)
+    rev.evaluate(rpl, seeds[0][0], seeds[0][1], R, Objective.MAX_SUM)
+    refine_replicas(block_expert_loads(w.counts, seeds[0][0], seeds[0][1], R, rtopo), rpl, rtopo, max_passes=2)
     # R* escalation past the cheap bounds: MBS' and the overflow tabu search on K bins
     sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
     binpack.best_packing(sizes, 64)

@@ -34,8 +34,8 @@ def _new(before, after):
 
 
 def test_after_warm_planning_compiles_nothing_new():
-    """After warm(), planning realistic windows (both objectives, joint + migration) adds no
-    numba signature: nothing compiles inside a time limit."""
+    """After warm(), planning realistic windows (both objectives, joint + migration, replicas)
+    adds no numba signature: nothing compiles inside a time limit."""
     assert "error" not in warm(("plan", "joint"))
     before = _signatures()
     w = generate_window("qwen3-30b-a3b", 160, seed=2, num_layers=3, capacity=8192)
@@ -46,6 +46,7 @@ def test_after_warm_planning_compiles_nothing_new():
         solve(w, topo, COST, objective=objective, placement="joint", max_sweeps=2, seed=0,
               current_placement=ident)
         solve(w, topo, COST, objective=objective, placement="identity", time_limit=0.2, seed=0)
+        solve(w, topo, COST, objective=objective, max_sweeps=2, seed=0, redundant_experts=4)
     new = _new(before, _signatures())
     assert not new, f"compiled after warm(): {new}"
 

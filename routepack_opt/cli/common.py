@@ -73,8 +73,18 @@ def add_topology(p: argparse.ArgumentParser, preset_flag: bool = True) -> None:
     g.add_argument("--row-multiple", type=positive_int, default=1, help="rows must be a multiple of this (PP×VPP)")
     g.add_argument("--equal-samples-per-slot", action="store_true",
                    help="every DP slot holds exactly N/D samples (verl's DP balance; N %% D == 0)")
+    add_replica_args(g)
     if preset_flag:
         g.add_argument("--preset", choices=sorted(PRESETS), help="defaults for --dp/--ep/--capacity")
+
+
+def add_replica_args(g) -> None:
+    g.add_argument("--redundant-experts", type=nonneg_int, default=0, metavar="N",
+                   help="extra physical expert slots per layer (E + N divisible by --ep): hot experts "
+                        "get replicas (docs/model.md); default 0")
+    g.add_argument("--max-replica-bytes", type=nonneg_float, metavar="BYTES",
+                   help="most expert state (weights, gradients, optimizer) the replicas may add to one "
+                        "EP rank; the cost model's expert_bytes per extra slot")
 
 
 def add_cost(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -102,7 +112,8 @@ def topology_from_args(args) -> Topology:
         vals[key] = v
     return Topology(dp=vals["dp"], ep=vals["ep"], capacity=vals["capacity"],
                     min_rows=getattr(args, "min_rows", 1), row_multiple=getattr(args, "row_multiple", 1),
-                    equal_samples_per_slot=bool(getattr(args, "equal_samples_per_slot", False)))
+                    equal_samples_per_slot=bool(getattr(args, "equal_samples_per_slot", False)),
+                    redundant_experts=getattr(args, "redundant_experts", 0) or 0)
 
 
 def window_from_args(args) -> Window:

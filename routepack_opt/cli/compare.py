@@ -37,7 +37,8 @@ def run(args) -> None:
         table, _ = compare_plans(window, topo, cost, objective=args.objective, rows=args.rows,
                                  params=params, time_limit=args.time_limit, max_sweeps=args.max_sweeps,
                                  seed=args.seed, exact=exact, exact_time_limit=args.exact_time_limit,
-                                 current_placement=current, progress=cb)
+                                 current_placement=current, progress=cb,
+                                 max_replica_bytes=args.max_replica_bytes)
     if args.json:
         emit(args, {"objective": args.objective, "rows": table})
     else:

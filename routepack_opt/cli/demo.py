@@ -12,7 +12,15 @@ import sys
 import time
 from pathlib import Path
 
-from routepack_opt.cli.common import add_json, add_objective, emit, nonneg_int, positive_float, positive_int
+from routepack_opt.cli.common import (
+    add_json,
+    add_objective,
+    add_replica_args,
+    emit,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 from routepack_opt.cli.plan import progress_bar
 from routepack_opt.core.cost import PRESETS, get_preset
 from routepack_opt.core.errors import InputError
@@ -29,6 +37,7 @@ def register(sub) -> None:
     p.add_argument("--ep", type=positive_int, default=DEFAULTS["ep"])
     p.add_argument("--seed", type=nonneg_int, default=DEFAULTS["seed"])
     p.add_argument("--time-limit", type=positive_float, help="search time limit per plan (s)")
+    add_replica_args(p)
     p.add_argument("--out", default="routepack-demo", help="output directory (window, plan, plot)")
     add_objective(p)
     add_json(p)
@@ -54,7 +63,8 @@ def run(args) -> None:
     for name in ("window.npz", "plan.json", "routepack-demo.png"):  # before the work starts
         check_output_path(out / name)
     # the topology is checked before anything is generated or written
-    topo = Topology(dp=args.dp, ep=args.ep, capacity=preset.config.capacity)
+    topo = Topology(dp=args.dp, ep=args.ep, capacity=preset.config.capacity,
+                    redundant_experts=args.redundant_experts)
     topo.check_experts(preset.config.experts)
     console = Console(width=140, stderr=args.json, quiet=args.json)
     t0 = time.perf_counter()
@@ -86,6 +96,7 @@ def run(args) -> None:
                   f"by {cert.method}, {cert.seconds * 1e3:.1f} ms)")
     with progress_bar(sys.stderr.isatty() and not args.json, "planning") as cb:
         table, plans = compare_plans(window, topo, cost, objective=args.objective, time_limit=args.time_limit,
+                                     max_replica_bytes=args.max_replica_bytes,
                                      seed=args.seed, exact=False, progress=cb)
     console.print(format_table(table, args.objective))
     plans["routepack"].save(out / "plan.json")
@@ -108,20 +119,26 @@ def _plot(window, topo, cost, plans, objective, path: Path) -> None:
     ev = Evaluator(window, topo, cost)
     fig, axes = plt.subplots(2, 2, figsize=(13, 8), constrained_layout=True)
     for ax, name in zip(axes[0], ("baseline", "reorder")):
-        Lagg = expert_rank_loads(load, plans[name].placement, topo.ep)
+        pn = plans[name]
+        if pn.replicas is None:
+            Lagg = expert_rank_loads(load, pn.placement, topo.ep)
+        else:  # the ranks' window totals under the replica rule
+            Lagg = ev.block_loads(pn.replicas, pn.row, pn.slot, pn.rows).reshape(
+                -1, window.num_layers, topo.ep).sum(axis=0).astype(float)
         rel = Lagg / Lagg.mean(axis=1, keepdims=True)
         im = ax.imshow(rel.T, aspect="auto", cmap="magma", vmin=0.5, vmax=max(1.5, float(rel.max())))
         ax.set_title(f"{name}: per-rank expert load / mean (max {rel.max():.2f})")
         ax.set_xlabel("MoE layer")
         ax.set_ylabel("EP rank")
         fig.colorbar(im, ax=ax)
-    Js = {n: ev.costs(plans[n].placement, plans[n].row, plans[n].slot, plans[n].rows)
+    Js = {n: ev.costs(plans[n].expert_placement, plans[n].row, plans[n].slot, plans[n].rows)
           for n in ("baseline", "routepack")}
     vmax = max(float(J.max()) for J in Js.values()) / 1e3
     vmin = min(float(J.min()) for J in Js.values()) / 1e3
     for ax, (name, J) in zip(axes[1], Js.items()):
         im = ax.imshow(J.T / 1e3, aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax)
-        s = ev.evaluate(plans[name].placement, plans[name].row, plans[name].slot, plans[name].rows, objective).score
+        s = ev.evaluate(plans[name].expert_placement, plans[name].row, plans[name].slot, plans[name].rows,
+                        objective).score
         ax.set_title(f"{name}: J[row, shard] (ms); {objective} makespan {s.makespan / 1e3:,.1f} ms")
         ax.set_xlabel("row (micro-batch)")
         ax.set_ylabel("EDP shard")

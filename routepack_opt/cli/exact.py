@@ -87,6 +87,13 @@ def run(args) -> dict:
     window = load_window(args.window)
     topo = topology_from_args(args)
     cost = cost_from_args(args)
+    from routepack_opt.pipeline import with_replicas
+
+    topo = with_replicas(topo, window.num_experts, cost, None, args.max_replica_bytes)
+    if topo.redundant_experts:
+        raise InputError(f"--redundant-experts {topo.redundant_experts}: the exact layout models "
+                         "(CP-SAT, HiGHS) do not model replicas; use routepack plan or compare (the exact replica "
+                         "placement at a fixed layout is routepack_opt.models.replica_placement)")
     objective = check_objective(args.objective)
     if not (args.time_limit and args.time_limit > 0):
         raise InputError(f"--time-limit must be > 0 seconds, got {args.time_limit}")

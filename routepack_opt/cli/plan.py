@@ -47,7 +47,7 @@ def placement_arg(value: str, window):
     if value in ("lpt", "lpt-plain", "identity", "joint"):
         return value
     if value.endswith(".json") or Path(value).exists():
-        return load_plan(value).placement
+        return load_plan(value).expert_placement  # a Placement when the plan has replicas
     raise InputError(f"--placement must be lpt, lpt-plain, identity, joint or a PLAN.json, got {value!r}")
 
 
@@ -109,7 +109,8 @@ def run(args) -> None:
     with progress_bar(sys.stderr.isatty() and not args.json) as cb:
         p = solve(window, topo, cost, objective=args.objective, placement=placement, rows=args.rows,
                   params=params, time_limit=args.time_limit, max_sweeps=args.max_sweeps,
-                  seed=args.seed, progress=cb, current_placement=current)
+                  seed=args.seed, progress=cb, current_placement=current,
+                  max_replica_bytes=args.max_replica_bytes)
     if out:
         p.save(out)
     r = p.report
@@ -120,6 +121,10 @@ def run(args) -> None:
            "makespan": e.makespan, "total": e.total, "peak": e.peak,
            "other_objective": e.other_objective, "other_makespan": e.other_makespan,
            "lower_bound": e.lower_bound, "gap": e.gap, "certificate": p.certificate,
+           "force_balanced_lower_bound": e.force_balanced_lower_bound,
+           "gap_force_balanced": e.gap_force_balanced, "redundant_experts": e.redundant_experts,
+           "replica_bytes_per_rank": e.replica_bytes_per_rank,
+           "rank_imbalance_median": e.rank_imbalance_median, "maxvio_mean": e.maxvio_mean,
            "placement": r.placement_kind, "seconds": seconds, "warmup_seconds": warmup,
            "fallback": r.fallback}
     cert = p.certificate
@@ -127,7 +132,12 @@ def run(args) -> None:
             f"placement {r.placement_kind}, objective {p.objective}\n"
             f"  makespan {e.makespan:,.1f} µs  ({e.other_objective}: {e.other_makespan:,.1f})  "
             f"LB {e.lower_bound:,.1f}  gap {e.gap:.4f}  in {seconds:.2f} s"
-            + (f" (+ {warmup:.1f} s numba warm-up, see routepack warmup)" if warmup >= 1.0 else "")
+            + (f" (+ {warmup:.1f} s numba warm-up, see routepack warmup)" if warmup >= 1.0 else "") + "\n"
+            f"  force-balanced LB {e.force_balanced_lower_bound or 0:,.1f}  gap {e.gap_force_balanced or 0:.4f}  "
+            f"EP-rank imbalance (max/mean per row and layer) median {e.rank_imbalance_median or 1:.4f}"
+            + (f"\n  replicas: {e.redundant_experts} redundant slots per layer, "
+               f"{e.replica_bytes_per_rank:,.0f} bytes of expert state added per rank"
+               if e.redundant_experts else "")
             + (f"\n  note: {r.fallback}" if r.fallback else "")
             + (f"\n  wrote {out}" if out else ""))
     emit(args, res, text)

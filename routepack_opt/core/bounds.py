@@ -16,7 +16,9 @@ All exact integer arithmetic, O(N log N):
 Layouts (docs/model.md; N samples, L layers, E experts, P EP ranks, G shards, R rows):
 
 - :func:`layout_lower_bound` — for a given placement and R, valid for both objectives;
-- :func:`placement_free_lower_bound` — the same for any placement;
+- :func:`placement_free_lower_bound` — the same for any placement (with or without replicas);
+- :func:`force_balanced_lower_bound` — every rank gets 1/P of every layer's expert tokens in
+  every row: valid for any placement and any number of replicas;
 - :func:`layer_lower_bound` — the busiest rank of one layer's placement (average and pigeonhole).
 """
 
@@ -29,7 +31,8 @@ from routepack_opt.core.errors import InputError
 from routepack_opt.core.topology import Topology
 
 __all__ = ["check_sizes", "is_packing", "lower_bound_l1", "lower_bound_l2", "lower_bound_dff",
-           "bin_lower_bound", "layout_lower_bound", "placement_free_lower_bound", "layer_lower_bound"]
+           "bin_lower_bound", "layout_lower_bound", "placement_free_lower_bound", "layer_lower_bound",
+           "force_balanced_lower_bound"]
 
 
 # ---------------------------------------------------------------- bin packing
@@ -178,11 +181,26 @@ def layout_lower_bound(lengths_N, Lagg_LP, rows: int, topology: Topology, cost: 
     return float((attn / topology.ep + expert + rows * G * cost.row_overhead) / G)
 
 
-def placement_free_lower_bound(lengths_N, load_LE, rows: int, topology: Topology, cost: CostModel) -> float:
-    """The bound for any placement: max_p Lagg[l,p] ≥ max(Σ_e load[l,e] / P, max_e load[l,e])."""
+def placement_free_lower_bound(lengths_N, load_LE, rows: int, topology: Topology, cost: CostModel,
+                               redundant: int = 0) -> float:
+    """The bound for any placement with ``redundant`` extra slots per layer:
+    max_p Lagg[l,p] ≥ max(Σ_e load[l,e] / P, max_e load[l,e] / min(P, 1 + redundant)).
+
+    An expert has k ≤ 1 + redundant replicas; they split its tokens, so one of them gets at least
+    load/k; if k > P, some rank holds ≥ k/P of them and gets ≥ load/P. Without replicas (k = 1)
+    this is the busiest expert itself."""
     load_LE = np.asarray(load_LE, dtype=np.float64)
-    best_LP = np.maximum(load_LE.sum(axis=1) / topology.ep, load_LE.max(axis=1))[:, None]
+    k = min(topology.ep, 1 + int(redundant))
+    best_LP = np.maximum(load_LE.sum(axis=1) / topology.ep, load_LE.max(axis=1) / k)[:, None]
     return layout_lower_bound(lengths_N, best_LP, rows, topology, cost)
+
+
+def force_balanced_lower_bound(lengths_N, load_LE, rows: int, topology: Topology, cost: CostModel) -> float:
+    """The bound with every rank given 1/P of every layer's expert tokens (max_p Lagg[l,p] ≥
+    Σ_e load[l,e] / P): valid for any placement and any replicas, and what perfect
+    force-balancing would reach."""
+    load_LE = np.asarray(load_LE, dtype=np.float64)
+    return layout_lower_bound(lengths_N, (load_LE.sum(axis=1) / topology.ep)[:, None], rows, topology, cost)
 
 
 def layer_lower_bound(load_E, ep: int) -> int:

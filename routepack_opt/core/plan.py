@@ -16,6 +16,7 @@ from routepack_opt.core.errors import InputError, load_document
 from routepack_opt.core.io import atomic_write_text
 from routepack_opt.core.layout import Layout, check_rows
 from routepack_opt.core.objective import Objective, check_objective
+from routepack_opt.core.placement import Placement
 from routepack_opt.core.report import PlanReport
 from routepack_opt.core.topology import Topology
 
@@ -108,9 +109,18 @@ class Plan:
     lower_bound: float | None = None
     certificate: dict | None = None
     report: PlanReport = PlanReport()
+    replicas: Placement | None = None
     layout: Layout = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.replicas is not None:
+            if not isinstance(self.replicas, Placement):
+                raise InputError(f"plan: replicas must be a Placement, got {type(self.replicas).__name__}")
+            if self.replicas.is_permutation:  # no replicas: the plain permutation form
+                object.__setattr__(self, "placement", self.replicas.permutation())
+                object.__setattr__(self, "replicas", None)
+            else:
+                object.__setattr__(self, "placement", self.replicas.log2phy()[:, :, 0])
         placement = np.array(self.placement, dtype=np.int64)
         placement.flags.writeable = False
         object.__setattr__(self, "placement", placement)
@@ -137,9 +147,25 @@ class Plan:
     def from_layout(cls, topology: Topology, placement, layout: Layout,
                     objective: Objective | str = Objective.MAX_SUM, **reports) -> Plan:
         """A plan from a :class:`Layout` (``reports``: ``score``, ``lower_bound``,
-        ``certificate``, ``report``)."""
+        ``certificate``, ``report``). ``placement``: a :class:`Placement` or a permutation
+        ``π[l, e]``."""
+        if isinstance(placement, Placement):
+            return cls(topology, layout.rows, placement.log2phy()[:, :, 0], layout.row, layout.slot,
+                       check_objective(objective), replicas=placement, **reports)
         return cls(topology, layout.rows, placement, layout.row, layout.slot, check_objective(objective),
                    **reports)
+
+    @property
+    def expert_placement(self) -> Placement | np.ndarray:
+        """What the evaluator scores: the :class:`Placement` with replicas, or the permutation
+        ``π[l, e]`` of a plan without them."""
+        return self.replicas if self.replicas is not None else self.placement
+
+    def placement_object(self) -> Placement:
+        """The plan's placement as a :class:`Placement` (replicas or not)."""
+        if self.replicas is not None:
+            return self.replicas
+        return Placement.from_permutation(self.placement, self.topology.ep)
 
     @property
     def info(self) -> dict:
@@ -174,9 +200,23 @@ class Plan:
         L = E = None
         if window is not None:
             L, E = window.num_layers, window.num_experts
-        errs += check_placement(self.placement, L, E)
-        if self.placement.ndim == 2 and self.placement.shape[1] % topo.ep:
-            errs.append(f"placement: E={self.placement.shape[1]} not divisible by ep={topo.ep}")
+        if self.replicas is not None:
+            rep = self.replicas
+            if L is not None and (rep.num_layers, rep.num_experts) != (L, E):
+                errs.append(f"placement: replicas for L={rep.num_layers}, E={rep.num_experts}; "
+                            f"window has L={L}, E={E}")
+            if rep.ep != topo.ep:
+                errs.append(f"placement: replicas built for ep={rep.ep}, topology has ep={topo.ep}")
+            if rep.redundant != topo.redundant_experts:
+                errs.append(f"placement: {rep.redundant} redundant slots per layer, topology has "
+                            f"redundant_experts={topo.redundant_experts}")
+        else:
+            errs += check_placement(self.placement, L, E)
+            if self.placement.ndim == 2 and self.placement.shape[1] % topo.ep:
+                errs.append(f"placement: E={self.placement.shape[1]} not divisible by ep={topo.ep}")
+            if topo.redundant_experts:
+                errs.append(f"placement: topology has redundant_experts={topo.redundant_experts} "
+                            "but the plan has no replicas (phy2log)")
         n = self.num_samples if window is None else window.num_samples
         if self.row.shape != (n,) or self.slot.shape != (n,):
             errs.append(f"cells: cover {self.row.size} samples, window has {n}")
@@ -219,6 +259,8 @@ class Plan:
         d = {"format": PLAN_FORMAT, "topology": self.topology.to_dict(), "rows": int(self.rows),
              "placement": self.placement.tolist(), "cells": self.cells(),
              "objective": self.objective}
+        if self.replicas is not None:
+            d.update(self.replicas.to_json())
         if self.score is not None:
             d["score"] = self.score
         if self.lower_bound is not None:
@@ -262,9 +304,16 @@ class Plan:
             raise InputError("plan: placement must be L lists of E integers") from None
         if placement.ndim != 2:
             raise InputError("plan: placement must be L lists of E integers")
-        errs = check_placement(placement)
-        if errs:
-            raise InputError("plan: " + errs[0])
+        replicas = None
+        if "phy2log" in d:
+            replicas = Placement.from_json(d, topo.ep)
+            if not np.array_equal(placement, replicas.log2phy()[:, :, 0]):
+                raise InputError("plan: placement must list each logical expert's first replica slot "
+                                 "(the lowest slot holding it in phy2log)")
+        else:
+            errs = check_placement(placement)
+            if errs:
+                raise InputError("plan: " + errs[0])
         # Without the window's N, a plan holds samples 0..n-1, n the number of ids it lists: the
         # arrays are sized by that count, never by the largest id (id 10^8 would cost 1.6 GB).
         n = num_samples if num_samples is not None else sum(len(c) for r in cells for c in r)
@@ -275,7 +324,8 @@ class Plan:
             raise InputError(f"plan: info must be a JSON object, got {type(info).__name__} {info!r:.40}")
         return cls(topology=topo, rows=rows, placement=placement, row=row_N, slot=slot_N,
                    objective=objective, score=d.get("score"), lower_bound=d.get("lower_bound"),
-                   certificate=d.get("certificate"), report=PlanReport.from_json(info))
+                   certificate=d.get("certificate"), report=PlanReport.from_json(info),
+                   replicas=replicas)
 
 
 def _jsonable(x):

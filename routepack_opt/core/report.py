@@ -113,7 +113,10 @@ class JointStats:
 @dataclasses.dataclass(frozen=True)
 class EvaluationSummary:
     """The evaluator's verdict on a plan (``Evaluation.report()``): both objectives' makespans,
-    the bounds and ``gap`` = makespan / lower bound."""
+    the bounds and ``gap`` = makespan / lower bound; the force-balanced bound and the gap to it;
+    the EP-rank imbalance per (row, shard, layer) block (max/mean: median, 90 % quantile, max;
+    verl's MaxVio = max/mean − 1: mean, median); the redundant slots per layer and the expert
+    state they add per rank (bytes)."""
 
     objective: str
     makespan: float
@@ -126,12 +129,23 @@ class EvaluationSummary:
     lower_bound: float
     placement_free_lower_bound: float
     gap: float
+    force_balanced_lower_bound: float | None = None
+    gap_force_balanced: float | None = None
+    redundant_experts: int = 0
+    replica_bytes_per_rank: float = 0.0
+    rank_imbalance_median: float | None = None
+    rank_imbalance_p90: float | None = None
+    rank_imbalance_max: float | None = None
+    maxvio_mean: float | None = None
+    maxvio_median: float | None = None
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
-_EVAL_KEYS = tuple(f.name for f in dataclasses.fields(EvaluationSummary))
+_EVAL_FIELDS = dataclasses.fields(EvaluationSummary)
+_EVAL_KEYS = tuple(f.name for f in _EVAL_FIELDS if f.default is dataclasses.MISSING)
+_EVAL_OPTIONAL = tuple(f.name for f in _EVAL_FIELDS if f.default is not dataclasses.MISSING)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +199,8 @@ class PlanReport:
         notes: dict[str, Any] = {}
         typed: dict[str, Any] = {}
         if all(k in info for k in _EVAL_KEYS):
-            typed["evaluation"] = EvaluationSummary(**{k: info.pop(k) for k in _EVAL_KEYS})
+            typed["evaluation"] = EvaluationSummary(**{k: info.pop(k) for k in _EVAL_KEYS},
+                                                    **{k: info.pop(k) for k in _EVAL_OPTIONAL if k in info})
         for key, value in info.items():
             try:
                 if key == "search" and isinstance(value, dict):

@@ -11,7 +11,8 @@ from routepack_opt.core.errors import InputError
 __all__ = ["Topology"]
 
 # Far above any real cluster or micro-batch, far inside int64 (token sums of a cell stay exact).
-_LIMITS = {"dp": 2**24, "ep": 2**24, "capacity": 2**40, "min_rows": 2**24, "row_multiple": 2**24}
+_LIMITS = {"dp": 2**24, "ep": 2**24, "capacity": 2**40, "min_rows": 2**24, "row_multiple": 2**24,
+           "redundant_experts": 2**24}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,11 @@ class Topology:
       quota; nemo-ffd is skipped);
     - exact models: Σ_{r,i} x[i, (r, d)] = N / D for every slot d (the block decomposition is
       skipped: its per-block row subproblems do not see slot totals).
+
+    Redundant expert slots (``redundant_experts``, default 0): every MoE layer has
+    S = E + redundant_experts physical expert slots, S/ep per rank, so a hot logical expert may
+    have several replicas (docs/model.md, "Placement"). E + redundant_experts must be divisible by
+    ep; 0 is a placement without replicas (a permutation).
     """
 
     dp: int
@@ -46,18 +52,20 @@ class Topology:
     min_rows: int = 1
     row_multiple: int = 1
     equal_samples_per_slot: bool = False
+    redundant_experts: int = 0
 
     def __post_init__(self):
         if not isinstance(self.equal_samples_per_slot, (bool, np.bool_)):
             raise InputError("topology: equal_samples_per_slot must be true or false, got "
                              f"{self.equal_samples_per_slot!r}")
         object.__setattr__(self, "equal_samples_per_slot", bool(self.equal_samples_per_slot))
-        for name in ("dp", "ep", "capacity", "min_rows", "row_multiple"):
+        for name in ("dp", "ep", "capacity", "min_rows", "row_multiple", "redundant_experts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise InputError(f"topology: {name} must be an integer, got {value!r}")
-            if value < 1:
-                raise InputError(f"topology: {name} must be ≥ 1, got {value}")
+            if value < (0 if name == "redundant_experts" else 1):
+                raise InputError(f"topology: {name} must be ≥ {0 if name == 'redundant_experts' else 1}, "
+                                 f"got {value}")
             if value > _LIMITS[name]:
                 raise InputError(f"topology: {name} = {value} is out of range (at most {_LIMITS[name]:,})")
             object.__setattr__(self, name, int(value))
@@ -105,8 +113,24 @@ class Topology:
         shard_D = self.shard_array()
         return np.argsort(shard_D, kind="stable").reshape(self.num_shards, self.ep)
 
+    def num_slots(self, num_experts: int) -> int:
+        """S = E + redundant_experts physical expert slots per layer."""
+        return num_experts + self.redundant_experts
+
     def check_experts(self, num_experts: int) -> None:
-        """Raise unless E is divisible by P (each EP rank holds E/P expert slots)."""
+        """Raise unless S = E + redundant_experts is divisible by P (each EP rank holds S/P
+        expert slots)."""
+        if self.redundant_experts:
+            S = num_experts + self.redundant_experts
+            if S % self.ep:
+                lo = self.redundant_experts - S % self.ep
+                hi = lo + self.ep
+                raise InputError(
+                    f"--redundant-experts {self.redundant_experts}: E={num_experts} + "
+                    f"{self.redundant_experts} = {S} slots is not divisible by ep={self.ep} "
+                    f"(each EP rank holds the same number of slots); use "
+                    + (f"{lo} or {hi}" if lo >= 0 else f"{hi}"))
+            return
         if num_experts % self.ep:
             raise InputError(
                 f"topology: E={num_experts} experts is not divisible by ep={self.ep} "
@@ -139,7 +163,8 @@ class Topology:
                 "shard_of_slot": list(self.shard_of_slot), "min_rows": self.min_rows,
                 "row_multiple": self.row_multiple,
                 # written only when on: plans without the option stay byte-identical
-                **({"equal_samples_per_slot": True} if self.equal_samples_per_slot else {})}
+                **({"equal_samples_per_slot": True} if self.equal_samples_per_slot else {}),
+                **({"redundant_experts": self.redundant_experts} if self.redundant_experts else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> Topology:
@@ -151,4 +176,5 @@ class Topology:
         return cls(dp=d["dp"], ep=d["ep"], capacity=d["capacity"],
                    shard_of_slot=d.get("shard_of_slot"), min_rows=d.get("min_rows", 1),
                    row_multiple=d.get("row_multiple", 1),
-                   equal_samples_per_slot=d.get("equal_samples_per_slot", False))
+                   equal_samples_per_slot=d.get("equal_samples_per_slot", False),
+                   redundant_experts=d.get("redundant_experts", 0))
