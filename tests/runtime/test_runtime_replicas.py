@@ -125,3 +125,17 @@ def test_verify_runtime_bad_redundant_exits_2(run_cli, args):
     """(E + N) not divisible by ep, N < 0, N beyond E·(ep−1) → error: + exit 2."""
     code, out, err = run_cli("verify-runtime", *args)
     assert code == 2 and err.startswith("error:") and "Traceback" not in err
+
+
+def test_verify_runtime_cli_replicas_json(run_cli):
+    """`verify-runtime --world-size 1 --redundant-experts 4 --json` reports max_abs_diff (weights,
+    Adam), the float64 check, bitwise-equal shuffled replicas and the bytes moved."""
+    import json
+
+    code, out, err = run_cli("verify-runtime", "--world-size", "1", "--steps", "2",
+                             "--redundant-experts", "4", "--json")
+    rep = json.loads(out)
+    assert code == 0 and rep["ok"] is True and rep["redundant_experts"] == 4
+    assert rep["max_abs_diff_weights"] <= 1e-3 and rep["max_abs_diff_adam"] <= 1e-3
+    assert rep["max_abs_diff_float64"] <= 1e-9 and rep["moved_bitwise_equal"] is True
+    assert rep["bytes_moved"] > 0 and rep["replica_max_diff"] == 0.0
