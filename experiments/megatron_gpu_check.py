@@ -135,7 +135,7 @@ def main():
 
     slots = [rp_mg.expert_slot_tensors(layer.experts, include_grads=False)]
     moved = rp_mg.migrate_experts(slots, np.arange(E)[None], p2l, ep_rank=rank, ep_size=world, group=ep_group)
-    handle = rp_mg.apply_expert_placement(layer, p2l[0])
+    handle = rp_mg.apply_expert_placement(layer, physical_to_logical=p2l[0])
     new_out, new_grads = run_layer()
 
     @check("forward_identical")
@@ -169,7 +169,7 @@ def main():
         handle.remove()
         with torch.no_grad():
             p0, m0 = layer.route(x.view(-1, H))
-        rp_mg.apply_expert_placement(layer, p2l[0])
+        rp_mg.apply_expert_placement(layer, physical_to_logical=p2l[0])
         with torch.no_grad():
             p1, m1 = layer.route(x.view(-1, H))
         inv = torch.as_tensor(np.argsort(p2l[0]), device=p1.device)

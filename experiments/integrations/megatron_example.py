@@ -3,7 +3,7 @@ RoutePack's logical→physical map applied between route and dispatch, and the e
 
     python experiments/integrations/megatron_example.py      # needs the [megatron] extra
 
-In a Megatron job, per MoE layer l: ``handle = apply_expert_placement(moe_layer, p2l[l])``;
+In a Megatron job, per MoE layer l: ``handle = apply_expert_placement(moe_layer, physical_to_logical=p2l[l])``;
 between optimizer steps: ``migrate_experts([...expert_slot_tensors(layer.experts, optimizer)...],
 old_p2l, new_p2l, ep_rank=..., ep_size=..., group=ep_group)`` then ``handle.set(new_p2l[l])``.
 The GPU parts (real MoELayer forward, NCCL, DistributedOptimizer): experiments/megatron_gpu_check.py.

@@ -214,8 +214,10 @@ class Window:
         T, L, K = routes_TLK.shape
         if T != int(lengths_N.sum()):
             raise InputError(f"routes: {T} tokens but lengths sum to {int(lengths_N.sum())}")
-        if num_experts < 1:
-            raise InputError(f"num_experts: must be ≥ 1, got {num_experts}")
+        if isinstance(num_experts, (bool, np.bool_)) or not isinstance(num_experts, (int, np.integer)) \
+                or num_experts < 1:
+            raise InputError(f"num_experts: expected a positive integer, got {num_experts!r}")
+        check_window_memory((lengths_N.shape[0], L, num_experts), np.dtype(np.int64), f"num_experts={num_experts}")
         if routes_TLK.size and (routes_TLK.min() < 0 or routes_TLK.max() >= num_experts):
             raise InputError(f"routes: expert ids must lie in 0..{num_experts - 1}")
         srt = np.sort(routes_TLK, axis=2)

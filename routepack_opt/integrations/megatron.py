@@ -23,44 +23,206 @@ placements.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.plan import check_placement
 from routepack_opt.integrations import _deps
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["remap_routing", "apply_expert_placement", "PlacementHandle", "rank_token_counts",
+__all__ = ["ExpertMap", "remap_routing", "apply_expert_placement", "PlacementHandle", "rank_token_counts",
            "expert_slot_tensors", "migrate_experts", "physical_to_logical"]
+
+
+# --- maps with their direction -----------------------------------------------------------------
+def _as_int_map(value, what: str) -> np.ndarray:
+    """An integer numpy copy of a map (list, array or tensor); floats and bools are refused."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu().numpy()
+    try:
+        arr = np.array(value)
+    except Exception:
+        raise InputError(f"{what}: cannot be read as an array of expert ids") from None
+    if arr.dtype.kind not in "iu":
+        raise InputError(f"{what}: expected integer expert ids, got dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def _permutation_error(row_E: np.ndarray, what: str) -> str | None:
+    """Why ``row_E`` is not a permutation of 0..E-1 (None if it is), naming the first culprit."""
+    E = row_E.shape[0]
+    bad = np.flatnonzero((row_E < 0) | (row_E >= E))
+    if bad.size:
+        return f"{what}: id {int(row_E[bad[0]])} at position {int(bad[0])} is outside 0..{E - 1}"
+    seen_E = np.bincount(row_E, minlength=E)
+    if (seen_E != 1).any():
+        twice, missing = int(np.flatnonzero(seen_E > 1)[0]), int(np.flatnonzero(seen_E == 0)[0])
+        return (f"{what}: not a permutation of 0..{E - 1}: {twice} appears {int(seen_E[twice])} times, "
+                f"{missing} is missing")
+    return None
+
+
+def _check_map_LE(map_LE: np.ndarray, what: str) -> None:
+    if map_LE.ndim != 2 or map_LE.shape[1] < 1:
+        raise InputError(f"{what}: expected [L, E] (one permutation per MoE layer), got shape {map_LE.shape}")
+    for l in range(map_LE.shape[0]):
+        err = _permutation_error(map_LE[l], f"{what} layer {l}" if map_LE.shape[0] > 1 else what)
+        if err:
+            raise InputError(err)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ExpertMap:
+    """An expert placement whose direction is part of its type.
+
+    ``logical_to_physical[l, e]``: the slot (physical expert, ``p·M + i`` on EP rank p) of logical
+    expert e at MoE layer l; ``physical_to_logical[l, s]``: the logical expert in slot s, its
+    inverse. The two are both permutations of 0..E-1, so a bare array of either passes every
+    check: build one with :meth:`from_logical_to_physical` (what RoutePack's planners, verl's
+    ``expert_map_from_batch`` and slime's ``SlimeSchedule.logical_to_physical`` return) or
+    :meth:`from_physical_to_logical` (what Megatron's dispatcher needs), and every function here
+    picks the direction it needs.
+    """
+
+    logical_to_physical: np.ndarray  # [L, E]
+
+    def __post_init__(self):
+        l2p = _as_int_map(self.logical_to_physical, "logical_to_physical")
+        if l2p.ndim == 1:
+            l2p = l2p[None]
+        _check_map_LE(l2p, "logical_to_physical")
+        l2p.setflags(write=False)
+        object.__setattr__(self, "logical_to_physical", l2p)
+
+    @classmethod
+    def from_logical_to_physical(cls, logical_to_physical) -> ExpertMap:
+        """From ``[L, E]`` (or one layer's ``[E]``) logical expert → slot."""
+        return cls(logical_to_physical)
+
+    @classmethod
+    def from_physical_to_logical(cls, physical_to_logical) -> ExpertMap:
+        """From ``[L, E]`` (or one layer's ``[E]``) slot → logical expert."""
+        p2l = _as_int_map(physical_to_logical, "physical_to_logical")
+        p2l = p2l[None] if p2l.ndim == 1 else p2l
+        _check_map_LE(p2l, "physical_to_logical")
+        return cls(np.argsort(p2l, axis=1))
+
+    @property
+    def physical_to_logical(self) -> np.ndarray:
+        """``[L, E]``: the logical expert in each slot."""
+        return np.argsort(self.logical_to_physical, axis=1).astype(np.int64)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.logical_to_physical.shape[0])
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.logical_to_physical.shape[1])
+
+    def layer(self, l: int) -> ExpertMap:
+        """MoE layer l's map alone (``[1, E]``)."""
+        if isinstance(l, bool) or not isinstance(l, (int, np.integer)) or not 0 <= l < self.num_layers:
+            raise InputError(f"layer: expected an index in 0..{self.num_layers - 1}, got {l!r}")
+        return ExpertMap(self.logical_to_physical[int(l)][None])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ExpertMap) and np.array_equal(self.logical_to_physical, other.logical_to_physical)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def physical_to_logical(logical_to_physical_LE) -> np.ndarray:
     """``p2l[l, s]``: the logical expert in slot s (inverse permutation per layer)."""
-    l2p = np.asarray(logical_to_physical_LE, dtype=np.int64)
-    errs = check_placement(l2p)
-    if errs:
-        raise InputError("placement: " + errs[0])
+    l2p = _as_int_map(logical_to_physical_LE, "logical_to_physical")
+    _check_map_LE(l2p, "logical_to_physical")
     return np.argsort(l2p, axis=-1).astype(np.int64)
 
 
+_DIRECTION = ("pass physical_to_logical= (slot → expert), logical_to_physical= (expert → slot, what the "
+              "schedules return) or an ExpertMap")
+
+
+def _one_layer_p2l(who: str, placement, physical_to_logical, logical_to_physical, layer,
+                   num_experts: int | None) -> np.ndarray:
+    """The ``[E]`` slot → logical map of one layer, from exactly one of an :class:`ExpertMap`
+    (with ``layer`` when it has several), ``physical_to_logical=[E]`` or ``logical_to_physical=[E]``."""
+    given = [x is not None for x in (placement, physical_to_logical, logical_to_physical)]
+    if sum(given) != 1:
+        raise InputError(f"{who}: {_DIRECTION}" if not any(given) else f"{who}: give one map (an ExpertMap, "
+                         "physical_to_logical= or logical_to_physical=), not several")
+    if placement is not None:
+        if not isinstance(placement, ExpertMap):
+            raise InputError(f"{who}: a bare array has no direction; {_DIRECTION}")
+        if layer is None and placement.num_layers != 1:
+            raise InputError(f"{who}: the ExpertMap has {placement.num_layers} layers; pass layer=l for this MoE layer")
+        one = placement if layer is None else placement.layer(layer)
+        row_E = one.physical_to_logical[0]
+    else:
+        if layer is not None:
+            raise InputError(f"{who}: layer= selects a row of an ExpertMap; pass this layer's [E] map alone")
+        what = "physical_to_logical" if physical_to_logical is not None else "logical_to_physical"
+        row = _as_int_map(physical_to_logical if physical_to_logical is not None else logical_to_physical, what)
+        if row.ndim != 1:
+            raise InputError(f"{what}: expected one layer's map [E], got shape {row.shape} (for an [L, E] map "
+                             "pass row l, or ExpertMap(...) with layer=l)")
+        if num_experts is not None and row.shape[0] != num_experts:
+            raise InputError(f"{what}: {row.shape[0]} entries, but the layer has {num_experts} experts")
+        err = _permutation_error(row, what)
+        if err:
+            raise InputError(err)
+        row_E = row if physical_to_logical is not None else np.argsort(row).astype(np.int64)
+    if num_experts is not None and row_E.shape[0] != num_experts:
+        raise InputError(f"{who}: the map has {row_E.shape[0]} experts, the layer has {num_experts}")
+    return row_E
+
+
+def _layer_num_experts(moe_layer) -> int | None:
+    n = getattr(getattr(moe_layer, "config", None), "num_moe_experts", None)
+    return int(n) if isinstance(n, (int, np.integer)) and not isinstance(n, bool) else None
+
+
+# --- the seam ----------------------------------------------------------------------------------
 def _perm_index(physical_to_logical_E, E: int, device):
     torch = _deps.torch()
 
-    idx = torch.as_tensor(np.asarray(physical_to_logical_E), dtype=torch.long, device=device)
-    if idx.dim() != 1 or idx.numel() != E or not torch.equal(torch.sort(idx).values, torch.arange(E, device=device)):
-        raise InputError(f"physical_to_logical: expected a permutation of 0..{E - 1}")
-    return idx
+    if isinstance(physical_to_logical_E, ExpertMap):
+        if physical_to_logical_E.num_layers != 1:
+            raise InputError(f"physical_to_logical: the ExpertMap has {physical_to_logical_E.num_layers} "
+                             "layers; pass .layer(l)")
+        row = physical_to_logical_E.physical_to_logical[0]
+    else:
+        row = _as_int_map(physical_to_logical_E, "physical_to_logical")
+    if row.ndim != 1:
+        raise InputError(f"physical_to_logical: expected one layer's map [E], got shape {row.shape}")
+    if row.shape[0] != E:
+        raise InputError(f"probs and routing_map have {E} columns but the map has {row.shape[0]} experts: "
+                         "pass Megatron's [T, E] outputs over all experts (top-k ids [T, k]: scatter them "
+                         "into a [T, E] mask first)")
+    err = _permutation_error(row, "physical_to_logical")
+    if err:
+        raise InputError(err)
+    return torch.as_tensor(row, dtype=torch.long, device=device)
+
+
+def _check_router_outputs(probs, routing_map) -> None:
+    if probs.shape != routing_map.shape or probs.dim() != 2:
+        raise InputError(f"probs {tuple(probs.shape)} and routing_map {tuple(routing_map.shape)} must both be [T, E]")
+    torch = _deps.torch()
+    if routing_map.dtype != torch.bool and bool(((routing_map != 0) & (routing_map != 1)).any()):
+        raise InputError(f"routing_map: holds values other than 0/1 (top-k expert ids [T, k]?); remap_routing "
+                         f"takes Megatron's boolean [T, E] routing_map, got {routing_map.dtype} "
+                         f"{tuple(routing_map.shape)}")
 
 
 def remap_routing(probs, routing_map, physical_to_logical_E):
     """Permute the router's ``[T, E]`` outputs from logical columns to physical slots: column s
-    of the result is logical expert ``physical_to_logical_E[s]``."""
-    if probs.shape != routing_map.shape or probs.dim() != 2:
-        raise InputError(f"probs {tuple(probs.shape)} and routing_map {tuple(routing_map.shape)} must both be [T, E]")
+    of the result is logical expert ``physical_to_logical_E[s]`` (an ``[E]`` array or a one-layer
+    :class:`ExpertMap`)."""
+    _check_router_outputs(probs, routing_map)
     idx = _perm_index(physical_to_logical_E, probs.shape[1], probs.device)
     return probs.index_select(1, idx), routing_map.index_select(1, idx)
 
@@ -78,36 +240,56 @@ class PlacementHandle:
     """The wrapped layer's current map; :meth:`set` switches it (after :func:`migrate_experts`),
     :meth:`remove` restores the layer's own ``route``."""
 
-    layer: object
-    physical_to_logical: object  # torch.LongTensor [E] on the router's device (lazily moved)
+    layer: Any
+    physical_to_logical: Any  # torch.LongTensor [E] on the router's device (lazily moved)
     _orig_route: object = None
+    num_experts: int | None = None
 
-    def set(self, physical_to_logical_E) -> None:
+    def set(self, placement: ExpertMap | None = None, *, physical_to_logical=None, logical_to_physical=None,
+            layer: int | None = None) -> None:
+        """Switch to a new map, checked now (not at the next ``route()``): an :class:`ExpertMap`
+        (``layer=l`` when it has several layers) or one layer's ``[E]`` map by keyword."""
+        self._switch("set", placement, physical_to_logical, logical_to_physical, layer)
+
+    def _switch(self, who: str, placement, physical_to_logical, logical_to_physical, layer) -> None:
         torch = _deps.torch()
 
-        self.physical_to_logical = torch.as_tensor(np.asarray(physical_to_logical_E), dtype=torch.long)
+        row_E = _one_layer_p2l(who, placement, physical_to_logical, logical_to_physical, layer, self.num_experts)
+        self.num_experts = int(row_E.shape[0])
+        self.physical_to_logical = torch.as_tensor(row_E, dtype=torch.long)
 
     def remove(self) -> None:
         if "route" in vars(self.layer):
             del self.layer.route
 
 
-def apply_expert_placement(moe_layer, physical_to_logical_E) -> PlacementHandle:
+def apply_expert_placement(moe_layer, placement: ExpertMap | None = None, *, physical_to_logical=None,
+                           logical_to_physical=None, layer: int | None = None) -> PlacementHandle:
     """Wrap ``moe_layer.route`` (Megatron-Core ``MoELayer``) so its ``(probs, routing_map)`` come
-    out in physical slot order. One layer, one ``[E]`` map; returns a handle to switch or undo."""
+    out in physical slot order; returns a handle to switch or undo.
+
+    The map, checked here (a permutation of the layer's ``config.num_moe_experts`` experts):
+    an :class:`ExpertMap` (with ``layer=l`` when it holds several MoE layers), or this layer's
+    ``[E]`` map by keyword, ``physical_to_logical=`` or ``logical_to_physical=``. A bare array
+    is refused: both directions are permutations, so nothing could catch the wrong one.
+    """
     if not hasattr(moe_layer, "route"):
         raise InputError("apply_expert_placement: the layer has no route() (Megatron-Core MoELayer expected)")
     if "route" in vars(moe_layer):
         raise InputError("apply_expert_placement: this layer already has a placement; use the handle's set()")
     orig = moe_layer.route
-    handle = PlacementHandle(moe_layer, None, orig)
-    handle.set(physical_to_logical_E)
+    handle = PlacementHandle(moe_layer, None, orig, _layer_num_experts(moe_layer))
+    handle._switch("apply_expert_placement", placement, physical_to_logical, logical_to_physical, layer)
 
     def route(hidden_states, *args, **kwargs):
         probs, routing_map = orig(hidden_states, *args, **kwargs)
-        if handle.physical_to_logical.device != probs.device:
-            handle.physical_to_logical = handle.physical_to_logical.to(probs.device)
-        return remap_routing(probs, routing_map, handle.physical_to_logical)
+        idx = handle.physical_to_logical  # checked by set(): only its width against the router's
+        if idx.device != probs.device:
+            idx = handle.physical_to_logical = idx.to(probs.device)
+        if probs.dim() != 2 or probs.shape[1] != idx.numel():
+            raise InputError(f"apply_expert_placement: route() returned probs {tuple(probs.shape)}; the map has "
+                             f"{idx.numel()} experts")
+        return probs.index_select(1, idx), routing_map.index_select(1, idx)
 
     moe_layer.route = route
     return handle
@@ -178,28 +360,29 @@ def migrate_experts(slot_tensors, old_physical_to_logical, new_physical_to_logic
 
     ``slot_tensors[l][s]``: this rank's tensors of local slot s at MoE layer l (e.g.
     :func:`expert_slot_tensors` per layer); ``*_physical_to_logical[l, s]`` global maps ``[L, E]``,
-    identical on every rank of the EP ``group``. Returns what moved (the same ``experts_moved``
+    identical on every rank of the EP ``group`` (or :class:`ExpertMap` s, which carry their
+    direction). Returns what moved (the same ``experts_moved``
     on every rank)."""
     torch = _deps.torch()
     dist = _deps.torch_distributed()
 
-    old = np.asarray(old_physical_to_logical, dtype=np.int64)
-    new = np.asarray(new_physical_to_logical, dtype=np.int64)
+    old, new = (m.physical_to_logical if isinstance(m, ExpertMap) else _as_int_map(m, f"{name}_physical_to_logical")
+                for name, m in (("old", old_physical_to_logical), ("new", new_physical_to_logical)))
     L = len(slot_tensors)
     if old.shape != new.shape or old.ndim != 2 or old.shape[0] != L:
         raise InputError(f"placements must both be [L={L}, E], got {old.shape} and {new.shape}")
     E = old.shape[1]
     for name, m in (("old", old), ("new", new)):
-        errs = check_placement(m, L, E)
-        if errs:
-            raise InputError(f"{name} physical_to_logical: {errs[0]}")
+        _check_map_LE(m, f"{name}_physical_to_logical")
     if E % ep_size:
         raise InputError(f"E={E} is not divisible by ep_size={ep_size}")
     M = E // ep_size
     if any(len(s) != M for s in slot_tensors):
         raise InputError(f"each layer needs {M} local slots on this rank")
     old_l2p = np.argsort(old, axis=1)
-    local, send, recv = [], {q: [] for q in range(ep_size)}, {q: [] for q in range(ep_size)}
+    local: list[tuple[int, int, int]] = []
+    send: dict[int, list[tuple[int, int]]] = {q: [] for q in range(ep_size)}
+    recv: dict[int, list[tuple[int, int]]] = {q: [] for q in range(ep_size)}
     moved = 0
     with torch.no_grad():
         for l in range(L):  # canonical order: layer, then destination slot

@@ -3,7 +3,7 @@
 Legend: N samples, T tokens of one sample, B batch rows, S padded sequence length, La all
 decoder layers (dense ones included), L MoE layers, K router top-k, E logical experts.
 
-Formats (what each framework records; docs in the module functions):
+Formats (what each framework records; the containers each is read from are in docs/formats.md):
 
 - ``slime``: ``rollout_routed_experts``, a list of per-sample arrays ``[T_i, La, K]``. slime
   records one route fewer than the sample has tokens (``experts.shape[0] == len(tokens) - 1``,
@@ -11,39 +11,51 @@ Formats (what each framework records; docs in the module functions):
   time with ``arange(La·K) % E``; we count that pad route too, because it is what the replayed
   step routes. Dense layers (``moe_layer_freq``) are recorded as all-zero rows and are dropped,
   from ``moe_layer_freq`` when given, else detected (all-zero in every token of every sample).
+  The same routes stacked into one padded ``[N, T, La, K]`` tensor are cut back to samples: at
+  ``lengths[i] - 1`` rows when lengths are given, else after each sample's last routed row (an
+  all-zero row is padding: a top-K route with K ≥ 2 never picks expert 0 twice).
 - ``verl``: ``routed_experts [B, S, La, K]`` (zero-filled outside the sample) with the batch's
   ``attention_mask [B, S]``. Padding is skipped; inside the mask, zero-filled rows (the last
   position, whose route the rollout engine does not return, verl #7075) are *unrouted*, not load
   on expert 0: they are imputed from the nearest routed token of the same sample and counted
   in the report.
-- ``routes``: plain per-token routes ``[ΣT, L, K]`` with a ``lengths [N]`` vector, in memory or
-  in a ``.npy`` (+ lengths), ``.pt`` or ``.safetensors`` file holding ``routes`` and ``lengths``.
+- ``routes``: plain per-token routes ``[ΣT, L, K]`` with a ``lengths [N]`` vector (T_i routes
+  for a sample of T_i tokens), or a list of per-sample ``[T_i, L, K]`` arrays.
 
-Memory: counts are accumulated one sample at a time; files are memory-mapped (``np.load`` with
-``mmap_mode``, ``torch.load(mmap=True)``, safetensors slices), so no more than one sample's routes
-are materialized beyond the counts array. The exception is ``.npz`` (a zip archive cannot be
-memory-mapped: its ``routes`` array is read whole); use ``.npy``, ``.pt`` or ``.safetensors`` for
-large replays. In-memory inputs (a verl batch, slime's list) are read one sample at a time.
+Files are read without running code from them: ``.pt`` by torch's weights-only loader with numpy's
+array types allowed, object ``.npy``/``.npz`` members by a restricted unpickler that builds numpy
+arrays and nothing else (:class:`_NumpyOnlyUnpickler`), never ``allow_pickle=True``.
+
+Memory: counts are accumulated one sample at a time into ``counts[N, L, E]``, whose size is
+checked against the memory available before it is allocated; numeric files are memory-mapped
+(``np.load`` with ``mmap_mode``, ``torch.load(mmap=True)``, safetensors slices), and ``.npz``
+members are read one at a time. What cannot be mapped is read whole: an ``.npz`` member, numpy
+arrays inside a ``.pt`` pickle, an object ``.npy``. In-memory inputs (a verl batch, slime's list)
+are read one sample at a time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
-from collections.abc import Iterable
+import functools
+import importlib
+import pickle
+import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.window import Window, save_window
+from routepack_opt.core.io import check_output_path
+from routepack_opt.core.window import Window, available_memory, save_window
 from routepack_opt.integrations import _deps
 
 __all__ = ["ReplayImport", "import_replay", "window_from_replay", "FORMATS", "moe_layers",
-           "slime_pad_routes", "save_window_atomic"]
+           "slime_pad_routes", "save_window_atomic", "MAX_EXPERTS"]
 
 FORMATS = ("slime", "verl", "routes")
+MAX_EXPERTS = 2**31 - 1  # expert ids and per-expert counts are stored as int32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,16 +68,33 @@ class ReplayImport:
     dropped_layers: tuple[int, ...]    # recorded layers dropped as dense
     imputed_tokens: int                # unrouted (zero-filled) token rows imputed (verl)
     pad_tokens: int                    # last-token pad routes counted (slime)
+    max_expert_id: int = -1            # the largest expert id in the recorded routes (-1: none)
+    padding_rows: int = 0              # rows of a padded [N, T, La, K] slime tensor skipped
+    notes: tuple[str, ...] = ()        # one line each: what a user should know about this import
 
     def report(self) -> dict:
         w = self.window
         return {"format": self.format, "samples": w.num_samples, "layers": w.num_layers,
                 "experts": w.num_experts, "top_k": w.top_k, "tokens": w.total_tokens,
                 "moe_layers": list(self.moe_layers), "dropped_layers": list(self.dropped_layers),
-                "imputed_tokens": self.imputed_tokens, "pad_tokens": self.pad_tokens}
+                "imputed_tokens": self.imputed_tokens, "pad_tokens": self.pad_tokens,
+                "max_expert_id": self.max_expert_id, "padding_rows": self.padding_rows,
+                "notes": list(self.notes)}
 
 
 # --- helpers -----------------------------------------------------------------------------------
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _brief(exc: BaseException, limit: int = 100) -> str:
+    """A foreign exception as a short clause of our own message: ANSI codes stripped, the first
+    line, at most ``limit`` characters."""
+    text = _ANSI.sub("", str(exc)).strip()
+    text = text.splitlines()[0].strip() if text else ""
+    text = f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _np(x, what: str) -> np.ndarray:
     """A numpy view of an array-like or a (CPU) torch tensor, without copying where possible."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):
@@ -73,32 +102,64 @@ def _np(x, what: str) -> np.ndarray:
     try:
         arr = np.asarray(x)
     except Exception as exc:  # ragged nested lists
-        raise InputError(f"{what}: cannot be read as an array ({exc})") from None
-    if arr.dtype == object:
-        raise InputError(f"{what}: ragged or non-numeric array")
+        raise InputError(f"{what}: cannot be read as an array ({_brief(exc, 60)})") from None
+    if arr.dtype == object:  # np.array(equal-shape arrays, dtype=object) holds plain ints
+        try:
+            ints = arr.astype(np.int64)
+            same = bool(np.array_equal(ints.astype(object), arr))
+        except (TypeError, ValueError, OverflowError):
+            same = False
+        if not same:
+            raise InputError(f"{what}: ragged or non-numeric array")
+        arr = ints
     if arr.dtype.kind not in "iu":
         if arr.dtype.kind == "f" and arr.size and np.all(arr == np.round(arr)):
             arr = arr.astype(np.int64)
         elif arr.dtype.kind == "b" and what.endswith("mask"):
             arr = arr.astype(np.int64)
         else:
-            raise InputError(f"{what}: expected integer expert ids, got dtype {arr.dtype}")
+            kind = "token counts" if what.startswith(("lengths", "total_lengths")) else "expert ids"
+            raise InputError(f"{what}: expected integer {kind}, got dtype {arr.dtype}")
     return arr
+
+
+def _lengths_vector(lengths, what: str = "lengths") -> np.ndarray:
+    """``len_N`` from a 1-D int vector (a list, array or tensor); anything else is refused."""
+    len_N = _np(lengths, what)
+    if len_N.ndim != 1:
+        raise InputError(f"{what}: expected a 1-D vector [N] of token counts, got shape {tuple(len_N.shape)}")
+    return len_N.astype(np.int64)
 
 
 def moe_layers(num_layers: int, moe_layer_freq) -> list[int]:
     """Megatron's ``moe_layer_freq``: an int f (layer l is MoE iff ``l % f == 0``) or a 0/1 list of
     length ``num_layers`` (as slime's ``actor.py`` reads it)."""
+    _check_freq(moe_layer_freq)
+    if isinstance(moe_layer_freq, (int, np.integer)):
+        return [l for l in range(num_layers) if l % int(moe_layer_freq) == 0]
+    freq = [int(f) for f in moe_layer_freq]
+    if len(freq) != num_layers:
+        raise InputError(f"moe_layer_freq: {len(freq)} entries, but the routes record {num_layers} layers")
+    return [l for l, f in enumerate(freq) if f == 1]
+
+
+def _check_freq(moe_layer_freq) -> None:
+    """The domain of ``moe_layer_freq``, checked before any routes are read."""
+    if moe_layer_freq is None:
+        return
     if isinstance(moe_layer_freq, (bool, np.bool_)):
-        raise InputError(f"moe_layer_freq: expected an int or a 0/1 list, got {moe_layer_freq!r}")
+        raise InputError(f"moe_layer_freq: expected an int ≥ 1 or a 0/1 list, got {moe_layer_freq!r}")
     if isinstance(moe_layer_freq, (int, np.integer)):
         if moe_layer_freq < 1:
-            raise InputError(f"moe_layer_freq: must be ≥ 1, got {moe_layer_freq}")
-        return [l for l in range(num_layers) if l % int(moe_layer_freq) == 0]
-    freq = list(moe_layer_freq)
-    if len(freq) != num_layers or any(f not in (0, 1) for f in freq):
-        raise InputError(f"moe_layer_freq: expected {num_layers} entries of 0/1, got {freq!r}")
-    return [l for l, f in enumerate(freq) if f == 1]
+            raise InputError(f"moe_layer_freq: must be ≥ 1 (every f-th layer is MoE), got {moe_layer_freq}")
+        return
+    try:
+        freq = list(moe_layer_freq)
+    except TypeError:
+        raise InputError(f"moe_layer_freq: expected an int ≥ 1 or a 0/1 list, got {moe_layer_freq!r}") from None
+    if not freq or any(isinstance(f, (bool, np.bool_)) or f not in (0, 1) for f in freq) or 1 not in freq:
+        shown = repr(freq) if len(repr(freq)) <= 60 else repr(freq)[:59] + "…"
+        raise InputError(f"moe_layer_freq: expected a list of 0/1 with at least one 1, got {shown}")
 
 
 def slime_pad_routes(num_layers: int, top_k: int, num_experts: int) -> np.ndarray:
@@ -125,6 +186,18 @@ def _duplicate_rows(routes_TLK: np.ndarray) -> np.ndarray:
     return (srt[:, :, 1:] == srt[:, :, :-1]).any(axis=2)
 
 
+def _refuse_duplicates(routes_TLK: np.ndarray, sample: int, layer_ids, hint: str) -> None:
+    """A token that picks an expert twice is one error; an all-zero token is named as padding."""
+    dup = _duplicate_rows(routes_TLK)
+    if not dup.any():
+        return
+    t, l = (int(x) for x in np.argwhere(dup)[0])
+    if not routes_TLK[t].any():
+        raise InputError(f"routes: sample {sample} token {t} is all-zero at every layer: padding, not a "
+                         f"route; {hint}")
+    raise InputError(f"routes: sample {sample} token {t} picks the same expert twice at layer {layer_ids[l]}")
+
+
 def _impute(routes_TLK: np.ndarray, unrouted_TL: np.ndarray, sample: int) -> np.ndarray:
     """Replace unrouted rows by the nearest earlier routed token's row at that layer (the next one
     where none precedes)."""
@@ -148,12 +221,17 @@ def _sample_counts(routes_TLK: np.ndarray, E: int) -> np.ndarray:
 
 
 class _Accumulator:
-    """Counts of one sample at a time into a preallocated ``counts_NLE``."""
+    """Counts of one sample at a time into a preallocated ``counts_NLE`` (its memory checked first)."""
 
     def __init__(self, N: int, L: int, E: int, K: int):
+        need, avail = 8 * N * L * E, available_memory()  # int32 counts and the window's int32 copy
+        if avail is not None and need > avail:
+            raise InputError(f"num_experts={E}: counts [N={N}, L={L}, E] need {need / 2**30:.1f} GiB, "
+                             f"{avail / 2**30:.1f} GiB is available; is E the model's experts per MoE layer?")
         self.counts_NLE = np.zeros((N, L, E), dtype=np.int32)
         self.lengths_N = np.zeros(N, dtype=np.int64)
         self.E, self.K, self.L = E, K, L
+        self.max_id = -1
 
     def add(self, i: int, routes_TLK: np.ndarray, length: int) -> None:
         if routes_TLK.shape[1:] != (self.L, self.K):
@@ -161,6 +239,8 @@ class _Accumulator:
                              f"[T, {self.L}, {self.K}] like the samples before it (ragged layers or top-k)")
         self.counts_NLE[i] = _sample_counts(routes_TLK, self.E)
         self.lengths_N[i] = length
+        if routes_TLK.size:
+            self.max_id = max(self.max_id, int(routes_TLK.max()))
 
 
 def _check_top_k(K: int, top_k, E: int) -> None:
@@ -171,14 +251,79 @@ def _check_top_k(K: int, top_k, E: int) -> None:
 
 
 def _check_E(num_experts) -> int:
-    if num_experts is None or isinstance(num_experts, bool) or int(num_experts) != num_experts or num_experts < 1:
+    if num_experts is None or isinstance(num_experts, (bool, np.bool_)) \
+            or not isinstance(num_experts, (int, np.integer)) or num_experts < 1:
         raise InputError(f"num_experts: expected a positive integer, got {num_experts!r}")
+    if num_experts > MAX_EXPERTS:
+        raise InputError(f"num_experts: {num_experts} is more than {MAX_EXPERTS} (ids are int32); "
+                         "give the model's experts per MoE layer")
     return int(num_experts)
 
 
+def _is_sequence(x) -> bool:
+    """A per-sample sequence (list, tuple, lazy list, 1-D object array), not one numeric array."""
+    if isinstance(x, np.ndarray):
+        return x.dtype == object
+    return not hasattr(x, "shape") and hasattr(x, "__len__") and hasattr(x, "__getitem__")
+
+
 # --- slime -------------------------------------------------------------------------------------
+_SLIME_CUT = "cut each sample to its recorded routes (slime: len - 1 rows) or pass lengths"
+
+
+def _slime_unpad(R_NTLK, lengths, pad_last: bool):
+    """Per-sample views of a padded ``[N, T, La, K]`` tensor, the row counts kept and a note."""
+    N, T, La, K = (int(x) for x in R_NTLK.shape)
+    extra = 1 if pad_last else 0
+    if lengths is not None:
+        len_N = _lengths_vector(lengths)
+        if len_N.shape[0] != N:
+            raise InputError(f"lengths: {len_N.shape[0]} entries for {N} samples of routes")
+        rows_N = len_N - extra
+        bad = np.flatnonzero((rows_N < 0) | (rows_N > T))
+        if bad.size:
+            i = int(bad[0])
+            raise InputError(f"lengths: sample {i} has {int(len_N[i])} tokens, but the padded tensor holds "
+                             f"0..{T} recorded routes per sample")
+        how = "its length"
+    else:
+        rows_N = np.zeros(N, dtype=np.int64)
+        for i in range(N):
+            routed_T = _np(R_NTLK[i], f"routes[{i}]").reshape(T, -1).any(axis=1)
+            rows_N[i] = int(np.flatnonzero(routed_T)[-1]) + 1 if routed_T.any() else 0
+        if K == 1 and (rows_N < T).any():
+            raise InputError(f"routes: a padded [{N}, {T}, {La}, 1] tensor: at top-1 padding cannot be told "
+                             "from expert 0; pass lengths (slime's total_lengths)")
+        how = "its last routed row"
+    skipped = int(N * T - rows_N.sum())
+    note = (f"padded [{N}, {T}, {La}, {K}] tensor: each sample cut at {how}; {skipped} padding rows "
+            "skipped") if skipped else ""
+    return _Rows(R_NTLK, rows_N), skipped, note
+
+
+class _Rows:
+    """``seq[i]`` = ``R[i, :rows[i]]``: samples of a padded tensor, read one at a time."""
+
+    def __init__(self, R, rows_N):
+        self._R, self._rows = R, rows_N
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: int):
+        return self._R[i][: int(self._rows[i])]
+
+
 def _from_slime(samples, E: int, lengths, moe_layer_freq, top_k, pad_last: bool):
-    seq = samples if isinstance(samples, (list, tuple)) else list(samples)
+    skipped, notes = 0, []
+    if not _is_sequence(samples):
+        shape = tuple(samples.shape) if hasattr(samples, "shape") else None
+        if shape is None or len(shape) != 4:
+            raise InputError(f"routes: slime records a list of [T_i, layers, top_k] arrays (or one padded "
+                             f"[N, T, layers, top_k] tensor), got shape {shape}")
+        samples, skipped, note = _slime_unpad(samples, lengths, pad_last)
+        notes += [note] if note else []
+    seq = samples if _is_sequence(samples) else list(samples)
     N = len(seq)
     if N == 0:
         raise InputError("routes: no samples")
@@ -195,7 +340,7 @@ def _from_slime(samples, E: int, lengths, moe_layer_freq, top_k, pad_last: bool)
             raise InputError("routes: every layer of sample 0 is all-zero; pass moe_layer_freq")
     dropped = [l for l in range(La) if l not in keep]
     if lengths is not None:
-        lengths = _np(lengths, "lengths").reshape(-1)
+        lengths = _lengths_vector(lengths)
         if lengths.shape[0] != N:
             raise InputError(f"lengths: {lengths.shape[0]} entries for {N} samples of routes")
     pad_LK = slime_pad_routes(La, K, E)[keep]
@@ -212,10 +357,7 @@ def _from_slime(samples, E: int, lengths, moe_layer_freq, top_k, pad_last: bool)
                              f"sample {i}; pass moe_layer_freq")
         r = r[:, keep]
         _check_ids(r, E, i)
-        dup = _duplicate_rows(r)
-        if dup.any():
-            t, l = np.argwhere(dup)[0]
-            raise InputError(f"routes: sample {i} token {t} picks the same expert twice at MoE layer {keep[l]}")
+        _refuse_duplicates(r, i, keep, _SLIME_CUT)
         T = r.shape[0] + (1 if pad_last else 0)
         if lengths is not None and int(lengths[i]) != T:
             raise InputError(f"lengths: sample {i} has {int(lengths[i])} tokens but {r.shape[0]} recorded "
@@ -225,11 +367,14 @@ def _from_slime(samples, E: int, lengths, moe_layer_freq, top_k, pad_last: bool)
         acc.add(i, r, T)
         if pad_last:
             acc.counts_NLE[i] += _sample_counts(pad_LK[None], E).astype(np.int32)
-    return acc, tuple(keep), tuple(dropped), 0, N if pad_last else 0
+    return acc, tuple(keep), tuple(dropped), 0, N if pad_last else 0, skipped, notes
 
 
 # --- verl --------------------------------------------------------------------------------------
 def _from_verl(routed, attention_mask, E: int, moe_layer_freq, top_k):
+    if _is_sequence(routed):
+        raise InputError("routed_experts: verl records one padded [batch, seq, layers, top_k] tensor, got a "
+                         "list of per-sample arrays (use format 'slime' or 'routes')")
     R_BSLK = routed if hasattr(routed, "shape") else _np(routed, "routed_experts")
     if len(R_BSLK.shape) != 4:
         raise InputError(f"routed_experts: expected [batch, seq, layers, top_k], got shape {tuple(R_BSLK.shape)}")
@@ -264,93 +409,305 @@ def _from_verl(routed, attention_mask, E: int, moe_layer_freq, top_k):
             imputed += int(unrouted.any(axis=1).sum())
             r = _impute(r, unrouted, i)
         acc.add(i, r, pos.size)
-    return acc, tuple(keep), tuple(l for l in range(La) if l not in keep), imputed, 0
+    return acc, tuple(keep), tuple(l for l in range(La) if l not in keep), imputed, 0, 0, []
 
 
 # --- plain routes ------------------------------------------------------------------------------
-def _from_routes(routes, lengths, E: int, top_k):
+_ROUTES_CUT = "plain routes hold T_i rows per sample, no padding"
+
+
+def _from_routes(routes, lengths, E: int, moe_layer_freq, top_k):
+    if _is_sequence(routes):
+        return _from_routes_list(routes, lengths, E, moe_layer_freq, top_k)
     R_TLK = routes if hasattr(routes, "shape") else _np(routes, "routes")
     if len(R_TLK.shape) != 3:
         raise InputError(f"routes: expected [tokens, layers, top_k], got shape {tuple(R_TLK.shape)}")
     if lengths is None:
         raise InputError("routes: plain routes need a lengths vector")
-    len_N = _np(lengths, "lengths").reshape(-1).astype(np.int64)
+    len_N = _lengths_vector(lengths)
     if len_N.size == 0:
         raise InputError("lengths: no samples")
     if (len_N < 1).any():
         raise InputError(f"lengths: every sample needs at least 1 token (sample {int(np.argmin(len_N))})")
-    Ttot, L, K = (int(x) for x in R_TLK.shape)
+    Ttot, La, K = (int(x) for x in R_TLK.shape)
     if int(len_N.sum()) != Ttot:
         raise InputError(f"routes: {Ttot} tokens but lengths sum to {int(len_N.sum())}")
     _check_top_k(K, top_k, E)
-    acc = _Accumulator(len_N.size, L, E, K)
+    keep = moe_layers(La, moe_layer_freq) if moe_layer_freq is not None else list(range(La))
+    acc = _Accumulator(len_N.size, len(keep), E, K)
     start = 0
     for i, n in enumerate(len_N.tolist()):
-        r = _np(R_TLK[start:start + n], "routes")
+        r = _np(R_TLK[start:start + n], "routes")[:, keep]
         start += n
         _check_ids(r, E, i)
-        dup = _duplicate_rows(r)
-        if dup.any():
-            t, l = np.argwhere(dup)[0]
-            raise InputError(f"routes: sample {i} token {t} picks the same expert twice at layer {l}")
+        _refuse_duplicates(r, i, keep, _ROUTES_CUT)
         acc.add(i, r, n)
-    return acc, tuple(range(L)), (), 0, 0
+    return acc, tuple(keep), tuple(l for l in range(La) if l not in keep), 0, 0, 0, []
 
 
-def _load_file(path: Path, lengths):
-    """(routes, lengths) from a file, memory-mapped."""
+def _from_routes_list(seq, lengths, E: int, moe_layer_freq, top_k):
+    """Plain routes as one ``[T_i, L, K]`` array per sample: sample i has T_i tokens."""
+    N = len(seq)
+    if N == 0:
+        raise InputError("routes: no samples")
+    if lengths is not None:
+        lengths = _lengths_vector(lengths)
+        if lengths.shape[0] != N:
+            raise InputError(f"lengths: {lengths.shape[0]} entries for {N} samples of routes")
+    first = _np(seq[0], "routes[0]")
+    if first.ndim != 3:
+        raise InputError(f"routes: sample 0 has shape {tuple(first.shape)}; expected [T, layers, top_k]")
+    La, K = first.shape[1], first.shape[2]
+    _check_top_k(K, top_k, E)
+    keep = moe_layers(La, moe_layer_freq) if moe_layer_freq is not None else list(range(La))
+    acc = _Accumulator(N, len(keep), E, K)
+    for i in range(N):
+        r = first if i == 0 else _np(seq[i], f"routes[{i}]")
+        if r.ndim != 3 or r.shape[1:] != (La, K):
+            raise InputError(f"routes: sample {i} has shape {tuple(r.shape)}; expected [T, {La}, {K}] "
+                             "like sample 0 (ragged layers or top-k)")
+        if r.shape[0] < 1:
+            raise InputError(f"routes: sample {i} has no tokens")
+        if lengths is not None and int(lengths[i]) != r.shape[0]:
+            raise InputError(f"lengths: sample {i} has {int(lengths[i])} tokens but {r.shape[0]} routes "
+                             "(plain routes: one per token)")
+        r = r[:, keep]
+        _check_ids(r, E, i)
+        _refuse_duplicates(r, i, keep, _ROUTES_CUT)
+        acc.add(i, r, r.shape[0])
+    return acc, tuple(keep), tuple(l for l in range(La) if l not in keep), 0, 0, 0, []
+
+
+# --- files -------------------------------------------------------------------------------------
+@functools.cache
+def _numpy_globals() -> dict[str, object]:
+    """What a pickle of numeric numpy arrays needs, and nothing else: ``_reconstruct`` (under
+    numpy 1's and numpy 2's module names), ``ndarray``, ``dtype``, numeric scalars and the
+    numeric/bool/object dtype classes. None of them runs code given by the file."""
+    try:
+        ma = importlib.import_module("numpy._core.multiarray")
+    except ImportError:  # numpy 1
+        ma = importlib.import_module("numpy.core.multiarray")
+    out: dict[str, object] = {"numpy.ndarray": np.ndarray, "numpy.dtype": np.dtype}
+    for mod in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        out[f"{mod}._reconstruct"] = ma._reconstruct
+        out[f"{mod}.scalar"] = ma.scalar
+    for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+              np.float16, np.float32, np.float64, np.bool_, np.object_):
+        cls = type(np.dtype(t))
+        if cls is not np.dtype:  # numpy ≥ 1.25: one class per dtype (numpy.dtypes.Int64DType, ...)
+            out[f"numpy.dtypes.{cls.__name__}"] = cls
+    return out
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """The restricted unpickler of Python's docs ("Restricting Globals"): it resolves only the
+    numpy names of :func:`_numpy_globals`, so an object ``.npy`` of numeric arrays loads and
+    anything else (a function, a class, ``os.system``) is refused before it is called."""
+
+    def find_class(self, module, name):
+        obj = _numpy_globals().get(f"{module}.{name}")
+        if obj is None:
+            raise pickle.UnpicklingError(f"refused global {module}.{name}")
+        return obj
+
+
+_SAVE_HINT = "save each sample as a numeric array (np.savez(path, *arrays) or a .pt of tensors)"
+
+
+def _read_npy(fh, where: str, mmap_path: Path | None = None):
+    """One ``.npy`` (a file or an ``.npz`` member): numeric arrays memory-mapped where a path is
+    given, object arrays through :class:`_NumpyOnlyUnpickler`."""
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+    else:
+        raise InputError(f"{where}: .npy format version {version} is not supported (save with numpy's np.save)")
+    if not dtype.hasobject:
+        if mmap_path is not None:
+            return np.load(mmap_path, mmap_mode="r", allow_pickle=False)
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        raw = fh.read(size)
+        if len(raw) != size:
+            raise InputError(f"{where}: truncated ({len(raw)} of {size} bytes)")
+        return np.frombuffer(raw, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    try:
+        arr = _NumpyOnlyUnpickler(fh).load()
+    except Exception as exc:
+        raise InputError(f"{where}: an object array of more than numeric arrays ({_brief(exc, 50)}); "
+                         f"{_SAVE_HINT}") from None
+    if not isinstance(arr, np.ndarray):
+        raise InputError(f"{where}: the object array did not load as an array; {_SAVE_HINT}")
+    return arr
+
+
+class _NpzSamples:
+    """An ``.npz`` of positional members ``arr_0 .. arr_{N-1}`` (``np.savez(path, *arrays)``) as a
+    per-sample sequence, each member read when its sample is."""
+
+    def __init__(self, data, path: Path, n: int):
+        self._data, self._path, self._n = data, path, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int):
+        return _npz_member(self._data, self._path, f"arr_{i}")
+
+
+class _NpzMembers(Mapping):
+    """The named members of an ``.npz``, each read when it is looked up."""
+
+    def __init__(self, data, path: Path):
+        self._data, self._path = data, path
+
+    def __getitem__(self, key):
+        if key not in self._data.files:
+            raise KeyError(key)
+        return _npz_member(self._data, self._path, key)
+
+    def __iter__(self):
+        return iter(self._data.files)
+
+    def __len__(self) -> int:
+        return len(self._data.files)
+
+
+def _npz_member(data, path: Path, key: str):
+    with data.zip.open(f"{key}.npy") as fh:
+        return _read_npy(fh, f"{path}[{key}]")
+
+
+def _load_npz(path: Path):
+    data = np.load(path, allow_pickle=False)
+    names = data.files
+    positional = sorted((n for n in names if re.fullmatch(r"arr_\d+", n)), key=lambda n: int(n[4:]))
+    if positional and len(positional) == len(names):
+        if [int(n[4:]) for n in positional] != list(range(len(positional))):
+            raise InputError(f"{path}: positional arrays arr_0.. are not numbered 0..{len(positional) - 1}")
+        return _NpzSamples(data, path, len(positional))
+    return _NpzMembers(data, path)
+
+
+def _load_pt(path: Path):
+    """``torch.load`` with ``weights_only=True`` and numpy's array types allowed (never a full
+    unpickle): tensors, numpy arrays, lists, tuples, dicts and numbers load; anything else is
+    refused with the global that was refused."""
+    torch = _deps.torch()
+    allowed = [(obj, name) for name, obj in _numpy_globals().items()]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            try:
+                return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+            except RuntimeError as exc:  # a legacy (non-zip) .pt cannot be memory-mapped
+                if "mmap" not in str(exc):
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", _ANSI.sub("", str(exc)))
+        if found is None:  # torch's own reason is the line after its long preamble
+            why = re.search(r"WeightsUnpickler error:\s*([^\n]+)", _ANSI.sub("", str(exc)))
+            reason = why.group(1).strip()[:80] if why else _brief(exc, 80)
+            raise InputError(f"{path}: not a readable .pt file ({reason})") from None
+        raise InputError(f"{path}: holds '{found.group(1)}', which the safe loader refuses; save the routes "
+                         "as tensors or numeric numpy arrays (in lists or dicts)") from None
+
+
+def _load_file(path: Path):
+    """The routes container in a file: an array, a tensor, a per-sample sequence or a mapping."""
     if not path.exists():
         raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a routes file")
     suf = path.suffix.lower()
     try:
         if suf == ".npy":
-            routes = np.load(path, mmap_mode="r", allow_pickle=False)
-            return routes, lengths
+            with open(path, "rb") as fh:
+                return _read_npy(fh, str(path), mmap_path=path)
         if suf == ".npz":
-            data = np.load(path, allow_pickle=False)
-            if "routes" not in data.files:
-                raise InputError(f"{path}: missing array 'routes' (has {sorted(data.files)})")
-            return data["routes"], (data["lengths"] if lengths is None and "lengths" in data.files else lengths)
+            return _load_npz(path)
         if suf == ".safetensors":
             fh = _deps.safe_open()(str(path), framework="np")
-            keys = set(fh.keys())
-            if "routes" not in keys:
-                raise InputError(f"{path}: missing tensor 'routes' (has {sorted(keys)})")
-            if lengths is None and "lengths" in keys:
-                lengths = fh.get_tensor("lengths")
-            return _SafetensorsRoutes(fh), lengths
+            return _SafetensorsMembers(fh)
         if suf in (".pt", ".pth"):
-            obj = _deps.torch().load(path, map_location="cpu", mmap=True, weights_only=True)
-            return obj, lengths
+            return _load_pt(path)
     except InputError:
         raise
     except ImportError as exc:
         raise InputError(f"{path}: reading it needs {exc.name} (pip install {exc.name})") from None
     except Exception as exc:
-        raise InputError(f"{path}: not a readable routes file ({exc.__class__.__name__}: {exc})") from None
+        raise InputError(f"{path}: not a readable routes file ({_brief(exc)})") from None
     raise InputError(f"{path}: unknown routes file type '{suf}' (use .npy, .npz, .pt or .safetensors)")
 
 
-class _SafetensorsRoutes:
-    """Lazy ``routes[a:b]`` over a safetensors file (one sample read at a time)."""
+class _SafetensorsMembers(Mapping):
+    """A safetensors file's tensors; ``routes`` and ``routed_experts`` stay lazy (read by slices)."""
 
     def __init__(self, fh):
-        self._slice = fh.get_slice("routes")
+        self._fh = fh
+
+    def __getitem__(self, key):
+        if key not in self._fh.keys():
+            raise KeyError(key)
+        if key in ("routes", "routed_experts", "rollout_routed_experts"):
+            return _SafetensorsSlices(self._fh, key)
+        return self._fh.get_tensor(key)
+
+    def __iter__(self):
+        return iter(self._fh.keys())
+
+    def __len__(self) -> int:
+        return len(self._fh.keys())
+
+
+class _SafetensorsSlices:
+    """Lazy ``tensor[a:b]`` over a safetensors member (one sample read at a time)."""
+
+    def __init__(self, fh, key: str):
+        self._slice = fh.get_slice(key)
         self.shape = tuple(self._slice.get_shape())
 
     def __getitem__(self, key):
         return np.asarray(self._slice[key])
 
 
+# Keys of a mapping, per format: (routes key(s), lengths key(s)); verl's mask is its own key.
+_KEYS = {"slime": (("rollout_routed_experts", "routes"), ("total_lengths", "lengths")),
+         "verl": (("routed_experts",), ()),
+         "routes": (("routes",), ("lengths",))}
+_FORMAT_OF_KEY = {"rollout_routed_experts": "slime", "routed_experts": "verl", "routes": "routes"}
+
+
+def _unpack(loaded, format: str, where: str, lengths, attention_mask):
+    """(routes, lengths, attention_mask) out of a loaded container, by the format's keys."""
+    if not isinstance(loaded, Mapping):
+        return loaded, lengths, attention_mask
+    keys = sorted(str(k) for k in loaded)
+    route_keys, length_keys = _KEYS[format]
+    key = next((k for k in route_keys if k in loaded), None)
+    if key is None:
+        other = next((f for k, f in _FORMAT_OF_KEY.items() if k in loaded and f != format), None)
+        hint = f"; it looks like format '{other}'" if other else ""
+        shown = ", ".join(keys[:6]) + (", …" if len(keys) > 6 else "")
+        raise InputError(f"{where}: missing '{route_keys[0]}' for format '{format}' (has {shown or 'nothing'}){hint}")
+    if lengths is None:
+        lengths = next((loaded[k] for k in length_keys if k in loaded), None)
+    if format == "verl" and attention_mask is None and "attention_mask" in loaded:
+        attention_mask = loaded["attention_mask"]
+    return loaded[key], lengths, attention_mask
+
+
 def _lengths_arg(lengths):
     if isinstance(lengths, (str, Path)):
         p = Path(lengths)
-        if not p.exists():
-            raise InputError(f"{p}: no such file")
+        if not p.is_file():
+            raise InputError(f"{p}: no such file" if not p.exists() else f"{p}: not a file")
         try:
             return np.load(p, allow_pickle=False)
         except Exception as exc:
-            raise InputError(f"{p}: not a readable .npy lengths vector ({exc})") from None
+            raise InputError(f"{p}: not a readable .npy lengths vector ({_brief(exc, 60)})") from None
     return lengths
 
 
@@ -360,44 +717,37 @@ def import_replay(source, *, format: str = "routes", num_experts: int, lengths=N
                   group_ids=None, step: int | None = None, pad_last: bool = True) -> ReplayImport:
     """Build a window from recorded routes (see the module docstring for the formats).
 
-    ``source``: the routes in memory (a list of per-sample arrays for slime, ``[B, S, La, K]`` for
-    verl, ``[ΣT, L, K]`` for plain routes) or a file path (``.pt``/``.npy``/``.npz``/``.safetensors``;
-    for slime a ``.pt`` list, for verl a ``.pt`` dict with ``routed_experts`` and
-    ``attention_mask``). Bad routes (ids ≥ E or negative, wrong or ragged top-k/layers, a token
-    picking one expert twice, lengths that do not match) raise an :class:`InputError`.
+    ``source``: the routes in memory (a list of per-sample arrays or a padded ``[N, T, La, K]``
+    tensor for slime, ``[B, S, La, K]`` for verl, ``[ΣT, L, K]`` or a per-sample list for plain
+    routes) or a file path (``.pt``/``.npy``/``.npz``/``.safetensors``: a list, an array, or a
+    mapping with the format's keys: ``rollout_routed_experts`` + ``total_lengths`` for slime,
+    ``routed_experts`` + ``attention_mask`` for verl, ``routes`` + ``lengths``). ``moe_layer_freq``
+    keeps only the MoE layers of what was recorded, in every format. Bad routes (ids ≥ E or
+    negative, wrong or ragged top-k/layers, a token picking one expert twice, lengths that do not
+    match) raise an :class:`InputError`.
     """
     if format not in FORMATS:
         raise InputError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     E = _check_E(num_experts)
+    _check_freq(moe_layer_freq)
     lengths = _lengths_arg(lengths)
-    if isinstance(source, (str, Path)):
-        loaded, lengths = _load_file(Path(source), lengths)
-        if isinstance(loaded, dict):
-            d = loaded
-            if format == "verl":
-                if "routed_experts" not in d:
-                    raise InputError(f"{source}: missing 'routed_experts' (has {sorted(d)})")
-                loaded = d["routed_experts"]
-                attention_mask = d.get("attention_mask", attention_mask)
-            elif format == "slime":
-                key = "rollout_routed_experts" if "rollout_routed_experts" in d else "routes"
-                if key not in d:
-                    raise InputError(f"{source}: missing 'rollout_routed_experts' (has {sorted(d)})")
-                loaded = d[key]
-                lengths = d.get("total_lengths", lengths)
-            else:
-                if "routes" not in d:
-                    raise InputError(f"{source}: missing 'routes' (has {sorted(d)})")
-                loaded, lengths = d["routes"], d.get("lengths", lengths)
-        source = loaded
+    if lengths is not None:
+        lengths = _lengths_vector(lengths)
+    where = str(source) if isinstance(source, (str, Path)) else "source"
+    loaded = _load_file(Path(source)) if isinstance(source, (str, Path)) else source
+    source, lengths, attention_mask = _unpack(loaded, format, where, lengths, attention_mask)
     if format == "slime":
-        acc, keep, dropped, imputed, pad = _from_slime(source, E, lengths, moe_layer_freq, top_k, pad_last)
+        res = _from_slime(source, E, lengths, moe_layer_freq, top_k, pad_last)
     elif format == "verl":
-        acc, keep, dropped, imputed, pad = _from_verl(source, attention_mask, E, moe_layer_freq, top_k)
+        res = _from_verl(source, attention_mask, E, moe_layer_freq, top_k)
     else:
-        acc, keep, dropped, imputed, pad = _from_routes(source, lengths, E, top_k)
+        res = _from_routes(source, lengths, E, moe_layer_freq, top_k)
+    acc, keep, dropped, imputed, pad, skipped, notes = res
+    if 0 <= acc.max_id < E - 1:
+        notes.append(f"num_experts={E} but the routes' expert ids reach only {acc.max_id}: experts "
+                     f"{acc.max_id + 1}..{E - 1} get no tokens (is E right?)")
     window = Window(acc.lengths_N, acc.counts_NLE, top_k=acc.K, group_ids=group_ids, step=step)
-    return ReplayImport(window, format, keep, dropped, imputed, pad)
+    return ReplayImport(window, format, keep, dropped, imputed, pad, acc.max_id, skipped, tuple(notes))
 
 
 def window_from_replay(source, **kwargs) -> Window:
@@ -406,24 +756,9 @@ def window_from_replay(source, **kwargs) -> Window:
 
 
 def save_window_atomic(window: Window, path: str | Path, inputs: Iterable = ()) -> Path:
-    """Write a window ``.npz`` atomically (temp file in the target directory, fsync, ``os.replace``),
-    refusing to write over any of ``inputs``."""
-    path = Path(path)
-    if not path.parent.exists():
-        raise InputError(f"{path}: directory {path.parent} does not exist")
-    for src in inputs:
-        if src is not None and isinstance(src, (str, Path)) and Path(src).exists() \
-                and Path(src).resolve() == path.resolve():
-            raise InputError(f"{path}: refusing to write the window over an input file")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_window(window, tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """Write a window ``.npz`` through the package's atomic writer (:mod:`routepack_opt.core.io`),
+    refusing a directory, a missing directory or any of ``inputs`` as the target."""
+    out = check_output_path(path, *[p for p in inputs if isinstance(p, (str, Path))])
+    assert out is not None
+    save_window(window, out)
+    return out

@@ -88,13 +88,13 @@ def test_apply_expert_placement_wraps_route_and_undoes():
     h = torch.randn(10, 8, dtype=torch.float64)
     p0, m0 = layer.route(h)
     p2l = np.array([3, 1, 0, 2, 7, 6, 5, 4])
-    handle = rp_mg.apply_expert_placement(layer, p2l)
+    handle = rp_mg.apply_expert_placement(layer, physical_to_logical=p2l)
     p1, m1 = layer.route(h)
     assert torch.equal(p1, p0[:, p2l]) and torch.equal(m1, m0[:, p2l])
-    handle.set(np.arange(8))
+    handle.set(physical_to_logical=np.arange(8))
     assert torch.equal(layer.route(h)[1], m0)
     with pytest.raises(InputError, match="already"):
-        rp_mg.apply_expert_placement(layer, p2l)
+        rp_mg.apply_expert_placement(layer, physical_to_logical=p2l)
     handle.remove()
     assert "route" not in vars(layer)
     with pytest.raises(InputError, match="permutation"):
@@ -122,6 +122,104 @@ def test_migrate_experts_moves_weights_and_adam_state_single_rank():
             assert torch.equal(a, b)
     with pytest.raises(InputError):
         rp_mg.migrate_experts(slots, old, np.array([[0, 0, 1, 2, 3, 4]]))
+
+
+class _Layer(torch.nn.Module):
+    """Holds Megatron's route() over megatron-core's own top-k router, with Megatron's config.num_moe_experts."""
+
+    def __init__(self, E=8):
+        super().__init__()
+        self.config = type("Cfg", (), {"num_moe_experts": E})()
+
+    def route(self, hidden_states, padding_mask=None):
+        return moe_utils.topk_routing_with_score_function(hidden_states, 2, fused=False)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda L: rp_mg.apply_expert_placement(L, physical_to_logical=[0, 0, 1, 2, 3, 4, 5, 6]),
+     "physical_to_logical: not a permutation of 0..7: 0 appears 2 times, 7 is missing"),
+    (lambda L: rp_mg.apply_expert_placement(L, physical_to_logical=np.arange(8)[None]),
+     r"expected one layer's map \[E\], got shape \(1, 8\)"),
+    (lambda L: rp_mg.apply_expert_placement(L, logical_to_physical=np.arange(4)),
+     "4 entries, but the layer has 8 experts"),
+    (lambda L: rp_mg.apply_expert_placement(L, physical_to_logical=np.arange(8.0)), "integer expert ids"),
+    (lambda L: rp_mg.apply_expert_placement(L, np.arange(8)), "has no direction"),
+    (lambda L: rp_mg.apply_expert_placement(L), "pass physical_to_logical="),
+    (lambda L: rp_mg.apply_expert_placement(L, rp_mg.ExpertMap(np.tile(np.arange(8), (3, 1)))), "pass layer=l"),
+    (lambda L: rp_mg.apply_expert_placement(L, rp_mg.ExpertMap(np.arange(8)), physical_to_logical=np.arange(8)),
+     "not several"),
+    (lambda L: rp_mg.apply_expert_placement(L, physical_to_logical=np.arange(8)).set([9, 9]),
+     "has no direction"),
+    (lambda L: rp_mg.apply_expert_placement(L, physical_to_logical=np.arange(8)).set(physical_to_logical=[9, 9]),
+     "2 entries, but the layer has 8 experts"),
+    (lambda L: rp_mg.apply_expert_placement(L, physical_to_logical=np.arange(8)).set(
+        physical_to_logical=[9, 1, 2, 3, 4, 5, 6, 7]), "id 9 at position 0 is outside 0..7"),
+])
+def test_maps_are_checked_when_given_not_at_first_route(call, match):
+    """A bad map to apply_expert_placement or handle.set is one InputError at the call, with no doubled prefix."""
+    layer = _Layer()
+    with pytest.raises(InputError, match=match) as exc:
+        call(layer)
+    assert "placement: placement" not in str(exc.value) and len(str(exc.value)) <= 200
+
+
+def test_expert_map_carries_its_direction():
+    """ExpertMap from either direction routes the same; logical_to_physical= equals ExpertMap; layer= picks a row."""
+    layer = _Layer()
+    h = torch.randn(10, 8, dtype=torch.float64)
+    p0, m0 = layer.route(h)
+    l2p_LE = np.array([[3, 1, 0, 2, 7, 6, 5, 4], [1, 0, 2, 3, 4, 5, 7, 6]])
+    emap = rp_mg.ExpertMap.from_logical_to_physical(l2p_LE)
+    assert rp_mg.ExpertMap.from_physical_to_logical(emap.physical_to_logical) == emap
+    np.testing.assert_array_equal(np.take_along_axis(emap.physical_to_logical, l2p_LE, 1), np.tile(np.arange(8), (2, 1)))
+    p2l_1 = emap.physical_to_logical[1]
+    for kw in (dict(placement=emap, layer=1), dict(placement=emap.layer(1)), dict(logical_to_physical=l2p_LE[1]),
+               dict(physical_to_logical=p2l_1)):
+        handle = rp_mg.apply_expert_placement(layer, **kw)
+        p1, m1 = layer.route(h)
+        assert torch.equal(p1, p0[:, p2l_1]) and torch.equal(m1, m0[:, p2l_1])
+        handle.remove()
+    # the wrong direction given as the other keyword is a different map, as it should be
+    assert not np.array_equal(np.argsort(l2p_LE[0]), l2p_LE[0])
+    with pytest.raises(InputError, match="logical_to_physical layer 1: not a permutation"):
+        rp_mg.ExpertMap(np.array([[0, 1, 2, 3, 4, 5, 6, 7], [0, 0, 2, 3, 4, 5, 6, 7]]))
+    with pytest.raises(InputError, match="expected an index in 0..1"):
+        emap.layer(2)
+    with pytest.raises(InputError, match=r"^logical_to_physical: not a permutation"):
+        rp_mg.physical_to_logical(np.array([[0, 0, 1]]))
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("topk_ids", "values other than 0/1"),
+    ("topk_bool", "have 2 columns but the map has 8 experts"),
+    ("map_2d", r"one layer's map \[E\], got shape \(1, 8\)"),
+])
+def test_remap_routing_names_top_k_indices_and_shapes(bad, match):
+    """remap_routing given [T, k] top-k ids (or a [1, E] map) says so, instead of 'expected a permutation of 0..1'."""
+    T, E, k = 6, 8, 2
+    probs, rmap = _route(T, E, k, seed=4)
+    p2l = np.arange(E)
+    if bad == "topk_ids":
+        top_p, top_i = torch.topk(probs, k, dim=1)
+        args = (top_p, top_i * 3 + 2, p2l)  # ids > 1 in an integer [T, k]
+    elif bad == "topk_bool":
+        args = (probs[:, :k], rmap[:, :k], p2l)
+    else:
+        args = (probs, rmap, p2l[None])
+    with pytest.raises(InputError, match=match):
+        rp_mg.remap_routing(*args)
+
+
+def test_migrate_experts_takes_expert_maps_and_names_the_bad_one():
+    """migrate_experts accepts ExpertMaps (either direction built in) and names which map is bad, without doubled prefixes."""
+    E = 4
+    slots = [[[torch.full((2,), float(s))] for s in range(E)]]
+    new = rp_mg.ExpertMap.from_logical_to_physical([[1, 2, 3, 0]])
+    rep = rp_mg.migrate_experts(slots, rp_mg.ExpertMap(np.arange(E)), new)
+    assert rep["experts_moved"] == 4
+    assert [float(slots[0][s][0][0]) for s in range(E)] == new.physical_to_logical[0].tolist()
+    with pytest.raises(InputError, match=r"^new_physical_to_logical: not a permutation of 0..3: 1 appears 2 times"):
+        rp_mg.migrate_experts(slots, np.arange(E)[None], np.array([[0, 1, 1, 2]]))
 
 
 def _migrate_worker(rank, world, init_file, out):
@@ -154,10 +252,18 @@ def test_migrate_experts_across_two_ep_ranks(tmp_path):
     assert int(res[0][2]) == 4 and int(res[1][2]) == 4
 
 
+def _cpu_gating(router, input):
+    """megatron-core's ``TopKRouter.gating`` without its move of the weight to CUDA (the CPU recipe)."""
+    return torch.nn.functional.linear(input.to(router.weight.dtype), router.weight)
+
+
 def _real_moe_layer_worker(rank, init_file, out):
+    import types
     import warnings
 
     import torch.distributed as dist
+
+    from routepack_opt.integrations.verl import expert_map_from_batch
 
     warnings.filterwarnings("ignore")
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
@@ -168,33 +274,59 @@ def _real_moe_layer_worker(rank, init_file, out):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     ps.initialize_model_parallel(1, 1)
-    E = 8
-    cfg = TransformerConfig(num_layers=1, hidden_size=12, num_attention_heads=4, num_moe_experts=E,
+    torch.manual_seed(0)
+    E, k, S, B, H, ep = 8, 2, 16, 4, 12, 4
+    cfg = TransformerConfig(num_layers=1, hidden_size=H, num_attention_heads=4, num_moe_experts=E,
                             use_cpu_initialization=True, moe_token_dispatcher_type="allgather",
-                            moe_router_topk=2, moe_grouped_gemm=False, add_bias_linear=False,
-                            moe_ffn_hidden_size=16)
+                            moe_router_topk=k, moe_grouped_gemm=False, add_bias_linear=False,
+                            moe_ffn_hidden_size=16, params_dtype=torch.float64)
     layer = build_module(get_moe_module_spec(use_te=False, num_experts=E, moe_grouped_gemm=False), config=cfg)
-    checks = [isinstance(layer, MoELayer)]
-    handle = rp_mg.apply_expert_placement(layer, np.arange(E)[::-1].copy())
-    checks.append("route" in vars(layer))
+    layer.router.gating = types.MethodType(_cpu_gating, layer.router)
+    checks = {"is_moe_layer": isinstance(layer, MoELayer)}
+    handle = rp_mg.apply_expert_placement(layer, physical_to_logical=np.arange(E)[::-1].copy())
+    checks["wrapped"] = "route" in vars(layer)
     handle.remove()
-    checks.append("route" not in vars(layer) and layer.route.__func__ is MoELayer.route)
+    checks["unwrapped"] = "route" not in vars(layer) and layer.route.__func__ is MoELayer.route
     slots = rp_mg.expert_slot_tensors(layer.experts)
-    checks.append(len(slots) == E and all(len(s) == 2 for s in slots))  # fc1, fc2 weights
+    checks["slots"] = len(slots) == E and all(len(s) == 2 for s in slots)  # fc1, fc2 weights
+
+    # One step's map, as verl makes it: the router's top-k ids as routed_experts [B, S, 1, k].
+    x = torch.randn(S, B, H, dtype=torch.float64)
+    with torch.no_grad():
+        base = layer(x)[0]
+        _, rmap = layer.route(x)
+    ids_TK = torch.nonzero(rmap)[:, 1].reshape(S * B, k)  # token t = s·B + b
+    batch = {"routed_experts": ids_TK.reshape(S, B, 1, k).transpose(0, 1).numpy(),
+             "attention_mask": np.ones((B, S), dtype=np.int64)}
+    l2p = expert_map_from_batch(batch, num_experts=E, ep_size=ep)          # [1, E] logical → physical
+    emap = rp_mg.ExpertMap.from_logical_to_physical(l2p)
+    checks["map_moves_experts"] = not np.array_equal(l2p[0], np.arange(E))
     before = [[t.clone() for t in s] for s in slots]
-    new = np.random.default_rng(0).permutation(E)[None]
-    rp_mg.migrate_experts([slots], np.arange(E)[None], new)
-    checks.append(all(torch.equal(a, b) for s in range(E) for a, b in zip(slots[s], before[new[0, s]])))
+    rp_mg.migrate_experts([slots], rp_mg.ExpertMap(np.arange(E)), emap)    # slot s ← logical p2l[s]
+    checks["migrated"] = all(torch.equal(a, b) for s in range(E)
+                             for a, b in zip(slots[s], before[emap.physical_to_logical[0, s]]))
+    handle = rp_mg.apply_expert_placement(layer, emap)
+    with torch.no_grad():
+        _, rmap_p = layer.route(x)
+        after = layer(x)[0]
+    load_E = rmap.sum(0).numpy()
+    planned_P = np.bincount(l2p[0] // (E // ep), weights=load_E, minlength=ep)
+    checks["rank_loads_follow_map"] = rp_mg.rank_token_counts(rmap_p.long(), ep).numpy().tolist() == planned_P.tolist()
+    checks["forward_unchanged"] = bool(torch.allclose(after, base, rtol=1e-12, atol=1e-12))
+    handle.remove()
     ps.destroy_model_parallel()
     dist.destroy_process_group()
     with open(out, "w") as fh:
-        fh.write(" ".join(str(int(c)) for c in checks))
+        fh.write(" ".join(f"{name}={int(ok)}" for name, ok in checks.items()))
 
 
-def test_real_moe_layer_wrap_and_expert_slots(tmp_path):
-    """On megatron-core's real MoELayer (CPU, SequentialMLP): route() wraps and unwraps, and every local
-    expert's weights migrate to its new slot. (Its forward needs CUDA: experiments/megatron_gpu_check.py.)"""
+def test_real_moe_layer_cpu_recipe(tmp_path):
+    """On megatron-core's real MoELayer on CPU (docs/api.md recipe): route() wraps and unwraps, a verl
+    step's map through ExpertMap sends each rank its planned tokens, and with the experts migrated the
+    forward output is unchanged."""
     import torch.multiprocessing as mp
 
     mp.spawn(_real_moe_layer_worker, args=(str(tmp_path / "init"), str(tmp_path / "res")), nprocs=1, join=True)
-    assert (tmp_path / "res").read_text().split() == ["1"] * 5
+    res = dict(item.split("=") for item in (tmp_path / "res").read_text().split())
+    assert res and all(v == "1" for v in res.values()), res
+    assert len(res) == 8

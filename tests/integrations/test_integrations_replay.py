@@ -1,6 +1,7 @@
 """Routing-replay import (routepack_opt.integrations.replay) and `routepack import-replay`."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -212,7 +213,7 @@ def test_cli_import_replay(run_cli, rng, tmp_path):
     assert not (tmp_path / "w2.npz").exists()
     code, _, err = run_cli("import-replay", tmp_path / "slime.pt", "--format", "slime",
                            "--num-experts", E, "-o", tmp_path / "slime.pt")
-    assert code == 2 and "over an input" in err
+    assert code == 2 and "overwrite the input" in err
 
 
 def test_cli_import_replay_verl_pt(run_cli, rng, tmp_path):
@@ -235,3 +236,290 @@ def test_cli_import_replay_verl_pt(run_cli, rng, tmp_path):
     code, _, err = run_cli("import-replay", tmp_path / "verl.pt", "--format", "verl", "--num-experts", E,
                            "--top-k", 3, "-o", tmp_path / "w2.npz")
     assert code == 2 and "top-k" in err
+
+
+# --- containers trainers write (issue 29 item 5) ---------------------------------------------------
+def _slime_step(rng, E=16, La=4, K=2, lens=(6, 3, 9)):
+    """slime's record of one step: per-sample [len - 1, La, K] numpy arrays, layer 1 dense."""
+    samples = []
+    for n in lens:
+        r = _routes(rng, n - 1, La, K, E)
+        r[:, 1] = 0
+        samples.append(r)
+    return samples, list(lens)
+
+
+def _padded(samples):
+    """The samples stacked into one zero-padded [N, T, La, K] array."""
+    T = max(len(s) for s in samples)
+    out = np.zeros((len(samples), T) + samples[0].shape[1:], dtype=samples[0].dtype)
+    for i, s in enumerate(samples):
+        out[i, :len(s)] = s
+    return out
+
+
+def _write(kind, path, samples, lens):
+    """Write the step in one container; returns the keyword arguments the import needs."""
+    import torch
+
+    if kind == "pt_list_numpy":
+        torch.save(samples, path)
+    elif kind == "pt_list_tensors":
+        torch.save([torch.from_numpy(s) for s in samples], path)
+    elif kind == "pt_dict":
+        torch.save({"rollout_routed_experts": samples, "total_lengths": lens}, path)
+    elif kind == "pt_padded":
+        torch.save(torch.from_numpy(_padded(samples)), path)
+    elif kind == "npz_positional":
+        np.savez(path, *samples)
+    elif kind == "npz_dict_padded":
+        np.savez(path, rollout_routed_experts=_padded(samples), total_lengths=np.array(lens))
+    elif kind == "npy_object":
+        arr = np.empty(len(samples), dtype=object)
+        arr[:] = samples
+        np.save(path, arr, allow_pickle=True)
+    elif kind == "npy_object_equal_shapes":  # np.array(equal-shape arrays, dtype=object) is 4-D
+        np.save(path, np.array([s[:2] for s in samples], dtype=object), allow_pickle=True)
+    elif kind == "safetensors_padded":
+        from safetensors.numpy import save_file
+
+        save_file({"rollout_routed_experts": _padded(samples), "total_lengths": np.array(lens)}, str(path))
+    return {}
+
+
+_CONTAINERS = {"pt_list_numpy": ".pt", "pt_list_tensors": ".pt", "pt_dict": ".pt", "pt_padded": ".pt",
+               "npz_positional": ".npz", "npz_dict_padded": ".npz", "npy_object": ".npy",
+               "npy_object_equal_shapes": ".npy", "safetensors_padded": ".safetensors"}
+
+
+@pytest.mark.parametrize("kind", sorted(_CONTAINERS))
+def test_slime_containers_give_the_in_memory_window(rng, tmp_path, kind):
+    """Every container slime's routes are saved in (docs/formats.md) imports to the window of the in-memory list."""
+    samples, lens = _slime_step(rng)
+    if kind == "npy_object_equal_shapes":
+        samples, lens = [s[:2] for s in samples], [3] * len(samples)
+    path = tmp_path / f"r{_CONTAINERS[kind]}"
+    _write(kind, path, samples, lens)
+    imp = import_replay(str(path), format="slime", num_experts=16)
+    ref = import_replay(samples, format="slime", num_experts=16)
+    assert imp.window.lengths.tolist() == lens
+    np.testing.assert_array_equal(imp.window.counts, ref.window.counts)
+    assert imp.dropped_layers == (1,)
+    if "padded" in kind:
+        assert imp.padding_rows == sum(max(lens) - 1 - (n - 1) for n in lens)
+        assert any("padded" in n for n in imp.notes)
+
+
+def test_padded_slime_tensor_is_cut_not_called_duplicate(rng):
+    """A padded [N, T, La, K] slime tensor: without lengths cut after the last routed row (K ≥ 2), at
+    top-1 refused unless lengths are given; all-zero rows inside a list are named as padding."""
+    samples, lens = _slime_step(rng)
+    imp = import_replay(_padded(samples), format="slime", num_experts=16)
+    assert imp.window.lengths.tolist() == lens and "cut at its last routed row" in imp.notes[0]
+    with_len = import_replay(_padded(samples), format="slime", num_experts=16, lengths=lens)
+    np.testing.assert_array_equal(with_len.window.counts, imp.window.counts)
+    assert "cut at its length" in with_len.notes[0]
+    top1 = [s[:, :, :1] for s in samples]
+    with pytest.raises(InputError, match="top-1 padding cannot be told"):
+        import_replay(_padded(top1), format="slime", num_experts=16)
+    ok = import_replay(_padded(top1), format="slime", num_experts=16, lengths=lens)
+    assert ok.window.lengths.tolist() == lens
+    with pytest.raises(InputError, match="lengths: sample 0 has 99 tokens"):
+        import_replay(_padded(samples), format="slime", num_experts=16, lengths=[99, 3, 9])
+    padded_list = [np.concatenate([s, np.zeros((2,) + s.shape[1:], dtype=s.dtype)]) for s in samples]
+    with pytest.raises(InputError, match="all-zero at every layer: padding, not a route"):
+        import_replay(padded_list, format="slime", num_experts=16)
+
+
+def _evil(marker):
+    """An object whose unpickling would create ``marker`` (what a full unpickle runs)."""
+    import os
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    return Evil()
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".npy", ".npz"])
+def test_unsafe_pickles_are_refused_without_running(tmp_path, monkeypatch, suffix):
+    """A pickle that would run code (.pt, object .npy, object .npz member) is refused, short, and never runs."""
+    import pickle
+
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "ran"
+    path = Path(f"evil{suffix}")
+    if suffix == ".pt":
+        torch.save([_evil(marker)], path)
+    else:
+        import io
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, {"descr": "|O", "fortran_order": False, "shape": (1,)})
+        pickle.dump(_evil(marker), buf, protocol=3)
+        if suffix == ".npy":
+            path.write_bytes(buf.getvalue())
+        else:
+            import zipfile
+            with zipfile.ZipFile(path, "w") as zf:
+                zf.writestr("arr_0.npy", buf.getvalue())
+    with pytest.raises(InputError) as exc:
+        import_replay(str(path), format="slime", num_experts=8)
+    msg = str(exc.value)
+    assert "system" in msg and len(msg) <= 200 and "\x1b" not in msg and "\n" not in msg
+    assert not marker.exists()
+
+
+def test_num_experts_beyond_the_ids_is_accepted_with_a_note(rng):
+    """--num-experts 64 with ids reaching 15: the window has E = 64 and one note says so; E = 16 has no note."""
+    samples, _ = _slime_step(rng)
+    wide = import_replay(samples, format="slime", num_experts=64)
+    assert wide.window.num_experts == 64 and wide.max_expert_id == 15
+    assert len(wide.notes) == 1 and "reach only 15" in wide.notes[0]
+    assert import_replay(samples, format="slime", num_experts=16).notes == ()
+
+
+@pytest.mark.parametrize("fmt", ["slime", "verl", "routes"])
+def test_moe_layer_freq_honoured_in_every_format(rng, fmt):
+    """moe_layer_freq keeps layers l % f == 0 in every format: the same counts as slicing the routes by hand."""
+    E, La, K = 8, 4, 2
+    lens = [4, 6]
+    per = [_routes(rng, n, La, K, E) for n in lens]
+    if fmt == "slime":
+        src, kw = per, dict(pad_last=False)
+    elif fmt == "verl":
+        R = np.stack([np.concatenate([p, np.zeros((6 - len(p), La, K), dtype=np.int64)]) for p in per])
+        mask = np.array([[1] * n + [0] * (6 - n) for n in lens])
+        src, kw = R, dict(attention_mask=mask)
+    else:
+        src, kw = np.concatenate(per), dict(lengths=lens)
+    imp = import_replay(src, format=fmt, num_experts=E, moe_layer_freq=2, **kw)
+    assert imp.moe_layers == (0, 2) and imp.dropped_layers == (1, 3)
+    np.testing.assert_array_equal(imp.window.counts, _brute_counts([p[:, [0, 2]] for p in per], E))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(moe_layer_freq=0), "moe_layer_freq: must be ≥ 1"),
+    (dict(moe_layer_freq=[0, 0]), "at least one 1"),
+    (dict(moe_layer_freq=True), "moe_layer_freq: expected"),
+    (dict(num_experts=99999999999999999999999), "more than 2147483647"),
+    (dict(num_experts=0), "positive integer"),
+    (dict(num_experts=2.5), "positive integer"),
+    (dict(lengths=[[3, 4], [3, 4]]), "expected a 1-D vector"),
+])
+@pytest.mark.parametrize("fmt", ["slime", "verl", "routes"])
+def test_bad_settings_refused_before_reading(tmp_path, fmt, kw, match):
+    """Bad moe_layer_freq, num_experts or a 2-D lengths are one short InputError before the routes are read."""
+    args = dict(format=fmt, num_experts=8)
+    args.update(kw)
+    with pytest.raises(InputError, match=match) as exc:
+        import_replay(str(tmp_path / "not_read.pt"), **args)  # the file does not exist: it is never opened
+    assert len(str(exc.value)) <= 200
+
+
+@pytest.mark.parametrize("case", ["wrong_format_keys", "routes_npz_positional_lengths", "verl_list",
+                                  "text_file", "lengths_float"])
+def test_more_bad_containers_one_short_error(rng, tmp_path, case):
+    """Wrong keys for the format, mismatched lengths, a list given as verl, a non-routes file: one short error."""
+    import torch
+
+    samples, lens = _slime_step(rng)
+    path = tmp_path / "r.pt"
+    fmt, kw, match = "slime", {}, None
+    if case == "wrong_format_keys":
+        torch.save({"rollout_routed_experts": samples}, path)
+        fmt, match = "routes", "looks like format 'slime'"
+    elif case == "routes_npz_positional_lengths":
+        path = tmp_path / "r.npz"
+        np.savez(path, *samples)
+        fmt, kw, match = "routes", dict(lengths=[1, 2, 3]), "has 1 tokens but 5 routes"
+    elif case == "verl_list":
+        torch.save(samples, path)
+        fmt, match = "verl", "list of per-sample arrays"
+    elif case == "text_file":
+        path.write_text("not a checkpoint " * 50)
+        match = "not a readable"
+    else:
+        kw, match = dict(lengths=[6.5, 3, 9]), "integer token counts"
+    with pytest.raises(InputError, match=match) as exc:
+        import_replay(str(path), format=fmt, num_experts=16, **kw)
+    assert len(str(exc.value)) <= 200 and "\x1b" not in str(exc.value)
+
+
+def test_plain_routes_as_a_per_sample_list(rng, tmp_path):
+    """Plain routes saved per sample (np.savez(*arrays)) have T_i tokens each: the concatenated routes' window."""
+    E, L, K = 8, 2, 2
+    per = [_routes(rng, n, L, K, E) for n in (3, 1, 4)]
+    np.savez(tmp_path / "r.npz", *per)
+    w = window_from_replay(str(tmp_path / "r.npz"), format="routes", num_experts=E)
+    ref = Window.from_routes([3, 1, 4], np.concatenate(per), E)
+    np.testing.assert_array_equal(w.counts, ref.counts)
+    assert w.lengths.tolist() == [3, 1, 4]
+
+
+def test_plan_micro_batches_with_huge_num_experts_is_an_input_error():
+    """plan_micro_batches(routes=..., num_experts=2**40): an InputError about memory, not a MemoryError."""
+    from routepack_opt.api import plan_micro_batches
+
+    with pytest.raises(InputError, match="needs about"):
+        plan_micro_batches([2, 2], routes=np.zeros((4, 1, 1), dtype=np.int64), num_experts=2**40,
+                           dp_size=1, ep_size=1, max_tokens=8)
+
+
+@pytest.mark.parametrize("out, match", [("dir", "is a directory"), ("", "output name is empty"),
+                                        ("newdir/", "is a directory")])
+def test_cli_import_replay_refuses_bad_outputs_before_importing(run_cli, tmp_path, monkeypatch, out, match):
+    """import-replay -o DIR / "" / newdir/: exit 2, one line, before the import (the routes file is bad too), nothing written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "bad.pt").write_text("not routes")
+    code, _, err = run_cli("import-replay", "bad.pt", "--format", "slime", "--num-experts", 8, "-o", out)
+    assert code == 2 and match in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt", "dir"]
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--num-experts", "99999999999999999999999"], "more than 2147483647"),
+    (["--num-experts", "16", "--lengths", "len2d.npy"], "expected a 1-D vector"),
+    (["--num-experts", "16", "--moe-layer-freq", "0"], "must be ≥ 1"),
+    (["--num-experts", "16", "--moe-layer-freq", "1,x"], "comma list of 0/1"),
+    (["--num-experts", "16", "--step", "-1"], "must be ≥ 0"),
+    (["--num-experts", "16", "--top-k", "0"], "must be ≥ 1"),
+])
+def test_cli_import_replay_bad_settings_exit_2(run_cli, rng, tmp_path, monkeypatch, extra, match):
+    """import-replay with a huge --num-experts, 2-D --lengths, --moe-layer-freq 0, --step -1: exit 2, one short line."""
+    monkeypatch.chdir(tmp_path)
+    np.save("flat.npy", np.concatenate([_routes(rng, n, 2, 2, 16) for n in (3, 4)]))
+    np.save("len2d.npy", np.array([[3, 4], [3, 4]]))
+    code, _, err = run_cli("import-replay", "flat.npy", "--lengths", "len2d.npy" if "len2d.npy" in extra else
+                           "len.npy", *extra, "-o", "w.npz")
+    assert code == 2 and match in err and len(err.strip().splitlines()) == 1 and len(err) <= 200
+    assert not (tmp_path / "w.npz").exists()
+
+
+def test_cli_import_replay_prints_notes(run_cli, rng, tmp_path, monkeypatch):
+    """import-replay prints each note (padding cut, E beyond the ids) on its own line and in --json."""
+    monkeypatch.chdir(tmp_path)
+    samples, lens = _slime_step(rng)
+    np.savez("padded.npz", rollout_routed_experts=_padded(samples))
+    code, out, err = run_cli("import-replay", "padded.npz", "--format", "slime", "--num-experts", 64, "-o", "w.npz")
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 2 and "padded" in notes[0] and "reach only 15" in notes[1]
+    code, out, _ = run_cli("import-replay", "padded.npz", "--format", "slime", "--num-experts", 64, "-o", "w.npz",
+                           "--json")
+    assert code == 0 and len(json.loads(out)["notes"]) == 2
+
+
+def test_counts_larger_than_memory_refused_before_allocating(rng, monkeypatch):
+    """num_experts whose counts [N, L, E] exceed the memory available: one short InputError, nothing allocated."""
+    import routepack_opt.integrations.replay as replay
+
+    monkeypatch.setattr(replay, "available_memory", lambda: 2**30)
+    samples, _ = _slime_step(rng)
+    with pytest.raises(InputError, match=r"need 18\.0 GiB, 1\.0 GiB is available") as exc:
+        import_replay(samples, format="slime", num_experts=2**28)
+    assert len(str(exc.value)) <= 200
+    assert import_replay(samples, format="slime", num_experts=16).window.num_experts == 16
