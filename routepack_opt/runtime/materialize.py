@@ -109,7 +109,7 @@ def _new_phy2log(layers: list[MoELayer], new) -> np.ndarray:
             raise InputError(f"new placement: {new.num_layers} layers × {new.num_slots} slots for "
                              f"{new.num_experts} experts; the model has {L} × {S} for {E} (the "
                              f"number of redundant slots is fixed at {S - E})")
-        if layers and new.ep != layers[0].ep_size:
+        if layers and layers[0].ep_size > 1 and new.ep != layers[0].ep_size:  # one process: any ep
             raise InputError(f"new placement: ep={new.ep}, the model's EP size is {layers[0].ep_size}")
         return np.asarray(new.phy2log)
     new_LE = np.asarray(new, dtype=np.int64)
