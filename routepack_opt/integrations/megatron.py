@@ -456,25 +456,38 @@ def migrate_experts(slot_tensors, old_physical_to_logical, new_physical_to_logic
     ``slot_tensors[l][s]``: this rank's tensors of local slot s at MoE layer l (e.g.
     :func:`expert_slot_tensors` per layer); ``*_physical_to_logical[l, s]`` global maps ``[L, E]``,
     identical on every rank of the EP ``group`` (or :class:`ExpertMap` s, which carry their
-    direction). Returns what moved (the same ``experts_moved``
-    on every rank)."""
+    direction). With replicas both maps are :class:`~routepack_opt.core.placement.Placement` s
+    (``phy2log [L, S]``, S/P local slots): a slot whose expert changes copies it from an old holder
+    (one on its own rank if any), so a new replica starts as an exact copy (weights, grads,
+    optimizer state; a DistributedOptimizer's shard at the same offsets) and a dropped one is
+    overwritten. Returns what moved (the same ``experts_moved`` on every rank)."""
     torch = _deps.torch()
     dist = _deps.torch_distributed()
 
-    old, new = (m.physical_to_logical if isinstance(m, ExpertMap) else _as_int_map(m, f"{name}_physical_to_logical")
-                for name, m in (("old", old_physical_to_logical), ("new", new_physical_to_logical)))
     L = len(slot_tensors)
-    if old.shape != new.shape or old.ndim != 2 or old.shape[0] != L:
-        raise InputError(f"placements must both be [L={L}, E], got {old.shape} and {new.shape}")
-    E = old.shape[1]
-    for name, m in (("old", old), ("new", new)):
-        _check_map_LE(m, f"{name}_physical_to_logical")
+    replicated = [isinstance(m, Placement) for m in (old_physical_to_logical, new_physical_to_logical)]
+    if any(replicated):
+        if not all(replicated):
+            raise InputError("migrate_experts: with replicas both maps must be Placements (phy2log [L, S])")
+        old, new = old_physical_to_logical.phy2log, new_physical_to_logical.phy2log
+        if old.shape != new.shape or old.shape[0] != L or \
+                old_physical_to_logical.num_experts != new_physical_to_logical.num_experts:
+            raise InputError(f"placements must both be [L={L}, S] over the same experts, got {old.shape} "
+                             f"and {new.shape} (the number of slots S = E + redundant is fixed)")
+    else:
+        old, new = (m.physical_to_logical if isinstance(m, ExpertMap)
+                    else _as_int_map(m, f"{name}_physical_to_logical")
+                    for name, m in (("old", old_physical_to_logical), ("new", new_physical_to_logical)))
+        if old.shape != new.shape or old.ndim != 2 or old.shape[0] != L:
+            raise InputError(f"placements must both be [L={L}, E], got {old.shape} and {new.shape}")
+        for name, m in (("old", old), ("new", new)):
+            _check_map_LE(m, f"{name}_physical_to_logical")
+    E = old.shape[1]  # slots per layer (E, or S = E + redundant with replicas)
     if E % ep_size:
         raise InputError(f"E={E} is not divisible by ep_size={ep_size}")
     M = E // ep_size
     if any(len(s) != M for s in slot_tensors):
         raise InputError(f"each layer needs {M} local slots on this rank")
-    old_l2p = np.argsort(old, axis=1)
     local: list[tuple[int, int, int]] = []
     send: dict[int, list[tuple[int, int]]] = {q: [] for q in range(ep_size)}
     recv: dict[int, list[tuple[int, int]]] = {q: [] for q in range(ep_size)}
@@ -482,8 +495,13 @@ def migrate_experts(slot_tensors, old_physical_to_logical, new_physical_to_logic
     with torch.no_grad():
         for l in range(L):  # canonical order: layer, then destination slot
             for dst in np.flatnonzero(old[l] != new[l]).tolist():
-                src = int(old_l2p[l, new[l, dst]])
-                ps, pd = src // M, dst // M
+                # the source: the expert's old holder on the destination rank if any, else old
+                # replica dst mod k (every holder is identical; one holder without replicas)
+                holders = np.flatnonzero(old[l] == new[l, dst])
+                pd = dst // M
+                same = holders[holders // M == pd]
+                src = int(same[0]) if same.size else int(holders[dst % holders.size])
+                ps = src // M
                 moved += 1
                 if ps == ep_rank and pd == ep_rank:
                     local.append((l, src - ps * M, dst - pd * M))

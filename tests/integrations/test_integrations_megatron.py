@@ -487,3 +487,31 @@ def test_replicated_real_moe_layer_cpu(tmp_path):
     mp.spawn(_replicated_moe_layer_worker, args=(str(tmp_path / "init"), str(tmp_path / "res")), nprocs=1, join=True)
     res = dict(item.split("=") for item in (tmp_path / "res").read_text().split())
     assert len(res) == 4 and all(v == "1" for v in res.values()), res
+
+
+def test_migrate_experts_replica_set_change_single_rank():
+    """migrate_experts with replicated Placements: after a replica-set change every slot holds its
+    new logical expert's weights, grads and Adam state (a new replica copies an old holder's)."""
+    from routepack_opt.core.placement import Placement
+
+    E, S, H = 4, 6, 4
+    experts = torch.nn.Module()
+    experts.local_experts = torch.nn.ModuleList([torch.nn.Linear(H, H) for _ in range(S)])
+    old = Placement(np.array([[0, 1, 2, 3, 0, 1]]), ep=1, num_experts=E)
+    with torch.no_grad():  # replicas identical, as the runtime keeps them
+        for s, e in enumerate(old.phy2log[0]):
+            for a, b in zip(experts.local_experts[s].parameters(), experts.local_experts[e].parameters()):
+                a.copy_(b)
+    opt = torch.optim.Adam(experts.parameters())
+    for m in experts.local_experts:
+        (m(torch.ones(2, H)) ** 2).sum().backward()
+    opt.step()
+    slots = [rp_mg.expert_slot_tensors(experts, opt)]
+    before = {int(e): [t.clone() for t in slots[0][s]] for s, e in enumerate(old.phy2log[0])}
+    new = Placement(np.array([[3, 2, 2, 1, 0, 3]]), ep=1, num_experts=E)  # 0, 1 lose a replica; 2, 3 gain
+    rep = rp_mg.migrate_experts(slots, old, new)
+    assert rep["experts_moved"] == 4  # slots 2 and 4 keep their expert
+    for s, e in enumerate(new.phy2log[0]):
+        assert all(torch.equal(a, b) for a, b in zip(slots[0][s], before[int(e)]))
+    with pytest.raises(InputError):
+        rp_mg.migrate_experts(slots, old, np.arange(S)[None])
