@@ -21,6 +21,13 @@ so a partial run still reports. Checks, with EP = world size and a real ``MoELay
    weights) after one step, ``migrate_experts`` moves each expert's master weight,
    ``exp_avg`` and ``exp_avg_sq`` shards with it.
 5. ``aux_loss_logical``: the router's aux loss is the same with and without the placement.
+6. ``replicated``: a layer with S = E + P slots (one replica per rank: the hottest experts by the
+   loads above, ``runtime.verify.replica_placement``) whose router is the E-expert layer's, its
+   slots holding the logical experts' weights, ``apply_expert_placement`` with the replicated
+   ``Placement`` and ``source_rank`` = EP rank: output equals the E-expert layer's (fp32, 1e-5);
+   each logical expert's grad equals the sum of its replicas' partial grads (1e-4); the tokens
+   each EP rank receives equal the even-local prediction (``core.placement.split_counts`` of each
+   source rank's per-expert counts, summed by replica rank).
 """
 
 from __future__ import annotations
@@ -206,7 +213,64 @@ def main():
         keys = len(snap[0])
         return ok, f"{n} same-rank slots checked, {keys} tensors per expert (weights + master/exp_avg/exp_avg_sq shards)"
 
-    c1(); c2(); c3(); c5(); c4()
+    @check("replicated")
+    def c6():
+        from routepack_opt.core.placement import split_counts
+        from routepack_opt.runtime.verify import replica_placement
+
+        pl = replica_placement(load_LE.astype(np.float64), world, world)  # one extra slot per rank
+        S = pl.num_slots
+        S_loc = S // world
+        base, _ = build(E, k, H, 128, seed=4321)
+        rep, _ = build(S, k, H, 128, seed=4321)
+        rep.router = base.router  # route over the E logical experts
+        flat_w = torch.cat([torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+                            for m in base.experts.local_experts])
+        all_w = [torch.empty_like(flat_w) for _ in range(world)]
+        dist.all_gather(all_w, flat_w)
+        W_E = torch.cat(all_w).view(E, -1)  # logical expert e's parameters, flat
+        with torch.no_grad():
+            for i, m in enumerate(rep.experts.local_experts):
+                e, off = int(pl.phy2log[0, rank * S_loc + i]), 0
+                for p in m.parameters():
+                    p.copy_(W_E[e, off:off + p.numel()].view_as(p))
+                    off += p.numel()
+        h6 = rp_mg.apply_expert_placement(rep, pl, source_rank=rank, num_logical_experts=E)
+        res = []
+        for lay in (base, rep):
+            lay.zero_grad(set_to_none=True)
+            y, _ = lay(x.clone())
+            y.float().pow(2).sum().backward()
+            g = torch.cat([torch.cat([p.grad.reshape(-1) for p in m.parameters()]) for m in lay.experts.local_experts])
+            all_g = [torch.empty_like(g) for _ in range(world)]
+            dist.all_gather(all_g, g)
+            res.append((y.detach(), torch.cat(all_g)))
+        d_out = float((res[0][0] - res[1][0]).abs().max())
+        g_E = res[0][1].view(E, -1)
+        g_S = res[1][1].view(S, -1)
+        summed = torch.zeros_like(g_E)
+        summed.index_add_(0, torch.as_tensor(pl.phy2log[0], device=g_S.device), g_S)
+        d_grad = float((summed - g_E).abs().max())
+        with torch.no_grad():
+            _, rmap_l = base.route(x.view(-1, H))
+            _, rmap_s = rep.route(x.view(-1, H))
+        got = rp_mg.rank_token_counts(rmap_s.long(), world)
+        dist.all_reduce(got)
+        c_E = rmap_l.sum(0).long()
+        all_c = [torch.empty_like(c_E) for _ in range(world)]
+        dist.all_gather(all_c, c_E)
+        log2phy, cnt = pl.log2phy()[0], pl.logcnt[0]
+        pred = np.zeros(world, dtype=np.int64)
+        for q, c_q in enumerate(all_c):
+            for e in range(E):
+                for j, n in enumerate(split_counts(int(c_q[e]), int(cnt[e]), q)):
+                    pred[int(log2phy[e, j]) // S_loc] += n
+        h6.remove()
+        ok = d_out <= 1e-5 and d_grad <= 1e-4 and got.cpu().numpy().tolist() == pred.tolist()
+        return ok, (f"max|out diff| {d_out:.3g}, max|grad diff| {d_grad:.3g}, rank tokens {got.tolist()} "
+                    f"predicted {pred.tolist()}, replicas {int((pl.logcnt > 1).sum())}")
+
+    c1(); c2(); c3(); c5(); c4(); c6()
     if rank == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

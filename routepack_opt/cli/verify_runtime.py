@@ -1,4 +1,6 @@
-"""``routepack verify-runtime``: re-placing experts mid-run changes no loss and no parameter."""
+"""``routepack verify-runtime``: re-placing experts mid-run changes no loss and no parameter; with
+``--redundant-experts N``, training with replicated experts (and a replica-set change) equals
+training without them."""
 
 from __future__ import annotations
 
@@ -21,6 +23,10 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=positive_float, default=180.0, help="seconds allowed for the distributed run")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu (gloo; default) or cuda (nccl, one GPU per rank)")
+    p.add_argument("--redundant-experts", type=nonneg_int, default=0, metavar="N",
+                   help="the replica check: N redundant expert slots per layer (E=8 + N divisible by "
+                        "--ep, N ≤ 8·(ep−1)); compares with one holder per expert (default 0: the "
+                        "re-placement check)")
     p.add_argument("--start-method", choices=["forkserver", "spawn"], default="forkserver",
                    help="how ranks start (torch.multiprocessing; default forkserver: torch imported once)")
     add_json(p)
@@ -40,13 +46,19 @@ def run(args) -> None:
                          if args.world_size >= 1 and ep >= 1 else "--world-size and --ep must be ≥ 1")
     cfg = dataclasses.replace(VerifyConfig(), steps=args.steps, seed=args.seed,
                               timeout_s=args.timeout, start_method=args.start_method,
-                              device=args.device)
+                              device=args.device, dp=args.world_size, ep=ep,
+                              redundant=args.redundant_experts)
     try:
         rep = verify_runtime(cfg, world_size=args.world_size, ep=ep)
     except TimeoutError:  # the user's budget, not our failure: say so and how to fix it
         raise InputError(f"the distributed run did not finish within --timeout {args.timeout:g} s "
                          f"({args.world_size} processes, each starting torch and a process group); "
                          "give it more time (default 180)") from None
+    if args.redundant_experts:
+        emit(args, rep, _replica_text(rep))
+        if not rep["ok"]:
+            raise SystemExit(1)
+        return
     lines = [f"verify-runtime: world_size={rep['world_size']} ep={rep['ep']} steps={rep['steps']} "
              f"(re-placed {rep['experts_replaced']} experts after step {rep['replace_after']})"]
     for mode in ("single_process", "distributed"):
@@ -62,3 +74,23 @@ def run(args) -> None:
     emit(args, rep, "\n".join(lines))
     if not rep["ok"]:
         raise SystemExit(1)
+
+
+def _replica_text(rep: dict) -> str:
+    lines = [f"verify-runtime: world_size={rep['world_size']} ep={rep['ep']} steps={rep['steps']} "
+             f"redundant_experts={rep['redundant_experts']} (up to {rep['max_replicas']} replicas; "
+             f"replica counts of {rep['logcnt_changes']} (layer, expert) pairs change after step "
+             f"{rep['replace_after']})"]
+    for mode in ("single_process", "distributed"):
+        if mode in rep:
+            m = rep[mode]
+            lines.append(f"  {mode:15s} vs one holder: max_abs_diff weights {m['max_abs_diff_weights']:.3g}, "
+                         f"adam {m['max_abs_diff_adam']:.3g} (float64 {m['max_abs_diff_float64']:.3g}); "
+                         f"shuffled replicas bitwise equal: {m['moved_bitwise_equal']}; copies differ by "
+                         f"{m['replica_max_diff']:.3g}; bytes moved {m['bytes_moved']:,}; {m['seconds']} s")
+            if "replica_grad_bytes_per_step" in m:
+                lines.append(f"  {'':15s} replica gradient exchange per step (bytes, all ranks): "
+                             f"{m['replica_grad_bytes_per_step']}")
+    lines.append(f"max_abs_diff {rep['max_abs_diff']:.3g} (tolerance {rep['tolerance']:g})  "
+                 f"bytes_moved {rep['bytes_moved']:,}  world_size {rep['world_size']}  ok {rep['ok']}")
+    return "\n".join(lines)

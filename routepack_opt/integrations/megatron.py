@@ -28,13 +28,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.placement import Placement
 from routepack_opt.integrations import _deps
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ExpertMap", "remap_routing", "apply_expert_placement", "PlacementHandle", "rank_token_counts",
-           "expert_slot_tensors", "migrate_experts", "physical_to_logical"]
+__all__ = ["ExpertMap", "remap_routing", "remap_routing_replicated", "apply_expert_placement",
+           "PlacementHandle", "rank_token_counts", "expert_slot_tensors", "migrate_experts",
+           "physical_to_logical"]
 
 
 # --- maps with their direction -----------------------------------------------------------------
@@ -218,13 +220,73 @@ def _check_router_outputs(probs, routing_map) -> None:
                          f"{tuple(routing_map.shape)}")
 
 
-def remap_routing(probs, routing_map, physical_to_logical_E):
+def remap_routing(probs, routing_map, physical_to_logical_E, *, source_rank: int | None = None,
+                  layer: int | None = None):
     """Permute the router's ``[T, E]`` outputs from logical columns to physical slots: column s
     of the result is logical expert ``physical_to_logical_E[s]`` (an ``[E]`` array or a one-layer
-    :class:`ExpertMap`)."""
+    :class:`ExpertMap`).
+
+    With replicas, ``physical_to_logical_E`` is a :class:`~routepack_opt.core.placement.Placement`
+    (``layer=`` picks its MoE layer when it has several) and ``source_rank`` this rank's EP rank
+    q: see :func:`remap_routing_replicated`."""
+    if isinstance(physical_to_logical_E, Placement):
+        if source_rank is None:
+            raise InputError("remap_routing: a replicated Placement needs source_rank= (this rank's EP "
+                             "rank q: the even-local rule starts each expert's round-robin at q)")
+        return remap_routing_replicated(probs, routing_map, physical_to_logical_E, source_rank, layer)
+    if source_rank is not None or layer is not None:
+        raise InputError("remap_routing: source_rank= and layer= go with a replicated Placement only")
     _check_router_outputs(probs, routing_map)
     idx = _perm_index(physical_to_logical_E, probs.shape[1], probs.device)
     return probs.index_select(1, idx), routing_map.index_select(1, idx)
+
+
+def _replica_columns(placement: Placement, layer: int | None, E: int):
+    """``(phy2log_S, logcnt_S, j_S)`` of one MoE layer: slot s holds logical expert phy2log[s],
+    which has logcnt_S[s] replicas; s is its replica j_S[s] (ascending slot order)."""
+    if placement.num_experts != E:
+        raise InputError(f"probs and routing_map have {E} columns but the placement has "
+                         f"{placement.num_experts} logical experts")
+    if layer is None:
+        if placement.num_layers != 1:
+            raise InputError(f"remap_routing: the placement has {placement.num_layers} layers; pass layer=l")
+        layer = 0
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < placement.num_layers:
+        raise InputError(f"layer: expected an index in 0..{placement.num_layers - 1}, got {layer!r}")
+    p2l_S = placement.phy2log[int(layer)]
+    log2phy_EK = placement.log2phy()[int(layer)]
+    j_S = np.empty_like(p2l_S)
+    for e in range(E):
+        slots = log2phy_EK[e][log2phy_EK[e] >= 0]
+        j_S[slots] = np.arange(slots.size)
+    return p2l_S, placement.logcnt[int(layer)][p2l_S], j_S
+
+
+def remap_routing_replicated(probs, routing_map, placement: Placement, source_rank: int,
+                             layer: int | None = None):
+    """The router's ``[T, E]`` logical outputs → ``[T, S]`` physical slots (S = E + redundant)
+    under the even-local rule (:mod:`routepack_opt.core.placement`, the rule the planner scores):
+    the t-th token (row order) routed to logical expert e goes to e's replica
+    ``j = (t + source_rank) mod k``, slot ``log2phy[e, j]``; its prob goes with it. Every token
+    keeps its top-k: one replica of each chosen expert. The layer's experts and token dispatcher
+    must be built for S experts (``num_moe_experts = S``, S/P per EP rank) while the router keeps
+    its E logical outputs."""
+    torch = _deps.torch()
+
+    _check_router_outputs(probs, routing_map)
+    if isinstance(source_rank, bool) or not isinstance(source_rank, (int, np.integer)) or source_rank < 0:
+        raise InputError(f"source_rank: expected this rank's EP rank (an integer ≥ 0), got {source_rank!r}")
+    E = int(probs.shape[1])
+    p2l_S, k_S, j_S = _replica_columns(placement, layer, E)
+    dev = probs.device
+    p2l = torch.as_tensor(np.array(p2l_S), dtype=torch.long, device=dev)
+    k = torch.as_tensor(k_S, dtype=torch.long, device=dev)
+    j = torch.as_tensor(j_S, dtype=torch.long, device=dev)
+    routed_TE = routing_map.bool()
+    t_TE = torch.cumsum(routed_TE.long(), dim=0) - 1  # position among the tokens routed to e
+    chosen_TS = routed_TE[:, p2l] & ((t_TE[:, p2l] + int(source_rank)) % k == j)
+    probs_TS = torch.where(chosen_TS, probs[:, p2l], torch.zeros((), dtype=probs.dtype, device=dev))
+    return probs_TS, chosen_TS.to(routing_map.dtype)
 
 
 def rank_token_counts(routing_map_TE, ep_size: int):
@@ -244,16 +306,36 @@ class PlacementHandle:
     physical_to_logical: Any  # torch.LongTensor [E] on the router's device (lazily moved)
     _orig_route: object = None
     num_experts: int | None = None
+    # with replicas: (Placement, source_rank, layer) for remap_routing_replicated
+    replicated: tuple | None = None
 
-    def set(self, placement: ExpertMap | None = None, *, physical_to_logical=None, logical_to_physical=None,
-            layer: int | None = None) -> None:
+    def set(self, placement: ExpertMap | Placement | None = None, *, physical_to_logical=None,
+            logical_to_physical=None, layer: int | None = None, source_rank: int | None = None) -> None:
         """Switch to a new map, checked now (not at the next ``route()``): an :class:`ExpertMap`
-        (``layer=l`` when it has several layers) or one layer's ``[E]`` map by keyword."""
-        self._switch("set", placement, physical_to_logical, logical_to_physical, layer)
+        (``layer=l`` when it has several layers) or one layer's ``[E]`` map by keyword; or a
+        replicated :class:`~routepack_opt.core.placement.Placement` with ``source_rank=``."""
+        self._switch("set", placement, physical_to_logical, logical_to_physical, layer, source_rank)
 
-    def _switch(self, who: str, placement, physical_to_logical, logical_to_physical, layer) -> None:
+    def _switch(self, who: str, placement, physical_to_logical, logical_to_physical, layer,
+                source_rank=None) -> None:
         torch = _deps.torch()
 
+        if isinstance(placement, Placement):
+            if physical_to_logical is not None or logical_to_physical is not None:
+                raise InputError(f"{who}: give one map (a Placement or an ExpertMap), not several")
+            if isinstance(source_rank, bool) or not isinstance(source_rank, (int, np.integer)) or source_rank < 0:
+                raise InputError(f"{who}: a replicated Placement needs source_rank= (this rank's EP rank), "
+                                 f"got {source_rank!r}")
+            if self.num_experts is not None and placement.num_experts != self.num_experts:
+                raise InputError(f"{who}: the placement has {placement.num_experts} logical experts, the "
+                                 f"router {self.num_experts}")
+            _replica_columns(placement, layer, placement.num_experts)  # checks layer now
+            self.replicated = (placement, int(source_rank), layer)
+            self.physical_to_logical = None
+            return
+        if source_rank is not None:
+            raise InputError(f"{who}: source_rank= goes with a replicated Placement only")
+        self.replicated = None
         row_E = _one_layer_p2l(who, placement, physical_to_logical, logical_to_physical, layer, self.num_experts)
         self.num_experts = int(row_E.shape[0])
         self.physical_to_logical = torch.as_tensor(row_E, dtype=torch.long)
@@ -263,8 +345,10 @@ class PlacementHandle:
             del self.layer.route
 
 
-def apply_expert_placement(moe_layer, placement: ExpertMap | None = None, *, physical_to_logical=None,
-                           logical_to_physical=None, layer: int | None = None) -> PlacementHandle:
+def apply_expert_placement(moe_layer, placement: ExpertMap | Placement | None = None, *,
+                           physical_to_logical=None, logical_to_physical=None, layer: int | None = None,
+                           source_rank: int | None = None, num_logical_experts: int | None = None
+                           ) -> PlacementHandle:
     """Wrap ``moe_layer.route`` (Megatron-Core ``MoELayer``) so its ``(probs, routing_map)`` come
     out in physical slot order; returns a handle to switch or undo.
 
@@ -272,17 +356,28 @@ def apply_expert_placement(moe_layer, placement: ExpertMap | None = None, *, phy
     an :class:`ExpertMap` (with ``layer=l`` when it holds several MoE layers), or this layer's
     ``[E]`` map by keyword, ``physical_to_logical=`` or ``logical_to_physical=``. A bare array
     is refused: both directions are permutations, so nothing could catch the wrong one.
+
+    Replicas: a :class:`~routepack_opt.core.placement.Placement` with ``source_rank=`` (this
+    rank's EP rank) makes ``route()`` return ``[T, S]`` slot columns by the even-local rule
+    (:func:`remap_routing_replicated`); the layer's experts and dispatcher hold S slots while its
+    router keeps E logical outputs (``num_logical_experts=E`` checks the placement against it;
+    ``config.num_moe_experts`` is then S).
     """
     if not hasattr(moe_layer, "route"):
         raise InputError("apply_expert_placement: the layer has no route() (Megatron-Core MoELayer expected)")
     if "route" in vars(moe_layer):
         raise InputError("apply_expert_placement: this layer already has a placement; use the handle's set()")
     orig = moe_layer.route
-    handle = PlacementHandle(moe_layer, None, orig, _layer_num_experts(moe_layer))
-    handle._switch("apply_expert_placement", placement, physical_to_logical, logical_to_physical, layer)
+    n_logical = num_logical_experts if isinstance(placement, Placement) else _layer_num_experts(moe_layer)
+    handle = PlacementHandle(moe_layer, None, orig, n_logical)
+    handle._switch("apply_expert_placement", placement, physical_to_logical, logical_to_physical, layer,
+                   source_rank)
 
     def route(hidden_states, *args, **kwargs):
         probs, routing_map = orig(hidden_states, *args, **kwargs)
+        if handle.replicated is not None:
+            pl, q, l = handle.replicated
+            return remap_routing_replicated(probs, routing_map, pl, q, l)
         idx = handle.physical_to_logical  # checked by set(): only its width against the router's
         if idx.device != probs.device:
             idx = handle.physical_to_logical = idx.to(probs.device)
@@ -361,25 +456,38 @@ def migrate_experts(slot_tensors, old_physical_to_logical, new_physical_to_logic
     ``slot_tensors[l][s]``: this rank's tensors of local slot s at MoE layer l (e.g.
     :func:`expert_slot_tensors` per layer); ``*_physical_to_logical[l, s]`` global maps ``[L, E]``,
     identical on every rank of the EP ``group`` (or :class:`ExpertMap` s, which carry their
-    direction). Returns what moved (the same ``experts_moved``
-    on every rank)."""
+    direction). With replicas both maps are :class:`~routepack_opt.core.placement.Placement` s
+    (``phy2log [L, S]``, S/P local slots): a slot whose expert changes copies it from an old holder
+    (one on its own rank if any), so a new replica starts as an exact copy (weights, grads,
+    optimizer state; a DistributedOptimizer's shard at the same offsets) and a dropped one is
+    overwritten. Returns what moved (the same ``experts_moved`` on every rank)."""
     torch = _deps.torch()
     dist = _deps.torch_distributed()
 
-    old, new = (m.physical_to_logical if isinstance(m, ExpertMap) else _as_int_map(m, f"{name}_physical_to_logical")
-                for name, m in (("old", old_physical_to_logical), ("new", new_physical_to_logical)))
     L = len(slot_tensors)
-    if old.shape != new.shape or old.ndim != 2 or old.shape[0] != L:
-        raise InputError(f"placements must both be [L={L}, E], got {old.shape} and {new.shape}")
-    E = old.shape[1]
-    for name, m in (("old", old), ("new", new)):
-        _check_map_LE(m, f"{name}_physical_to_logical")
+    replicated = [isinstance(m, Placement) for m in (old_physical_to_logical, new_physical_to_logical)]
+    if any(replicated):
+        if not all(replicated):
+            raise InputError("migrate_experts: with replicas both maps must be Placements (phy2log [L, S])")
+        old, new = old_physical_to_logical.phy2log, new_physical_to_logical.phy2log
+        if old.shape != new.shape or old.shape[0] != L or \
+                old_physical_to_logical.num_experts != new_physical_to_logical.num_experts:
+            raise InputError(f"placements must both be [L={L}, S] over the same experts, got {old.shape} "
+                             f"and {new.shape} (the number of slots S = E + redundant is fixed)")
+    else:
+        old, new = (m.physical_to_logical if isinstance(m, ExpertMap)
+                    else _as_int_map(m, f"{name}_physical_to_logical")
+                    for name, m in (("old", old_physical_to_logical), ("new", new_physical_to_logical)))
+        if old.shape != new.shape or old.ndim != 2 or old.shape[0] != L:
+            raise InputError(f"placements must both be [L={L}, E], got {old.shape} and {new.shape}")
+        for name, m in (("old", old), ("new", new)):
+            _check_map_LE(m, f"{name}_physical_to_logical")
+    E = old.shape[1]  # slots per layer (E, or S = E + redundant with replicas)
     if E % ep_size:
         raise InputError(f"E={E} is not divisible by ep_size={ep_size}")
     M = E // ep_size
     if any(len(s) != M for s in slot_tensors):
         raise InputError(f"each layer needs {M} local slots on this rank")
-    old_l2p = np.argsort(old, axis=1)
     local: list[tuple[int, int, int]] = []
     send: dict[int, list[tuple[int, int]]] = {q: [] for q in range(ep_size)}
     recv: dict[int, list[tuple[int, int]]] = {q: [] for q in range(ep_size)}
@@ -387,8 +495,13 @@ def migrate_experts(slot_tensors, old_physical_to_logical, new_physical_to_logic
     with torch.no_grad():
         for l in range(L):  # canonical order: layer, then destination slot
             for dst in np.flatnonzero(old[l] != new[l]).tolist():
-                src = int(old_l2p[l, new[l, dst]])
-                ps, pd = src // M, dst // M
+                # the source: the expert's old holder on the destination rank if any, else old
+                # replica dst mod k (every holder is identical; one holder without replicas)
+                holders = np.flatnonzero(old[l] == new[l, dst])
+                pd = dst // M
+                same = holders[holders // M == pd]
+                src = int(same[0]) if same.size else int(holders[dst % holders.size])
+                ps = src // M
                 moved += 1
                 if ps == ep_rank and pd == ep_rank:
                     local.append((l, src - ps * M, dst - pd * M))

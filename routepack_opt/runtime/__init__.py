@@ -6,4 +6,4 @@ plans with real kernels.
 Submodules import torch; ``import routepack_opt`` alone does not.
 """
 
-__all__ = ["batches", "moe", "model", "materialize", "dist", "verify", "bench"]
+__all__ = ["batches", "moe", "model", "materialize", "replicas", "dist", "verify", "bench"]

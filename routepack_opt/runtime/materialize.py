@@ -1,17 +1,25 @@
 """Materialize a new expert placement at a step boundary (docs/pipeline.md, step 5).
 
-Every expert whose physical slot changes is moved, *in place*, into the existing slot tensors:
-its weights, its gradients if present, and its optimizer state (every tensor state of the slot
+A placement is, per layer, ``phy2log[s]``: the logical expert held by global slot s
+(:class:`routepack_opt.core.placement.Placement`; a permutation ``π[l, e]`` is the case without
+replicas). Every slot whose logical expert changes is rewritten, *in place*, in the existing slot
+tensors: weights, gradients if present, and optimizer state (every tensor state of the slot
 parameters whose leading dimension is the slot dimension: Adam's ``exp_avg``, ``exp_avg_sq``, a
-per-slot ``step`` if an optimizer keeps one). Then the logical→physical map ``placement_E`` of each
-layer is switched. Experts whose slot does not change are not touched.
+per-slot ``step`` if an optimizer keeps one), copied from one slot that held that expert before.
+Then each layer's map is switched. Slots whose expert does not change are not touched.
+
+Replicas. A new replica of e (e gains a slot) copies e's whole state from an existing holder —
+the one on the destination rank if there is one (a local copy), else replica ``s mod k_old`` of
+the old ones (spreading the senders); every holder is identical (runtime/replicas.py), so any
+source gives the same bytes. A dropped replica's slot is freed by being overwritten with its new
+occupant's state; nothing of it survives. The number of slots S = E + redundant is fixed.
 
 Adam's ``step`` in ``torch.optim.Adam`` is one scalar per slot *tensor*, shared by all the experts
 in it; every expert has taken the same number of steps, so it needs no move.
 
-Across ranks (P > 1, one EP group per EDP shard, every shard moves its own replica): one
-``all_to_all_single`` per EP group carries exactly the changed experts, packed as raw bytes in a
-canonical order (layer, then logical expert) that sender and receiver both derive from the two
+Across ranks (P > 1, one EP group per EDP shard, every shard moves its own copy): one
+``all_to_all_single`` per EP group carries exactly the rewritten slots, packed as raw bytes in a
+canonical order (layer, then new slot) that sender and receiver both derive from the two
 placements — no count exchange is needed. All reads (send buffers and same-rank copies) happen
 before any write, so a chain of moves (a→b, b→c, c→a) is safe.
 """
@@ -25,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.placement import Placement
 from routepack_opt.core.plan import check_placement
 from routepack_opt.runtime.moe import MoELayer
 
@@ -33,16 +42,20 @@ __all__ = ["MoveReport", "materialize", "slot_state_tensors"]
 
 @dataclasses.dataclass(frozen=True)
 class MoveReport:
-    """What one rank moved. ``experts_moved`` counts (layer, expert) pairs whose slot changed
-    anywhere in the EP group (the same on every rank); the rest is this rank's share."""
+    """What one rank moved. ``experts_moved`` counts (layer, slot) pairs whose logical expert
+    changed anywhere in the EP group (the same on every rank; without replicas, the moved experts);
+    ``replicas_added`` / ``replicas_dropped``: Σ over (layer, expert) of the rise / fall of logcnt
+    (same on every rank); the rest is this rank's share."""
 
     experts_moved: int
-    local_copies: int  # moved inside this rank (slot changed, rank did not)
-    sent: int  # experts this rank sent to other ranks
+    local_copies: int  # slots rewritten from a holder on this rank
+    sent: int  # slot states this rank sent to other ranks
     received: int
     bytes_local: int
     bytes_sent: int
     bytes_received: int
+    replicas_added: int = 0
+    replicas_dropped: int = 0
 
     @property
     def bytes_moved(self) -> int:
@@ -86,33 +99,64 @@ def _write_expert(tensors: list[torch.Tensor], s: int, raw: torch.Tensor) -> Non
         off += n
 
 
-@torch.no_grad()
-def materialize(layers: list[MoELayer], new_placement_LE, optimizer=None, group=None) -> MoveReport:
-    """Move every expert of ``layers`` whose slot changes to its slot under ``new_placement_LE``
-    (``[L, E]`` global slots, docs/model.md) — weights, grads, optimizer state — and switch dispatch.
-
-    ``group``: the EP process group (None: one process holding all E slots). Every rank of the
-    group must call this with the same placement.
-    """
-    new_LE = np.asarray(new_placement_LE, dtype=np.int64)
+def _new_phy2log(layers: list[MoELayer], new) -> np.ndarray:
+    """``[L, S]`` phy2log of ``new``: a :class:`Placement` or an ``[L, E]`` permutation."""
+    L = len(layers)
     E = layers[0].num_experts if layers else 0
-    errs = check_placement(new_LE, len(layers), E)
+    S = layers[0].num_slots if layers else 0
+    if isinstance(new, Placement):
+        if new.num_layers != L or new.num_experts != E or new.num_slots != S:
+            raise InputError(f"new placement: {new.num_layers} layers × {new.num_slots} slots for "
+                             f"{new.num_experts} experts; the model has {L} × {S} for {E} (the "
+                             f"number of redundant slots is fixed at {S - E})")
+        if layers and layers[0].ep_size > 1 and new.ep != layers[0].ep_size:  # one process: any ep
+            raise InputError(f"new placement: ep={new.ep}, the model's EP size is {layers[0].ep_size}")
+        return np.asarray(new.phy2log)
+    new_LE = np.asarray(new, dtype=np.int64)
+    errs = check_placement(new_LE, L, E)
     if errs:
         raise InputError("new placement: " + "; ".join(errs[:3]))
+    if S != E:
+        raise InputError(f"new placement: a permutation [L, E] for a model with {S - E} redundant "
+                         f"slots; pass a Placement (phy2log)")
+    p2l = np.empty_like(new_LE)
+    for l in range(L):
+        p2l[l, new_LE[l]] = np.arange(E)
+    return p2l
+
+
+@torch.no_grad()
+def materialize(layers: list[MoELayer], new_placement, optimizer=None, group=None) -> MoveReport:
+    """Rewrite every slot of ``layers`` whose logical expert changes under ``new_placement`` (a
+    :class:`Placement`, or an ``[L, E]`` permutation π of global slots for a model without
+    replicas, docs/model.md) — weights, grads, optimizer state — and switch dispatch.
+
+    ``group``: the EP process group (None: one process holding all slots). Every rank of the
+    group must call this with the same placement.
+    """
+    new_LS = _new_phy2log(layers, new_placement)
     P = layers[0].ep_size if layers else 1
     me = layers[0].ep_rank if layers else 0
-    S = E // P if P else 0
-    # moves in canonical order (layer, logical expert) — identical on every rank
+    S = layers[0].slots_per_rank if layers else 0
+    E = layers[0].num_experts if layers else 0
+    # moves in canonical order (layer, new global slot) — identical on every rank
     send: dict[int, list] = {q: [] for q in range(P)}
     recv: dict[int, list] = {q: [] for q in range(P)}
     local = []
-    moved = 0
-    cross = 0
+    moved = cross = added = dropped = 0
     for l, layer in enumerate(layers):
-        old_E = layer.placement_E.cpu().numpy()
-        for e in np.flatnonzero(old_E != new_LE[l]).tolist():
-            src, dst = int(old_E[e]), int(new_LE[l, e])
-            ps, pd = src // S, dst // S
+        old_S = layer.phy2log_S.cpu().numpy()
+        old_cnt = np.bincount(old_S, minlength=E)
+        new_cnt = np.bincount(new_LS[l], minlength=E)
+        added += int(np.maximum(new_cnt - old_cnt, 0).sum())
+        dropped += int(np.maximum(old_cnt - new_cnt, 0).sum())
+        for dst in np.flatnonzero(old_S != new_LS[l]).tolist():
+            e = int(new_LS[l, dst])
+            holders = np.flatnonzero(old_S == e)
+            pd = dst // S
+            same = holders[holders // S == pd]
+            src = int(same[0]) if same.size else int(holders[dst % holders.size])
+            ps = src // S
             moved += 1
             cross += ps != pd
             if ps == me and pd == me:
@@ -128,7 +172,7 @@ def materialize(layers: list[MoELayer], new_placement_LE, optimizer=None, group=
     local_raw = [_expert_bytes(tensors_L[l], s) for (l, s, _) in local]
     received_raw: list[tuple[int, int, torch.Tensor]] = []
     if cross:
-        device = layers[0].placement_E.device
+        device = layers[0].phy2log_S.device
         parts = [_expert_bytes(tensors_L[l], s) for q in range(P) for (l, s) in send[q]]
         send_buf = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
         in_splits = [sum(nbytes_L[l] for (l, _) in send[q]) for q in range(P)]
@@ -146,10 +190,11 @@ def materialize(layers: list[MoELayer], new_placement_LE, optimizer=None, group=
     for l, d, raw in received_raw:
         _write_expert(tensors_L[l], d, raw)
     for l, layer in enumerate(layers):
-        layer.placement_E.copy_(torch.as_tensor(new_LE[l], device=layer.placement_E.device))
+        layer.set_phy2log(new_LS[l])
     return MoveReport(
         experts_moved=moved, local_copies=len(local),
         sent=sum(len(v) for v in send.values()), received=sum(len(v) for v in recv.values()),
         bytes_local=sum(nbytes_L[l] for (l, _, _) in local),
         bytes_sent=sum(nbytes_L[l] for v in send.values() for (l, _) in v),
-        bytes_received=sum(nbytes_L[l] for v in recv.values() for (l, _) in v))
+        bytes_received=sum(nbytes_L[l] for v in recv.values() for (l, _) in v),
+        replicas_added=added, replicas_dropped=dropped)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,7 +66,7 @@ class RMSNorm(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: TinyMoEConfig, ep_size: int, ep_rank: int, ep_group):
+    def __init__(self, cfg: TinyMoEConfig, ep_size: int, ep_rank: int, ep_group, redundant: int = 0):
         super().__init__()
         H = cfg.hidden
         self.heads = cfg.heads
@@ -73,7 +74,8 @@ class Block(nn.Module):
         self.qkv = nn.Linear(H, 3 * H, bias=False)
         self.proj = nn.Linear(H, H, bias=False)
         self.moe_norm = RMSNorm(H)
-        self.moe = MoELayer(H, cfg.ffn, cfg.num_experts, cfg.top_k, ep_size, ep_rank, ep_group)
+        self.moe = MoELayer(H, cfg.ffn, cfg.num_experts, cfg.top_k, ep_size, ep_rank, ep_group,
+                            redundant=redundant)
 
     def forward(self, x_TH, cu_seqlens: list[int], routes_TK=None):
         T, H = x_TH.shape
@@ -87,17 +89,22 @@ class Block(nn.Module):
 
 class TinyMoE(nn.Module):
     """Embedding → L × (attention + MoE) → norm → LM head. ``ep_group`` None: one process holds
-    all experts; else this rank holds slots ``ep_rank·E/P ..`` of every layer."""
+    all experts; else this rank holds slots ``ep_rank·S/P ..`` of every layer (S = E + redundant).
+
+    ``phy2log_LS`` (``[L, S]``, docs/model.md "Placement"; default: slot s holds expert s mod E)
+    places the experts; every replica of an expert starts from the same logical weights."""
 
     def __init__(self, cfg: TinyMoEConfig, ep_size: int = 1, ep_rank: int = 0, ep_group=None,
-                 placement_LE=None):
+                 phy2log_LS=None):
         super().__init__()
         self.cfg = cfg
+        redundant = 0 if phy2log_LS is None else int(np.asarray(phy2log_LS).shape[1]) - cfg.num_experts
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.blocks = nn.ModuleList(Block(cfg, ep_size, ep_rank, ep_group) for _ in range(cfg.num_layers))
+        self.blocks = nn.ModuleList(Block(cfg, ep_size, ep_rank, ep_group, redundant)
+                                    for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden)
         self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
-        self._init_weights(placement_LE)
+        self._init_weights(phy2log_LS)
 
     @property
     def moe_layers(self) -> list[MoELayer]:
@@ -111,7 +118,7 @@ class TinyMoE(nn.Module):
         return [p for m in self.moe_layers for p in m.slots.slot_params()]
 
     @torch.no_grad()
-    def _init_weights(self, placement_LE) -> None:
+    def _init_weights(self, phy2log_LS) -> None:
         cfg = self.cfg
         g = torch.Generator().manual_seed(cfg.seed)
         for n, p in self.named_parameters():
@@ -123,8 +130,8 @@ class TinyMoE(nn.Module):
                 p.copy_(torch.randn(p.shape, generator=g) * (0.5 / p.shape[-1] ** 0.5))
         H, Fw, E = cfg.hidden, cfg.ffn, cfg.num_experts
         for l, moe in enumerate(self.moe_layers):
-            if placement_LE is not None:
-                moe.placement_E.copy_(torch.as_tensor(placement_LE[l], dtype=torch.long))
+            if phy2log_LS is not None:
+                moe.set_phy2log(np.asarray(phy2log_LS)[l])
             # logical weights of all E experts (same draw whatever the placement) → own slots
             w_gate = torch.randn(E, H, Fw, generator=g) / H ** 0.5
             w_up = torch.randn(E, H, Fw, generator=g) / H ** 0.5
@@ -153,20 +160,25 @@ class TinyMoE(nn.Module):
         return F.cross_entropy(logits_TV[has_next], target[has_next], reduction="sum")
 
 
-def logical_expert_tensors(model: TinyMoE, optimizer=None) -> dict[tuple[int, int], dict[str, torch.Tensor]]:
+def logical_expert_tensors(model: TinyMoE, optimizer=None, all_replicas: bool = False) -> dict:
     """Copies of every expert this rank holds, keyed by (layer, logical expert): weights, grads
-    (if present) and tensor optimizer state — what must be invariant under re-placement."""
-    out = {}
+    (if present) and tensor optimizer state — what must be invariant under re-placement. An
+    expert with several local replicas: the first (lowest slot); with ``all_replicas`` the key is
+    (layer, logical expert, local slot) and every replica is listed."""
+    out: dict = {}
     for l, moe in enumerate(model.moe_layers):
         for e, s in moe.local_experts():
+            key = (l, e, s) if all_replicas else (l, e)
+            if key in out:
+                continue
             d = {}
             for p, name in zip(moe.slots.slot_params(), ("w_gate", "w_up", "w_down")):
                 d[name] = p.detach()[s].clone()
                 if p.grad is not None:
                     d[name + ".grad"] = p.grad[s].clone()
                 if optimizer is not None:
-                    for key, v in optimizer.state.get(p, {}).items():
+                    for k, v in optimizer.state.get(p, {}).items():
                         if torch.is_tensor(v) and v.dim() > 0:
-                            d[f"{name}.{key}"] = v[s].clone()
-            out[(l, e)] = d
+                            d[f"{name}.{k}"] = v[s].clone()
+            out[key] = d
     return out

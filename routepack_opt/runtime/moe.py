@@ -1,38 +1,70 @@
 """An MoE layer whose experts live in pre-allocated physical slot tensors.
 
 Legend (shape suffixes): T tokens, H hidden, F expert FFN width, E logical experts, K top-k,
-S local expert slots (E/P on an EP rank of P), P EP ranks, M = T·K (token, choice) pairs.
+S physical slots of the layer (E + redundant), S_loc = S/P local slots, P EP ranks,
+M = T·K (token, choice) pairs.
 
-The router (or the replayed routes) speaks *logical* expert ids. ``placement_E[e]`` is the global
-physical slot of logical expert e (docs/model.md: slot in 0..E-1, rank = slot // S); this rank owns slots
-``rank·S .. rank·S + S - 1``, stored as ``w_gate_SHF``, ``w_up_SHF``, ``w_down_SFH``. Re-placing
-experts (:mod:`routepack_opt.runtime.materialize`) moves slices of these tensors and rewrites
-``placement_E``; nothing else changes.
+The router (or the replayed routes) speaks *logical* expert ids. ``phy2log_S[s]`` is the logical
+expert held by global physical slot s (docs/model.md, "Placement"; rank = s // S_loc); this rank
+owns slots ``rank·S_loc .. rank·S_loc + S_loc - 1``, stored as ``w_gate_SHF``, ``w_up_SHF``,
+``w_down_SFH``. Without redundant slots (S = E) the map is a permutation and ``placement_E`` its
+inverse (the slot of logical expert e). Re-placing experts (:mod:`routepack_opt.runtime.materialize`)
+moves slices of these tensors and rewrites ``phy2log_S``; nothing else changes.
+
+**Replicas** (logcnt[e] = k > 1 slots hold e): the dispatch follows the even-local rule of
+:mod:`routepack_opt.core.placement` exactly. The pair of a micro-batch that is the t-th (in token
+order) of the pairs routed to e goes to e's replica ``j = (t + q) mod k`` (replicas in ascending
+slot order, q = ``source_rank``, this rank's EP rank). Each replica's GEMMs then see only its own
+rows, so its weight gradient is a *partial* sum; :mod:`routepack_opt.runtime.replicas` sums the
+k partials in replica order j = 0..k-1 on every holder after backward.
 
 Why results do not depend on the placement, bit for bit (docs/pipeline.md, step 5):
 - every expert GEMM sees exactly the same rows in the same order wherever the expert lives
   (pairs sorted stably by slot keep token order inside an expert; with EP the receiver orders an
-  expert's rows by (source rank, token order));
+  expert's rows by (source rank, token order)); with replicas, replica j's rows depend only on
+  j, k and the sources, not on the slot or rank that holds replica j;
 - every re-ordering of rows is a permutation (gather by a unique index), whose backward scatters
   without accumulation collisions — exact;
 - the combine ``Σ_k w[t,k]·y[t,k]`` and the gradient of the token copies reduce over k in a fixed
   order, in the logical (token, choice) layout.
+Replication itself (k > 1 versus one holder) splits an expert's rows over k GEMMs and sums k
+partial weight gradients, so it changes results only by float32 reassociation.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ExpertSlots", "MoELayer", "AllToAll", "swiglu"]
+__all__ = ["ExpertSlots", "MoELayer", "AllToAll", "swiglu", "replica_slots"]
 
 
 def swiglu(x_MH: torch.Tensor, w_gate_HF: torch.Tensor, w_up_HF: torch.Tensor,
            w_down_FH: torch.Tensor) -> torch.Tensor:
     """One expert: ``(silu(x W_gate) ⊙ x W_up) W_down``."""
     return (F.silu(x_MH @ w_gate_HF) * (x_MH @ w_up_HF)) @ w_down_FH
+
+
+def replica_slots(experts_M: torch.Tensor, log2phy_EK: torch.Tensor, logcnt_E: torch.Tensor,
+                  source_rank: int) -> torch.Tensor:
+    """Global physical slot of every (token, choice) pair under the even-local rule
+    (:mod:`routepack_opt.core.placement`): the t-th pair of expert e (in pair order, which is
+    token order inside one expert) goes to replica ``(t + source_rank) mod logcnt[e]``, i.e. slot
+    ``log2phy[e, j]``. Vectorised: t = position in a stable sort by expert."""
+    M = experts_M.numel()
+    if M == 0:
+        return experts_M.clone()
+    order = torch.argsort(experts_M, stable=True)
+    e_sorted = experts_M[order]
+    first = torch.searchsorted(e_sorted, e_sorted)  # first index of each pair's expert group
+    t_M = torch.empty_like(experts_M)
+    t_M[order] = torch.arange(M, device=experts_M.device) - first
+    k_M = logcnt_E[experts_M]
+    j_M = (t_M + source_rank) % k_M
+    return log2phy_EK[experts_M, j_M]
 
 
 class ExpertSlots(nn.Module):
@@ -94,26 +126,65 @@ class MoELayer(nn.Module):
     """
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, ep_size: int = 1,
-                 ep_rank: int = 0, ep_group=None, device=None, dtype=None):
+                 ep_rank: int = 0, ep_group=None, device=None, dtype=None, redundant: int = 0):
         super().__init__()
-        if num_experts % ep_size:
-            raise ValueError(f"E={num_experts} not divisible by ep={ep_size}")
-        self.num_experts, self.top_k = num_experts, top_k
+        S = num_experts + redundant
+        if redundant < 0 or S % ep_size:
+            raise ValueError(f"E={num_experts} + redundant={redundant} slots not divisible by ep={ep_size}")
+        self.num_experts, self.top_k, self.num_slots = num_experts, top_k, S
         self.ep_size, self.ep_rank, self.ep_group = ep_size, ep_rank, ep_group
-        S = num_experts // ep_size
+        self.source_rank = ep_rank  # q of the even-local rule (single process: set per DP slot)
+        S_loc = S // ep_size
         self.router = nn.Linear(hidden, num_experts, bias=False, device=device, dtype=dtype)
-        self.slots = ExpertSlots(S, hidden, ffn, first_slot=ep_rank * S, device=device, dtype=dtype)
-        self.register_buffer("placement_E", torch.arange(num_experts, device=device), persistent=True)
+        self.slots = ExpertSlots(S_loc, hidden, ffn, first_slot=ep_rank * S_loc, device=device, dtype=dtype)
+        self.register_buffer("phy2log_S", torch.arange(S, device=device) % num_experts, persistent=True)
+        # derived from phy2log_S (buffers, so .to(device) moves them)
+        self.register_buffer("logcnt_E", torch.ones(num_experts, dtype=torch.long, device=device),
+                             persistent=False)
+        self.register_buffer("log2phy_EK", torch.zeros(num_experts, 1, dtype=torch.long, device=device),
+                             persistent=False)
+        self._refresh_maps()
+
+    @property
+    def redundant(self) -> int:
+        return self.num_slots - self.num_experts
 
     @property
     def slots_per_rank(self) -> int:
         return self.slots.num_slots
 
+    def _refresh_maps(self) -> None:
+        """Derive logcnt_E and log2phy_EK (replicas in ascending slot order) from phy2log_S."""
+        p2l = self.phy2log_S
+        E = self.num_experts
+        cnt = torch.bincount(p2l, minlength=E)
+        if int(cnt.min()) < 1 or cnt.numel() != E:
+            raise ValueError("phy2log: every logical expert needs at least one slot")
+        order = torch.argsort(p2l, stable=True)
+        e_sorted = p2l[order]
+        j = torch.arange(self.num_slots, device=p2l.device) - torch.searchsorted(e_sorted, e_sorted)
+        log2phy = torch.full((E, int(cnt.max())), -1, dtype=torch.long, device=p2l.device)
+        log2phy[e_sorted, j] = order
+        self.logcnt_E, self.log2phy_EK = cnt, log2phy
+
+    @torch.no_grad()
+    def set_phy2log(self, phy2log_S) -> None:
+        """Switch dispatch to ``phy2log_S`` (weights are not touched: materialize moves them)."""
+        self.phy2log_S.copy_(torch.as_tensor(np.array(phy2log_S, dtype=np.int64), device=self.phy2log_S.device))
+        self._refresh_maps()
+
+    @property
+    def placement_E(self) -> torch.Tensor:
+        """``π[e]``, the slot of logical expert e (a layer without redundant slots only)."""
+        if self.redundant:
+            raise ValueError("placement_E: a layer with replicas has no permutation; use phy2log_S")
+        return self.log2phy_EK[:, 0].clone()
+
     def local_experts(self) -> list[tuple[int, int]]:
-        """(logical expert, local slot) of every expert this rank holds, by logical id."""
+        """(logical expert, local slot) of every slot this rank holds, by (logical id, slot)."""
         S, first = self.slots.num_slots, self.slots.first_slot
-        pl = self.placement_E.tolist()
-        return [(e, pl[e] - first) for e in range(self.num_experts) if first <= pl[e] < first + S]
+        p2l = self.phy2log_S[first:first + S].tolist()
+        return sorted((e, s) for s, e in enumerate(p2l))
 
     def forward(self, x_TH: torch.Tensor, routes_TK: torch.Tensor | None = None):
         logits_TE = self.router(x_TH)
@@ -128,14 +199,14 @@ class MoELayer(nn.Module):
         """``y[t, k]`` = output of logical expert ``routes[t, k]`` on token t, wherever it lives."""
         T, K = routes_TK.shape
         H = x_TH.shape[1]
-        phys_M = self.placement_E[routes_TK.reshape(-1)]
+        phys_M = replica_slots(routes_TK.reshape(-1), self.log2phy_EK, self.logcnt_E, self.source_rank)
         order_M = torch.argsort(phys_M, stable=True)  # by slot; token order kept inside a slot
         inv_M = torch.argsort(order_M)
         # token copies in (token, choice) order; the backward sums the K copies in fixed order
         x_MH = x_TH.unsqueeze(1).expand(T, K, H).reshape(T * K, H)
         xs_MH = x_MH[order_M]
         if self.ep_size == 1:
-            counts_S = torch.bincount(phys_M, minlength=self.num_experts).tolist()
+            counts_S = torch.bincount(phys_M, minlength=self.num_slots).tolist()
             ys_MH = self.slots.run(xs_MH, counts_S)
         else:
             ys_MH = self._ep_dispatch(xs_MH, phys_M)
@@ -144,7 +215,7 @@ class MoELayer(nn.Module):
     def _ep_dispatch(self, xs_MH: torch.Tensor, phys_M: torch.Tensor) -> torch.Tensor:
         """Rows sorted by global slot → their owner ranks (all-to-all) → expert GEMMs → back."""
         P, S, group = self.ep_size, self.slots.num_slots, self.ep_group
-        send_PS = torch.bincount(phys_M, minlength=self.num_experts).reshape(P, S)
+        send_PS = torch.bincount(phys_M, minlength=self.num_slots).reshape(P, S)
         recv_PS = torch.empty_like(send_PS)  # recv_PS[q, s]: rows source q sends to my slot s
         dist.all_to_all_single(recv_PS.view(-1), send_PS.view(-1).contiguous(), group=group)
         in_splits = send_PS.sum(1).tolist()

@@ -75,6 +75,15 @@ def test_train_loop_example_runs(load_script):
     assert len(out["log"]) == 1 and np.isfinite(out["log"][0]["loss"])
 
 
+def test_train_loop_example_runs_with_replicas(load_script):
+    """The toy loop with --redundant-experts 2: the plans' replicated placements are materialized
+    (E + 2 slots, hot experts replicated) and the loss is bitwise unchanged under shuffled slots."""
+    ex = load_script("train_loop_example")
+    out = ex.run(steps=1, samples=12, sweeps=1, deadline=20.0, verbose=False, redundant=2)
+    assert out["replacement_loss_identical"] and out["slots_per_layer"] == 10
+    assert out["replicated_experts"] > 0 and np.isfinite(out["log"][0]["loss"])
+
+
 def test_realism_study_runs_tiny(load_script, tmp_path):
     """The realism study (issue 15) runs end to end on a tiny setting: calibration table, headline,
     sensitivity tables, the joint verdict and three plots."""

@@ -330,3 +330,188 @@ def test_real_moe_layer_cpu_recipe(tmp_path):
     res = dict(item.split("=") for item in (tmp_path / "res").read_text().split())
     assert res and all(v == "1" for v in res.values()), res
     assert len(res) == 8
+
+
+def _replicated_plan(E=16, k=2, ep=4, redundant=4, seed=5):
+    """Megatron-core's own top-k routing of 16 samples, planned with replicas (D = P = 4)."""
+    from routepack_opt.core.cost import get_preset
+    from routepack_opt.integrations._common import plan_cells
+
+    lengths = [30 + 7 * (i % 5) for i in range(16)]
+    probs, rmap = _route(sum(lengths), E, k, seed=seed, skew=3.0)
+    routes = torch.nonzero(rmap)[:, 1].reshape(-1, 1, k).numpy()
+    w = Window.from_routes(lengths, routes, E)
+    topo = Topology(dp=ep, ep=ep, capacity=4 * max(lengths), redundant_experts=redundant)
+    pc = plan_cells(w, topo, get_preset("qwen3-30b-a3b").cost, max_sweeps=5)
+    offs = np.concatenate([[0], np.cumsum(lengths)])
+    return w, topo, pc, probs, rmap, offs
+
+
+def test_replicated_rank_split_equals_planner_even_local_loads():
+    """With megatron-core's routing and the planner's replicated placement, remap_routing's [T, S]
+    map (even-local rule, source rank q per DP slot) sends every EP rank exactly the tokens the
+    one evaluator predicts for each (micro-batch row, layer)."""
+    from routepack_opt.core.evaluate import replica_block_W
+
+    w, topo, pc, probs, rmap, offs = _replicated_plan()
+    pl = pc.plan.placement_object()
+    assert pl.redundant == 4 and (pl.logcnt > 1).any()
+    P = topo.ep
+    q_D = np.empty(topo.dp, dtype=np.int64)
+    q_D[topo.slots_of_shard()] = np.arange(P)[None, :]
+    W = replica_block_W(w.counts, pl, pc.plan.row, pc.plan.slot, pc.rows, topo)  # [R·G, L·P]
+    for r, row_cells in enumerate(pc.cells):
+        got = np.zeros(P, dtype=np.int64)
+        for d, ids in enumerate(row_cells):
+            tok = np.concatenate([np.arange(offs[i], offs[i + 1]) for i in ids])
+            probs_TS, rmap_TS = rp_mg.remap_routing(probs[tok], rmap[tok], pl, source_rank=int(q_D[d]), layer=0)
+            assert rmap_TS.shape == (tok.size, pl.num_slots) and int(rmap_TS.sum()) == int(rmap[tok].sum())
+            got += rp_mg.rank_token_counts(rmap_TS.long(), P).numpy()
+        np.testing.assert_array_equal(got, W[r])
+
+
+def test_replicated_permute_unpermute_equals_one_holder():
+    """permute → per-slot expert (slot s holds logical phy2log[s]'s weights) → unpermute with the
+    replicated [T, S] routing gives the output of the unreplicated [T, E] routing; apply_expert_placement
+    with a Placement and source_rank= returns the same [T, S] outputs from route()."""
+    from routepack_opt.core.placement import Placement
+
+    T, E, H, k, P = 64, 8, 6, 2, 4
+    probs, rmap = _route(T, E, k, seed=1)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(T, H, generator=g, dtype=torch.float64)
+    W_EHH = torch.randn(E, H, H, generator=g, dtype=torch.float64)
+
+    def moe(probs, rmap, W):
+        perm, perm_probs, idx = moe_utils.permute(x, rmap, probs=probs, fused=False)
+        outs = [chunk @ W[s] for s, chunk in enumerate(torch.split(perm, rmap.sum(0).tolist()))]
+        return moe_utils.unpermute(torch.cat(outs) * perm_probs.unsqueeze(-1), idx, x.shape,
+                                   routing_map=rmap, fused=False)
+
+    base = moe(probs, rmap, W_EHH)
+    pl = Placement(np.array([[0, 1, 2, 3, 0, 5, 6, 7, 4, 0, 1, 2]]), ep=P, num_experts=E)  # 0 thrice
+    for q in range(P):
+        probs_p, rmap_p = rp_mg.remap_routing(probs, rmap, pl, source_rank=q)
+        per_slot = rmap_p.sum(0)
+        assert per_slot[[0, 4, 9]].sum() == rmap[:, 0].sum() and per_slot[[0, 4, 9]].max() - per_slot[[0, 4, 9]].min() <= 1
+        out = moe(probs_p, rmap_p, W_EHH[torch.as_tensor(pl.phy2log[0])])
+        torch.testing.assert_close(out, base, rtol=1e-12, atol=1e-12)
+
+    class Layer:
+        def route(self, hidden):
+            return probs, rmap
+
+    layer = Layer()
+    handle = rp_mg.apply_expert_placement(layer, pl, source_rank=1, num_logical_experts=E)
+    got = layer.route(x)
+    want = rp_mg.remap_routing(probs, rmap, pl, source_rank=1)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(InputError):
+        handle.set(pl)  # no source_rank
+    with pytest.raises(InputError):
+        rp_mg.remap_routing(probs, rmap, pl)
+    handle.remove()
+
+
+def _replicated_moe_layer_worker(rank, init_file, out):
+    import types
+    import warnings
+
+    import torch.distributed as dist
+
+    from routepack_opt.core.placement import Placement
+
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    ps.initialize_model_parallel(1, 1)
+    E, k, Sq, B, H = 8, 2, 16, 4, 12
+    phy2log = np.array([[0, 1, 2, 3, 0, 4, 5, 6, 7, 0, 1, 5]])  # 0 thrice, 1 and 5 twice
+    pl = Placement(phy2log, ep=1, num_experts=E)
+
+    def make(n):
+        torch.manual_seed(0)
+        cfg = TransformerConfig(num_layers=1, hidden_size=H, num_attention_heads=4, num_moe_experts=n,
+                                use_cpu_initialization=True, moe_token_dispatcher_type="allgather",
+                                moe_router_topk=k, moe_grouped_gemm=False, add_bias_linear=False,
+                                moe_ffn_hidden_size=16, params_dtype=torch.float64)
+        layer = build_module(get_moe_module_spec(use_te=False, num_experts=n, moe_grouped_gemm=False), config=cfg)
+        layer.router.gating = types.MethodType(_cpu_gating, layer.router)
+        return layer
+
+    base, rep = make(E), make(pl.num_slots)
+    rep.router = base.router  # the replicated layer routes over the E logical experts
+    with torch.no_grad():  # slot s holds logical phy2log[s]: every replica the same weights
+        for s, e in enumerate(phy2log[0]):
+            for a, b in zip(rep.experts.local_experts[s].parameters(), base.experts.local_experts[e].parameters()):
+                a.copy_(b)
+    handle = rp_mg.apply_expert_placement(rep, pl, source_rank=0, num_logical_experts=E)
+    x = torch.randn(Sq, B, H, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    outs = []
+    for layer in (base, rep):
+        xx = x.clone().requires_grad_(True)
+        y = layer(xx)[0]
+        y.pow(2).sum().backward()
+        outs.append((y.detach(), xx.grad))
+    checks = {"forward_equal": torch.allclose(outs[0][0], outs[1][0], rtol=1e-12, atol=1e-12),
+              "input_grad_equal": torch.allclose(outs[0][1], outs[1][1], rtol=1e-12, atol=1e-12)}
+    with torch.no_grad():
+        _, rmap_TS = rep.route(x.view(-1, H))
+    per_slot = rmap_TS.sum(0)
+    checks["replicas_share_tokens"] = bool((per_slot[[0, 4, 9]] > 0).all()) and \
+        int(per_slot[[0, 4, 9]].max() - per_slot[[0, 4, 9]].min()) <= 1
+    ok = True
+    for e in range(E):  # replica partial grads sum to the one holder's grad
+        slots = np.flatnonzero(phy2log[0] == e)
+        for i, p in enumerate(base.experts.local_experts[e].parameters()):
+            parts = [list(rep.experts.local_experts[s].parameters())[i].grad for s in slots]
+            ok &= torch.allclose(sum(parts[1:], parts[0]), p.grad, rtol=1e-10, atol=1e-12)
+    checks["replica_grads_sum_to_expert_grad"] = bool(ok)
+    handle.remove()
+    ps.destroy_model_parallel()
+    dist.destroy_process_group()
+    with open(out, "w") as fh:
+        fh.write(" ".join(f"{name}={int(v)}" for name, v in checks.items()))
+
+
+def test_replicated_real_moe_layer_cpu(tmp_path):
+    """megatron-core's real MoELayer with 12 slots for 8 logical experts (the router of an 8-expert
+    layer, apply_expert_placement with a replicated Placement): forward and input grads equal the
+    8-expert layer's, replicas share an expert's tokens evenly, and their partial grads sum to it."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_replicated_moe_layer_worker, args=(str(tmp_path / "init"), str(tmp_path / "res")), nprocs=1, join=True)
+    res = dict(item.split("=") for item in (tmp_path / "res").read_text().split())
+    assert len(res) == 4 and all(v == "1" for v in res.values()), res
+
+
+def test_migrate_experts_replica_set_change_single_rank():
+    """migrate_experts with replicated Placements: after a replica-set change every slot holds its
+    new logical expert's weights, grads and Adam state (a new replica copies an old holder's)."""
+    from routepack_opt.core.placement import Placement
+
+    E, S, H = 4, 6, 4
+    experts = torch.nn.Module()
+    experts.local_experts = torch.nn.ModuleList([torch.nn.Linear(H, H) for _ in range(S)])
+    old = Placement(np.array([[0, 1, 2, 3, 0, 1]]), ep=1, num_experts=E)
+    with torch.no_grad():  # replicas identical, as the runtime keeps them
+        for s, e in enumerate(old.phy2log[0]):
+            for a, b in zip(experts.local_experts[s].parameters(), experts.local_experts[e].parameters()):
+                a.copy_(b)
+    opt = torch.optim.Adam(experts.parameters())
+    for m in experts.local_experts:
+        (m(torch.ones(2, H)) ** 2).sum().backward()
+    opt.step()
+    slots = [rp_mg.expert_slot_tensors(experts, opt)]
+    before = {int(e): [t.clone() for t in slots[0][s]] for s, e in enumerate(old.phy2log[0])}
+    new = Placement(np.array([[3, 2, 2, 1, 0, 3]]), ep=1, num_experts=E)  # 0, 1 lose a replica; 2, 3 gain
+    rep = rp_mg.migrate_experts(slots, old, new)
+    assert rep["experts_moved"] == 4  # slots 2 and 4 keep their expert
+    for s, e in enumerate(new.phy2log[0]):
+        assert all(torch.equal(a, b) for a, b in zip(slots[0][s], before[int(e)]))
+    with pytest.raises(InputError):
+        rp_mg.migrate_experts(slots, old, np.arange(S)[None])

@@ -21,7 +21,7 @@ def _layer_with(placement_E, seed=0):
     g = torch.Generator().manual_seed(seed)
     w = [torch.randn(8, 16, 16, generator=g) for _ in range(3)]  # logical weights
     with torch.no_grad():
-        layer.placement_E.copy_(torch.as_tensor(placement_E))
+        layer.set_phy2log(np.argsort(placement_E))  # slot π[e] holds e
         for p, wl in zip(layer.slots.slot_params(), w):
             p[torch.as_tensor(placement_E)] = wl
         torch.manual_seed(seed)
