@@ -62,6 +62,11 @@ def run(args) -> None:
 
     if args.workers is not None and args.address is not None:
         raise InputError("give --workers N (a local cluster) or --address ADDR (a running one), not both")
+    if args.redundant_experts or args.max_replica_bytes is not None:
+        # the per-window baselines (EPLB / identity placements) are permutations, scored without
+        # replicas: a replicated report needs replicated baselines first
+        raise InputError("replay-report does not take --redundant-experts / --max-replica-bytes yet; "
+                         "compare replicated plans window by window with routepack compare")
     cfg = ReportConfig(topology=topology_from_args(args), cost=cost_from_args(args), objective=args.objective,
                        params=load_params(args), time_limit=args.time_limit, max_sweeps=args.max_sweeps,
                        seed=args.seed, format=args.format, num_experts=args.num_experts,

@@ -125,7 +125,8 @@ def test_report_html_is_self_contained(tmp_path):
     assert f"{100 * mean:+.2f}%" in text and "x.npz" in text
 
 
-@pytest.mark.parametrize("case", ["empty", "missing", "out-is-run", "out-is-file", "both", "replay-no-e", "address"])
+@pytest.mark.parametrize("case", ["empty", "missing", "out-is-run", "out-is-file", "both", "replay-no-e", "address",
+                                  "replicas"])
 def test_replay_report_bad_inputs_are_one_error_line(tmp_path, run_cli, case):
     """Bad inputs to replay-report: one error: line, exit 2, before any Ray start."""
     d = tmp_path / "run"
@@ -148,6 +149,8 @@ def test_replay_report_bad_inputs_are_one_error_line(tmp_path, run_cli, case):
     elif case == "address":
         pytest.importorskip("ray", reason="ray is not installed (pip install ray==2.60.0)")
         extra = ["--address", "127.0.0.1:1"]  # nothing listens on port 1
+    elif case == "replicas":  # the baselines are scored without replicas: refused, not failed per window
+        extra = ["--redundant-experts", 4]
     code, stdout, err = run_cli("replay-report", d, "-o", out, "--cost", cost, *OPTS, *extra)
     assert code == 2 and err.startswith("error:") and err.count("\n") == 1 and stdout == ""
     assert not (tmp_path / "out").exists() or case == "out-is-run"
