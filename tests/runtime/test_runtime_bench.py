@@ -45,8 +45,10 @@ def test_fit_recovers_known_coefficients():
 
 def test_calibrate_quick_cpu_fits():
     """Quick CPU calibration: a valid cost model, every coefficient ≥ 0, the expert fit tracks
-    (R² > 0.9), attention fit reported."""
-    cost, rep = calibrate("cpu", bench_config("cpu", quick=True))
+    (R² > 0.9), attention fit reported. Each point is the minimum of 9 timings and the expert
+    sizes reach 2,048 tokens, so that the kernels' time, not the machine's other load, is what
+    gets fitted (with 3 timings of ≤ 768 tokens the expert R² fell to 0.67 on a busy run)."""
+    cost, rep = calibrate("cpu", bench_config("cpu", quick=True, repeats=9, expert_tokens=(64, 256, 1024, 2048)))
     assert cost.gamma > 0 and cost.stages[0].alpha > 0 and cost.row_overhead >= 0
     assert rep["expert"]["r2"] > 0.9 and rep["attention"]["r2"] > 0.3
 
