@@ -144,17 +144,25 @@ def kk_partition(values, k: int, equal_size: bool = False) -> np.ndarray:
 # ------------------------------------------------------------------ feasibility and repair
 
 
-def prepare_lengths(lengths, topology: Topology, rows) -> tuple[np.ndarray, int, int, int]:
+def check_lengths(lengths, capacity: int) -> np.ndarray:
+    """``lengths`` as a nonempty int64 vector of samples of 1..``capacity`` tokens (InputError for
+    a bad vector, InfeasibleError naming the samples longer than the capacity)."""
     len_N = np.asarray(lengths)
     if len_N.ndim != 1 or len_N.size == 0:
         raise InputError(f"lengths: expected a nonempty 1-d array, got shape {len_N.shape}")
     len_N = len_N.astype(np.int64)
     if (len_N < 1).any():
         raise InputError("lengths: every sample needs at least 1 token")
+    if len_N.max() > capacity:
+        raise InfeasibleError(f"samples {np.flatnonzero(len_N > capacity)[:8].tolist()} are longer than the "
+                              f"capacity {capacity}")
+    return len_N
+
+
+def prepare_lengths(lengths, topology: Topology, rows) -> tuple[np.ndarray, int, int, int]:
+    len_N = check_lengths(lengths, topology.capacity)
     R, D, C = check_rows(rows), topology.dp, topology.capacity
     N = len_N.size
-    if len_N.max() > C:
-        raise InfeasibleError(f"samples {np.flatnonzero(len_N > C)[:8].tolist()} are longer than the capacity {C}")
     if R * D > N:
         raise InfeasibleError(f"{R}×{D} = {R * D} cells need at least that many samples; the window has {N}")
     if -(-int(len_N.sum()) // C) > R * D:

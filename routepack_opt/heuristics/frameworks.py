@@ -38,22 +38,14 @@ from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.baselines import _deal, _split_until
 from routepack_opt.heuristics.binpack import first_fit_decreasing
-from routepack_opt.heuristics.cells import kk_partition
+from routepack_opt.heuristics.cells import check_lengths, kk_partition
 
 __all__ = ["verl_layout", "verl_target_layout", "nemo_layout", "slime_layout", "modified_first_fit_decreasing",
            "first_fit", "cap_violations", "FRAMEWORK_PACKERS"]
 
 
 def _lengths(lengths, topology: Topology) -> np.ndarray:
-    len_N = np.asarray(lengths)
-    if len_N.ndim != 1 or len_N.size == 0:
-        raise InputError(f"lengths: expected a nonempty 1-d array, got shape {len_N.shape}")
-    len_N = len_N.astype(np.int64)
-    if (len_N < 1).any():
-        raise InputError("lengths: every sample needs at least 1 token")
-    if len_N.max() > topology.capacity:
-        raise InfeasibleError(f"a sample of {int(len_N.max())} tokens exceeds the capacity {topology.capacity}")
-    return len_N
+    return check_lengths(lengths, topology.capacity)
 
 
 def _round_rows(R: int, topology: Topology) -> int:
