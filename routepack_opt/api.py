@@ -400,7 +400,8 @@ class AsyncPlanner:
     def _run(self, job: _Job) -> None:
         opts = job.opts
         job.stage = "warm-up"
-        warm_kernels(groups_for(opts.placement))  # waits for the background warm-up if it is running
+        # waits for the background warm-up if it is running
+        warm_kernels(groups_for(opts.placement, opts.redundant_experts))
         if job.cancel.is_set():
             return
         window = job.window

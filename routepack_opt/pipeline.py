@@ -266,7 +266,7 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     current_placement = check_current_placement(current_placement, window)
     warmup = Timings()
     with warmup.stage("warmup"):
-        warm(groups_for(placement))
+        warm(groups_for(placement, topology.redundant_experts))
     t_start = time.perf_counter()
     clock = _Clock(time_limit)
     timings = Timings()

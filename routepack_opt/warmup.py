@@ -81,13 +81,16 @@ _ANNEAL = tuple(f"routepack_opt.heuristics.anneal.{m}"
                 for m in ("rng", "kernels", "state", "moves", "greedy"))
 GROUPS = {
     "plan": ("routepack_opt.core.projection", "routepack_opt.heuristics.placement.lpt",
-             "routepack_opt.heuristics.placement.replicate",
-             "routepack_opt.heuristics.placement.replica_refine",
              "routepack_opt.heuristics.binpack", "routepack_opt.heuristics.cells",
              "routepack_opt.heuristics.baselines",
              *_ANNEAL),
     # row-aware joint placement and migration (``--placement joint``, compare), warmed when used
     "joint": ("routepack_opt.heuristics.placement.refine", "routepack_opt.heuristics.placement.migration"),
+    # expert replicas (``redundant_experts`` > 0): the replica placement, its row-aware moves, and
+    # the projection's surrogate loads and exact even-local split (kernels of the plan group's
+    # projection module, compiled only here); warmed when a plan asks for replicas
+    "replicas": ("routepack_opt.heuristics.placement.replicate",
+                 "routepack_opt.heuristics.placement.replica_refine"),
     # the annealer's rare load storages (int32 / int64 loads: samples of ≥ 2^15 tokens on one
     # rank, or ≥ 2^30 tokens per rank); compiled before the annealer's clock when a window needs
     # them (anneal.warm_storage), so only ``routepack warmup`` does them ahead of time
@@ -100,9 +103,11 @@ _local = threading.local()  # .depth > 0 while this thread runs a warm-up
 _done: dict[str, dict] = {}
 
 
-def groups_for(placement) -> tuple[str, ...]:
-    """The warm-up groups a plan with this ``placement`` argument needs."""
-    return ("plan", "joint") if isinstance(placement, str) and placement == "joint" else ("plan",)
+def groups_for(placement, redundant_experts: int = 0) -> tuple[str, ...]:
+    """The warm-up groups a plan with this ``placement`` argument (and ``redundant_experts``
+    replica slots per layer) needs."""
+    joint = isinstance(placement, str) and placement == "joint"
+    return ("plan",) + (("joint",) if joint else ()) + (("replicas",) if redundant_experts else ())
 
 
 def numba_kernels(groups=tuple(GROUPS)) -> dict:
@@ -268,13 +273,6 @@ def _warm_plan(with_anneal: bool = True) -> None:
             ev.evaluate(pl, *seeds[0], R, objective)
     if with_anneal:
         anneal.warm_storage(*anneal.STORAGES[0])  # the ordinary storage (compiled above)
-    # replicas: the replica placement, the surrogate loads and the exact even-local split
-    rtopo = dataclasses.replace(topo, redundant_experts=topo.ep)
-    rpl = replicated_placement(w.expert_loads(), rtopo.ep, rtopo.num_slots(w.num_experts))
-    rev = Evaluator(w, rtopo, cost)
-    rev.rank_loads(rpl)
-    rev.evaluate(rpl, seeds[0][0], seeds[0][1], R, Objective.MAX_SUM)
-    refine_replicas(block_expert_loads(w.counts, seeds[0][0], seeds[0][1], R, rtopo), rpl, rtopo, max_passes=2)
     # R* escalation past the cheap bounds: MBS' and the overflow tabu search on K bins
     sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
     binpack.best_packing(sizes, 64)
@@ -282,6 +280,20 @@ def _warm_plan(with_anneal: bool = True) -> None:
     binpack.fixed_bins_search(sizes, 64, lower_bound_l1(sizes, 64), max_iters=50)
     # the cap repair of a length-only seed (a move, then swaps): tight windows need it
     cells.repair_capacity(np.array([6, 3, 5, 4, 2, 9]), np.array([0, 0, 0, 1, 1, 2]), 1, 3, 10)
+
+
+def _warm_replicas() -> None:
+    """Replicas: the replica placement, the surrogate loads, the exact even-local split and the
+    row-aware replica moves (the annealer itself is the plan group's, on the surrogate loads)."""
+    w, topo, cost, cfg = _tiny_problem()
+    R = certify_rows(w, topo, time_limit=1.0).rows
+    row, slot = _seeds(w, topo, R)[0]
+    rtopo = dataclasses.replace(topo, redundant_experts=topo.ep)
+    rpl = replicated_placement(w.expert_loads(), rtopo.ep, rtopo.num_slots(w.num_experts))
+    rev = Evaluator(w, rtopo, cost)
+    rev.rank_loads(rpl)
+    rev.evaluate(rpl, row, slot, R, Objective.MAX_SUM)
+    refine_replicas(block_expert_loads(w.counts, row, slot, R, rtopo), rpl, rtopo, max_passes=2)
 
 
 def _warm_joint() -> None:
@@ -320,7 +332,8 @@ def _warm_blocks() -> None:
             layout_blocks.solve_blocks(inst, 5.0, start)
 
 
-_WARMERS = {"plan": _warm_plan, "joint": _warm_joint, "storage": _warm_storage, "exact": _warm_exact}
+_WARMERS = {"plan": _warm_plan, "joint": _warm_joint, "replicas": _warm_replicas, "storage": _warm_storage,
+            "exact": _warm_exact}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,6 +361,11 @@ def _storage_mark(k: int) -> str:
 # all have a current cache entry is not run again (if one is stale or missing, it is).
 UNITS: dict[str, tuple[str, int, Callable[[], None], tuple[tuple[str, str], ...]]] = {
     "plan:anneal-search": ("plan", 0, _storage_unit(0, "search"), ((_SEARCH, _storage_mark(0)),)),
+    "plan:rest": ("plan", 0, lambda: _warm_plan(with_anneal=False),
+                  tuple((f"routepack_opt.{k}", "") for k in (
+                      "heuristics.cells._kk_kernel", "heuristics.cells._repair_cells",
+                      "heuristics.binpack._mbs_kernel", "heuristics.placement.lpt._swap_kernel",
+                      "core.projection.project_counts", "core.projection.block_loads"))),
     "plan:anneal-greedy": ("plan", 0, _storage_unit(0, "greedy"), ((_GREEDY, _storage_mark(0)),)),
     "storage:int32-search": ("storage", 0, _storage_unit(1, "search"), ((_SEARCH, _storage_mark(1)),)),
     "storage:int32-greedy": ("storage", 0, _storage_unit(1, "greedy"), ((_GREEDY, _storage_mark(1)),)),
@@ -355,13 +373,11 @@ UNITS: dict[str, tuple[str, int, Callable[[], None], tuple[tuple[str, str], ...]
     "storage:int64-greedy": ("storage", 0, _storage_unit(2, "greedy"), ((_GREEDY, _storage_mark(2)),)),
     "exact": ("exact", 0, _warm_exact, (("routepack_opt.models.layout_blocks._cover_dfs", ""),
                                          ("routepack_opt.models.binpack._arcflow_arcs", ""))),
-    "plan:rest": ("plan", 0, lambda: _warm_plan(with_anneal=False),
-                  tuple((f"routepack_opt.{k}", "") for k in (
-                      "heuristics.cells._kk_kernel", "heuristics.cells._repair_cells",
-                      "heuristics.binpack._mbs_kernel", "heuristics.placement.lpt._swap_kernel",
-                      "core.projection.project_counts", "core.projection.block_loads"))),
     "joint": ("joint", 1, _warm_joint, (("routepack_opt.heuristics.placement.refine._scan_layer", ""),
                                         ("routepack_opt.heuristics.placement.migration._hungarian_max", ""))),
+    "replicas": ("replicas", 1, _warm_replicas,
+                 (("routepack_opt.heuristics.placement.replica_refine._search_all", ""),
+                  ("routepack_opt.core.projection.replica_block_loads", ""))),
 }
 
 

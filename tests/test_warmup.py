@@ -26,7 +26,7 @@ COST = PRESETS["qwen3-30b-a3b"].cost
 
 
 def _signatures():
-    return {k: set(d.signatures) for k, d in numba_kernels(("plan", "joint")).items()}
+    return {k: set(d.signatures) for k, d in numba_kernels(("plan", "joint", "replicas")).items()}
 
 
 def _new(before, after):
@@ -36,7 +36,7 @@ def _new(before, after):
 def test_after_warm_planning_compiles_nothing_new():
     """After warm(), planning realistic windows (both objectives, joint + migration, replicas)
     adds no numba signature: nothing compiles inside a time limit."""
-    assert "error" not in warm(("plan", "joint"))
+    assert "error" not in warm(("plan", "joint", "replicas"))
     before = _signatures()
     w = generate_window("qwen3-30b-a3b", 160, seed=2, num_layers=3, capacity=8192)
     topo = Topology(dp=8, ep=4, capacity=8192)
@@ -170,3 +170,17 @@ def test_parallel_warmup_units_cover_their_groups(monkeypatch):
     assert sorted(ran) == sorted(n for n, u in warmup.UNITS.items() if u[0] in ("plan", "joint"))
     assert ran[-1] == "joint" and set(times) == set(ran)
 
+
+
+def test_groups_for_warms_replica_kernels_only_when_asked():
+    """A plan without replicas (the demo's, the golden plans') never waits for the replica
+    kernels; one with replicas gets them, and joint placement adds its own group."""
+    from routepack_opt.warmup import GROUPS, UNITS, groups_for
+
+    assert groups_for("lpt") == ("plan",)
+    assert groups_for("joint") == ("plan", "joint")
+    assert groups_for("lpt", 4) == ("plan", "replicas")
+    assert groups_for("joint", 8) == ("plan", "joint", "replicas")
+    replica_modules = {"routepack_opt.heuristics.placement.replicate", "routepack_opt.heuristics.placement.replica_refine"}
+    assert replica_modules <= set(GROUPS["replicas"]) and not replica_modules & set(GROUPS["plan"])
+    assert [n for n, u in UNITS.items() if u[0] == "replicas"] == ["replicas"]

@@ -32,7 +32,8 @@ def run(args) -> None:
     exact = {"auto": None, "yes": True, "no": False}[args.exact]
     from routepack_opt.warmup import default_jobs, warm
 
-    warm(("plan", "joint"), jobs=default_jobs())  # a cold cache compiles in parallel workers
+    # a cold cache compiles in parallel workers
+    warm(("plan", "joint") + (("replicas",) if topo.redundant_experts else ()), jobs=default_jobs())
     with progress_bar(sys.stderr.isatty() and not args.json, "planning") as cb:
         table, _ = compare_plans(window, topo, cost, objective=args.objective, rows=args.rows,
                                  params=params, time_limit=args.time_limit, max_sweeps=args.max_sweeps,

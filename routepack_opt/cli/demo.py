@@ -85,7 +85,7 @@ def run(args) -> None:
     # models' or the rare load storages')
     cold = console.status("compiling the numba kernels (once per install)") if not args.json else None
     with cold if cold is not None else contextlib.nullcontext():
-        wr = warm(("plan", "joint"), jobs=default_jobs(),
+        wr = warm(("plan", "joint") + (("replicas",) if topo.redundant_experts else ()), jobs=default_jobs(),
                   progress=lambda unit, secs, ok: console.print(f"[dim]  {unit}: {'compiled' if ok else 'failed'}"
                                                                 f" in {secs:.1f} s[/]"))
     if not wr["already_warm"]:

@@ -105,7 +105,8 @@ def run(args) -> None:
     placement = placement_arg(args.placement, window)
     from routepack_opt.warmup import default_jobs, groups_for, warm
 
-    warm(groups_for(placement), jobs=default_jobs())  # a cold cache compiles in parallel workers
+    # a cold cache compiles in parallel workers
+    warm(groups_for(placement, topo.redundant_experts), jobs=default_jobs())
     with progress_bar(sys.stderr.isatty() and not args.json) as cb:
         p = solve(window, topo, cost, objective=args.objective, placement=placement, rows=args.rows,
                   params=params, time_limit=args.time_limit, max_sweeps=args.max_sweeps,

@@ -21,7 +21,7 @@ def register(sub) -> None:
                        description="Compile (or load from numba's cache) every kernel the planner "
                        "and the exact models use, for every signature they call. The cache lives "
                        "in NUMBA_CACHE_DIR (or ROUTEPACK_CACHE_DIR) when set.")
-    p.add_argument("--group", choices=["all", "plan", "joint", "storage", "exact"], default="all",
+    p.add_argument("--group", choices=["all", "plan", "joint", "replicas", "storage", "exact"], default="all",
                    help="which kernels: plan (routepack plan/compare, the Python API), joint "
                         "(--placement joint, migration), storage "
                         "(the annealer's int32/int64 load storages for huge loads), exact "

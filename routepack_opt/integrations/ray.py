@@ -359,6 +359,7 @@ def run_report(run_dir, out_dir, cfg, *, workers: int | None = None, address: st
     done, _ = rr.read_steps(steps_path)
     have = {r["window"] for r in done if not (retry_errors and "error" in r)}
     todo = [(str(p), k) for k, p in enumerate(files) if p.name not in have]
+    todo = rr.schedule(todo, cfg)  # likely-slow windows first
     t0 = time.perf_counter()
     failed = 0
     if todo:
