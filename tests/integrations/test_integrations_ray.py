@@ -253,6 +253,33 @@ def test_ray_planner_checks_options_in_the_caller(ray_cluster):
         assert sorted(i for d in mb.micro_batches for m in d for i in m) == list(range(40))
 
 
+def test_schedule_starts_the_tightly_filled_windows_first(tmp_path):
+    """Windows whose tokens nearly fill the rows the volume bound allows (where the certifier
+    searches for seconds) start first; the rest keep step order; an unreadable file goes last."""
+    from routepack_opt.core.window import Window
+    from routepack_opt.report_run import predicted_fill, schedule
+
+    d = tmp_path / "run"
+    d.mkdir()
+    cfg = ReportConfig(topology=TOPO, cost=COST, objective="max-sum")
+    cell = TOPO.dp * TOPO.capacity  # 240 tokens a row
+    fills = {0: 0.5, 1: 239 / 240, 2: 0.75, 3: 479 / 480}
+    for k, f in fills.items():
+        rows = 2 if k == 3 else 1
+        total = round(f * rows * cell)
+        lengths = np.full(24 * rows, total // (24 * rows))
+        lengths[: total - lengths.sum()] += 1
+        counts = np.zeros((lengths.size, 1, 4), dtype=np.int64)
+        counts[:, 0, 0] = lengths  # top-1, every token to expert 0
+        save_window(Window(lengths, counts, top_k=1), d / f"step_{k}.npz")
+    (d / "step_4.npz").write_bytes(b"not a zip file")
+    items = [(str(d / f"step_{k}.npz"), k) for k in range(5)]
+    for k, f in fills.items():
+        assert predicted_fill(items[k][0], cfg) == pytest.approx(f)
+    assert predicted_fill(items[4][0], cfg) == 0.0
+    assert [k for _, k in schedule(items, cfg)] == [3, 1, 2, 0, 4]
+
+
 def test_seed_packing_has_no_clock():
     """Tight windows: the seeds' packing into R*·D bins comes from iteration- and node-bounded searches, the same on every call."""
     from routepack_opt.core.bounds import is_packing
