@@ -37,6 +37,10 @@ so a partial run still reports. Checks, with EP = world size and a real ``MoELay
    (all-reduce, no DistributedOptimizer, fp32 grad buffers) and Megatron's Adam: after
    ``finish_grad_sync``, ``sum_replica_grads`` on ``main_grad``, ``optimizer.step()``: every copy's
    ``main_grad`` and weights are bitwise equal.
+9. ``distributed_optimizer_replica_migration``: an S-slot layer under Megatron's
+   DistributedOptimizer after one step, ``migrate_experts`` from that replicated ``Placement`` to
+   another (other replica counts): every slot that changes expert holds a bitwise copy (weights,
+   fp32 master, ``exp_avg``, ``exp_avg_sq`` shards) of one of the old holders of its new expert.
 
     python experiments/megatron_gpu_check.py --dry-run [--world P]   # no GPU: arguments, imports,
                                                                    # the replicated placement, the
@@ -373,7 +377,51 @@ def main():
                                              f"step moved weights by up to {moved:.3g}, "
                                              f"{info['replicated_experts']} replicated experts")
 
-    c1(); c2(); c3(); c5(); c4(); c6(); c7(); c8()
+    @check("distributed_optimizer_replica_migration")
+    def c9():
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        from routepack_opt.runtime.verify import replica_placement
+
+        old = shared["pl"]
+        new = replica_placement(load_LE[:, ::-1].astype(np.float64).copy(), world, world)  # other replicas
+        S = old.num_slots
+        model, cfg3 = build(S, k, H, 128, seed=98)
+        ddp = DistributedDataParallel(cfg3, DistributedDataParallelConfig(use_distributed_optimizer=True,
+                                                                          grad_reduce_in_fp32=True), model)
+        opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, use_distributed_optimizer=True,
+                                                     bf16=False, fp16=False, params_dtype=torch.float32), [ddp])
+        out, _ = ddp(x.clone())
+        out.float().pow(2).sum().backward()
+        ddp.finish_grad_sync()
+        opt.step()
+        chained = getattr(opt, "chained_optimizers", [opt])
+        dopt = next(o for o in chained if any(p in getattr(o, "model_param_group_index_map", {})
+                                              for p in model.experts.parameters()))
+
+        def flat_all():
+            ts = rp_mg.expert_slot_tensors(model.experts, dopt, include_grads=False)
+            local = torch.stack([torch.cat([t.reshape(-1).float() for t in slot]) for slot in ts])
+            parts = [torch.empty_like(local) for _ in range(world)]
+            dist.all_gather(parts, local)
+            return torch.cat(parts), len(ts[0])
+
+        before, n_t = flat_all()
+        info = rp_mg.migrate_experts([rp_mg.expert_slot_tensors(model.experts, dopt, include_grads=False)],
+                                     old, new, ep_rank=rank, ep_size=world, group=ep_group)
+        after, _ = flat_all()
+        ok = True
+        for s in range(S):
+            e = int(new.phy2log[0, s])
+            if e == int(old.phy2log[0, s]):
+                ok &= bool(torch.equal(after[s], before[s]))
+            else:  # a copy of one of the expert's old holders (all holders are one expert)
+                ok &= any(torch.equal(after[s], before[h]) for h in np.flatnonzero(old.phy2log[0] == e))
+        return ok, (f"{info['experts_moved']} slots changed expert, {n_t} tensors per slot (weights + "
+                    f"master/exp_avg/exp_avg_sq shards), every slot a copy of an old holder")
+
+    c1(); c2(); c3(); c5(); c4(); c6(); c7(); c8(); c9()
     if rank == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
