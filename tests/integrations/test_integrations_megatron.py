@@ -672,3 +672,23 @@ def test_sum_replica_grads_single_process_and_bad_input():
         rp_mg.sum_replica_grads(slots[:5], pl)
     with pytest.raises(InputError, match="expected a routepack_opt.core.placement.Placement"):
         rp_mg.sum_replica_grads(slots, np.array([[0, 1, 2, 0, 1, 0]]))
+
+
+def test_gpu_check_dry_run_runs_on_cpu():
+    """experiments/megatron_gpu_check.py --dry-run (no GPU): its arguments, imports, the replicated
+    placement it plans and the seam's grad sum on one CPU process; bad arguments are argparse's error."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    script = str(root / "experiments" / "megatron_gpu_check.py")
+    ok = subprocess.run([sys.executable, script, "--dry-run", "--world", "4", "--experts", "8"],
+                        capture_output=True, text=True, env=env, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "S 12" in ok.stdout and "CPU grad sum" in ok.stdout and "PASS" in ok.stdout
+    bad = subprocess.run([sys.executable, script, "--dry-run", "--topk", "0"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert bad.returncode == 2 and "topk" in bad.stderr
