@@ -28,6 +28,23 @@ so a partial run still reports. Checks, with EP = world size and a real ``MoELay
    each logical expert's grad equals the sum of its replicas' partial grads (1e-4); the tokens
    each EP rank receives equal the even-local prediction (``core.placement.split_counts`` of each
    source rank's per-expert counts, summed by replica rank).
+7. ``replica_grad_sum_step``: on that layer, ``integrations.megatron.sum_replica_grads`` over the
+   EP group (NCCL): every copy of a replicated expert holds bitwise the same gradient, equal to
+   the E-expert layer's grad of that expert (1e-4); after a torch Adam step on both layers every
+   copy's weights and moments are bitwise equal and the weights equal the E-expert layer's (1e-5).
+   Also reports the sum's time (CUDA-synchronized).
+8. ``replica_grad_sum_megatron_ddp``: the same layout under Megatron's ``DistributedDataParallel``
+   (all-reduce, no DistributedOptimizer, fp32 grad buffers) and Megatron's Adam: after
+   ``finish_grad_sync``, ``sum_replica_grads`` on ``main_grad``, ``optimizer.step()``: every copy's
+   ``main_grad`` and weights are bitwise equal.
+9. ``distributed_optimizer_replica_migration``: an S-slot layer under Megatron's
+   DistributedOptimizer after one step, ``migrate_experts`` from that replicated ``Placement`` to
+   another (other replica counts): every slot that changes expert holds a bitwise copy (weights,
+   fp32 master, ``exp_avg``, ``exp_avg_sq`` shards) of one of the old holders of its new expert.
+
+    python experiments/megatron_gpu_check.py --dry-run [--world P]   # no GPU: arguments, imports,
+                                                                   # the replicated placement, the
+                                                                   # grad sum on one CPU process
 """
 
 from __future__ import annotations
@@ -92,7 +109,16 @@ def main():
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU: check the arguments, the imports, a replicated placement and the grad sum on CPU")
+    ap.add_argument("--world", type=int, default=int(os.environ.get("WORLD_SIZE", "2")),
+                    help="EP size the dry run plans for (the real run uses WORLD_SIZE)")
     args = ap.parse_args()
+    if args.experts < 1 or args.topk < 1 or args.topk > args.experts or args.tokens < 1 or args.world < 1:
+        ap.error("need 1 <= topk <= experts, tokens >= 1, world >= 1")
+    if args.dry_run:
+        dry_run(args)
+        return
 
     import torch
     import torch.distributed as dist
@@ -213,6 +239,8 @@ def main():
         keys = len(snap[0])
         return ok, f"{n} same-rank slots checked, {keys} tensors per expert (weights + master/exp_avg/exp_avg_sq shards)"
 
+    shared: dict = {}
+
     @check("replicated")
     def c6():
         from routepack_opt.core.placement import split_counts
@@ -266,11 +294,134 @@ def main():
                 for j, n in enumerate(split_counts(int(c_q[e]), int(cnt[e]), q)):
                     pred[int(log2phy[e, j]) // S_loc] += n
         h6.remove()
+        shared.update(rep=rep, base=base, pl=pl, g_E=g_E)
         ok = d_out <= 1e-5 and d_grad <= 1e-4 and got.cpu().numpy().tolist() == pred.tolist()
         return ok, (f"max|out diff| {d_out:.3g}, max|grad diff| {d_grad:.3g}, rank tokens {got.tolist()} "
                     f"predicted {pred.tolist()}, replicas {int((pl.logcnt > 1).sum())}")
 
-    c1(); c2(); c3(); c5(); c4(); c6()
+    def gather_slots(fn, lay, n):
+        flat = torch.stack([torch.cat([fn(p).reshape(-1) for p in m.parameters()])
+                            for m in lay.experts.local_experts])
+        parts = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(parts, flat)
+        return torch.cat(parts).view(n, -1)
+
+    def copies_of(pl):
+        return [np.flatnonzero(pl.phy2log[0] == e) for e in range(pl.num_experts) if pl.logcnt[0, e] > 1]
+
+    @check("replica_grad_sum_step")
+    def c7():
+        import time
+
+        rep, base, pl, g_E = shared["rep"], shared["base"], shared["pl"], shared["g_E"]
+        S, phy = pl.num_slots, torch.as_tensor(pl.phy2log[0], device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        info = rp_mg.sum_replica_grads([rep.experts], pl, ep_rank=rank, group=ep_group)
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 1e3
+        copies = copies_of(pl)
+        g_S = gather_slots(lambda p: p.grad, rep, S)
+        eq = {"g": all(torch.equal(g_S[c[0]], g_S[s]) for c in copies for s in c)}
+        d_g = float((g_S - g_E[phy]).abs().max())
+        opts = [torch.optim.Adam(lay.experts.parameters(), lr=1e-3) for lay in (rep, base)]
+        for o in opts:
+            o.step()
+        w_S, w_E = gather_slots(lambda p: p.data, rep, S), gather_slots(lambda p: p.data, base, pl.num_experts)
+        for key, fn in (("w", lambda p: p.data), ("exp_avg", lambda p: opts[0].state[p]["exp_avg"]),
+                        ("exp_avg_sq", lambda p: opts[0].state[p]["exp_avg_sq"])):
+            t = w_S if key == "w" else gather_slots(fn, rep, S)
+            eq[key] = all(torch.equal(t[c[0]], t[s]) for c in copies for s in c)
+        d_w = float((w_S - w_E[phy]).abs().max())
+        ok = all(eq.values()) and d_g <= 1e-4 and d_w <= 1e-5 and info["replicated_experts"] == len(copies)
+        return ok, (f"copies bitwise equal {eq}, max|grad - one holder| {d_g:.3g}, max|weight - one holder| "
+                    f"{d_w:.3g}, {info['replicated_experts']} replicated experts, {info['bytes_sent']} bytes "
+                    f"sent by rank 0, sum {ms:.2f} ms")
+
+    @check("replica_grad_sum_megatron_ddp")
+    def c8():
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        pl = shared["pl"]
+        S = pl.num_slots
+        base2, _ = build(E, k, H, 128, seed=555)
+        rep2, cfg2 = build(S, k, H, 128, seed=555)
+        rep2.router = base2.router
+        W_E = gather_slots(lambda p: p.detach(), base2, E)
+        with torch.no_grad():
+            for i, m in enumerate(rep2.experts.local_experts):
+                e, off = int(pl.phy2log[0, rank * (S // world) + i]), 0
+                for p in m.parameters():
+                    p.copy_(W_E[e, off:off + p.numel()].view_as(p))
+                    off += p.numel()
+        ddp = DistributedDataParallel(cfg2, DistributedDataParallelConfig(use_distributed_optimizer=False,
+                                                                          grad_reduce_in_fp32=True), rep2)
+        opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, use_distributed_optimizer=False,
+                                                     bf16=False, fp16=False, params_dtype=torch.float32), [ddp])
+        h8 = rp_mg.apply_expert_placement(rep2, pl, source_rank=rank, num_logical_experts=E)
+        ddp.zero_grad_buffer()
+        out, _ = ddp(x.clone())
+        out.float().pow(2).sum().backward()
+        ddp.finish_grad_sync()
+        info = rp_mg.sum_replica_grads([rep2.experts], pl, ep_rank=rank, group=ep_group)
+        copies = copies_of(pl)
+        g_S = gather_slots(lambda p: p.main_grad, rep2, S)
+        opt.step()
+        w_S = gather_slots(lambda p: p.data, rep2, S)
+        h8.remove()
+        eq_g = all(torch.equal(g_S[c[0]], g_S[s]) for c in copies for s in c)
+        eq_w = all(torch.equal(w_S[c[0]], w_S[s]) for c in copies for s in c)
+        moved = float((w_S - W_E[torch.as_tensor(pl.phy2log[0], device="cuda")]).abs().max())
+        return eq_g and eq_w and moved > 0, (f"main_grad copies equal {eq_g}, weights equal after the step {eq_w}, "
+                                             f"step moved weights by up to {moved:.3g}, "
+                                             f"{info['replicated_experts']} replicated experts")
+
+    @check("distributed_optimizer_replica_migration")
+    def c9():
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        from routepack_opt.runtime.verify import replica_placement
+
+        old = shared["pl"]
+        new = replica_placement(load_LE[:, ::-1].astype(np.float64).copy(), world, world)  # other replicas
+        S = old.num_slots
+        model, cfg3 = build(S, k, H, 128, seed=98)
+        ddp = DistributedDataParallel(cfg3, DistributedDataParallelConfig(use_distributed_optimizer=True,
+                                                                          grad_reduce_in_fp32=True), model)
+        opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, use_distributed_optimizer=True,
+                                                     bf16=False, fp16=False, params_dtype=torch.float32), [ddp])
+        out, _ = ddp(x.clone())
+        out.float().pow(2).sum().backward()
+        ddp.finish_grad_sync()
+        opt.step()
+        chained = getattr(opt, "chained_optimizers", [opt])
+        dopt = next(o for o in chained if any(p in getattr(o, "model_param_group_index_map", {})
+                                              for p in model.experts.parameters()))
+
+        def flat_all():
+            ts = rp_mg.expert_slot_tensors(model.experts, dopt, include_grads=False)
+            local = torch.stack([torch.cat([t.reshape(-1).float() for t in slot]) for slot in ts])
+            parts = [torch.empty_like(local) for _ in range(world)]
+            dist.all_gather(parts, local)
+            return torch.cat(parts), len(ts[0])
+
+        before, n_t = flat_all()
+        info = rp_mg.migrate_experts([rp_mg.expert_slot_tensors(model.experts, dopt, include_grads=False)],
+                                     old, new, ep_rank=rank, ep_size=world, group=ep_group)
+        after, _ = flat_all()
+        ok = True
+        for s in range(S):
+            e = int(new.phy2log[0, s])
+            if e == int(old.phy2log[0, s]):
+                ok &= bool(torch.equal(after[s], before[s]))
+            else:  # a copy of one of the expert's old holders (all holders are one expert)
+                ok &= any(torch.equal(after[s], before[h]) for h in np.flatnonzero(old.phy2log[0] == e))
+        return ok, (f"{info['experts_moved']} slots changed expert, {n_t} tensors per slot (weights + "
+                    f"master/exp_avg/exp_avg_sq shards), every slot a copy of an old holder")
+
+    c1(); c2(); c3(); c5(); c4(); c6(); c7(); c8(); c9()
     if rank == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -280,6 +431,41 @@ def main():
         os.replace(tmp, out / "megatron_gpu_check.json")
     ps.destroy_model_parallel()
     dist.destroy_process_group()
+
+
+def dry_run(args):
+    """What runs without a GPU: the imports, the replicated placement the checks plan, and
+    ``sum_replica_grads`` on one CPU process holding every slot (copies get the replica-order sum)."""
+    import megatron.core  # noqa: F401  (the real run needs it)
+    import torch
+
+    from routepack_opt.integrations import megatron as rp_mg
+    from routepack_opt.runtime.verify import replica_placement
+
+    E, P = args.experts, args.world
+    if E % P:
+        raise SystemExit(f"error: --experts {E} must be divisible by the EP size {P}")
+    load = np.arange(E, 0, -1, dtype=np.float64)[None] ** 2  # skewed loads, hottest expert 0
+    pl = replica_placement(load, P, P)
+    one = replica_placement(load, P, 1)  # the same replica counts on one rank: the CPU sum
+    g = torch.Generator().manual_seed(0)
+    slots = [[torch.nn.Parameter(torch.zeros(4, 3))] for _ in range(one.num_slots)]
+    for (p,) in slots:
+        p.grad = torch.randn(4, 3, generator=g)
+    part = [p.grad.clone() for (p,) in slots]
+    info = rp_mg.sum_replica_grads(slots, one)
+    ok = True
+    for e in range(E):
+        idx = np.flatnonzero(one.phy2log[0] == e)
+        want = part[idx[0]].clone()
+        for j in idx[1:]:
+            want += part[j]
+        ok &= all(torch.equal(slots[s][0].grad, want) for s in idx)
+    print(f"dry run: EP {P}, E {E}, S {pl.num_slots}, replicated experts {int((pl.logcnt > 1).sum())} "
+          f"(phy2log {pl.phy2log[0].tolist()}); CPU grad sum over {info['replicated_experts']} replicated "
+          f"experts: {'PASS' if ok else 'FAIL'}")
+    if not ok:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ExpertMap", "remap_routing", "remap_routing_replicated", "apply_expert_placement",
            "PlacementHandle", "rank_token_counts", "expert_slot_tensors", "migrate_experts",
-           "physical_to_logical"]
+           "physical_to_logical", "sum_replica_grads"]
 
 
 # --- maps with their direction -----------------------------------------------------------------
@@ -398,15 +398,7 @@ def expert_slot_tensors(experts, optimizer=None, include_grads: bool = True) -> 
     (``_get_main_param_and_optimizer_states``) where this rank owns one."""
     torch = _deps.torch()
 
-    if hasattr(experts, "local_experts"):
-        per_slot = [list(m.parameters()) for m in experts.local_experts]
-    else:
-        n = getattr(experts, "num_local_experts", None)
-        if n is None:
-            raise InputError("expert_slot_tensors: expected a SequentialMLP (local_experts) or a "
-                             "grouped MLP with num_local_experts")
-        per_slot = [[p for name, p in experts.named_parameters()
-                     if name.rsplit(".", 1)[-1] in (f"weight{s}", f"bias{s}")] for s in range(n)]
+    per_slot = _slot_params(experts, "expert_slot_tensors")
     out = []
     for params in per_slot:
         ts = []
@@ -419,6 +411,104 @@ def expert_slot_tensors(experts, optimizer=None, include_grads: bool = True) -> 
             ts.extend(_optimizer_tensors(optimizer, p, torch))
         out.append(ts)
     return out
+
+
+def _slot_params(experts, who: str) -> list[list]:
+    """Per local slot, the expert's parameters: a ``SequentialMLP`` (``local_experts``), a grouped
+    MLP (``weight{s}`` / ``bias{s}``), or already a list of per-slot parameter lists."""
+    if hasattr(experts, "local_experts"):
+        return [list(m.parameters()) for m in experts.local_experts]
+    n = getattr(experts, "num_local_experts", None)
+    if n is not None:
+        return [[p for name, p in experts.named_parameters()
+                 if name.rsplit(".", 1)[-1] in (f"weight{s}", f"bias{s}")] for s in range(n)]
+    if isinstance(experts, (list, tuple)) and all(isinstance(x, (list, tuple)) for x in experts):
+        return [list(x) for x in experts]
+    raise InputError(f"{who}: expected a SequentialMLP (local_experts), a grouped MLP with "
+                     "num_local_experts, or a list of per-slot parameter lists")
+
+
+def _grad_of(p, grad_attr: str | None, torch):
+    """The tensor holding p's gradient: ``main_grad`` (Megatron's DDP grad buffer) when p has one,
+    else ``.grad`` (zeros when backward left it None: a replica that got no tokens)."""
+    if grad_attr in (None, "main_grad") and getattr(p, "main_grad", None) is not None:
+        return p.main_grad
+    if grad_attr == "main_grad":
+        raise InputError("sum_replica_grads: grad_attr='main_grad' but a parameter has no main_grad")
+    if p.grad is None:
+        p.grad = torch.zeros_like(p)
+    return p.grad
+
+
+def sum_replica_grads(experts, placement: Placement, *, ep_rank: int = 0, group=None,
+                      layer: int | None = None, grad_attr: str | None = None) -> dict:
+    """Give every copy of a replicated expert its expert's whole gradient (Megatron seam).
+
+    With replicas each slot's backward leaves a *partial* gradient ``g_j`` (the tokens its
+    replica j got). For every logical expert with ``logcnt > 1`` this replaces every local copy's
+    gradient by ``((g_0 + g_1) + …) + g_{k-1}``, in replica order (ascending global slot), the
+    same bits on every holder; one ``all_to_all_single`` of raw bytes over the EP ``group``
+    (the exchange plan and the sum are :mod:`routepack_opt.runtime.replicas`'s, shared).
+
+    ``experts``: this rank's experts of every MoE layer of ``placement`` in order (a list, one
+    ``SequentialMLP`` / grouped MLP / list of per-slot parameter lists per layer), or one layer's
+    with ``layer=l``. ``ep_rank``: this rank's EP rank (``placement.ep`` ranks, ``S/ep`` local
+    slots each). ``grad_attr``: None takes each parameter's ``main_grad`` (Megatron's DDP grad
+    buffer, where gradient accumulation fusion writes) when it has one, else ``.grad``;
+    ``"main_grad"`` / ``"grad"`` force one. Every rank of the EP group calls it, after backward and
+    before ``optimizer.step()`` (docs/api.md: where, with DDP and the DistributedOptimizer).
+    Returns ``{"replicated_experts", "bytes_sent"}`` (this rank's)."""
+    torch = _deps.torch()
+    from routepack_opt.runtime.replicas import exchange_plan, sum_slot_partials
+
+    who = "sum_replica_grads"
+    if not isinstance(placement, Placement):
+        raise InputError(f"{who}: expected a routepack_opt.core.placement.Placement, got {type(placement).__name__}")
+    if grad_attr not in (None, "main_grad", "grad"):
+        raise InputError(f"{who}: grad_attr must be None, 'main_grad' or 'grad', got {grad_attr!r}")
+    P = placement.ep
+    if isinstance(ep_rank, bool) or not isinstance(ep_rank, (int, np.integer)) or not 0 <= ep_rank < P:
+        raise InputError(f"{who}: ep_rank must be in 0..{P - 1} (the placement has ep={P}), got {ep_rank!r}")
+    if layer is not None:
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or \
+                not 0 <= layer < placement.num_layers:
+            raise InputError(f"layer: expected an index in 0..{placement.num_layers - 1}, got {layer!r}")
+        p2l_LS = placement.phy2log[int(layer)][None]
+        experts_L = [experts]
+    else:
+        if isinstance(experts, (list, tuple)) and not _is_slot_lists(experts):
+            experts_L = list(experts)
+        elif placement.num_layers == 1:
+            experts_L = [experts]
+        else:
+            raise InputError(f"{who}: the placement has {placement.num_layers} MoE layers: pass a list of "
+                             "that many layers' experts, or one layer's with layer=l")
+        if len(experts_L) != placement.num_layers:
+            raise InputError(f"{who}: {len(experts_L)} layers' experts for a placement of "
+                             f"{placement.num_layers} MoE layers")
+        p2l_LS = placement.phy2log
+    M = placement.slots_per_rank
+    grads_LS = []
+    for l, ex in enumerate(experts_L):
+        params_S = _slot_params(ex, who)
+        if len(params_S) != M:
+            raise InputError(f"{who}: layer {l} has {len(params_S)} local slots on this rank; the placement "
+                             f"has {M} (S={placement.num_slots} over ep={P})")
+        grads_LS.append([[_grad_of(p, grad_attr, torch) for p in ps] for ps in params_S])
+    if P > 1:
+        dist = _deps.torch_distributed()
+        if not dist.is_initialized() or dist.get_world_size(group) != P:
+            raise InputError(f"{who}: the placement has ep={P}: call it on every rank of an initialized "
+                             f"EP process group of {P} ranks (group=)")
+    plan = exchange_plan(p2l_LS, P, int(ep_rank))
+    sent = sum_slot_partials(grads_LS, plan, P, int(ep_rank), group)
+    return {"replicated_experts": plan.num_replicated, "bytes_sent": int(sent)}
+
+
+def _is_slot_lists(experts) -> bool:
+    """One layer given as per-slot parameter lists (a list of lists of tensors)."""
+    return bool(experts) and all(isinstance(x, (list, tuple)) for x in experts) and \
+        all(hasattr(t, "shape") for x in experts for t in x)
 
 
 def _optimizer_tensors(optimizer, p, torch) -> list:

@@ -81,6 +81,7 @@ from typing import Any
 import numpy as np
 
 from routepack_opt.core.errors import InfeasibleError, InputError
+from routepack_opt.core.placement import Placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.cells import kk_partition
 from routepack_opt.integrations._common import (
@@ -120,7 +121,14 @@ def last_records() -> list[SeamRecord]:
 class SlimeSchedule:
     """slime's four return values plus what RoutePack adds: per step, the logical→physical expert
     map ``[L, E]`` (for :mod:`routepack_opt.integrations.megatron`), the plan report and the
-    :class:`SeamRecord`; and the trailing rollouts' samples slime drops."""
+    :class:`SeamRecord`; and the trailing rollouts' samples slime drops.
+
+    With ``redundant_experts > 0``, ``placements[step]`` is the step's replicated
+    :class:`~routepack_opt.core.placement.Placement` (``phy2log [L, E + N]``, ``logcnt [L, E]``,
+    the replica ``rule``), what ``apply_expert_placement(..., source_rank=)`` and
+    ``migrate_experts`` take, and ``logical_to_physical[step]`` each expert's first replica's slot
+    (``log2phy[:, :, 0]``, not a permutation of 0..E−1). Without replicas ``placements`` is one
+    None per step."""
 
     partitions: list[list[int]]
     micro_batch_indices: list[list[list[int]]]
@@ -130,6 +138,7 @@ class SlimeSchedule:
     reports: list[dict]
     dropped_samples: list[int]
     records: list[SeamRecord] = dataclasses.field(default_factory=list)
+    placements: list[Placement | None] = dataclasses.field(default_factory=list)
 
     def as_slime(self):
         return self.partitions, self.micro_batch_indices, self.num_microbatches, self.global_batch_sizes
@@ -286,7 +295,8 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
                      ep_size: int | None = None, moe_layer_freq=None, sample_is_multimodal=None,
                      cost=None, objective: str | None = None, placement="lpt", time_limit=UNSET,
                      max_sweeps: int | None = None, seed: int = 0, threads=UNSET,
-                     settings: SeamSettings | None = None, on_record=None) -> SlimeSchedule:
+                     settings: SeamSettings | None = None, on_record=None,
+                     redundant_experts: int = 0) -> SlimeSchedule:
     """:func:`build_dp_schedule` with RoutePack's extras (see :class:`SlimeSchedule`).
 
     ``routed_experts``: slime's ``rollout_routed_experts`` (one ``[len_i - 1, layers, top_k]``
@@ -295,7 +305,15 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
     ``time_limit`` (seconds per step; None: unbounded), ``cost``, ``objective``, ``max_sweeps``,
     ``seed``, ``threads`` (numba threads during the call): see the module docstring; ``settings``
     passes them resolved (as :func:`install` does). ``on_record(record)`` is called once per step.
+    ``redundant_experts``: extra expert slots per MoE layer (E + N divisible by ``ep_size``; needs
+    ``routed_experts``): hot experts get replicas and ``SlimeSchedule.placements`` carries each
+    step's replicated placement (docs/api.md, "Megatron: replicated experts").
     """
+    if isinstance(redundant_experts, bool) or not isinstance(redundant_experts, (int, np.integer)) or \
+            redundant_experts < 0:
+        raise InputError(f"redundant_experts: expected an integer ≥ 0, got {redundant_experts!r}")
+    if redundant_experts and routed_experts is None:
+        raise InputError("redundant_experts needs routed_experts: replicas follow the experts' loads")
     if settings is None:
         kw = {} if time_limit is UNSET else {"time_limit": time_limit}
         if threads is not UNSET:
@@ -304,12 +322,12 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
     with settings.planner_threads():
         return _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout_indices,
                      routed_experts, num_experts, ep_size, moe_layer_freq, sample_is_multimodal, placement,
-                     settings, on_record)
+                     settings, on_record, int(redundant_experts))
 
 
 def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout_indices, routed_experts,
           num_experts, ep_size, moe_layer_freq, sample_is_multimodal, placement, settings: SeamSettings,
-          on_record) -> SlimeSchedule:
+          on_record, redundant: int = 0) -> SlimeSchedule:
     t_call = time.perf_counter()
     dp_size, cp_size, vpp_size, mb_group = _cfg(train_parallel_config)
     dynamic = bool(getattr(args, "use_dynamic_batch_size", False))
@@ -379,6 +397,7 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
     nmb: list[int] = []
     gbs: list[int] = []
     maps: list[np.ndarray | None] = []
+    placements: list[Placement | None] = []
     reports: list[dict] = []
     records: list[SeamRecord] = []
     for s, step_rids in enumerate(steps):
@@ -402,9 +421,12 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
                                weight_n=weight_n, mm=step_mm, mm_mode=mm_mode)
         theirs_s = time.perf_counter() - t_ref
         plan_window, clipped = clip_to_cap(window, cap)
-        topo = Topology(dp=dp_size, ep=ep, capacity=cap, row_multiple=group)
+        topo = Topology(dp=dp_size, ep=ep, capacity=cap, row_multiple=group, redundant_experts=redundant)
+        topo_theirs = Topology(dp=dp_size, ep=ep, capacity=cap, row_multiple=group)  # slime: no replicas
+        if redundant:
+            topo.check_experts(window.num_experts)
         t_ref = time.perf_counter()
-        theirs_us = None if theirs is None else score_cells(plan_window, topo, settings.cost, theirs,
+        theirs_us = None if theirs is None else score_cells(plan_window, topo_theirs, settings.cost, theirs,
                                                             settings.objective)
         theirs_s += time.perf_counter() - t_ref
         fallback = None
@@ -451,18 +473,19 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
         nmb.append(rows)
         gbs.append(len(step_rids))
         maps.append(pc.logical_to_physical.copy() if (pc is not None and routed_experts is not None) else None)
+        placements.append(pc.plan.replicas if (pc is not None and redundant) else None)
         rep = dict(pc.report) if pc is not None else {"fallback": fallback or "slime's layout"}
         rep["oversize_samples"] = [idx[i] for i in clipped]
         reports.append(rep)
         planning_s = time.perf_counter() - t0 - theirs_s
         ours_us = (float(pc.plan.score["makespan"]) if pc is not None
-                   else score_cells(plan_window, topo, settings.cost, cells, settings.objective))
+                   else score_cells(plan_window, topo_theirs, settings.cost, cells, settings.objective))
         rec = SeamRecord("slime", rows, None if theirs is None else len(theirs), ours_us, theirs_us,
                          planning_s, theirs_s, samples=len(idx), fallback=fallback, step=s)
         records.append(_RECORDS.add(rec, on_record))
     _LAST_CALL[:] = records
     logger.debug("routepack slime: %d steps planned in %.3f s", len(steps), time.perf_counter() - t_call)
-    return SlimeSchedule(partitions, mbi, nmb, gbs, maps, reports, dropped, records)
+    return SlimeSchedule(partitions, mbi, nmb, gbs, maps, reports, dropped, records, placements)
 
 
 def build_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, global_batch_size: int,
@@ -470,7 +493,7 @@ def build_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, 
                       num_experts: int | None = None, **planner_options):
     """slime's contract: ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``.
     ``planner_options``: ``ep_size``, ``moe_layer_freq``, ``cost``, ``objective``, ``placement``,
-    ``time_limit``, ``max_sweeps``, ``seed``, ``settings``, ``on_record`` (see
+    ``time_limit``, ``max_sweeps``, ``seed``, ``settings``, ``on_record``, ``redundant_experts`` (see
     :func:`plan_dp_schedule`)."""
     return plan_dp_schedule(args, train_parallel_config, total_lengths, global_batch_size=global_batch_size,
                             rollout_indices=rollout_indices, routed_experts=routed_experts,
@@ -491,7 +514,7 @@ def install(module, **options):
         raise InputError(f"install: {name} has no build_dp_schedule to replace (pass slime.ray.rollout, "
                          "the module that calls it, or slime.utils.dp_schedule)")
     unknown = sorted(set(options) - set(_SETTING_KEYS) - {"ep_size", "moe_layer_freq", "placement",
-                                                            "num_experts", "on_record"})
+                                                            "num_experts", "on_record", "redundant_experts"})
     if unknown:
         raise InputError(f"install: unknown option(s) {', '.join(unknown)}")
     settings = seam_settings("slime", **{k: options.pop(k) for k in _SETTING_KEYS if k in options})

@@ -61,6 +61,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from typing import Any
 
 import numpy as np
 
@@ -68,9 +69,11 @@ from routepack_opt.certify import certify_rows
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout
+from routepack_opt.core.placement import Placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.cells import kk_partition
 from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
+from routepack_opt.heuristics.placement.replicate import replicated_placement
 from routepack_opt.integrations import _deps, _verl_env
 from routepack_opt.integrations._common import length_only_window, plan_cells
 from routepack_opt.integrations._seam import (
@@ -335,12 +338,24 @@ def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micr
     return micro_batches, parts
 
 
+def _redundant(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise InputError(f"redundant_experts: expected an integer ≥ 0, got {value!r}")
+    return int(value)
+
+
 def expert_map_from_batch(batch, num_experts: int, ep_size: int, *, dp_group=None,
-                          moe_layer_freq=None, refine: bool = True) -> np.ndarray:
+                          moe_layer_freq=None, refine: bool = True, redundant_experts: int = 0):
     """LPT logical→physical map ``[L, E]`` (Graham 1969, then swap refinement) from the batch's
     ``routed_experts [B, S, layers, top_k]`` and ``attention_mask``, loads summed over
-    ``dp_group`` so every rank gets the same map."""
+    ``dp_group`` so every rank gets the same map.
 
+    With ``redundant_experts=N > 0`` (E + N divisible by ``ep_size``) the hottest experts get
+    replicas and the result is a :class:`~routepack_opt.core.placement.Placement`
+    (``phy2log [L, E + N]``, ``logcnt [L, E]``, the even-local rule; the planners' replicated LPT
+    placement, ``refine`` unused), what ``integrations.megatron.apply_expert_placement(...,
+    source_rank=)`` takes."""
+    red = _redundant(redundant_experts)
     if "routed_experts" not in batch.keys():
         raise InputError("batch has no 'routed_experts' (enable routing replay in the rollout)")
     w = import_replay(batch["routed_experts"], format="verl", num_experts=num_experts,
@@ -349,7 +364,9 @@ def expert_map_from_batch(batch, num_experts: int, ep_size: int, *, dp_group=Non
     if dp_group is not None:
         L, E = load_LE.shape
         load_LE = np.asarray(_dist_reduce(load_LE.ravel().tolist(), "SUM", dp_group)).reshape(L, E)
-    Topology(dp=ep_size, ep=ep_size, capacity=1).check_experts(num_experts)
+    Topology(dp=ep_size, ep=ep_size, capacity=1, redundant_experts=red).check_experts(num_experts)
+    if red:
+        return replicated_placement(load_LE, ep_size, num_experts + red)
     pl = lpt_placement(load_LE, ep_size)
     return swap_refine(load_LE, pl, ep_size) if refine else pl
 
@@ -358,15 +375,21 @@ def expert_map_from_batch(batch, num_experts: int, ep_size: int, *, dp_group=Non
 class GlobalBalance:
     """A global-batch plan with N / dp_size samples per rank. ``partitions[d]``: rank d's sample
     indices, micro-batch by micro-batch (what ``_balance_batch`` concatenates); ``micro_batches[d][r]``:
-    rank d's r-th micro-batch (global indices); ``plan``: the RoutePack plan (slot d = rank d)."""
+    rank d's r-th micro-batch (global indices); ``plan``: the RoutePack plan (slot d = rank d).
+    ``replicas``: with ``redundant_experts > 0``, the plan's replicated
+    :class:`~routepack_opt.core.placement.Placement` (None without replicas)."""
 
     partitions: list
     micro_batches: list
-    plan: object
+    plan: Any
 
     @property
     def num_micro_batches(self) -> int:
         return int(self.plan.rows)
+
+    @property
+    def replicas(self) -> Placement | None:
+        return self.plan.replicas
 
 
 def _global_window(lens_N, batch, num_experts, moe_layer_freq):
@@ -384,20 +407,25 @@ def balance_batch_partitions(batch, dp_size: int, *, max_token_len: int, num_exp
                              ep_size: int = 1, moe_layer_freq=None, num_batches_divided_by=None,
                              min_num_micro_batch=None, cost="qwen3-30b-a3b", objective: str = "max-sum",
                              time_limit: float | None = None, max_sweeps: int | None = None,
-                             seed: int = 0) -> GlobalBalance:
+                             seed: int = 0, redundant_experts: int = 0) -> GlobalBalance:
     """Plan the whole global batch (a TensorDict with ``attention_mask`` and optionally
     ``routed_experts`` [B, S, layers, top_k]) over ``dp_size`` ranks with equal sample counts,
     every micro-batch ≤ ``max_token_len`` tokens. Raises :class:`InputError` when B % dp_size != 0
-    (as verl asserts) or a sample is longer than the cap."""
+    (as verl asserts) or a sample is longer than the cap. ``redundant_experts=N > 0`` (with
+    ``routed_experts`` and ``num_experts``): plan with N extra expert slots per MoE layer, hot
+    experts replicated; :attr:`GlobalBalance.replicas` is then the plan's ``Placement``."""
+    red = _redundant(redundant_experts)
     mask = batch["attention_mask"]
     lens_N = mask.reshape(mask.shape[0], -1).sum(-1).cpu().numpy().astype(np.int64)
     if (lens_N < 1).any():
         raise InputError("a sample has no tokens (attention_mask all zero)")
     D = int(dp_size)
     use_routes = num_experts is not None and "routed_experts" in batch.keys()
+    if red and not use_routes:
+        raise InputError("redundant_experts needs routed_experts and num_experts: replicas follow the experts' loads")
     topo = Topology(dp=D, ep=int(ep_size) if use_routes else 1, capacity=int(max_token_len),
                     min_rows=int(min_num_micro_batch or 1), row_multiple=int(num_batches_divided_by or 1),
-                    equal_samples_per_slot=True)
+                    equal_samples_per_slot=True, redundant_experts=red)
     topo.check_samples(lens_N.size)
     window = _global_window(lens_N, batch, num_experts, moe_layer_freq)
     pc = plan_cells(window, topo, cost, objective=objective, time_limit=time_limit,

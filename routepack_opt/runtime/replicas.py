@@ -30,6 +30,7 @@ replica a plain copy of an existing holder (:mod:`routepack_opt.runtime.material
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import numpy as np
 import torch
@@ -38,7 +39,8 @@ import torch.distributed as dist
 from routepack_opt.runtime.materialize import slot_state_tensors
 from routepack_opt.runtime.moe import MoELayer
 
-__all__ = ["ReplicaExchange", "replica_exchange_plan", "sum_replica_grads", "replica_max_diff"]
+__all__ = ["ReplicaExchange", "replica_exchange_plan", "exchange_plan", "sum_replica_grads",
+           "sum_slot_partials", "replica_max_diff"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,15 +62,24 @@ class ReplicaExchange:
 
 def replica_exchange_plan(layers: list[MoELayer]) -> ReplicaExchange:
     """The exchange of :func:`sum_replica_grads` for the layers' current placements."""
-    P = layers[0].ep_size if layers else 1
-    me = layers[0].ep_rank if layers else 0
-    S = layers[0].slots_per_rank if layers else 1
+    if not layers:
+        return exchange_plan([], 1, 0)
+    return exchange_plan([cast(torch.Tensor, layer.phy2log_S).cpu().numpy() for layer in layers], layers[0].ep_size,
+                         layers[0].ep_rank)
+
+
+def exchange_plan(phy2log_LS, ep_size: int, ep_rank: int) -> ReplicaExchange:
+    """The replica exchange of EP rank ``ep_rank`` from global slot → logical maps, one ``[S]``
+    row per MoE layer (the same on every rank; S/ep_size local slots per rank). Shared with
+    :func:`routepack_opt.integrations.megatron.sum_replica_grads`."""
+    P, me = int(ep_size), int(ep_rank)
     experts: list[list[tuple[int, list[int]]]] = []
     send: dict[int, list[tuple[int, int]]] = {q: [] for q in range(P)}
     recv: dict[int, list[tuple[int, int, int]]] = {q: [] for q in range(P)}
-    for l, layer in enumerate(layers):
-        p2l = layer.phy2log_S.cpu().numpy()
-        cnt = np.bincount(p2l, minlength=layer.num_experts)
+    for l, p2l in enumerate(phy2log_LS):
+        p2l = np.asarray(p2l)
+        S = p2l.shape[0] // P
+        cnt = np.bincount(p2l, minlength=int(p2l.max()) + 1 if p2l.size else 0)
         rows = []
         for e in np.flatnonzero(cnt > 1).tolist():
             slots = np.flatnonzero(p2l == e).tolist()  # ascending: replica j = slots[j]
@@ -106,22 +117,37 @@ def sum_replica_grads(layers: list[MoELayer], group=None,
     plan = plan or replica_exchange_plan(layers)
     if not plan.num_replicated:
         return 0
-    P = layers[0].ep_size
-    me = layers[0].ep_rank
-    S = layers[0].slots_per_rank
     grads_L = [_grads(layer) for layer in layers]
-    nbytes_L = [sum(g[0].numel() * g.element_size() for g in gs) for gs in grads_L]
+    grads_LS = [[[g[s] for g in gs] for s in range(layers[0].slots_per_rank)] for gs in grads_L]
+    return sum_slot_partials(grads_LS, plan, layers[0].ep_size, layers[0].ep_rank, group,
+                             cast(torch.Tensor, layers[0].phy2log_S).device)
+
+
+@torch.no_grad()
+def sum_slot_partials(grads_LS: list[list[list[torch.Tensor]]], plan: ReplicaExchange, ep_size: int,
+                      ep_rank: int, group=None, device=None) -> int:
+    """The exchange and sum of :func:`sum_replica_grads` on per-slot tensors: ``grads_LS[l][s]``
+    is this rank's list of gradient tensors of local slot s at layer l (the same shapes and
+    dtypes in every slot of a layer, written in place). Every holder of a replicated expert ends
+    with ``((g_0 + g_1) + …) + g_{k-1}`` in replica (ascending slot) order, the same bits on every
+    holder. Returns the bytes this rank sent (one ``all_to_all_single`` when ``ep_size > 1``)."""
+    if not plan.num_replicated:
+        return 0
+    P, me = int(ep_size), int(ep_rank)
+    S = len(grads_LS[0]) if grads_LS else 1
+    nbytes_L = [sum(t.numel() * t.element_size() for t in gs[0]) if gs else 0 for gs in grads_LS]
     # read: this rank's own partials (copies), then the others' over one all-to-all
     partial: dict[tuple[int, int, int], list[torch.Tensor]] = {}
     for l, rows in enumerate(plan.experts):
         for e, slots in rows:
             for j, s in enumerate(slots):
                 if s // S == me:
-                    partial[(l, e, j)] = [g[s - me * S].clone() for g in grads_L[l]]
+                    partial[(l, e, j)] = [t.clone() for t in grads_LS[l][s - me * S]]
     bytes_sent = sum(nbytes_L[l] for v in plan.send.values() for (l, _) in v)
     if P > 1:  # the plan is the same on every rank: all of them take part
-        device = layers[0].phy2log_S.device
-        parts = [torch.cat([g[s].reshape(-1).view(torch.uint8) for g in grads_L[l]])
+        if device is None:
+            device = grads_LS[0][0][0].device
+        parts = [torch.cat([t.reshape(-1).view(torch.uint8) for t in grads_LS[l][s]])
                  for q in range(P) for (l, s) in plan.send[q]]
         send_buf = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
         in_splits = [sum(nbytes_L[l] for (l, _) in plan.send[q]) for q in range(P)]
@@ -132,9 +158,9 @@ def sum_replica_grads(layers: list[MoELayer], group=None,
         for q in range(P):
             for (l, e, j) in plan.recv[q]:
                 ts = []
-                for g in grads_L[l]:
-                    n = g[0].numel() * g.element_size()
-                    ts.append(recv_buf[off:off + n].view(g.dtype).view(g[0].shape))
+                for t in grads_LS[l][0]:
+                    n = t.numel() * t.element_size()
+                    ts.append(recv_buf[off:off + n].view(t.dtype).view(t.shape))
                     off += n
                 partial[(l, e, j)] = ts
     # write: the sum in replica order into every local holder
@@ -148,8 +174,8 @@ def sum_replica_grads(layers: list[MoELayer], group=None,
                 for a, t in zip(acc, partial[(l, e, j)]):
                     a += t
             for s in local:
-                for g, a in zip(grads_L[l], acc):
-                    g[s].copy_(a)
+                for g, a in zip(grads_LS[l][s], acc):
+                    g.copy_(a)
     return bytes_sent
 
 
@@ -159,7 +185,7 @@ def replica_max_diff(layers: list[MoELayer], optimizer=None) -> float:
     worst = 0.0
     for layer in layers:
         first = layer.slots.first_slot
-        p2l = layer.phy2log_S[first:first + layer.slots_per_rank].tolist()
+        p2l = cast(torch.Tensor, layer.phy2log_S)[first:first + layer.slots_per_rank].tolist()
         ts = slot_state_tensors(layer, optimizer)
         seen: dict[int, int] = {}
         for s, e in enumerate(p2l):

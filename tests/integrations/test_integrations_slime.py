@@ -403,3 +403,93 @@ def test_static_path_with_routed_experts_plans_the_joint_cost():
     l2p = sched.logical_to_physical[0]
     assert l2p.shape == (La, E) and all(sorted(row) == list(range(E)) for row in l2p)
     assert sched.records[0].predicted_us <= sched.records[0].predicted_us_theirs
+
+
+def _rank_tokens_through_megatron_seam(pl, cells, routes_N, topo, E, La, K):
+    """Per (micro-batch row · EDP shard, layer · EP rank): the token copies each EP rank gets when
+    every DP slot's micro-batch goes through integrations.megatron.remap_routing_replicated (its
+    EP rank as source rank) — the [R·G, L·P] block the evaluator predicts."""
+    torch = pytest.importorskip("torch")
+    from routepack_opt.integrations import megatron as rp_mg
+    from routepack_opt.integrations.replay import slime_pad_routes
+
+    P, G = topo.ep, topo.num_shards
+    q_D = np.empty(topo.dp, dtype=np.int64)
+    q_D[topo.slots_of_shard()] = np.arange(P)[None, :]
+    shard_D = topo.shard_array()
+    pad = slime_pad_routes(La, K, E)[None]
+    got = np.zeros((len(cells) * G, La * P), dtype=np.int64)
+    for r, row in enumerate(cells):
+        for d, ids in enumerate(row):
+            if not ids:
+                continue
+            ids_TLK = np.concatenate([np.concatenate([routes_N[i], pad]) for i in ids])  # slime pads the last token
+            for l in range(La):
+                rmap = torch.zeros(ids_TLK.shape[0], E, dtype=torch.bool)
+                rmap[torch.arange(ids_TLK.shape[0])[:, None], torch.as_tensor(ids_TLK[:, l])] = True
+                _, rmap_TS = rp_mg.remap_routing_replicated(rmap.double(), rmap, pl, int(q_D[d]), layer=l)
+                got[r * G + shard_D[d], l * P:(l + 1) * P] += rp_mg.rank_token_counts(rmap_TS.long(), P).numpy()
+    return got
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_redundant_experts_carry_the_replicated_placement(dynamic):
+    """With redundant_experts the step's replicated Placement travels in SlimeSchedule.placements:
+    Megatron's seam takes it (apply_expert_placement, remap_routing_replicated) and the tokens each
+    EP rank gets equal the one evaluator's predicted loads for the plan; redundant_experts=0 leaves
+    the schedule as it was."""
+    from routepack_opt.core.evaluate import replica_block_W
+    from routepack_opt.core.placement import Placement
+    from routepack_opt.core.topology import Topology
+    from routepack_opt.integrations import megatron as rp_mg
+    from routepack_opt.integrations.replay import import_replay
+
+    rng = np.random.default_rng(5)
+    E, La, K, dp, ep, red = 8, 2, 2, 4, 4, 4
+    tl = [int(x) for x in rng.integers(20, 200, size=32)]
+    routes = _slime_routes(rng, tl, La, K, E, hot=[0, 1])
+    args = make_args(400 if dynamic else None, dynamic=dynamic, num_experts=E, expert_model_parallel_size=ep)
+    args.micro_batch_size = 2
+    kw = dict(global_batch_size=32, rollout_indices=list(range(32)), routed_experts=routes, **SWEEPS)
+    sched = plan_dp_schedule(args, make_tp(dp), tl, redundant_experts=red, **kw)
+    pl = sched.placements[0]
+    assert isinstance(pl, Placement) and pl.redundant == red and pl.num_layers == La
+    assert (pl.logcnt > 1).any() and pl.rule == "even-local"
+    np.testing.assert_array_equal(sched.logical_to_physical[0], pl.log2phy()[:, :, 0])
+    p, m, n, _ = sched.as_slime()
+    cap = 400 if dynamic else sum(tl)
+    assert_invariants(p, m, n, dp_size=dp, expected=range(32), total_lengths=tl, max_per_bin=cap)
+    cells = [[[p[d][i] for i in m[d][r]] for d in range(dp)] for r in range(n[0])]
+    window = import_replay(routes, format="slime", num_experts=E, lengths=tl).window
+    topo = Topology(dp=dp, ep=ep, capacity=cap, redundant_experts=red)
+    from routepack_opt.core.plan import assignment_from_cells
+    row, slot = assignment_from_cells(cells, 32)
+    predicted = replica_block_W(window.counts, pl, row, slot, n[0], topo)
+    np.testing.assert_array_equal(_rank_tokens_through_megatron_seam(pl, cells, routes, topo, E, La, K), predicted)
+
+    class Layer:  # apply_expert_placement takes it as it comes
+        def route(self, hidden):
+            return None
+
+    h = rp_mg.apply_expert_placement(Layer(), pl, layer=1, source_rank=3, num_logical_experts=E)
+    h.remove()
+    plain = plan_dp_schedule(args, make_tp(dp), tl, **kw)
+    zero = plan_dp_schedule(args, make_tp(dp), tl, redundant_experts=0, **kw)
+    assert plain.placements == zero.placements == [None]
+    assert plain.as_slime() == zero.as_slime() and plain.reports[0]["score"] == zero.reports[0]["score"]
+    assert all(np.array_equal(a, b) for a, b in zip(plain.logical_to_physical, zero.logical_to_physical))
+
+
+def test_redundant_experts_without_routes_or_divisible_slots_is_an_error():
+    args = make_args(400, num_experts=8, expert_model_parallel_size=4)
+    tl = [50] * 8
+    with pytest.raises(InputError, match="redundant_experts needs routed_experts"):
+        plan_dp_schedule(args, make_tp(4), tl, global_batch_size=8, rollout_indices=list(range(8)),
+                         redundant_experts=4)
+    routes = _slime_routes(np.random.default_rng(0), tl, 1, 2, 8, hot=[0])
+    with pytest.raises(InputError, match="not divisible by ep=4"):
+        plan_dp_schedule(args, make_tp(4), tl, global_batch_size=8, rollout_indices=list(range(8)),
+                         routed_experts=routes, redundant_experts=3, **SWEEPS)
+    with pytest.raises(InputError, match="redundant_experts: expected an integer"):
+        plan_dp_schedule(args, make_tp(4), tl, global_batch_size=8, rollout_indices=list(range(8)),
+                         routed_experts=routes, redundant_experts=-1)

@@ -440,3 +440,64 @@ def test_importing_the_drop_in_first_still_lets_the_plugin_activate(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip().endswith("patched") and "not patched" not in p.stdout
     assert "did not activate" not in p.stderr
+
+
+def test_balance_with_redundant_experts_carries_a_placement_megatron_takes():
+    """balance_batch_partitions(redundant_experts=4) plans with replicas; GlobalBalance.replicas is the
+    plan's Placement (phy2log, logcnt, even-local rule), Megatron's seam takes it, and the tokens
+    each EP rank gets through remap_routing_replicated (each DP rank's micro-batch with its EP rank
+    as source) equal the one evaluator's predicted loads. expert_map_from_batch(redundant_experts=)
+    gives a Placement too; redundant_experts=0 plans exactly as before."""
+    from routepack_opt.core.evaluate import replica_block_W
+    from routepack_opt.core.placement import Placement
+    from routepack_opt.integrations import megatron as rp_mg
+    from routepack_opt.integrations.verl import _global_window
+
+    rng = np.random.default_rng(7)
+    D, ep, E, La, red, cap = 4, 4, 8, 2, 4, 4096
+    lens = [int(x) for x in np.clip(rng.lognormal(5.5, 0.7, 32), 16, 2000)]
+    td = make_batch(lens, max(lens), E=E, La=La, seed=7)
+    opts = dict(max_token_len=cap, num_experts=E, ep_size=ep, max_sweeps=20)
+    gb = rp_verl.balance_batch_partitions(td, D, redundant_experts=red, **opts)
+    pl = gb.replicas
+    assert isinstance(pl, Placement) and pl.redundant == red and (pl.logcnt > 1).any()
+    assert pl.phy2log.shape == (La, E + red) and pl.rule == "even-local"
+    plan = gb.plan
+    window = _global_window(np.array(lens), td, E, None)
+    predicted = replica_block_W(window.counts, pl, plan.row, plan.slot, plan.rows, plan.topology)
+    topo = plan.topology
+    P, G = topo.ep, topo.num_shards
+    q_D = np.empty(D, dtype=np.int64)
+    q_D[topo.slots_of_shard()] = np.arange(P)[None, :]
+    got = np.zeros_like(predicted)
+    for d in range(D):
+        for r, mb in enumerate(gb.micro_batches[d]):
+            for l in range(La):
+                # token rows carrying the window's per-expert counts of the micro-batch (the importer's routes)
+                c_E = window.counts[mb, l].sum(axis=0)
+                rmap = torch.arange(int(c_E.max()))[:, None] < torch.as_tensor(c_E)[None, :]
+                _, rmap_TS = rp_mg.remap_routing_replicated(rmap.double(), rmap, pl, int(q_D[d]), layer=l)
+                got[r * G + topo.shard_array()[d], l * P:(l + 1) * P] += \
+                    rp_mg.rank_token_counts(rmap_TS.long(), P).numpy()
+    np.testing.assert_array_equal(got, predicted)
+
+    class Layer:
+        def route(self, hidden):
+            return None
+
+    rp_mg.apply_expert_placement(Layer(), pl, layer=0, source_rank=0, num_logical_experts=E).remove()
+    m = rp_verl.expert_map_from_batch(td, E, ep, redundant_experts=red)
+    assert isinstance(m, Placement) and m.redundant == red and m.ep == ep
+    plain = rp_verl.balance_batch_partitions(td, D, **opts)
+    zero = rp_verl.balance_batch_partitions(td, D, redundant_experts=0, **opts)
+    assert plain.replicas is None and zero.replicas is None
+    assert plain.partitions == zero.partitions and plain.micro_batches == zero.micro_batches
+    assert np.array_equal(plain.plan.placement, zero.plan.placement)
+    assert np.array_equal(rp_verl.expert_map_from_batch(td, E, ep), rp_verl.expert_map_from_batch(td, E, ep,
+                                                                                                 redundant_experts=0))
+    with pytest.raises(InputError, match="redundant_experts needs routed_experts"):
+        rp_verl.balance_batch_partitions(td, D, max_token_len=cap, redundant_experts=2)
+    with pytest.raises(InputError, match="not divisible by ep=4"):
+        rp_verl.expert_map_from_batch(td, E, ep, redundant_experts=3)
+    with pytest.raises(InputError, match="redundant_experts: expected an integer"):
+        rp_verl.expert_map_from_batch(td, E, ep, redundant_experts=-1)
