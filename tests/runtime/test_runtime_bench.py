@@ -47,10 +47,14 @@ def test_calibrate_quick_cpu_fits():
     """Quick CPU calibration: a valid cost model, every coefficient ≥ 0, the expert fit tracks
     (R² > 0.9), attention fit reported. Each point is the minimum of 9 timings and the expert
     sizes reach 2,048 tokens, so that the kernels' time, not the machine's other load, is what
-    gets fitted (with 3 timings of ≤ 768 tokens the expert R² fell to 0.67 on a busy run)."""
-    cost, rep = calibrate("cpu", bench_config("cpu", quick=True, repeats=9, expert_tokens=(64, 256, 1024, 2048)))
+    gets fitted (with 3 timings of ≤ 768 tokens the expert R² fell to 0.67 on a busy run). The
+    attention lengths reach 768 tokens for the same reason: at the quick sizes (≤ 192) the
+    quadratic term is below the timer's noise and the fit's R² ranged 0.29–0.81 on an idle
+    machine; with these sizes it was 0.92–0.98."""
+    cost, rep = calibrate("cpu", bench_config("cpu", quick=True, repeats=9, expert_tokens=(64, 256, 1024, 2048),
+                                               attn_lengths=(16, 64, 256, 768), attn_max_tokens=1536))
     assert cost.gamma > 0 and cost.stages[0].alpha > 0 and cost.row_overhead >= 0
-    assert rep["expert"]["r2"] > 0.9 and rep["attention"]["r2"] > 0.3
+    assert rep["expert"]["r2"] > 0.9 and rep["attention"]["r2"] > 0.5
 
 
 def _window_plan(tmp_path, dp=4, ep=2, rows=2):
