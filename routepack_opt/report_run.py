@@ -10,11 +10,18 @@ Per window (one optimizer step), :func:`analyze_window` computes
 - the frameworks' own packers at the rows each picks (:mod:`routepack_opt.heuristics.frameworks`:
   verl, verl-target, NeMo-RL FFD/MFFD, slime) and verl's KK repaired to the cap at R*
   (``verl-kk@R*``, ``routepack compare``'s baseline), each under the identity placement and
-  EPLB's (balanced packing without replication, which is cardinality-constrained LPT);
+  EPLB's (balanced packing without replication, which is cardinality-constrained LPT). With
+  redundant expert slots (``--redundant-experts N``) our plan has replicas, and so do the
+  baselines' placements: EPLB's global policy with the same N slots
+  (:func:`~routepack_opt.heuristics.placement.replicate.eplb_placement`) and the identity with
+  the first N experts copied (:meth:`~routepack_opt.core.placement.Placement.identity`), every
+  token split by the even-local rule, as the runtime dispatches it;
 - every layout scored by the one evaluator: makespan M, the lower bound LB of its placement
   and rows, its cap violations (micro-batches over C) and extra rows (R − R*);
 - saving = (M_best − M_ours) / M_best over the best baseline that keeps the cap;
-- EP-rank imbalance (CV of the per-layer rank loads) of identity, EPLB and our placement;
+- EP-rank imbalance (CV of the per-layer rank loads) of identity, EPLB and our placement (with
+  replicas: a baseline placement's rank loads split each expert's tokens evenly over its copies;
+  our plan's are the even-local split of its own layout, as ``routepack compare`` reports it);
 - where the time goes on the critical path of our plan: for max-sum the busiest shard
   g* = argmax_g Σ_r J[r, g], split into attention Σ_r Σ_s A[s, r, g*], experts
   γ Σ_r Σ_l M[r, g*, l] and overhead R·row_overhead (for sum-max, per row its busiest shard);
@@ -254,7 +261,7 @@ def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
     from routepack_opt.heuristics.baselines import BASELINES
     from routepack_opt.heuristics.frameworks import FRAMEWORK_PACKERS
     from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, rank_load_cv
-    from routepack_opt.pipeline import SharedPacker, certified_rows, solve
+    from routepack_opt.pipeline import SharedPacker, certified_rows, resolve_placement, solve
     from routepack_opt.warmup import warm
 
     topo, cost, obj = cfg.topology, cfg.cost, cfg.objective
@@ -277,8 +284,11 @@ def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
     ev = Evaluator(window, topo, cost)
     m = plan_metrics(ev, plan, obj, t["plan"])
     load_LE = window.expert_loads()
-    placements = {"identity": identity_placement(window.num_layers, window.num_experts),
-                  "eplb": lpt_placement(load_LE, topo.ep)}
+    if topo.redundant_experts:  # every placement with the same replica slots as our plan
+        placements = {k: resolve_placement(window, topo, k)[0] for k in PLACEMENTS}
+    else:
+        placements = {"identity": identity_placement(window.num_layers, window.num_experts),
+                      "eplb": lpt_placement(load_LE, topo.ep)}
     layouts: dict[str, tuple] = {}
     errors: dict[str, str] = {}
     try:
@@ -316,7 +326,7 @@ def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
            "makespan_other_objective": m["makespan_sum_max" if obj == "max-sum" else "makespan_max_sum"],
            "ep_imbalance": {"routepack": m["ep_rank_cv"],
                             **{k: rank_load_cv(load_LE, pl, topo.ep) for k, pl in placements.items()}},
-           "time_split": _critical_split(ev, plan.placement, plan.row, plan.slot, plan.rows, obj),
+           "time_split": _critical_split(ev, plan.expert_placement, plan.row, plan.slot, plan.rows, obj),
            "baselines": baselines, "best_baseline": best,
            "saving": None if best is None else keeping[best]["saving"],
            "rows_saved": None if best is None else keeping[best]["rows"] - plan.rows,
@@ -325,6 +335,10 @@ def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
            # the certifier's time-bounded packing seeds the plan: the line may then differ
            # between runs (never seen on the study's windows)
            "deterministic": deterministic and cert.get("status") == "optimal"}
+    if topo.redundant_experts:
+        rec.update(redundant_experts=topo.redundant_experts, force_balanced_lower_bound=m["force_balanced_lower_bound"],
+                   gap_force_balanced=m["gap_force_balanced"],
+                   replica_bytes_per_rank=topo.redundant_experts / topo.ep * cost.expert_bytes)
     if best is not None:
         bl = best.split("/")
         brow, bslot, brows = layouts[bl[0]]

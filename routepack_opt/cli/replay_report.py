@@ -62,17 +62,26 @@ def run(args) -> None:
 
     if args.workers is not None and args.address is not None:
         raise InputError("give --workers N (a local cluster) or --address ADDR (a running one), not both")
-    if args.redundant_experts or args.max_replica_bytes is not None:
-        # the per-window baselines (EPLB / identity placements) are permutations, scored without
-        # replicas: a replicated report needs replicated baselines first
-        raise InputError("replay-report does not take --redundant-experts / --max-replica-bytes yet; "
-                         "compare replicated plans window by window with routepack compare")
     cfg = ReportConfig(topology=topology_from_args(args), cost=cost_from_args(args), objective=args.objective,
                        params=load_params(args), time_limit=args.time_limit, max_sweeps=args.max_sweeps,
                        seed=args.seed, format=args.format, num_experts=args.num_experts,
                        moe_layer_freq=_freq(args.moe_layer_freq), top_k=args.top_k)
     check_dirs(args.run_dir, args.output)  # before Ray starts: bad paths cost nothing
-    list_windows(args.run_dir, args.format)
+    paths = list_windows(args.run_dir, args.format)
+    if cfg.topology.redundant_experts or args.max_replica_bytes is not None:
+        # E + N divisible by P and the replicas' bytes per rank, on the first readable window,
+        # before Ray starts (an unreadable window, or a later one with another E, is recorded with
+        # its error, as any bad window)
+        from routepack_opt.pipeline import with_replicas
+        from routepack_opt.report_run import load_step_window
+
+        for path in paths:
+            try:
+                num_experts = load_step_window(path, cfg).num_experts
+            except InputError:
+                continue
+            with_replicas(cfg.topology, num_experts, cfg.cost, None, args.max_replica_bytes)
+            break
     from routepack_opt.integrations.ray import _check_reachable, run_report
 
     if args.address is not None:

@@ -126,7 +126,7 @@ def test_report_html_is_self_contained(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["empty", "missing", "out-is-run", "out-is-file", "both", "replay-no-e", "address",
-                                  "replicas"])
+                                  "replicas-indivisible", "replica-bytes"])
 def test_replay_report_bad_inputs_are_one_error_line(tmp_path, run_cli, case):
     """Bad inputs to replay-report: one error: line, exit 2, before any Ray start."""
     d = tmp_path / "run"
@@ -149,8 +149,10 @@ def test_replay_report_bad_inputs_are_one_error_line(tmp_path, run_cli, case):
     elif case == "address":
         pytest.importorskip("ray", reason="ray is not installed (pip install ray==2.60.0)")
         extra = ["--address", "127.0.0.1:1"]  # nothing listens on port 1
-    elif case == "replicas":  # the baselines are scored without replicas: refused, not failed per window
-        extra = ["--redundant-experts", 4]
+    elif case == "replicas-indivisible":  # E=8 + 3 slots over ep=2: refused before Ray, not per window
+        extra = ["--redundant-experts", 3]
+    elif case == "replica-bytes":  # the cost file has no expert_bytes to weigh a replica with
+        extra = ["--redundant-experts", 2, "--max-replica-bytes", 1e9]
     code, stdout, err = run_cli("replay-report", d, "-o", out, "--cost", cost, *OPTS, *extra)
     assert code == 2 and err.startswith("error:") and err.count("\n") == 1 and stdout == ""
     assert not (tmp_path / "out").exists() or case == "out-is-run"
@@ -184,6 +186,37 @@ def test_replay_report_runs_resumes_and_records_errors(ray_cluster, tmp_path, ru
     again, torn = read_steps(out / "steps.jsonl")
     canon = lambda rs: sorted(json.dumps(strip_timings(r), sort_keys=True) for r in rs)
     assert canon(again) == canon(recs) and not torn
+
+
+def test_replay_report_with_replicas(ray_cluster, tmp_path, run_cli):
+    """--redundant-experts N: our plan and the baselines' EPLB / identity placements all have N
+    replica slots; every line's numbers are the one evaluator's on that placement and layout."""
+    from routepack_opt.core.placement import Placement
+    from routepack_opt.heuristics.frameworks import FRAMEWORK_PACKERS
+    from routepack_opt.heuristics.placement.replicate import eplb_placement
+
+    d = _run_dir(tmp_path, n=2)
+    out = tmp_path / "out"
+    code, stdout, err = run_cli("replay-report", d, "-o", out, "--cost", _cost_file(tmp_path), *OPTS,
+                                "--redundant-experts", 2, "--workers", 1, "--json")
+    assert code == 0, err
+    recs, _ = read_steps(out / "steps.jsonl")
+    assert len(recs) == 2 and not any("error" in r for r in recs)
+    topo = Topology(dp=4, ep=2, capacity=60, redundant_experts=2)
+    for rec in recs:
+        assert rec["redundant_experts"] == 2 and rec["gap_force_balanced"] >= 1.0 - 1e-9
+        w = random_window(48, 2, 8, 2, max_len=40, min_len=5, seed=int(rec["window"][5]))
+        ev = Evaluator(w, topo, COST)
+        pl = eplb_placement(w.expert_loads(), 2, 10)
+        assert isinstance(pl, Placement) and (pl.logcnt > 1).any()
+        row, slot, rows = FRAMEWORK_PACKERS["nemo-ffd"](w.lengths, topo)
+        assert rec["baselines"]["nemo-ffd/eplb"]["makespan"] == pytest.approx(
+            ev.evaluate(pl, row, slot, rows, "max-sum").score.makespan)
+        best = rec["baselines"][rec["best_baseline"]]
+        assert rec["saving"] == pytest.approx((best["makespan"] - rec["makespan"]) / best["makespan"])
+        # the baselines' EP-rank CV is their placement's even split, identity's worse than EPLB's
+        cv = rec["ep_imbalance"]
+        assert 0 <= cv["eplb"] < cv["identity"] and np.isfinite(cv["routepack"])
 
 
 def test_replay_report_refuses_other_options_on_resume(ray_cluster, tmp_path, run_cli):
