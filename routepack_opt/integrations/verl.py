@@ -28,7 +28,20 @@ listed micro-batch by micro-batch — and :func:`balance_batch` applies it to a 
 way ``_balance_batch`` does (reorder in place, verl's balance metrics). With ``routed_experts``
 (and ``num_experts``, ``ep_size``) the whole step is planned on the joint cost; otherwise on
 lengths only. :func:`install_balance_batch` patches it into ``RayPPOTrainer`` (keeping verl's
-``keep_minibatch`` and ``use_prefix_grouper`` branches).
+``keep_minibatch`` and ``use_prefix_grouper`` branches), planning each mini-batch the workers'
+actor iterates.
+
+The driver's plan on the ranks: both write the plan into the batch as int64 ``[N]`` columns
+(:data:`PLAN_COLUMNS`, :func:`plan_columns`), which verl's dispatch, its mini-batch iterator and
+``index_select`` carry with their samples. :func:`rearrange_micro_batches` returns those
+micro-batches without planning when they are whole in the call (every listed micro-batch
+complete, under the cap, forced groups kept, verl's row rules met) and every rank of ``dp_group``
+can use its plan with the same count (agreed in the call's one all-reduce); the record's
+``source`` is then ``"driver"``. Otherwise it plans as below: silently for a call over several
+planned mini-batches or at another cap (a log-prob pass), with one warning per cause for columns
+that are not whole. Expert-aware packing on a rank alone is not done: its expert time depends on
+its EP peers' micro-batches of the same row, which it does not see
+(``experiments/verl_rank_expert_aware.py`` measures it worse than length-only per rank).
 
 Enabling it by config: RoutePack registers a ``verl.plugins`` entry point
 (:mod:`routepack_opt.integrations.verl_plugin`); with ``ROUTEPACK_VERL=1`` in the workers'
@@ -292,7 +305,9 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
     planner (``settings``: resolved ones, as the plugin passes; ``compare``: also run verl's
     partitioner on the lengths for the record; ``on_record(record)``: called once per call).
 
-    Never exceeds ``max_token_len`` effective tokens per micro-batch. ``force_group_size`` > 1
+    With the driver's plan columns (:data:`PLAN_COLUMNS`) whole in the call and usable on every
+    rank of ``dp_group``, returns the driver's micro-batches without planning (record
+    ``source="driver"``). Never exceeds ``max_token_len`` effective tokens per micro-batch. ``force_group_size`` > 1
     keeps consecutive groups together (planned as one item of the group's total length, so the
     quadratic term is an over-estimate for those).
     """
