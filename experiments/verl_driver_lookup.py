@@ -12,8 +12,8 @@ writes the plan columns; its time is the wall clock of the call. A rank: rank 0'
 verl's dispatch gives it), called as verl's engine calls ``rearrange_micro_batches`` with default
 settings, (a) with the plan columns (look-up, record source ``driver``) and (b) without them
 (planning on the rank, as before); verl 0.9.1's own function for reference. Per call: wall clock
-(median and max of ``--calls``, interleaved, after one warm-up call that compiles numba's
-kernels) and the record's ``planning_s`` (the call up to the micro-batches, without the record's
+(median and max of ``--calls``, interleaved in alternating order, on a copy of the chunk as
+the dispatch delivers it, after one warm-up call that compiles numba's kernels) and the record's ``planning_s`` (the call up to the micro-batches, without the record's
 comparison with verl's count, ``compare=True`` by default). Predicted: the rank's micro-batches
 by the one evaluator (dp = 1, length-only: on one rank the count decides it).
 """
@@ -89,18 +89,16 @@ def bench(B: int, D: int, calls: int, seed: int) -> dict:
         t0 = time.perf_counter()
         cls(D)._balance_batch(data, {})
         t_driver = time.perf_counter() - t0
-        chunk = data.batch[:B]
+        chunk = data.batch[:B].clone()  # what the dispatch sends rank 0: its own memory
         bare = chunk.clone()
         for key in rp_verl.PLAN_COLUMNS:
             del bare[key]
-        t0 = time.perf_counter()
-        rp_verl.rearrange_micro_batches(chunk, CAP)
-        t_lookup = time.perf_counter() - t0
-        rec_l = rp_verl.last_record()
-        t0 = time.perf_counter()
-        rp_verl.rearrange_micro_batches(bare, CAP)
-        t_plan = time.perf_counter() - t0
-        rec_p = rp_verl.last_record()
+        timed = {}
+        for name in (("lookup", "plan") if c % 2 else ("plan", "lookup")):  # alternate the order
+            t0 = time.perf_counter()
+            rp_verl.rearrange_micro_batches(chunk if name == "lookup" else bare, CAP)
+            timed[name] = (time.perf_counter() - t0, rp_verl.last_record())
+        (t_lookup, rec_l), (t_plan, rec_p) = timed["lookup"], timed["plan"]
         t0 = time.perf_counter()
         vsb.rearrange_micro_batches(bare, CAP)
         t_verl = time.perf_counter() - t0
