@@ -309,6 +309,12 @@ def test_balance_batch_equal_counts_valid_and_no_worse_than_verl(routes):
     for d in range(D):
         for mb in gb.micro_batches[d]:
             assert mb and sum(lens[i] for i in mb) <= cap
+        # the plan's columns: rank d's chunk packs into exactly its planned micro-batches (joint
+        # cost with routes), looked up without planning
+        order = [j for part in gb.partitions for j in part]
+        _, parts = rp_verl.rearrange_micro_batches(dp.batch[d * m:(d + 1) * m], cap)
+        assert rp_verl.last_record().source == "driver"
+        assert sorted(sorted(order[d * m + i] for i in p) for p in parts) == sorted(map(sorted, gb.micro_batches[d]))
     # verl's own partition (equal chunks); each rank then packed at the least common count
     chunks = _verl_partitions(lens, D)
     assert [len(c) for c in chunks] == [m] * D
@@ -633,16 +639,23 @@ def _driver_dist_worker(rank, world, init_file, result_file, drop_on_rank):
     if rank == drop_on_rank:
         for key in rp.PLAN_COLUMNS:
             del mb[key]
+    import logging
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: seen.append(r.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("routepack_opt.integrations").addHandler(handler)
     _, parts = rp.rearrange_micro_batches(mb, 2048, dp_group=dist.group.WORLD)
+    peer = int(any("another DP rank cannot use the driver's plan" in m for m in seen))
     with open(f"{result_file}.{rank}", "w") as fh:
-        fh.write(f"{rp.last_record().source} {len(parts)}")
+        fh.write(f"{rp.last_record().source} {len(parts)} {peer}")
     dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("drop_on_rank", [-1, 1])
 def test_dp_group_agrees_on_the_driver_plan(tmp_path, drop_on_rank):
     """2 gloo ranks: both use the driver's plan (same count); when one rank lacks the columns both
-    plan (same collectives, agreed count)."""
+    plan (same collectives, agreed count) and the rank that had its plan says why, once."""
     import torch.multiprocessing as mp
 
     mp.spawn(_driver_dist_worker, args=(2, str(tmp_path / "init"), str(tmp_path / "res"), drop_on_rank),
@@ -650,3 +663,4 @@ def test_dp_group_agrees_on_the_driver_plan(tmp_path, drop_on_rank):
     got = [(tmp_path / f"res.{r}").read_text().split() for r in range(2)]
     assert got[0][1] == got[1][1]
     assert [g[0] for g in got] == (["driver", "driver"] if drop_on_rank < 0 else ["plan", "plan"])
+    assert [g[2] for g in got] == (["0", "0"] if drop_on_rank < 0 else ["1", "0"])
