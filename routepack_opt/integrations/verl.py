@@ -89,7 +89,7 @@ from routepack_opt.heuristics.cells import kk_partition
 from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
 from routepack_opt.heuristics.placement.replicate import replicated_placement
 from routepack_opt.integrations import _deps, _verl_env
-from routepack_opt.integrations._common import length_only_window, plan_cells
+from routepack_opt.integrations._common import as_cost, length_only_window, plan_cells
 from routepack_opt.integrations._seam import (
     UNSET,
     FrameworkAssertionError,
@@ -236,7 +236,8 @@ _PLAN_IDS = itertools.count(1)
 
 def plan_columns(plans: list, num_samples: int, max_token_len: int) -> dict[str, np.ndarray]:
     """The columns that carry a driver plan to the ranks. ``plans[k][d]`` is rank d's list of
-    micro-batches (sample indices of the batch) in the plan of mini-batch k. Per sample: the id of
+    micro-batches (sample indices of the batch) in the plan of mini-batch k, in the order the
+    ranks run them (:meth:`GlobalBalance.run_order`: the same row on every rank). Per sample: the id of
     its mini-batch's plan (a new one per plan in this process), its micro-batch's number within
     its rank, that micro-batch's sample count (so a rank can check it got the micro-batch whole)
     and the token cap it was planned for. Raises :class:`InputError` when a sample is in no
@@ -432,11 +433,10 @@ def _finish(batch, lens_N, item_len, g: int, ev: Evaluator, lay: Layout, setting
     parts = [[j for it in cells[r] for j in range(it * g, it * g + g)] for r in range(rows)]
     J_R = ev.costs(_ONE_EXPERT, lay.row, lay.slot, rows)[:, 0]
     ours_us = float(ev.score_layout(_ONE_EXPERT, lay, settings.objective).makespan)
-    if use_dynamic_bsz_balance:
-        # verl's pipeline-bubble order: heaviest in the middle, lighter ones at both ends.
-        order = sorted(range(rows), key=lambda r: (J_R[r], parts[r][0]), reverse=True)
-        order = order[::2][::-1] + order[1::2]
-        parts = [parts[r] for r in order]
+    if use_dynamic_bsz_balance and source != "driver":
+        # the driver's rows come in the order it chose for the whole group (GlobalBalance.row_order):
+        # row r of every rank runs together, so a rank must not reorder them by its own costs
+        parts = [parts[r] for r in _bubble_order(J_R, [p[0] for p in parts])]
     planning = time.perf_counter() - t0
     rows_theirs = theirs_us = theirs_s = None
     if compare:
@@ -448,6 +448,13 @@ def _finish(batch, lens_N, item_len, g: int, ev: Evaluator, lay: Layout, setting
     _RECORDS.add(SeamRecord("verl", rows, rows_theirs, ours_us, theirs_us, planning, theirs_s,
                             samples=int(lens_N.shape[0]), fallback=fallback, source=source), on_record)
     return micro_batches, parts
+
+
+def _bubble_order(cost_R, key_R) -> list[int]:
+    """verl's pipeline-bubble order of micro-batches: heaviest in the middle, lighter ones at both
+    ends (ties by ``key_R``)."""
+    order = sorted(range(len(cost_R)), key=lambda r: (cost_R[r], key_R[r]), reverse=True)
+    return order[::2][::-1] + order[1::2]
 
 
 def _redundant(value) -> int:
@@ -489,11 +496,20 @@ class GlobalBalance:
     indices, micro-batch by micro-batch (what ``_balance_batch`` concatenates); ``micro_batches[d][r]``:
     rank d's r-th micro-batch (global indices); ``plan``: the RoutePack plan (slot d = rank d).
     ``replicas``: with ``redundant_experts > 0``, the plan's replicated
-    :class:`~routepack_opt.core.placement.Placement` (None without replicas)."""
+    :class:`~routepack_opt.core.placement.Placement` (None without replicas). ``row_order``: the
+    order the ranks run the rows in, verl's pipeline-bubble order (``use_dynamic_bsz_balance``) on
+    each row's cost over the whole group (the evaluator's ``J[r, g]``, max over shards), the same
+    on every rank, so row r of every rank still runs together; :meth:`run_order` lists them so."""
 
     partitions: list
     micro_batches: list
     plan: Any
+    row_order: tuple = ()
+
+    def run_order(self) -> list:
+        """``[d][j]``: rank d's micro-batches in :attr:`row_order` (what the plan columns number)."""
+        order = self.row_order or tuple(range(self.num_micro_batches))
+        return [[mbs[r] for r in order] for mbs in self.micro_batches]
 
     @property
     def num_micro_batches(self) -> int:
@@ -544,7 +560,11 @@ def balance_batch_partitions(batch, dp_size: int, *, max_token_len: int, num_exp
                     max_sweeps=max_sweeps, seed=seed)
     mbs = [[list(pc.cells[r][d]) for r in range(pc.rows)] for d in range(D)]
     parts = [[i for mb in mbs[d] for i in mb] for d in range(D)]
-    return GlobalBalance(parts, mbs, pc.plan)
+    p = pc.plan
+    J_RG = Evaluator(window, p.topology, as_cost(cost)).costs(p.replicas if p.replicas is not None else p.placement,
+                                                              p.row, p.slot, p.rows)
+    order = _bubble_order(J_RG.max(axis=1), [min(min(c) for c in pc.cells[r]) for r in range(pc.rows)])
+    return GlobalBalance(parts, mbs, p, tuple(order))
 
 
 def balance_batch(batch, dp_size: int, metrics: dict | None = None, *, max_token_len: int,
@@ -558,7 +578,7 @@ def balance_batch(batch, dp_size: int, metrics: dict | None = None, *, max_token
 
     gb = balance_batch_partitions(batch.batch, dp_size, max_token_len=max_token_len, **options)
     n = int(batch.batch["attention_mask"].shape[0])
-    for key, col in plan_columns([gb.micro_batches], n, max_token_len).items():
+    for key, col in plan_columns([gb.run_order()], n, max_token_len).items():
         batch.batch[key] = torch.from_numpy(col)
     batch.reorder(torch.tensor([j for part in gb.partitions for j in part]))
     if metrics is not None:
@@ -644,7 +664,7 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
                                               min_num_micro_batch=min_num_micro_batch, cost=settings.cost,
                                               objective=settings.objective, time_limit=settings.time_limit,
                                               max_sweeps=settings.max_sweeps, seed=settings.seed)
-                plans.append([[[start + i for i in mb] for mb in mbs] for mbs in gb.micro_batches])
+                plans.append([[[start + i for i in mb] for mb in mbs] for mbs in gb.run_order()])
                 ours += float(gb.plan.score["makespan"])
                 seeds = gb.plan.report.seed_scores or {}
                 theirs += float(seeds.get("verl-kk", gb.plan.score["makespan"]))

@@ -314,7 +314,8 @@ def test_balance_batch_equal_counts_valid_and_no_worse_than_verl(routes):
         order = [j for part in gb.partitions for j in part]
         _, parts = rp_verl.rearrange_micro_batches(dp.batch[d * m:(d + 1) * m], cap)
         assert rp_verl.last_record().source == "driver"
-        assert sorted(sorted(order[d * m + i] for i in p) for p in parts) == sorted(map(sorted, gb.micro_batches[d]))
+        # in the group's run order (row r of every rank together), not re-sorted by the rank
+        assert [sorted(order[d * m + i] for i in p) for p in parts] == list(map(sorted, gb.run_order()[d]))
     # verl's own partition (equal chunks); each rank then packed at the least common count
     chunks = _verl_partitions(lens, D)
     assert [len(c) for c in chunks] == [m] * D
@@ -541,15 +542,11 @@ def _driver_step(lens, D=2, mini=4, n=2, cap=2048, seed=0):
                                   dataloader_kwargs={"shuffle": False})) for d, c in enumerate(chunks)]
 
 
-def _as_sets(mini_batch, parts):
-    sid = mini_batch["sid"].tolist()
-    return sorted(sorted(sid[i] for i in p) for p in parts)
-
-
 def test_driver_plan_reaches_the_ranks_through_verls_worker_path():
     """Each rank's rearrange_micro_batches on verl's own mini-batches returns exactly the driver's
-    planned micro-batches (same sample sets, as balance_batch_partitions plans them), without
-    planning: source "driver", driver_plan metric 1, valid for restore_dynamic_batch."""
+    planned micro-batches (same sample sets, as balance_batch_partitions plans them, in the
+    driver's run order, so row r of every rank runs together), without planning: source "driver",
+    driver_plan metric 1, valid for restore_dynamic_batch."""
     rng = np.random.default_rng(11)
     lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.8, 32), 16, 1500)]
     D, mini, n, cap = 2, 4, 2, 2048
@@ -559,6 +556,7 @@ def test_driver_plan_reaches_the_ranks_through_verls_worker_path():
     for k in range(len(lens) // size):  # the driver's plan of mini-batch k, planned again here
         gb = rp_verl.balance_batch_partitions(td[k * size:(k + 1) * size], D, max_token_len=cap,
                                               time_limit=None, max_sweeps=5, seed=0)
+        assert sorted(gb.row_order) == list(range(gb.num_micro_batches))
         for d in range(D):
             mb = ranks[d][k]
             rp_verl.pop_records()
@@ -566,8 +564,9 @@ def test_driver_plan_reaches_the_ranks_through_verls_worker_path():
             (rec,) = rp_verl.pop_records()
             assert rec.source == "driver" and rec.fallback is None
             assert rec.metrics()["routepack/driver_plan"] == 1.0 and rec.rows == len(parts)
-            want = sorted(sorted(k * size + i for i in m) for m in gb.micro_batches[d])
-            assert _as_sets(mb, parts) == want
+            # the driver's micro-batches in the driver's run order (the same rows on every rank)
+            want = [sorted(k * size + i for i in m) for m in gb.run_order()[d]]
+            assert [sorted(mb["sid"][i].item() for i in p) for p in parts] == want
             assert sorted(i for p in parts for i in p) == list(range(len(mb["sid"])))
             for m, p in zip(micro, parts):
                 assert m["sid"].tolist() == [mb["sid"][i].item() for i in p]
