@@ -36,7 +36,9 @@ The driver's plan on the ranks: both write the plan into the batch as int64 ``[N
 ``index_select`` carry with their samples. :func:`rearrange_micro_batches` returns those
 micro-batches without planning when they are whole in the call (every listed micro-batch
 complete, under the cap, forced groups kept, verl's row rules met) and every rank of ``dp_group``
-can use its plan with the same count (agreed in the call's one all-reduce); the record's
+can use its plan with the same count (agreed in the call's one all-reduce), in the driver's
+run order for the whole group (:attr:`GlobalBalance.row_order`: verl's pipeline-bubble order on
+each row's cost over the group, so row r of every rank still runs together); the record's
 ``source`` is then ``"driver"``. Otherwise it plans as below: silently for a call over several
 planned mini-batches or at another cap (a log-prob pass), with one warning per cause for columns
 that are not whole. Expert-aware packing on a rank alone is not done: its expert time depends on
