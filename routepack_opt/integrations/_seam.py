@@ -186,7 +186,8 @@ class SeamRecord:
     round-robin / KK, with the identity expert placement), scored by the same evaluator.
     ``saving_us`` = theirs − ours; ``net_saving_us`` subtracts the planning time when the call is
     on the critical path (``on_critical_path``). ``fallback``: why the framework's own result was
-    used (None when ours was)."""
+    used (None when ours was). ``source``: ``"plan"`` when the call planned, ``"driver"`` when it
+    returned micro-batches planned upstream (verl: the driver's ``balance_batch``) without planning."""
 
     seam: str
     rows: int
@@ -199,6 +200,7 @@ class SeamRecord:
     on_critical_path: bool = True
     fallback: str | None = None
     step: int | None = None
+    source: str = "plan"  # "plan": planned in this call; "driver": the driver's plan, looked up
 
     @property
     def saving_us(self) -> float | None:
@@ -216,14 +218,15 @@ class SeamRecord:
     def metrics(self, prefix: str = "routepack") -> dict[str, float]:
         """A flat ``{prefix}/<name>: number`` dict (numbers only, so it merges into verl's
         ``metrics`` and its reducers / wandb): rows, rows_theirs, predicted_ms, predicted_ms_theirs,
-        saving_ms, net_saving_ms, planning_ms, samples, fallback (0/1). Unknown values are left out."""
+        saving_ms, net_saving_ms, planning_ms, samples, fallback (0/1), driver_plan (1: ``source`` is
+        ``"driver"``). Unknown values are left out."""
         vals = {"rows": self.rows, "rows_theirs": self.rows_theirs,
                 "predicted_ms": None if self.predicted_us is None else self.predicted_us / 1e3,
                 "predicted_ms_theirs": None if self.predicted_us_theirs is None else self.predicted_us_theirs / 1e3,
                 "saving_ms": None if self.saving_us is None else self.saving_us / 1e3,
                 "net_saving_ms": None if self.net_saving_us is None else self.net_saving_us / 1e3,
                 "planning_ms": 1e3 * self.planning_s, "samples": self.samples,
-                "fallback": float(self.fallback is not None)}
+                "fallback": float(self.fallback is not None), "driver_plan": float(self.source == "driver")}
         return {f"{prefix}/{k}": float(v) for k, v in vals.items() if v is not None}
 
 

@@ -296,7 +296,7 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
                      cost=None, objective: str | None = None, placement="lpt", time_limit=UNSET,
                      max_sweeps: int | None = None, seed: int = 0, threads=UNSET,
                      settings: SeamSettings | None = None, on_record=None,
-                     redundant_experts: int = 0) -> SlimeSchedule:
+                     redundant_experts: int = 0, on_critical_path: bool = True) -> SlimeSchedule:
     """:func:`build_dp_schedule` with RoutePack's extras (see :class:`SlimeSchedule`).
 
     ``routed_experts``: slime's ``rollout_routed_experts`` (one ``[len_i - 1, layers, top_k]``
@@ -308,6 +308,9 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
     ``redundant_experts``: extra expert slots per MoE layer (E + N divisible by ``ep_size``; needs
     ``routed_experts``): hot experts get replicas and ``SlimeSchedule.placements`` carries each
     step's replicated placement (docs/api.md, "Megatron: replicated experts").
+    ``on_critical_path``: whether training waits for this call (slime's ``train.py``: yes;
+    ``train_async.py``: no, rollout k + 1 is generated and scheduled while rollout k trains), so
+    the records' ``net_saving_us`` subtracts the planning time only where it is paid.
     """
     if isinstance(redundant_experts, bool) or not isinstance(redundant_experts, (int, np.integer)) or \
             redundant_experts < 0:
@@ -322,12 +325,12 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
     with settings.planner_threads():
         return _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout_indices,
                      routed_experts, num_experts, ep_size, moe_layer_freq, sample_is_multimodal, placement,
-                     settings, on_record, int(redundant_experts))
+                     settings, on_record, int(redundant_experts), bool(on_critical_path))
 
 
 def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout_indices, routed_experts,
           num_experts, ep_size, moe_layer_freq, sample_is_multimodal, placement, settings: SeamSettings,
-          on_record, redundant: int = 0) -> SlimeSchedule:
+          on_record, redundant: int = 0, on_critical_path: bool = True) -> SlimeSchedule:
     t_call = time.perf_counter()
     dp_size, cp_size, vpp_size, mb_group = _cfg(train_parallel_config)
     dynamic = bool(getattr(args, "use_dynamic_batch_size", False))
@@ -481,7 +484,8 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
         ours_us = (float(pc.plan.score["makespan"]) if pc is not None
                    else score_cells(plan_window, topo_theirs, settings.cost, cells, settings.objective))
         rec = SeamRecord("slime", rows, None if theirs is None else len(theirs), ours_us, theirs_us,
-                         planning_s, theirs_s, samples=len(idx), fallback=fallback, step=s)
+                         planning_s, theirs_s, samples=len(idx), fallback=fallback, step=s,
+                         on_critical_path=on_critical_path)
         records.append(_RECORDS.add(rec, on_record))
     _LAST_CALL[:] = records
     logger.debug("routepack slime: %d steps planned in %.3f s", len(steps), time.perf_counter() - t_call)
@@ -493,8 +497,8 @@ def build_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, 
                       num_experts: int | None = None, **planner_options):
     """slime's contract: ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``.
     ``planner_options``: ``ep_size``, ``moe_layer_freq``, ``cost``, ``objective``, ``placement``,
-    ``time_limit``, ``max_sweeps``, ``seed``, ``settings``, ``on_record``, ``redundant_experts`` (see
-    :func:`plan_dp_schedule`)."""
+    ``time_limit``, ``max_sweeps``, ``seed``, ``settings``, ``on_record``, ``redundant_experts``,
+    ``on_critical_path`` (see :func:`plan_dp_schedule`)."""
     return plan_dp_schedule(args, train_parallel_config, total_lengths, global_batch_size=global_batch_size,
                             rollout_indices=rollout_indices, routed_experts=routed_experts,
                             num_experts=num_experts, sample_is_multimodal=sample_is_multimodal,
@@ -514,7 +518,8 @@ def install(module, **options):
         raise InputError(f"install: {name} has no build_dp_schedule to replace (pass slime.ray.rollout, "
                          "the module that calls it, or slime.utils.dp_schedule)")
     unknown = sorted(set(options) - set(_SETTING_KEYS) - {"ep_size", "moe_layer_freq", "placement",
-                                                            "num_experts", "on_record", "redundant_experts"})
+                                                            "num_experts", "on_record", "redundant_experts",
+                                                            "on_critical_path"})
     if unknown:
         raise InputError(f"install: unknown option(s) {', '.join(unknown)}")
     settings = seam_settings("slime", **{k: options.pop(k) for k in _SETTING_KEYS if k in options})

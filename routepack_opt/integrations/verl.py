@@ -28,7 +28,22 @@ listed micro-batch by micro-batch — and :func:`balance_batch` applies it to a 
 way ``_balance_batch`` does (reorder in place, verl's balance metrics). With ``routed_experts``
 (and ``num_experts``, ``ep_size``) the whole step is planned on the joint cost; otherwise on
 lengths only. :func:`install_balance_batch` patches it into ``RayPPOTrainer`` (keeping verl's
-``keep_minibatch`` and ``use_prefix_grouper`` branches).
+``keep_minibatch`` and ``use_prefix_grouper`` branches), planning each mini-batch the workers'
+actor iterates.
+
+The driver's plan on the ranks: both write the plan into the batch as int64 ``[N]`` columns
+(:data:`PLAN_COLUMNS`, :func:`plan_columns`), which verl's dispatch, its mini-batch iterator and
+``index_select`` carry with their samples. :func:`rearrange_micro_batches` returns those
+micro-batches without planning when they are whole in the call (every listed micro-batch
+complete, under the cap, forced groups kept, verl's row rules met) and every rank of ``dp_group``
+can use its plan with the same count (agreed in the call's one all-reduce), in the driver's
+run order for the whole group (:attr:`GlobalBalance.row_order`: verl's pipeline-bubble order on
+each row's cost over the group, so row r of every rank still runs together); the record's
+``source`` is then ``"driver"``. Otherwise it plans as below: silently for a call over several
+planned mini-batches or at another cap (a log-prob pass), with one warning per cause for columns
+that are not whole. Expert-aware packing on a rank alone is not done: its expert time depends on
+its EP peers' micro-batches of the same row, which it does not see
+(``experiments/verl_rank_expert_aware.py`` measures it worse than length-only per rank).
 
 Enabling it by config: RoutePack registers a ``verl.plugins`` entry point
 (:mod:`routepack_opt.integrations.verl_plugin`); with ``ROUTEPACK_VERL=1`` in the workers'
@@ -59,6 +74,7 @@ verl's step metrics.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from typing import Any
@@ -75,7 +91,7 @@ from routepack_opt.heuristics.cells import kk_partition
 from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
 from routepack_opt.heuristics.placement.replicate import replicated_placement
 from routepack_opt.integrations import _deps, _verl_env
-from routepack_opt.integrations._common import length_only_window, plan_cells
+from routepack_opt.integrations._common import as_cost, length_only_window, plan_cells
 from routepack_opt.integrations._seam import (
     UNSET,
     FrameworkAssertionError,
@@ -92,7 +108,7 @@ logger = logging.getLogger("routepack_opt.integrations")
 
 __all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths", "UnsupportedBatch",
            "balance_batch_partitions", "balance_batch", "GlobalBalance", "last_record", "pop_records",
-           "verl_own", "install_balance_batch"]
+           "verl_own", "install_balance_batch", "plan_columns", "PLAN_COLUMNS"]
 
 
 _RECORDS = Recorder()
@@ -213,6 +229,75 @@ def _fallback_rows(item_len, cap: int, topo: Topology) -> int:
     return -(-r // topo.row_multiple) * topo.row_multiple
 
 
+# The driver's plan, written by balance_batch / install_balance_batch into the batch as int64 [N]
+# columns: verl's dispatch chunks them by rank, its mini-batch iterator and index_select index them
+# with their samples, so every worker call sees its own samples' entries.
+PLAN_COLUMNS = ("routepack_plan", "routepack_micro_batch", "routepack_micro_batch_size", "routepack_max_token_len")
+_PLAN_IDS = itertools.count(1)
+
+
+def plan_columns(plans: list, num_samples: int, max_token_len: int) -> dict[str, np.ndarray]:
+    """The columns that carry a driver plan to the ranks. ``plans[k][d]`` is rank d's list of
+    micro-batches (sample indices of the batch) in the plan of mini-batch k, in the order the
+    ranks run them (:meth:`GlobalBalance.run_order`: the same row on every rank). Per sample: the id of
+    its mini-batch's plan (a new one per plan in this process), its micro-batch's number within
+    its rank, that micro-batch's sample count (so a rank can check it got the micro-batch whole)
+    and the token cap it was planned for. Raises :class:`InputError` when a sample is in no
+    micro-batch."""
+    plan_N = np.full(num_samples, -1, dtype=np.int64)
+    mb_N = np.full(num_samples, -1, dtype=np.int64)
+    size_N = np.zeros(num_samples, dtype=np.int64)
+    for rank_mbs in plans:
+        pid = next(_PLAN_IDS)
+        for mbs in rank_mbs:
+            for r, mb in enumerate(mbs):
+                ids = np.asarray(list(mb), dtype=np.int64)
+                plan_N[ids], mb_N[ids], size_N[ids] = pid, r, ids.size
+    if (mb_N < 0).any():
+        raise InputError(f"plan_columns: sample {int(np.flatnonzero(mb_N < 0)[0])} is in no micro-batch")
+    return dict(zip(PLAN_COLUMNS, (plan_N, mb_N, size_N, np.full(num_samples, int(max_token_len), dtype=np.int64))))
+
+
+def _driver_rows(batch, lens_N, g: int, cap: int, topo_min: int, multiple: int):
+    """This call's items (groups of ``g`` samples) → micro-batch of the driver's plan, when the
+    plan columns are present and whole: every listed micro-batch complete, none over ``cap``, no
+    forced group split, the count within verl's row rules. Returns (row per item or None, cause,
+    message); cause None with no rows: no columns (plan as before); ``"other-batch"``: the call
+    is not one planned mini-batch at its cap (a log-prob pass over several mini-batches, or with
+    its own cap), a different packing problem, planned on the rank without a warning."""
+    keys = set(batch.keys())
+    if PLAN_COLUMNS[1] not in keys:
+        return None, None, ""
+    N = int(lens_N.shape[0])
+    try:
+        plan_N, mb_N, size_N, cap_N = (batch[k].detach().cpu().numpy().astype(np.int64).reshape(-1)
+                                       for k in PLAN_COLUMNS)
+    except Exception as exc:
+        return None, "driver-plan-columns", ("the driver's plan columns cannot be read "
+                                             f"({exc.__class__.__name__}: {exc})")
+    if any(a.shape != (N,) for a in (plan_N, mb_N, size_N, cap_N)):
+        return None, "driver-plan-columns", f"the driver's plan columns are not one entry per sample ({N})"
+    if (plan_N != plan_N[0]).any():  # e.g. a log-prob pass over the rank's whole chunk
+        return None, "other-batch", "the call holds several planned mini-batches"
+    if (cap_N != cap).any():
+        return None, "other-batch", f"planned for max_token_len={int(cap_N[0])}, called with {cap}"
+    _, inv_N, count_M = np.unique(mb_N, return_inverse=True, return_counts=True)
+    if (count_M[inv_N] != size_N).any():
+        return None, "driver-plan-incomplete", ("a micro-batch of the driver's plan is incomplete in this call "
+                                                "(the rank's mini-batches are not the driver's: actor.shuffle, "
+                                                "another ppo_mini_batch_size, or samples dropped)")
+    if (np.bincount(inv_N, weights=lens_N) > cap).any():
+        return None, "driver-plan-cap", f"a micro-batch of the driver's plan is over max_token_len={cap}"
+    inv_IG = inv_N.reshape(-1, g)
+    if (inv_IG != inv_IG[:, :1]).any():
+        return None, "driver-plan-groups", f"the driver's plan splits a forced group of {g} samples"
+    rows = int(count_M.size)
+    if rows < topo_min or rows % multiple:
+        return None, "driver-plan-rows", (f"the driver's plan has {rows} micro-batches, not a multiple of "
+                                          f"{multiple} of at least {topo_min}")
+    return inv_IG[:, 0].copy(), None, ""
+
+
 def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_divided_by=None,
                             same_micro_num_in_dp=True, min_num_micro_batch=None,
                             use_dynamic_bsz_balance=True, force_group_size=1, *,
@@ -223,7 +308,9 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
     planner (``settings``: resolved ones, as the plugin passes; ``compare``: also run verl's
     partitioner on the lengths for the record; ``on_record(record)``: called once per call).
 
-    Never exceeds ``max_token_len`` effective tokens per micro-batch. ``force_group_size`` > 1
+    With the driver's plan columns (:data:`PLAN_COLUMNS`) whole in the call and usable on every
+    rank of ``dp_group``, returns the driver's micro-batches without planning (record
+    ``source="driver"``). Never exceeds ``max_token_len`` effective tokens per micro-batch. ``force_group_size`` > 1
     keeps consecutive groups together (planned as one item of the group's total length, so the
     quadratic term is an over-estimate for those).
     """
@@ -263,11 +350,24 @@ def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micr
             unsupported = UnsupportedBatch("empty-sample", "a sample has no tokens (attention_mask all zero)")
     item_len = lens_N.reshape(-1, g).sum(axis=1) if unsupported is None else lens_N
     num_items = int(item_len.shape[0])
-    # Agree on the fatal constraints (and on falling back) first, so that no rank raises or
-    # leaves while its peers wait in a collective (as verl).
+    rows_min, multiple = int(min_num_micro_batch or 1), int(num_batches_divided_by or 1)
+    driver_row, cause, why_not = (None, None, "") if unsupported is not None else _driver_rows(
+        batch, lens_N, g, cap, rows_min, multiple)
+    lookup_rows = int(driver_row.max()) + 1 if driver_row is not None else 0
+    # Agree on the fatal constraints, on falling back and on using the driver's plan first (one
+    # all-reduce), so that no rank raises, leaves or skips a collective its peers run (as verl).
     sync = same_micro_num_in_dp and dp_group is not None
-    longest, neg_items, bad = _dist_reduce([int(item_len.max()) if num_items else 0, -num_items,
-                                            int(unsupported is not None)], "MAX", dp_group if sync else None)
+    longest, neg_items, bad, no_lookup, lookup_max, neg_lookup_min = _dist_reduce(
+        [int(item_len.max()) if num_items else 0, -num_items, int(unsupported is not None),
+         int(driver_row is None), lookup_rows, -lookup_rows], "MAX", dp_group if sync else None)
+    use_driver = not bad and not no_lookup and lookup_max == -neg_lookup_min
+    if cause == "other-batch":
+        logger.debug("routepack verl: driver plan not used (%s)", why_not)
+    elif cause is not None:
+        warn_once("verl", cause, f"{why_not}; planning on the rank")
+    elif driver_row is not None and not use_driver:
+        warn_once("verl", "driver-plan-peer", "another DP rank cannot use the driver's plan (or its micro-batch "
+                  "count differs); planning on the rank")
     if bad:
         why = unsupported if unsupported is not None else UnsupportedBatch(
             "peer", "another DP rank's batch is unsupported")
@@ -282,9 +382,13 @@ def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micr
     if longest > cap:
         raise InputError("A forced group exceeds max_token_len and cannot be split. "
                          f"Got max_group_token_len={longest} and max_token_len={cap}.")
-    topo = Topology(dp=1, ep=1, capacity=cap, min_rows=int(min_num_micro_batch or 1),
-                    row_multiple=int(num_batches_divided_by or 1))
+    topo = Topology(dp=1, ep=1, capacity=cap, min_rows=rows_min, row_multiple=multiple)
     window = length_only_window(item_len)
+    if use_driver:
+        assert driver_row is not None
+        lay = Layout(driver_row, np.zeros_like(driver_row), lookup_rows)
+        return _finish(batch, lens_N, item_len, g, Evaluator(window, topo, settings.cost), lay, settings,
+                       use_dynamic_bsz_balance, compare, on_record, t0, None, "driver")
     tl = settings.time_limit
     fallback = None
     try:
@@ -314,28 +418,45 @@ def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micr
         fallback = f"packing failed ({exc.__class__.__name__}: {exc}); first-fit at the agreed count"
         warn_once("verl", "plan", fallback)
         lay = _first_fit_layout(item_len, cap, rows)
+    return _finish(batch, lens_N, item_len, g, ev, lay, settings, use_dynamic_bsz_balance, compare, on_record, t0,
+                   fallback, "plan")
+
+
+def _finish(batch, lens_N, item_len, g: int, ev: Evaluator, lay: Layout, settings: SeamSettings,
+            use_dynamic_bsz_balance: bool, compare: bool, on_record, t0: float, fallback: str | None, source: str):
+    """verl's return value from a layout of the call's items: index lists (groups expanded), in
+    verl's pipeline-bubble order, the micro-batch TensorDicts and the call's record."""
+    rows = int(lay.rows)
+    num_items = int(item_len.shape[0])
+    topo = ev.topology
     cells: list[list[int]] = [[] for _ in range(rows)]
     for i in range(num_items):
         cells[int(lay.row[i])].append(i)
     parts = [[j for it in cells[r] for j in range(it * g, it * g + g)] for r in range(rows)]
     J_R = ev.costs(_ONE_EXPERT, lay.row, lay.slot, rows)[:, 0]
     ours_us = float(ev.score_layout(_ONE_EXPERT, lay, settings.objective).makespan)
-    if use_dynamic_bsz_balance:
-        # verl's pipeline-bubble order: heaviest in the middle, lighter ones at both ends.
-        order = sorted(range(rows), key=lambda r: (J_R[r], parts[r][0]), reverse=True)
-        order = order[::2][::-1] + order[1::2]
-        parts = [parts[r] for r in order]
+    if use_dynamic_bsz_balance and source != "driver":
+        # the driver's rows come in the order it chose for the whole group (GlobalBalance.row_order):
+        # row r of every rank runs together, so a rank must not reorder them by its own costs
+        parts = [parts[r] for r in _bubble_order(J_R, [p[0] for p in parts])]
     planning = time.perf_counter() - t0
     rows_theirs = theirs_us = theirs_s = None
     if compare:
-        rows_theirs, theirs_s = _verl_reference(item_len, cap, topo.min_rows, topo.row_multiple)
+        rows_theirs, theirs_s = _verl_reference(item_len, int(topo.capacity), topo.min_rows, topo.row_multiple)
         # layout-independent at a given count (above): verl's time is ours with its count
         theirs_us = ours_us + (rows_theirs - rows) * settings.cost.row_overhead
     tu = _deps.verl_tensordict_utils()
     micro_batches = [tu.index_select_tensor_dict(batch, p) for p in parts]
     _RECORDS.add(SeamRecord("verl", rows, rows_theirs, ours_us, theirs_us, planning, theirs_s,
-                            samples=int(lens_N.shape[0]), fallback=fallback), on_record)
+                            samples=int(lens_N.shape[0]), fallback=fallback, source=source), on_record)
     return micro_batches, parts
+
+
+def _bubble_order(cost_R, key_R) -> list[int]:
+    """verl's pipeline-bubble order of micro-batches: heaviest in the middle, lighter ones at both
+    ends (ties by ``key_R``)."""
+    order = sorted(range(len(cost_R)), key=lambda r: (cost_R[r], key_R[r]), reverse=True)
+    return order[::2][::-1] + order[1::2]
 
 
 def _redundant(value) -> int:
@@ -377,11 +498,20 @@ class GlobalBalance:
     indices, micro-batch by micro-batch (what ``_balance_batch`` concatenates); ``micro_batches[d][r]``:
     rank d's r-th micro-batch (global indices); ``plan``: the RoutePack plan (slot d = rank d).
     ``replicas``: with ``redundant_experts > 0``, the plan's replicated
-    :class:`~routepack_opt.core.placement.Placement` (None without replicas)."""
+    :class:`~routepack_opt.core.placement.Placement` (None without replicas). ``row_order``: the
+    order the ranks run the rows in, verl's pipeline-bubble order (``use_dynamic_bsz_balance``) on
+    each row's cost over the whole group (the evaluator's ``J[r, g]``, max over shards), the same
+    on every rank, so row r of every rank still runs together; :meth:`run_order` lists them so."""
 
     partitions: list
     micro_batches: list
     plan: Any
+    row_order: tuple = ()
+
+    def run_order(self) -> list:
+        """``[d][j]``: rank d's micro-batches in :attr:`row_order` (what the plan columns number)."""
+        order = self.row_order or tuple(range(self.num_micro_batches))
+        return [[mbs[r] for r in order] for mbs in self.micro_batches]
 
     @property
     def num_micro_batches(self) -> int:
@@ -432,18 +562,26 @@ def balance_batch_partitions(batch, dp_size: int, *, max_token_len: int, num_exp
                     max_sweeps=max_sweeps, seed=seed)
     mbs = [[list(pc.cells[r][d]) for r in range(pc.rows)] for d in range(D)]
     parts = [[i for mb in mbs[d] for i in mb] for d in range(D)]
-    return GlobalBalance(parts, mbs, pc.plan)
+    p = pc.plan
+    J_RG = Evaluator(window, p.topology, as_cost(cost)).costs(p.replicas if p.replicas is not None else p.placement,
+                                                              p.row, p.slot, p.rows)
+    order = _bubble_order(J_RG.max(axis=1), [min(min(c) for c in pc.cells[r]) for r in range(pc.rows)])
+    return GlobalBalance(parts, mbs, p, tuple(order))
 
 
 def balance_batch(batch, dp_size: int, metrics: dict | None = None, *, max_token_len: int,
                   logging_prefix: str = "global_seqlen", **options) -> GlobalBalance:
     """verl's ``_balance_batch`` on a ``DataProto``: plan (:func:`balance_batch_partitions`,
-    ``options`` passed on), reorder the batch in place so that the dispatch's equal chunks are
-    the planned ranks, and add verl's balance metrics to ``metrics``."""
+    ``options`` passed on), write the plan's columns (:func:`plan_columns`, which the ranks'
+    :func:`rearrange_micro_batches` looks up), reorder the batch in place so that the dispatch's
+    equal chunks are the planned ranks, and add verl's balance metrics to ``metrics``."""
     torch = _deps.torch()
     log_seqlen_unbalance = _deps.verl_log_seqlen_unbalance()
 
     gb = balance_batch_partitions(batch.batch, dp_size, max_token_len=max_token_len, **options)
+    n = int(batch.batch["attention_mask"].shape[0])
+    for key, col in plan_columns([gb.run_order()], n, max_token_len).items():
+        batch.batch[key] = torch.from_numpy(col)
     batch.reorder(torch.tensor([j for part in gb.partitions for j in part]))
     if metrics is not None:
         mask = batch.batch["attention_mask"]
@@ -456,8 +594,31 @@ def balance_batch(batch, dp_size: int, metrics: dict | None = None, *, max_token
     return gb
 
 
+def _planned_mini_batch(config, N: int, keep_minibatch: bool, explicit: int | None) -> int:
+    """Samples per planned mini-batch: ``explicit`` when given; with ``keep_minibatch`` verl's
+    own (``actor.ppo_mini_batch_size``, as its branch reads it); else the one the actor's update
+    iterates (``ppo_mini_batch_size × rollout.n``, verl 0.9.1's ``_update_actor``), or the whole
+    batch when the config has none or it does not divide the batch."""
+    if explicit is not None:
+        size = int(explicit)
+    else:
+        arr = config.actor_rollout_ref
+        mini = arr.actor.get("ppo_mini_batch_size")
+        if mini is None:
+            return N
+        n = 1 if keep_minibatch else int((arr.get("rollout") or {}).get("n", 1) or 1)
+        size = int(mini) * n
+        if not keep_minibatch and (size < 1 or N % size):
+            return N
+    if size < 1 or N % size:
+        raise InputError(f"batch of {N} is not a multiple of the mini-batch of {size} samples")
+    return size
+
+
 def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int | None = None,
-                          ep_size: int = 1, moe_layer_freq=None, **settings_options):
+                          ep_size: int = 1, moe_layer_freq=None, mini_batch_size: int | None = None,
+                          num_batches_divided_by: int | None = None, min_num_micro_batch: int | None = None,
+                          **settings_options):
     """Replace ``trainer_cls._balance_batch`` (verl's ``RayPPOTrainer``) by a driver-side plan of
     the whole global batch (:func:`balance_batch_partitions`: equal sample counts per rank, every
     micro-batch ≤ ``max_token_len``, joint cost with ``routed_experts`` when ``num_experts`` is
@@ -465,12 +626,20 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
     ``max_sweeps``, ``seed``, ``threads``) are checked here (keyword > ``ROUTEPACK_*`` > default;
     the default limit is ``DEFAULT_TIME_LIMIT["verl_balance"]`` once per step).
 
-    verl's branches are kept: ``keep_minibatch=True`` balances each mini-batch of
-    ``actor_rollout_ref.actor.ppo_mini_batch_size`` samples on its own (as verl does) and plans
-    each; with ``use_prefix_grouper`` (samples of one uid kept on one rank), and on any planning
-    error, verl's own method runs (one warning per cause). The step's :class:`SeamRecord`
-    (ours vs the verl-style KK split at the same count, one evaluator) goes into ``metrics`` as
-    ``routepack/balance/...``, next to verl's ``global_seqlen`` balance metrics."""
+    The plan is made per mini-batch, the unit each rank packs: rank d's chunk is its share of
+    mini-batch 0, then of mini-batch 1, ..., so the actor's iterator (consecutive
+    ``ppo_mini_batch_size × rollout.n / dp_size`` samples per rank, ``actor.shuffle`` off) cuts
+    exactly the planned shares. ``mini_batch_size`` (samples of the global batch) overrides it;
+    ``keep_minibatch=True`` uses verl's own size for that branch (``actor.ppo_mini_batch_size``).
+    The plan reaches the ranks as the int64 columns :data:`PLAN_COLUMNS` (:func:`plan_columns`),
+    which :func:`rearrange_micro_batches` looks up instead of planning when they are whole; give
+    ``max_token_len`` = the workers' cap (``ppo_max_token_len_per_gpu × sp_size``) and the
+    workers' ``num_batches_divided_by`` / ``min_num_micro_batch`` for that.
+
+    verl's other branches are kept: with ``use_prefix_grouper`` (samples of one uid kept on one
+    rank), and on any planning error, verl's own method runs (one warning per cause). The step's
+    :class:`SeamRecord` (ours vs the verl-style KK split at the same count, one evaluator) goes into
+    ``metrics`` as ``routepack/balance/...``, next to verl's ``global_seqlen`` balance metrics."""
     if not hasattr(trainer_cls, "_balance_batch"):
         raise InputError(f"install_balance_batch: {getattr(trainer_cls, '__name__', trainer_cls)!r} has no "
                          "_balance_batch to replace (pass verl.trainer.ppo.ray_trainer.RayPPOTrainer)")
@@ -486,30 +655,32 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
         try:
             dp_size = self._get_dp_size(self.actor_rollout_wg, "actor")
             N = int(batch.batch["attention_mask"].shape[0])
-            size = N
-            if keep_minibatch:
-                size = int(self.config.actor_rollout_ref.actor.get("ppo_mini_batch_size"))
-                if size < 1 or N % size:
-                    raise InputError(f"keep_minibatch: batch of {N} is not a multiple of ppo_mini_batch_size {size}")
-            parts: list[list[int]] = [[] for _ in range(dp_size)]
+            size = _planned_mini_batch(self.config, N, keep_minibatch, mini_batch_size)
+            plans: list[list[list[list[int]]]] = []
             ours = theirs = 0.0
             for start in range(0, N, size):
                 sub = batch.batch[start:start + size]
                 gb = balance_batch_partitions(sub, dp_size, max_token_len=max_token_len, num_experts=num_experts,
-                                              ep_size=ep_size, moe_layer_freq=moe_layer_freq, cost=settings.cost,
+                                              ep_size=ep_size, moe_layer_freq=moe_layer_freq,
+                                              num_batches_divided_by=num_batches_divided_by,
+                                              min_num_micro_batch=min_num_micro_batch, cost=settings.cost,
                                               objective=settings.objective, time_limit=settings.time_limit,
                                               max_sweeps=settings.max_sweeps, seed=settings.seed)
-                for d in range(dp_size):
-                    parts[d].extend(start + i for i in gb.partitions[d])
+                plans.append([[[start + i for i in mb] for mb in mbs] for mbs in gb.run_order()])
                 ours += float(gb.plan.score["makespan"])
                 seeds = gb.plan.report.seed_scores or {}
                 theirs += float(seeds.get("verl-kk", gb.plan.score["makespan"]))
+            columns = plan_columns(plans, N, max_token_len)
         except Exception as exc:  # never break the trainer: verl's own balance
             warn_once("verl", "balance", f"balance_batch planning failed ({exc.__class__.__name__}: {exc}); "
                       "verl's own _balance_batch runs")
             return original(self, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
         torch = _deps.torch()
         lens = batch.batch["attention_mask"].reshape(N, -1).sum(-1).tolist()
+        # rank d's chunk: its share of mini-batch 0, then of mini-batch 1, ... (micro-batch by micro-batch)
+        parts = [[i for plan in plans for mb in plan[d] for i in mb] for d in range(dp_size)]
+        for key, col in columns.items():
+            batch.batch[key] = torch.from_numpy(col)
         batch.reorder(torch.tensor([j for part in parts for j in part]))
         metrics.update(_deps.verl_log_seqlen_unbalance()(seqlen_list=lens, partitions=parts, prefix=logging_prefix))
         rec = SeamRecord("verl.balance_batch", int(gb.plan.rows), int(gb.plan.rows), ours, theirs,

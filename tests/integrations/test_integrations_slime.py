@@ -190,6 +190,24 @@ def test_install_patches_the_module_attribute():
     assert_invariants(p, m, n, dp_size=2, expected=range(4), total_lengths=[5] * 4, max_per_bin=10)
 
 
+def test_off_the_critical_path_net_saving_is_the_saving():
+    """on_critical_path=False (slime's train_async: the next rollout is scheduled while one trains):
+    the records keep the planning time but do not charge it; install() passes the option on."""
+    rng = np.random.default_rng(2)
+    tl = [int(x) for x in rng.integers(50, 900, size=16)]
+    kw = dict(global_batch_size=8, rollout_indices=list(range(16)), **SWEEPS)
+    on = plan_dp_schedule(make_args(2000), make_tp(2), tl, **kw)
+    off = plan_dp_schedule(make_args(2000), make_tp(2), tl, on_critical_path=False, **kw)
+    assert len(off.records) == 2 and all(not r.on_critical_path and r.planning_s > 0 for r in off.records)
+    assert all(r.net_saving_us == r.saving_us for r in off.records)
+    assert all(r.net_saving_us == pytest.approx(r.saving_us - 1e6 * r.planning_s) for r in on.records)
+    seen = []
+    mod = SimpleNamespace(build_dp_schedule=None)
+    rp_slime.install(mod, max_sweeps=5, on_critical_path=False, on_record=seen.append)
+    mod.build_dp_schedule(make_args(2000), make_tp(2), tl, global_batch_size=8, rollout_indices=list(range(16)))
+    assert len(seen) == 2 and not any(r.on_critical_path for r in seen)
+
+
 def _cells(p, m, n, dp, step=0):
     start = sum(n[:step])
     return [[[p[d][i] for i in m[d][start + r]] for d in range(dp)] for r in range(n[step])]

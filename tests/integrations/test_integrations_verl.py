@@ -309,6 +309,13 @@ def test_balance_batch_equal_counts_valid_and_no_worse_than_verl(routes):
     for d in range(D):
         for mb in gb.micro_batches[d]:
             assert mb and sum(lens[i] for i in mb) <= cap
+        # the plan's columns: rank d's chunk packs into exactly its planned micro-batches (joint
+        # cost with routes), looked up without planning
+        order = [j for part in gb.partitions for j in part]
+        _, parts = rp_verl.rearrange_micro_batches(dp.batch[d * m:(d + 1) * m], cap)
+        assert rp_verl.last_record().source == "driver"
+        # in the group's run order (row r of every rank together), not re-sorted by the rank
+        assert [sorted(order[d * m + i] for i in p) for p in parts] == list(map(sorted, gb.run_order()[d]))
     # verl's own partition (equal chunks); each rank then packed at the least common count
     chunks = _verl_partitions(lens, D)
     assert [len(c) for c in chunks] == [m] * D
@@ -501,3 +508,158 @@ def test_balance_with_redundant_experts_carries_a_placement_megatron_takes():
         rp_verl.expert_map_from_batch(td, E, ep, redundant_experts=3)
     with pytest.raises(InputError, match="redundant_experts: expected an integer"):
         rp_verl.expert_map_from_batch(td, E, ep, redundant_experts=-1)
+
+
+# --- The driver's plan on the ranks (issue 29: plan once where verl balances) ------------------
+
+
+def _driver_step(lens, D=2, mini=4, n=2, cap=2048, seed=0):
+    """A DataProto balanced by the installed _balance_batch (mini-batches of mini·n samples),
+    then cut the way verl 0.9.1's workers cut it: to_tensordict, left_right_2_no_padding, the
+    dispatch's equal chunks, the actor's mini-batch iterator (shuffle off). Returns the planned
+    mini-batches per rank and each sample's original id (column ``sid``)."""
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    td = make_batch(lens, max(lens), routes=False, seed=seed)
+    td["response_mask"] = td["attention_mask"].clone()
+    td["sid"] = torch.arange(len(lens))
+    cls = type("T", (_FakeTrainer,), {})
+    rp_verl.install_balance_batch(cls, max_token_len=cap, max_sweeps=5, time_limit=None, seed=seed)
+    t = cls(mini=mini)
+    t.config = OmegaConf.create({"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini},
+                                                       "rollout": {"n": n}}})
+    t._get_dp_size = lambda wg, role: D
+    data = DataProto(batch=td, non_tensor_batch={"uid": np.arange(len(lens))})
+    metrics = {}
+    t._balance_batch(data, metrics)
+    assert t.calls == [] and metrics["routepack/balance/driver_plan"] == 0.0
+    chunks = tu.chunk_tensordict(left_right_2_no_padding(data.to_tensordict()), D)
+    per_gpu = mini * n // D
+    return [list(tu.make_iterator(c, mini_batch_size=per_gpu, epochs=1, seed=42 + d,
+                                  dataloader_kwargs={"shuffle": False})) for d, c in enumerate(chunks)]
+
+
+def test_driver_plan_reaches_the_ranks_through_verls_worker_path():
+    """Each rank's rearrange_micro_batches on verl's own mini-batches returns exactly the driver's
+    planned micro-batches (same sample sets, as balance_batch_partitions plans them, in the
+    driver's run order, so row r of every rank runs together), without planning: source "driver",
+    driver_plan metric 1, valid for restore_dynamic_batch."""
+    rng = np.random.default_rng(11)
+    lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.8, 32), 16, 1500)]
+    D, mini, n, cap = 2, 4, 2, 2048
+    ranks = _driver_step(lens, D, mini, n, cap)
+    size = mini * n
+    td = make_batch(lens, max(lens), routes=False)
+    for k in range(len(lens) // size):  # the driver's plan of mini-batch k, planned again here
+        gb = rp_verl.balance_batch_partitions(td[k * size:(k + 1) * size], D, max_token_len=cap,
+                                              time_limit=None, max_sweeps=5, seed=0)
+        assert sorted(gb.row_order) == list(range(gb.num_micro_batches))
+        for d in range(D):
+            mb = ranks[d][k]
+            rp_verl.pop_records()
+            micro, parts = rp_verl.rearrange_micro_batches(mb, cap)
+            (rec,) = rp_verl.pop_records()
+            assert rec.source == "driver" and rec.fallback is None
+            assert rec.metrics()["routepack/driver_plan"] == 1.0 and rec.rows == len(parts)
+            # the driver's micro-batches in the driver's run order (the same rows on every rank)
+            want = [sorted(k * size + i for i in m) for m in gb.run_order()[d]]
+            assert [sorted(mb["sid"][i].item() for i in p) for p in parts] == want
+            assert sorted(i for p in parts for i in p) == list(range(len(mb["sid"])))
+            for m, p in zip(micro, parts):
+                assert m["sid"].tolist() == [mb["sid"][i].item() for i in p]
+            out = torch.cat([m["sid"].float() for m in micro])
+            assert torch.equal(verl_sb.restore_dynamic_batch(out, parts), mb["sid"].float())
+
+
+def test_driver_plan_not_used_for_a_pass_over_several_mini_batches_or_another_cap(caplog):
+    """A log-prob pass over a rank's whole chunk (several planned mini-batches) or at another cap is
+    a different packing problem: planned on the rank, no warning."""
+    from verl.utils import tensordict_utils as tu
+
+    lens = [int(x) for x in np.clip(np.random.default_rng(3).lognormal(6.0, 0.8, 16), 16, 1500)]
+    ranks = _driver_step(lens, mini=4, n=2, cap=2048)
+    whole = tu.concat_tensordict(ranks[0])
+    with caplog.at_level("WARNING", logger="routepack_opt.integrations"):
+        for batch, cap in ((whole, 2048), (ranks[0][0], 4096)):
+            _, parts = rp_verl.rearrange_micro_batches(batch, cap)
+            assert rp_verl.last_record().source == "plan"
+            assert sorted(i for p in parts for i in p) == list(range(len(batch["sid"])))
+    assert not [r for r in caplog.records if "driver" in r.message]
+
+
+def _with_plan(batch, mbs, cap):
+    """``batch`` with the plan columns of one rank's micro-batches ``mbs``."""
+    batch = batch.clone()
+    for key, col in rp_verl.plan_columns([[mbs]], len(batch["attention_mask"]), cap).items():
+        batch[key] = torch.from_numpy(col)
+    return batch
+
+
+def test_corrupted_driver_plan_falls_back_to_planning_with_one_warning(monkeypatch, caplog):
+    """Columns that are not whole micro-batches within verl's rules (a sample missing, a
+    micro-batch over the cap, a forced group split, a count off num_batches_divided_by): the rank
+    plans as before, one warning per cause over repeated calls, never a crash; whole ones are used."""
+    from routepack_opt.integrations import _seam
+
+    monkeypatch.setattr(_seam, "_warned", set())
+    lens, cap = [900, 50, 700, 600, 100, 800], 1600
+    batch = make_batch(lens, 900, routes=False)
+    good = _with_plan(batch, [[0, 4], [1, 5], [2, 3]], cap)  # splits the forced pairs (0, 1) and (4, 5)
+    missing = good[[0, 1, 2, 3, 4]]  # sample 5 dropped: micro-batch [1, 5] incomplete
+    over = _with_plan(batch, [[0, 5], [1, 2, 3, 4]], cap)  # 1,700 tokens in micro-batch 0
+    cases = [(missing, {}, "is incomplete"), (over, {}, "over max_token_len"),
+             (good, {"force_group_size": 2}, "splits a forced group"),
+             (good, {"num_batches_divided_by": 2}, "not a multiple of 2")]
+    with caplog.at_level("WARNING", logger="routepack_opt.integrations"):
+        for _ in range(2):
+            for b, kw, _ in cases:
+                mbs, parts = rp_verl.rearrange_micro_batches(b, cap, **kw)
+                assert rp_verl.last_record().source == "plan"
+                check_valid(b, mbs, parts, cap)
+            _, parts = rp_verl.rearrange_micro_batches(good, cap)
+            assert rp_verl.last_record().source == "driver"
+            assert sorted(map(sorted, parts)) == [[0, 4], [1, 5], [2, 3]]
+    msgs = [r.message for r in caplog.records]
+    for _, _, cause in cases:
+        assert sum(cause in m for m in msgs) == 1, cause
+
+
+def _driver_dist_worker(rank, world, init_file, result_file, drop_on_rank):
+    import torch.distributed as dist
+
+    from routepack_opt.integrations import verl as rp
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    lens = [int(x) for x in np.clip(np.random.default_rng(9).lognormal(6.0, 0.8, 16), 16, 1500)]
+    mb = _driver_step(lens, D=world, mini=8, n=1, cap=2048)[rank][0]
+    if rank == drop_on_rank:
+        for key in rp.PLAN_COLUMNS:
+            del mb[key]
+    import logging
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: seen.append(r.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("routepack_opt.integrations").addHandler(handler)
+    _, parts = rp.rearrange_micro_batches(mb, 2048, dp_group=dist.group.WORLD)
+    peer = int(any("another DP rank cannot use the driver's plan" in m for m in seen))
+    with open(f"{result_file}.{rank}", "w") as fh:
+        fh.write(f"{rp.last_record().source} {len(parts)} {peer}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("drop_on_rank", [-1, 1])
+def test_dp_group_agrees_on_the_driver_plan(tmp_path, drop_on_rank):
+    """2 gloo ranks: both use the driver's plan (same count); when one rank lacks the columns both
+    plan (same collectives, agreed count) and the rank that had its plan says why, once."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_driver_dist_worker, args=(2, str(tmp_path / "init"), str(tmp_path / "res"), drop_on_rank),
+             nprocs=2, join=True)
+    got = [(tmp_path / f"res.{r}").read_text().split() for r in range(2)]
+    assert got[0][1] == got[1][1]
+    assert [g[0] for g in got] == (["driver", "driver"] if drop_on_rank < 0 else ["plan", "plan"])
+    assert [g[2] for g in got] == (["0", "0"] if drop_on_rank < 0 else ["1", "0"])
