@@ -82,9 +82,10 @@ __all__ = ["ReplicaLayoutInstance", "ReplicaLayoutResult", "replica_result", "br
 @dataclasses.dataclass(frozen=True)
 class ReplicaLayoutInstance(LayoutInstance):
     """A :class:`LayoutInstance` whose placement is a variable with ``redundant`` extra slots per
-    layer. ``placement`` holds the identity :class:`Placement`'s first replica slots (only so the
-    layout rules can be checked); ``b_NLP`` is ``[N, L, 1]``: each sample's routed tokens per
-    layer (the symmetry order's weight and the models' upper bounds need no placement)."""
+    layer (0: the placement is a free permutation, every expert one replica). ``placement`` holds
+    the identity :class:`Placement`'s first replica slots (only so the layout rules can be checked);
+    ``b_NLP`` is ``[N, L, 1]``: each sample's routed tokens per layer (the symmetry order's weight
+    and the models' upper bounds need no placement)."""
 
     redundant: int = 0
 
@@ -97,9 +98,6 @@ class ReplicaLayoutInstance(LayoutInstance):
         topology.check_experts(window.num_experts)
         L, E, P = window.num_layers, window.num_experts, topology.ep
         red = topology.redundant_experts
-        if red < 1:
-            raise InputError("the replica layout models need redundant_experts ≥ 1 "
-                             "(without replicas use the layout models)")
         if E + red > E * P:
             raise InputError(f"redundant_experts {red}: S={E + red} slots exceed one replica of each of "
                              f"E={E} experts on each of P={P} ranks")
@@ -158,7 +156,8 @@ def model_loads(inst: ReplicaLayoutInstance, row_N, slot_N, placement: Placement
     even-local rule (the models' z at the solution; the hints' values). Summed over e it is the
     evaluator's W (a test checks it)."""
     c_XLE = cell_counts(inst, row_N, slot_N)
-    L, E, P, G, D = inst.window.num_layers, inst.window.num_experts, inst.topology.ep, inst.topology.num_shards, inst.topology.dp
+    L, E = inst.window.num_layers, inst.window.num_experts
+    P, G, D = inst.topology.ep, inst.topology.num_shards, inst.topology.dp
     q_D, shard_D = inst.q_D(), inst.topology.shard_array()
     ranks_LEK = placement.replica_ranks()
     cnt_LE = placement.logcnt
