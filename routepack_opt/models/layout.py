@@ -124,7 +124,8 @@ def solve_layout_replicas(window: Window, topology: Topology, cost: CostModel, r
     (:mod:`routepack_opt.models.layout_replicas`: replica counts and ranks are variables, the split
     is the even-local rule's, encoded exactly).
 
-    ``warm_start``: ``(row_N, slot_N, Placement)`` (a CP-SAT hint; HiGHS gets none). Whatever the
+    ``warm_start``: ``(row_N, slot_N, Placement)`` (a CP-SAT hint; HiGHS gets none).
+    ``num_workers``: CP-SAT workers, or HiGHS threads. Whatever the
     solver, ``objective`` is the evaluator's makespan of the returned (layout, placement), never
     worse than the warm start's (anytime), and ``bound`` a proved lower bound on the optimum over
     every layout and replica placement. For tiny windows: more than ``MAX_REPLICA_VARIABLES`` split
@@ -148,7 +149,7 @@ def solve_layout_replicas(window: Window, topology: Topology, cost: CostModel, r
     if solver == "cpsat":
         res = solve_replica_cpsat(inst, time_limit, start, symmetry, num_workers)
     else:
-        res = solve_replica_milp(inst, time_limit, symmetry)
+        res = solve_replica_milp(inst, time_limit, symmetry, threads=num_workers)
     if start is None or res.status == "infeasible":
         return res
     score = inst.score(*start)

@@ -156,10 +156,10 @@ def test_warm_start_and_heuristic_never_beat_the_bound():
 def test_too_large_and_bad_inputs_are_input_errors():
     """A window past the model's size is refused with a fix-it message; so are a bad solver name
     and a malformed warm start."""
-    w = random_window(40, 4, 8, 2, max_len=30, seed=0)
-    topo = Topology(dp=8, ep=4, capacity=10_000, redundant_experts=4)
+    w = random_window(160, 8, 16, 2, max_len=30, seed=0)
+    topo = Topology(dp=16, ep=4, capacity=10_000, redundant_experts=4)
     with pytest.raises(InputError, match="routepack plan"):
-        solve_layout_replicas(w, topo, COST, 4, time_limit=1)
+        solve_layout_replicas(w, topo, COST, 8, time_limit=1)
     small = random_window(5, 1, 3, 1, max_len=30, seed=0)
     t2 = Topology(dp=2, ep=2, capacity=1000, redundant_experts=1)
     with pytest.raises(InputError, match="solver"):
