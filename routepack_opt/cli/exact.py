@@ -1,4 +1,6 @@
-"""``routepack exact``: the exact layout model at fixed placement and rows (default R*)."""
+"""``routepack exact``: the exact layout model at fixed placement and rows (default R*); with
+``--redundant-experts N`` the joint model that chooses the layout and the replica placement
+together (routepack_opt.models.layout_replicas)."""
 
 from __future__ import annotations
 
@@ -33,8 +35,9 @@ def register(sub) -> None:
     add_objective(p)
     p.add_argument("--solver", choices=["cpsat", "highs"], default="cpsat",
                    help="CP-SAT (default) or a Pyomo MILP solved by HiGHS")
-    p.add_argument("--placement", default="lpt",
-                   help="lpt (default), identity, or PLAN.json to reuse that plan's placement")
+    p.add_argument("--placement", default=None,
+                   help="lpt (default), identity, or PLAN.json to reuse that plan's placement; not with "
+                   "--redundant-experts (the joint model chooses the placement)")
     p.add_argument("--rows", type=positive_int, help="rows R (default: the certified minimum R*)")
     p.add_argument("--time-limit", type=positive_float, default=60.0, help="solver time limit in seconds (default 60)")
     p.add_argument("--lexicographic", action="store_true",
@@ -82,21 +85,26 @@ def run(args) -> dict:
     from routepack_opt.models.layout import solve_layout
     from routepack_opt.pipeline import build_plan, resolve_rows
 
+    placement_arg = args.placement or "lpt"
     out = output_path(args.output, args.window, args.cost,
-                      args.placement if args.placement.endswith(".json") else None)
+                      placement_arg if placement_arg.endswith(".json") else None)
     window = load_window(args.window)
     topo = topology_from_args(args)
     cost = cost_from_args(args)
     from routepack_opt.pipeline import with_replicas
 
     topo = with_replicas(topo, window.num_experts, cost, None, args.max_replica_bytes)
-    if topo.redundant_experts:
-        raise InputError(f"--redundant-experts {topo.redundant_experts}: the exact layout models "
-                         "(CP-SAT, HiGHS) do not model replicas; use routepack plan or compare (the exact replica "
-                         "placement at a fixed layout is routepack_opt.models.replica_placement)")
     objective = check_objective(args.objective)
     if not (args.time_limit and args.time_limit > 0):
         raise InputError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    if topo.redundant_experts:
+        if args.placement is not None:
+            raise InputError(f"--placement {args.placement}: with --redundant-experts the exact model chooses "
+                             "the placement (replica counts and ranks); leave --placement out")
+        if args.lexicographic:
+            raise InputError("--lexicographic: the exact replica model minimises the makespan only; leave "
+                             "--lexicographic out with --redundant-experts")
+        return run_replicas(args, window, topo, cost, objective, out)
     # One clock for the whole command, started after the numba kernels are compiled or loaded:
     # R* and the warm start take their shares of --time-limit, the exact model (its
     # construction included) the rest.
@@ -104,7 +112,7 @@ def run(args) -> dict:
 
     warm(("plan",))
     t_start = time.perf_counter()
-    placement, pl_kind = _placement(args.placement, window, topo)
+    placement, pl_kind = _placement(placement_arg, window, topo)
     rows, cert = resolve_rows(window, topo, args.rows, min(10.0, 0.1 * args.time_limit))
     ev = Evaluator(window, topo, cost)
     warm_s = min(10.0, 0.1 * args.time_limit) if args.warm_time is None else max(0.0, args.warm_time)
@@ -136,6 +144,62 @@ def run(args) -> dict:
             f"  makespan  {_fmt(res.objective)} µs\n  bound     {_fmt(res.bound)} µs\n"
             f"  gap       {res.gap:.3%}\n  time      {res.seconds:.2f} s\n"
             f"  warm start ({warm_name}) {_fmt(warm_score.makespan)} µs")
+    if "plan" in result:
+        text += f"\n  plan      {result['plan']}"
+    emit(args, result, text)
+    return result
+
+
+def run_replicas(args, window, topo, cost, objective, out) -> dict:
+    """``exact --redundant-experts N``: the joint layout + replica placement model at rows R
+    (default R*), warm-started from the heuristic's replicated plan (``solve(...,
+    redundant_experts=N)`` for ``--warm-time`` seconds)."""
+    from routepack_opt.core.evaluate import Evaluator
+    from routepack_opt.models.layout import solve_layout_replicas
+    from routepack_opt.pipeline import build_plan, resolve_rows, solve
+    from routepack_opt.warmup import warm
+
+    warm(("plan", "replicas"))
+    t_start = time.perf_counter()
+    rows, cert = resolve_rows(window, topo, args.rows, min(10.0, 0.1 * args.time_limit))
+    ev = Evaluator(window, topo, cost)
+    warm_s = min(10.0, 0.1 * args.time_limit) if args.warm_time is None else max(0.0, args.warm_time)
+    start, warm_makespan = None, None
+    if warm_s > 0:
+        hp = solve(window, topo, cost, objective=objective, rows=rows, time_limit=warm_s, certificate=cert,
+                   redundant_experts=topo.redundant_experts)
+        if hp.replicas is not None:
+            start = (hp.layout.row, hp.layout.slot, hp.replicas)
+            warm_makespan = ev.score_layout(hp.replicas, hp.layout, objective).makespan
+    left = max(0.05 * args.time_limit, args.time_limit - (time.perf_counter() - t_start))
+    res = solve_layout_replicas(window, topo, cost, rows, objective, solver=args.solver, time_limit=left,
+                                warm_start=start, evaluator=ev)
+    if res.status == "infeasible":
+        raise InputError(f"no feasible layout with {rows} rows × {topo.dp} slots under capacity "
+                         f"{topo.capacity}" + (f" ({res.info['reason']})" if "reason" in res.info else ""))
+    result = {"status": res.status, "objective": res.objective, "bound": res.bound, "gap": res.gap,
+              "seconds": res.seconds, "solver": args.solver, "objective_name": objective,
+              "rows": rows, "placement": "exact-replicas", "lexicographic": False,
+              "redundant_experts": topo.redundant_experts,
+              "score": None if res.score is None else res.score.as_dict(),
+              "lower_bound": ev.placement_free_lower_bound(rows, topo.redundant_experts),
+              "rounding_error": res.rounding_error, "solver_makespan": res.claimed,
+              "warm_start": {"method": "routepack" if start is not None else None, "makespan": warm_makespan},
+              "certificate": cert, "command_seconds": time.perf_counter() - t_start}
+    if res.placement is not None:
+        result.update(res.placement.to_json())
+    if out is not None and res.row is not None:
+        notes = {"method": f"exact-replicas-{args.solver}", "exact_status": res.status,
+                 "exact_bound": res.bound, "exact_gap": res.gap, "exact_seconds": res.seconds}
+        plan = build_plan(ev, res.placement, Layout(res.row, res.slot, rows), objective,
+                          report=PlanReport(placement_kind="exact-replicas", notes=notes), certificate=cert)
+        plan.save(out)
+        result["plan"] = str(out)
+    text = (f"exact ({args.solver}, {objective}, R={rows}, {topo.redundant_experts} redundant experts, "
+            f"layout and replicas): {res.status}\n"
+            f"  makespan  {_fmt(res.objective)} µs\n  bound     {_fmt(res.bound)} µs\n"
+            f"  gap       {res.gap:.3%}\n  time      {res.seconds:.2f} s\n"
+            f"  warm start (routepack) {_fmt(warm_makespan)} µs")
     if "plan" in result:
         text += f"\n  plan      {result['plan']}"
     emit(args, result, text)

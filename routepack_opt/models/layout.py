@@ -16,6 +16,7 @@ import numpy as np
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
+from routepack_opt.core.placement import Placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.models.layout_common import (
@@ -29,9 +30,17 @@ from routepack_opt.models.layout_common import (
 )
 from routepack_opt.models.layout_cpsat import solve_cpsat
 from routepack_opt.models.layout_milp import solve_milp
+from routepack_opt.models.layout_replicas import ReplicaLayoutInstance, ReplicaLayoutResult
+from routepack_opt.models.layout_replicas_cpsat import solve_replica_cpsat
+from routepack_opt.models.layout_replicas_milp import solve_replica_milp
 
 __all__ = ["solve_layout", "LayoutResult", "LayoutInstance", "SOLVERS", "symmetry_groups",
-           "canonical_layout", "is_canonical"]
+           "canonical_layout", "is_canonical", "solve_layout_replicas", "ReplicaLayoutResult",
+           "MAX_REPLICA_VARIABLES"]
+
+# Split variables (cells × layers × experts × replica counts) above which the joint replica
+# models refuse: they are for tiny windows (the heuristic's gap with replicas).
+MAX_REPLICA_VARIABLES = 20_000
 
 SOLVERS = ("cpsat", "highs")
 
@@ -104,3 +113,72 @@ def _check_warm_start(inst: LayoutInstance, warm_start):
     if inst.violations(row_N, slot_N):
         return None
     return row_N, slot_N
+
+
+def solve_layout_replicas(window: Window, topology: Topology, cost: CostModel, rows: int,
+                          objective: str = "max-sum", solver: str = "cpsat", time_limit: float = 60.0,
+                          warm_start=None, symmetry: bool = True, num_workers: int = 2,
+                          evaluator: Evaluator | None = None) -> ReplicaLayoutResult:
+    """The layout *and* the replica placement (``topology.redundant_experts`` extra slots per layer;
+    with 0 the placement is a free permutation) together, exactly, at ``rows``
+    (:mod:`routepack_opt.models.layout_replicas`: replica counts and ranks are variables, the split
+    is the even-local rule's, encoded exactly).
+
+    ``warm_start``: ``(row_N, slot_N, Placement)`` (a CP-SAT hint; HiGHS gets none).
+    ``num_workers``: CP-SAT workers, or HiGHS threads. Whatever the
+    solver, ``objective`` is the evaluator's makespan of the returned (layout, placement), never
+    worse than the warm start's (anytime), and ``bound`` a proved lower bound on the optimum over
+    every layout and replica placement. For tiny windows: more than ``MAX_REPLICA_VARIABLES`` split
+    variables is an :class:`InputError`."""
+    if solver not in SOLVERS:
+        raise InputError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
+    if not (time_limit > 0):
+        raise InputError(f"time limit must be > 0 seconds, got {time_limit}")
+    topology.check_samples(window.num_samples)
+    inst = ReplicaLayoutInstance.build_replicas(window, topology, cost, rows, objective, evaluator)
+    size = inst.num_cells * window.num_layers * window.num_experts * inst.nmax
+    if inst.num_samples * inst.num_cells > MAX_BINARIES or size > MAX_REPLICA_VARIABLES:
+        raise InputError(
+            f"exact replica model too large: {inst.num_cells} cells × L={window.num_layers} × "
+            f"E={window.num_experts} × {inst.nmax} replica counts = {size} split variables "
+            f"(at most {MAX_REPLICA_VARIABLES}); it is for tiny windows, use `routepack plan "
+            f"--redundant-experts` (the heuristic) instead")
+    start = None
+    if warm_start is not None:
+        start = _check_replica_start(inst, warm_start)
+    if solver == "cpsat":
+        res = solve_replica_cpsat(inst, time_limit, start, symmetry, num_workers)
+    else:
+        res = solve_replica_milp(inst, time_limit, symmetry, threads=num_workers)
+    if start is None or res.status == "infeasible":
+        return res
+    score = inst.score(*start)
+    if res.score is not None and score.makespan >= res.score.makespan - 2 * res.rounding_error \
+            - 1e-9 * abs(res.score.makespan):
+        return res
+    bound = min(res.bound, score.makespan)
+    return dataclasses.replace(res, status="feasible", objective=score.makespan, score=score, row=start[0],
+                               slot=start[1], placement=start[2], bound=bound,
+                               gap=gap_of(score.makespan, bound), info=dict(res.info, returned="warm start"))
+
+
+def _check_replica_start(inst: ReplicaLayoutInstance, warm_start):
+    """A warm start (row_N, slot_N, Placement) that breaks a rule is dropped (a hint, not a
+    constraint); a malformed one is an input error."""
+    try:
+        row_N, slot_N, pl = warm_start
+        row_N, slot_N = np.asarray(row_N, dtype=np.int64), np.asarray(slot_N, dtype=np.int64)
+    except (TypeError, ValueError):
+        raise InputError("warm start must be (row_N, slot_N, Placement)") from None
+    if not isinstance(pl, Placement):
+        raise InputError("warm start: the third item must be a Placement")
+    if row_N.shape != (inst.num_samples,) or slot_N.shape != (inst.num_samples,):
+        raise InputError(f"warm start must give a cell for each of the {inst.num_samples} samples")
+    ranks = pl.replica_ranks().reshape(-1, pl.replica_ranks().shape[-1])
+    distinct = all(len(set(r[r >= 0].tolist())) == int((r >= 0).sum()) for r in ranks)
+    if (pl.ep != inst.topology.ep or pl.redundant != inst.redundant or pl.num_experts != inst.window.num_experts
+            or not distinct):  # outside the model (replicas of one expert share a rank)
+        return None
+    if inst.violations(row_N, slot_N, pl):
+        return None
+    return row_N, slot_N, pl

@@ -221,10 +221,13 @@ def gap_of(objective: float | None, bound: float) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def symmetry_groups(topology: Topology, rows: int, objective: Objective | str) -> list[list[list[int]]]:
+def symmetry_groups(topology: Topology, rows: int, objective: Objective | str,
+                    slots: bool = True) -> list[list[list[int]]]:
     """Groups of interchangeable units, coarse levels first. Each group is an ordered list of
     units; each unit is a list of cell ids ``r·D + d``. The models order the units of each group
-    by their smallest sample."""
+    by their smallest sample. ``slots=False`` leaves out the finest level (slots inside a block or
+    a shard): with replicas the even-local rule rotates by a slot's position in its shard, so
+    those permutations change the score (:mod:`routepack_opt.models.layout_replicas`)."""
     objective = check_objective(objective)
     D, P, G, R = topology.dp, topology.ep, topology.num_shards, rows
     S = topology.slots_of_shard()
@@ -246,6 +249,8 @@ def symmetry_groups(topology: Topology, rows: int, objective: Objective | str) -
             groups.append([[c for r in range(R) for c in block(r, g)] for g in range(G)])
         elif G > 1:  # shards inside each row
             groups += [[block(r, g) for g in range(G)] for r in range(R)]
+    if not slots:
+        return groups
     if P > 1 and eq:  # whole slots inside each shard (every row at once)
         groups += [[[r * D + int(S[g, j]) for r in range(R)] for j in range(P)] for g in range(G)]
     elif P > 1:  # slots inside each (row, shard) block
@@ -253,11 +258,13 @@ def symmetry_groups(topology: Topology, rows: int, objective: Objective | str) -
     return groups
 
 
-def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: Objective | str, order=None
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: Objective | str, order=None,
+                     slots: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The orbit representative of a layout under the objective's symmetries (same score):
     units ordered by smallest sample at every level (see the module docstring). ``order``: the
-    sample ids in the order that defines "smallest" (default 0..N-1)."""
+    sample ids in the order that defines "smallest" (default 0..N-1). ``slots=False``: every
+    sample keeps its slot's position inside its shard (the levels of
+    ``symmetry_groups(..., slots=False)``)."""
     objective = check_objective(objective)
     row_N = np.asarray(row_N, dtype=np.int64)
     slot_N = np.asarray(slot_N, dtype=np.int64)
@@ -296,6 +303,8 @@ def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: Ob
                 new_r[row_N == r] = r2
             for g2, g in enumerate(np.argsort([first(g_N == g) for g in range(G)], kind="stable")):
                 new_g[g_N == g] = g2
+        if not slots:
+            return new_r, S[new_g, j_N]
         new_j = np.empty(N, np.int64)
         for g in range(G):
             sh = new_g == g
@@ -307,6 +316,8 @@ def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: Ob
         new_g, new_r = relabel(g_N, G, row_N, R)
     else:  # whole rows, then shards inside a row
         new_r, new_g = relabel(row_N, R, g_N, G)
+    if not slots:
+        return new_r, S[new_g, j_N]
     new_j = np.empty(N, np.int64)
     for r in range(R):
         for g in range(G):
@@ -317,9 +328,10 @@ def canonical_layout(row_N, slot_N, topology: Topology, rows: int, objective: Ob
     return new_r, S[new_g, new_j]
 
 
-def is_canonical(row_N, slot_N, topology: Topology, rows: int, objective: Objective | str, order=None) -> bool:
+def is_canonical(row_N, slot_N, topology: Topology, rows: int, objective: Objective | str, order=None,
+                 slots: bool = True) -> bool:
     """Does the layout satisfy the symmetry-breaking constraints of both models?"""
-    r2, s2 = canonical_layout(row_N, slot_N, topology, rows, objective, order)
+    r2, s2 = canonical_layout(row_N, slot_N, topology, rows, objective, order, slots)
     return bool(np.array_equal(r2, row_N) and np.array_equal(s2, slot_N))
 
 

@@ -265,7 +265,12 @@ def _result(inst, status, layout, bound, t0, claimed, error, lexicographic, info
 
 
 class _Model:
-    """Variables and constraint families of the CP-SAT layout model."""
+    """Variables and constraint families of the CP-SAT layout model. A subclass may replace the
+    expert term (``add_expert_maxima``, ``hint``): the replica model of
+    :mod:`routepack_opt.models.layout_replicas_cpsat` does, and keeps the slot order
+    (``SLOT_SYMMETRY = False``)."""
+
+    SLOT_SYMMETRY = True  # break the symmetry of slots inside a block (layout_common)
 
     def __init__(self, inst: LayoutInstance, sc: CpsatScaling, deadline: float | None = None):
         cp_model = _solvers.cp_model()
@@ -386,7 +391,8 @@ class _Model:
         :mod:`routepack_opt.models.layout_common`)."""
         cp_model = _solvers.cp_model()
         order = self.inst.order_N.tolist()
-        for units in symmetry_groups(self.inst.topology, self.inst.rows, self.inst.objective):
+        for units in symmetry_groups(self.inst.topology, self.inst.rows, self.inst.objective,
+                                     self.SLOT_SYMMETRY):
             for j in range(1, len(units)):
                 cur, prev = units[j], units[j - 1]
                 for n, i in enumerate(order):

@@ -58,15 +58,19 @@ BUILD_SHARE = 0.5  # of the time limit, at most, for building the Pyomo model
 
 
 def build_milp(inst: LayoutInstance, symmetry: bool = True,
-               deadline: float | None = None) -> tuple[pyo.ConcreteModel, float]:
+               deadline: float | None = None, experts=None,
+               slot_symmetry: bool = True) -> tuple[pyo.ConcreteModel, float]:
     """The Pyomo model and its cost unit (µs per model unit). Past ``deadline`` (a
-    ``time.perf_counter()`` value) the build stops with :class:`BuildTimeout`."""
+    ``time.perf_counter()`` value) the build stops with :class:`BuildTimeout`.
+
+    ``experts(m, inst, cells_RGP, clock) -> layers`` builds the expert term instead of the fixed
+    placement's ``M[r,g,l]`` (it must define ``m.M[r, g, l]`` for the returned layers): the joint
+    replica model (:mod:`routepack_opt.models.layout_replicas_milp`) does, with
+    ``slot_symmetry=False``."""
     pyo = _solvers.pyomo()
     clock = BuildClock(deadline)
     topo = inst.topology
     N, R, D, G, P = inst.num_samples, inst.rows, topo.dp, topo.num_shards, topo.ep
-    b_NLP = inst.b_NLP
-    L = b_NLP.shape[1]
     lb = inst.lower_bound() - inst.constant()
     unit = lb / 1000.0 if lb > 0 else 1.0
     coef_SN = inst.coef_SN / unit
@@ -110,20 +114,10 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
                     for i in range(N):
                         m.attention.add(m.A[s, r, g] >= cs[i] * sum(x[i, c] for c in cells))
 
-    # Experts: M[r,g,l] ≥ tokens the (row, shard) block sends to each EP rank at layer l.
-    layers = [l for l in range(L) if gamma > 0 and b_NLP[:, l, :].any()]
-    m.M = pyo.Var(range(R), range(G), layers, domain=pyo.NonNegativeReals)
-    m.experts = pyo.ConstraintList()
-    for r in range(R):
-        for g in range(G):
-            clock.check()
-            cells = cells_RGP[r][g]
-            for l in layers:
-                for p in range(P):
-                    w = b_NLP[:, l, p].tolist()
-                    if any(w):
-                        m.experts.add(m.M[r, g, l] >= sum(w[i] * x[i, c] for c in cells
-                                                           for i in range(N) if w[i]))
+    if experts is not None:
+        layers = experts(m, inst, cells_RGP, clock) if gamma > 0 else []
+    else:
+        layers = _fixed_experts(m, inst, cells_RGP, clock, gamma)
 
     def J(r, g):
         return (sum(m.A[s, r, g] for s in stages) + gamma * sum(m.M[r, g, l] for l in layers))
@@ -146,7 +140,7 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
     m.symmetry = pyo.ConstraintList()
     if symmetry:
         order = inst.order_N.tolist()
-        for units in symmetry_groups(topo, R, inst.objective):
+        for units in symmetry_groups(topo, R, inst.objective, slot_symmetry):
             for j in range(1, len(units)):
                 cur, prev = units[j], units[j - 1]
                 for n, i in enumerate(order):
@@ -161,6 +155,30 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
     m._stages, m._layers, m._cells_RGP = stages, layers, cells_RGP
     m._coef_SN, m._gamma = coef_SN, gamma
     return m, unit
+
+
+def _fixed_experts(m, inst: LayoutInstance, cells_RGP, clock: BuildClock, gamma: float) -> list[int]:
+    """Experts at the fixed placement: M[r,g,l] ≥ tokens the (row, shard) block sends to each EP
+    rank at layer l."""
+    pyo = _solvers.pyomo()
+    b_NLP = inst.b_NLP
+    N, L, P = b_NLP.shape
+    R, G = len(cells_RGP), len(cells_RGP[0])
+    x = m.x
+    layers = [l for l in range(L) if gamma > 0 and b_NLP[:, l, :].any()]
+    m.M = pyo.Var(range(R), range(G), layers, domain=pyo.NonNegativeReals)
+    m.experts = pyo.ConstraintList()
+    for r in range(R):
+        for g in range(G):
+            clock.check()
+            cells = cells_RGP[r][g]
+            for l in layers:
+                for p in range(P):
+                    w = b_NLP[:, l, p].tolist()
+                    if any(w):
+                        m.experts.add(m.M[r, g, l] >= sum(w[i] * x[i, c] for c in cells
+                                                           for i in range(N) if w[i]))
+    return layers
 
 
 def _set_start(m, inst: LayoutInstance, row_N, slot_N) -> None:

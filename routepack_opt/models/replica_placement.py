@@ -44,7 +44,7 @@ from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.models import _solvers
 
-__all__ = ["ReplicaResult", "solve_replicas_cpsat", "brute_force_replicas", "placement_from_y"]
+__all__ = ["ReplicaResult", "solve_replicas_cpsat", "brute_force_replicas", "placement_from_y", "layer_choices"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +186,7 @@ def solve_replicas_cpsat(window: Window, topology: Topology, cost: CostModel, la
                          wall_s=time.perf_counter() - t0)
 
 
-def _layer_choices(E: int, P: int, per: int):
+def layer_choices(E: int, P: int, per: int):
     """Every y[E, P] (0/1) with column sums S/P and every row ≥ 1."""
     cols = list(itertools.combinations(range(E), per))
     for choice in itertools.product(cols, repeat=P):
@@ -203,7 +203,7 @@ def brute_force_replicas(window: Window, topology: Topology, cost: CostModel, la
     distinct ranks, each scored by the one evaluator at ``layout`` (tiny cases only)."""
     L, E, P = window.num_layers, window.num_experts, topology.ep
     per = topology.num_slots(E) // P
-    layers = list(_layer_choices(E, P, per))
+    layers = list(layer_choices(E, P, per))
     if len(layers) ** L > 20_000:
         raise InputError("brute force: too many replica placements")
     ev = Evaluator(window, topology, cost)
