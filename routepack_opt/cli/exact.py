@@ -188,7 +188,7 @@ def run_replicas(args, window, topo, cost, objective, out) -> dict:
               "certificate": cert, "command_seconds": time.perf_counter() - t_start}
     if res.placement is not None:
         result.update(res.placement.to_json())
-    if out is not None and res.row is not None:
+    if out is not None and res.row is not None and res.slot is not None:
         notes = {"method": f"exact-replicas-{args.solver}", "exact_status": res.status,
                  "exact_bound": res.bound, "exact_gap": res.gap, "exact_seconds": res.seconds}
         plan = build_plan(ev, res.placement, Layout(res.row, res.slot, rows), objective,

@@ -131,7 +131,7 @@ class ReplicaLayoutInstance(LayoutInstance):
         """The placement-free bound with ``redundant`` replicas (docs/model.md)."""
         return self.evaluator.placement_free_lower_bound(self.rows, self.redundant)
 
-    def score(self, row_N, slot_N, placement: Placement | None = None) -> Score:  # type: ignore[override]
+    def score(self, row_N, slot_N, placement: Placement | None = None) -> Score:
         if placement is None:
             raise InputError("a replica layout is scored with its placement")
         return self.evaluator.score(placement, row_N, slot_N, self.rows, self.objective)
@@ -202,10 +202,12 @@ class ReplicaLayoutResult:
 
     @property
     def layout(self) -> tuple[np.ndarray, np.ndarray] | None:
-        return None if self.row is None else (self.row, self.slot)
+        if self.row is None or self.slot is None:
+            return None
+        return self.row, self.slot
 
     def report(self) -> dict:
-        d = {"status": self.status, "objective": self.objective, "bound": self.bound, "gap": self.gap,
+        d: dict = {"status": self.status, "objective": self.objective, "bound": self.bound, "gap": self.gap,
              "seconds": self.seconds, "solver": self.solver, "objective_name": self.objective_name,
              "rows": self.rows, "claimed": self.claimed, "rounding_error": self.rounding_error}
         if self.score is not None:

@@ -93,7 +93,7 @@ class _ReplicaModel(_Model):
                         self.f[x, l, e, n] = f
                         self.d[x, l, e, n] = ds
         # --- loads: z ≥ the selected share; M ≥ Σ_e z; P·M ≥ the block's tokens -------------
-        M = {}
+        M: dict = {}
         self.z = {}
         if self.sc.K == 0:
             return M
