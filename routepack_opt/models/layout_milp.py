@@ -276,10 +276,8 @@ def solve_milp(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
         return _result(inst, "unknown", None, bound, t0, None, lexicographic, info)
     res.solution_loader.load_vars()
     optimal = tc == TerminationCondition.optimal
-    makespan_model = float(pyo.value(m.makespan))
-    claimed = makespan_model * unit + inst.constant()
-    if abs(res.best_feasible_objective - makespan_model) > 1e-6 * max(1.0, abs(makespan_model)):
-        info["highs_inconsistent"] = (res.best_feasible_objective, makespan_model)
+    makespan_model, claimed, consistent = _claimed(res, m, inst, unit, info)
+    if not consistent:
         optimal = False
         bound = inst.lower_bound()
     layout = _layout(m, inst)
@@ -303,6 +301,16 @@ def solve_milp(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
     info["solver_makespan"] = claimed
     return _result(inst, "optimal" if optimal else "feasible", layout, bound, t0, claimed,
                    lexicographic, info)
+
+
+def _claimed(res, m, inst, unit: float, info: dict) -> tuple[float, float, bool]:
+    """(the model's makespan in model units, the solver's claimed makespan in µs, whether HiGHS's
+    reported objective agrees with the model's value; a disagreement is recorded in ``info``)."""
+    makespan_model = float(_solvers.pyomo().value(m.makespan))
+    consistent = abs(res.best_feasible_objective - makespan_model) <= 1e-6 * max(1.0, abs(makespan_model))
+    if not consistent:
+        info["highs_inconsistent"] = (res.best_feasible_objective, makespan_model)
+    return makespan_model, makespan_model * unit + inst.constant(), consistent
 
 
 def _bound(inst: LayoutInstance, unit: float, model_bound) -> float:

@@ -26,7 +26,7 @@ import numpy as np
 
 from routepack_opt.models import _solvers
 from routepack_opt.models.layout_common import BuildClock, BuildTimeout, prefeasibility
-from routepack_opt.models.layout_milp import BUILD_SHARE, _bound, _highs, _layout, build_milp
+from routepack_opt.models.layout_milp import BUILD_SHARE, _bound, _claimed, _highs, _layout, build_milp
 from routepack_opt.models.layout_replicas import ReplicaLayoutInstance, ReplicaLayoutResult, replica_result
 
 __all__ = ["solve_replica_milp", "build_replica_milp"]
@@ -163,10 +163,8 @@ def solve_replica_milp(inst: ReplicaLayoutInstance, time_limit: float = 60.0, sy
         return replica_result(inst, "highs", "unknown", None, None, bound, t0, None, 0.0, info)
     res.solution_loader.load_vars()
     optimal = tc == TerminationCondition.optimal
-    makespan_model = float(pyo.value(m.makespan))
-    claimed = makespan_model * unit + inst.constant()
-    if abs(res.best_feasible_objective - makespan_model) > 1e-6 * max(1.0, abs(makespan_model)):
-        info["highs_inconsistent"] = (res.best_feasible_objective, makespan_model)
+    _, claimed, consistent = _claimed(res, m, inst, unit, info)
+    if not consistent:
         optimal = False
         bound = inst.lower_bound()
     L, E, P = inst.window.num_layers, inst.window.num_experts, inst.topology.ep
