@@ -83,7 +83,7 @@ def warm_start(window, topology, cost, placement, rows, objective, seconds, eval
 def run(args) -> dict:
     from routepack_opt.core.evaluate import Evaluator, check_objective
     from routepack_opt.models.layout import solve_layout
-    from routepack_opt.pipeline import build_plan, resolve_rows
+    from routepack_opt.pipeline import resolve_rows
 
     placement_arg = args.placement or "lpt"
     out = output_path(args.output, args.window, args.cost,
@@ -134,12 +134,7 @@ def run(args) -> dict:
               "warm_start": {"method": warm_name, "makespan": warm_score.makespan},
               "certificate": cert}
     if out is not None and res.row is not None:
-        notes = {"method": f"exact-{args.solver}", "exact_status": res.status,
-                 "exact_bound": res.bound, "exact_gap": res.gap, "exact_seconds": res.seconds}
-        plan = build_plan(ev, placement, Layout(res.row, res.slot, rows), objective,
-                          report=PlanReport(placement_kind=pl_kind, notes=notes), certificate=cert)
-        plan.save(out)
-        result["plan"] = str(out)
+        result["plan"] = _save_plan(out, ev, placement, res, rows, objective, pl_kind, f"exact-{args.solver}", cert)
     text = (f"exact ({args.solver}, {objective}, R={rows}, placement {pl_kind}): {res.status}\n"
             f"  makespan  {_fmt(res.objective)} µs\n  bound     {_fmt(res.bound)} µs\n"
             f"  gap       {res.gap:.3%}\n  time      {res.seconds:.2f} s\n"
@@ -156,7 +151,7 @@ def run_replicas(args, window, topo, cost, objective, out) -> dict:
     redundant_experts=N)`` for ``--warm-time`` seconds)."""
     from routepack_opt.core.evaluate import Evaluator
     from routepack_opt.models.layout import solve_layout_replicas
-    from routepack_opt.pipeline import build_plan, resolve_rows, solve
+    from routepack_opt.pipeline import resolve_rows, solve
     from routepack_opt.warmup import warm
 
     warm(("plan", "replicas"))
@@ -189,12 +184,8 @@ def run_replicas(args, window, topo, cost, objective, out) -> dict:
     if res.placement is not None:
         result.update(res.placement.to_json())
     if out is not None and res.row is not None and res.slot is not None:
-        notes = {"method": f"exact-replicas-{args.solver}", "exact_status": res.status,
-                 "exact_bound": res.bound, "exact_gap": res.gap, "exact_seconds": res.seconds}
-        plan = build_plan(ev, res.placement, Layout(res.row, res.slot, rows), objective,
-                          report=PlanReport(placement_kind="exact-replicas", notes=notes), certificate=cert)
-        plan.save(out)
-        result["plan"] = str(out)
+        result["plan"] = _save_plan(out, ev, res.placement, res, rows, objective, "exact-replicas",
+                                    f"exact-replicas-{args.solver}", cert)
     text = (f"exact ({args.solver}, {objective}, R={rows}, {topo.redundant_experts} redundant experts, "
             f"layout and replicas): {res.status}\n"
             f"  makespan  {_fmt(res.objective)} µs\n  bound     {_fmt(res.bound)} µs\n"
@@ -204,6 +195,18 @@ def run_replicas(args, window, topo, cost, objective, out) -> dict:
         text += f"\n  plan      {result['plan']}"
     emit(args, result, text)
     return result
+
+
+def _save_plan(out, ev, placement, res, rows: int, objective, kind: str, method: str, cert) -> str:
+    """Write the exact layout as a plan (the one evaluator scores it; atomic write); its path."""
+    from routepack_opt.pipeline import build_plan
+
+    notes = {"method": method, "exact_status": res.status, "exact_bound": res.bound, "exact_gap": res.gap,
+             "exact_seconds": res.seconds}
+    plan = build_plan(ev, placement, Layout(res.row, res.slot, rows), objective,
+                      report=PlanReport(placement_kind=kind, notes=notes), certificate=cert)
+    plan.save(out)
+    return str(out)
 
 
 def _fmt(x) -> str:
