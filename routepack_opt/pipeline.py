@@ -296,9 +296,24 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
         best_seed = min(seed_scores, key=lambda name: seed_scores[name])
     layout = seeds[best_seed]
     search = joint = fallback = None
-    # with replicas the search alternates packing and row-aware replica moves: the first packing
-    # gets half of what is left
+    # with replicas: row-aware replica moves for the best seed's packing first (the search then
+    # packs against them), and again for the packing found; under a time limit the first packing
+    # gets half of what is left and rounds of moves and re-packing share the rest (_replica_rounds)
     replicated = isinstance(pl, Placement) and not pl.is_permutation and placement in ("lpt", "joint")
+    replica_notes: dict = {}
+    if replicated and not clock.expired() and not (stop is not None and stop()):
+        with timings.stage("replicas-start"):
+            try:
+                assert isinstance(pl, Placement)
+                pl, moved, replica_notes = _replica_start(window, topology, ev, pl, layout, R, objective,
+                                                          seed_scores[best_seed], clock, stop)
+                if moved:  # the seeds are scored again against the placement they will be packed for
+                    b = ev.rank_loads(pl)
+                    seed_scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
+                    best_seed = min(seed_scores, key=lambda name: seed_scores[name])
+                    layout = seeds[best_seed]
+            except Exception as exc:  # keep the constructive replicas, and say so
+                fallback = f"replica moves failed ({exc.__class__.__name__}: {exc}); kept the constructive replicas"
     with timings.stage("anneal"):
         try:
             if clock.expired():
@@ -307,7 +322,7 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
             res = anneal(window.lengths, b, topology, cost, R, objective,
                          [lay.arrays() for lay in seeds.values()], config=params.anneal, seed=seed,
                          time_limit=None if left is None else (0.5 * left if replicated else left),
-                         max_sweeps=(max_sweeps + 1) // 2 if replicated and max_sweeps else max_sweeps,
+                         max_sweeps=max_sweeps,
                          progress=progress, stop=stop)
             found = Layout(res.row, res.slot, R)
             errs = Plan.from_layout(topology, pl, found, objective).validate(window)
@@ -320,13 +335,14 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
             fallback = f"no search: {exc}; using baseline {best_seed}"
         except Exception as exc:  # fall back to the best valid baseline, and say so
             fallback = f"annealing failed ({exc.__class__.__name__}: {exc}); using baseline {best_seed}"
-    replica_notes: dict = {}
     if replicated and fallback is None and not clock.expired() and not (stop is not None and stop()):
         with timings.stage("replicas"):
             try:
                 assert isinstance(pl, Placement)
-                pl, layout, replica_notes = _replica_rounds(window, topology, cost, ev, pl, layout, R,
-                                                            objective, params, seed, clock, max_sweeps, stop)
+                pl, layout, rounds = _replica_rounds(window, topology, cost, ev, pl, layout, R,
+                                                     objective, params, seed, clock, max_sweeps, stop)
+                replica_notes = {**rounds, "start_moves": replica_notes.get("start_moves", 0),
+                                 "start_kept": replica_notes.get("start_kept", False)}
             except Exception as exc:  # keep the packing and placement found so far, and say so
                 fallback = f"replica moves failed ({exc.__class__.__name__}: {exc}); kept the constructive replicas"
     if (pl_kind == "lpt" and placement == "joint" and not clock.expired()
@@ -354,17 +370,69 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     return build_plan(ev, pl, layout, objective, report=report, certificate=cert)
 
 
+# Passes of row-aware replica moves outside the timed rounds: before the first packing, and
+# (twice as many: these moves are for the packing the plan keeps) after it. Most moves come in
+# the first passes (DeepSeek-V3, N = 4,096, P = 32: 5,457 in the first 4, 1,458 in the next 4,
+# 284 after), and a pass costs about a tenth of a second there; a call ends at a pass without
+# a move (experiments/results/replication, the planning-time table)
+REPLICA_PASSES = 8
+
+
+def _replica_moves(window: Window, topology: Topology, pl: Placement, layout: Layout, R: int,
+                   clock: _Clock, stopped: Callable[[], bool], chunks: int, passes: int,
+                   t_score: float, until: float | None = None) -> tuple[Placement, int]:
+    """Up to ``chunks`` calls of ``passes`` passes of row-aware replica moves for ``layout``'s
+    packing (a call that makes no move ends them), with the clock read between calls: none is
+    started with less than 1.5 calls' time and three scorings (``t_score``) left, or after
+    ``until`` (a perf_counter time). Returns the candidate placement and the moves made."""
+    from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
+
+    V = block_expert_loads(window.counts, layout.row, layout.slot, R, topology)
+    cand, moves, t_pass = pl, 0, 0.0
+    for _ in range(chunks):
+        left = clock.left()
+        if left is not None and left < 1.5 * t_pass + 3.0 * t_score:
+            break
+        if until is not None and time.perf_counter() + t_pass > until:
+            break
+        t0 = time.perf_counter()
+        cand, m = refine_replicas(V, cand, topology, max_passes=passes)
+        t_pass = max(t_pass, time.perf_counter() - t0)
+        moves += m
+        if m == 0 or stopped():
+            break
+    return cand, moves
+
+
+def _replica_start(window: Window, topology: Topology, ev: Evaluator, pl: Placement, layout: Layout,
+                   R: int, objective, best: tuple, clock: _Clock, stop) -> tuple[Placement, bool, dict]:
+    """Row-aware replica moves for the best seed's packing (``layout``, scored ``best`` under
+    ``pl``) before the first packing, so that it packs against them: up to ``REPLICA_PASSES``
+    passes (single passes under a time limit, within a quarter of what is left). Returns the
+    placement, whether it changed (kept only if the evaluator scores ``layout`` better under it)
+    and notes."""
+    def stopped() -> bool:
+        return clock.expired() or (stop is not None and stop())
+
+    t0 = time.perf_counter()
+    left = clock.left()
+    timed = left is not None
+    chunks, passes = (REPLICA_PASSES, 1) if timed else (1, REPLICA_PASSES)
+    cand, moves = _replica_moves(window, topology, pl, layout, R, clock, stopped, chunks, passes, 0.0,
+                                 None if left is None else t0 + 0.25 * left)
+    kept = moves > 0 and not clock.expired() and ev.score_layout(cand, layout, objective).key < best
+    return (cand if kept else pl), kept, {"start_moves": moves, "start_kept": kept}
+
+
 def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Evaluator, pl: Placement,
                     layout: Layout, R: int, objective, params: PlannerParams, seed: int, clock: _Clock,
                     max_sweeps: int | None, stop, max_rounds: int = 3) -> tuple[Placement, Layout, dict]:
-    """Rounds of (row-aware replica moves for the current packing, then packing again against the
-    new placement's surrogate loads, from the current layout), each kept only if the one
-    evaluator scores it better. The moves run in chunks of a few passes between clock checks.
-    Budget: the first packing had half of the time (or sweeps); each re-packing takes half of
-    what is left (the last one all of it); with a sweep budget, one round whose re-packing takes
-    the other half of the sweeps."""
-    from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
-
+    """Row-aware replica moves for the packing found, kept only if the one evaluator scores it
+    better. Without a time limit: one call of ``2 · REPLICA_PASSES`` passes (the packing had the
+    whole sweep budget). Under a time limit: rounds of (moves in single passes between clock
+    checks, ≤ 32 a round; then packing again against the new placement's surrogate loads, from
+    the current layout), each kept only if better; the first packing had half of the time, each
+    re-packing takes half of what is left (the last one all of it)."""
     t0 = time.perf_counter()
     best = ev.score_layout(pl, layout, objective).key
     t_score = time.perf_counter() - t0  # one exact scoring (the even-local split, per cell)
@@ -373,28 +441,12 @@ def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Eva
     def stopped() -> bool:
         return clock.expired() or (stop is not None and stop())
 
-    # under a time limit: single passes between clock checks (≤ 32 per round), none started with
-    # less than 1.5 passes' time left; with a sweep budget: one round of 2·max_sweeps passes
-    # (deterministic); with neither, 8 chunks of 4 passes
     timed = clock.limit is not None
-    chunks, passes = (32, 1) if timed else (8, 4) if max_sweeps is None else (1, max(2, 2 * max_sweeps))
-    if not timed and max_sweeps is not None:
-        max_rounds = 1
-    for rnd in range(max_rounds):
+    chunks, passes = (32, 1) if timed else (1, 2 * REPLICA_PASSES)
+    for rnd in range(max_rounds if timed else 1):
         if stopped():
             break
-        V = block_expert_loads(window.counts, layout.row, layout.slot, R, topology)
-        cand, moves, t_pass = pl, 0, 0.0
-        for _ in range(chunks):
-            left = clock.left()
-            if left is not None and left < 1.5 * t_pass + 3.0 * t_score:
-                break
-            t0 = time.perf_counter()
-            cand, m = refine_replicas(V, cand, topology, max_passes=passes)
-            t_pass = max(t_pass, time.perf_counter() - t0)
-            moves += m
-            if m == 0 or stopped():
-                break
+        cand, moves = _replica_moves(window, topology, pl, layout, R, clock, stopped, chunks, passes, t_score)
         notes["rounds"] += 1
         notes["moves"] += moves
         t0 = time.perf_counter()
@@ -404,14 +456,13 @@ def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Eva
             break
         pl, best = cand, key
         notes["placements_kept"] += 1
-        if stopped():
+        if not timed or stopped():
             break
-        left = clock.left()
-        if left is not None:  # what scoring the re-packing (and, after it, the plan) will cost
-            left = max(0.01, left - 2.0 * t_score)
+        # what scoring the re-packing (and, after it, the plan) will cost
+        left = max(0.01, (clock.left() or 0.0) - 2.0 * t_score)
         res = anneal(window.lengths, ev.rank_loads(pl), topology, cost, R, objective, [layout.arrays()],
                      config=params.anneal, seed=seed + rnd + 1,
-                     time_limit=None if left is None else (0.5 * left if rnd + 1 < max_rounds else left),
+                     time_limit=0.5 * left if rnd + 1 < max_rounds else left,
                      max_sweeps=None if max_sweeps is None else max(1, max_sweeps // 2),
                      stop=stop)
         found = Layout(res.row, res.slot, R)

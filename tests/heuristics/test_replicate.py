@@ -182,3 +182,38 @@ def test_async_planner_with_replicas_and_its_quick_fallback(monkeypatch):
     release.set()
     assert mb.plan.validate(w) == [] and mb.plan.replicas is not None and "quick" in mb.report["fallback"]
     ap.close()
+
+
+def test_replica_moves_bracket_the_one_packing_under_a_sweep_budget():
+    """Without a time limit the packing gets the whole sweep budget; row-aware replica moves run
+    for the best seed's packing before it and for its result after it, with no re-packing."""
+    w = random_window(num_samples=96, num_layers=3, num_experts=8, top_k=2, max_len=300, seed=4, skew=2.5)
+    topo = Topology(dp=4, ep=4, capacity=1200)
+    p = solve(w, topo, COST, max_sweeps=4, seed=1, redundant_experts=4)
+    notes = p.report.notes["replicas"]
+    assert p.report.search is not None and p.report.search.sweeps == pytest.approx(4)
+    assert notes["rounds"] == 1 and notes["packings_kept"] == 0 and notes["start_moves"] > 0
+    assert {"replicas-start", "anneal", "replicas"} <= set(p.report.timings)
+
+
+def test_replica_start_keeps_moves_only_when_the_evaluator_scores_them_better():
+    """The moves before the first packing are kept only if the one evaluator scores the seed's
+    layout better under them than ``best``: an unbeatable ``best`` keeps the constructive
+    replicas, an infinite one takes the moved placement."""
+    from routepack_opt.core.layout import Layout
+    from routepack_opt.heuristics.baselines import verl_kk_layout
+    from routepack_opt.pipeline import _Clock, _replica_start
+
+    w = random_window(num_samples=96, num_layers=3, num_experts=8, top_k=2, max_len=300, seed=4, skew=2.5)
+    topo = Topology(dp=4, ep=4, capacity=1200, redundant_experts=4)
+    ev = Evaluator(w, topo, COST)
+    pl = replicated_placement(w.expert_loads(), topo.ep, topo.num_slots(w.num_experts))
+    layout = Layout(*verl_kk_layout(w.lengths, topo, 4), 4)
+    start = ev.score_layout(pl, layout, "max-sum").key
+    kept_pl, kept, notes = _replica_start(w, topo, ev, pl, layout, 4, "max-sum", (-np.inf,) * len(start),
+                                          _Clock(None), None)
+    assert not kept and kept_pl is pl and notes["start_moves"] > 0
+    moved_pl, kept, _ = _replica_start(w, topo, ev, pl, layout, 4, "max-sum", (np.inf,) * len(start),
+                                       _Clock(None), None)
+    assert kept and not np.array_equal(moved_pl.phy2log, pl.phy2log)
+    assert ev.score_layout(moved_pl, layout, "max-sum").key < start  # the moves do help here
