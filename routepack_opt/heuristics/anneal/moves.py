@@ -19,7 +19,9 @@ N/D samples in each slot):
 - *guided*: with probability ``p_guide`` the moved sample comes from the bottleneck
   (:func:`pick_guided`) — for ``max-sum`` the shard with the largest Σ_r J (its rows weighted by
   J[r, g*]); for ``sum-max`` a row drawn with probability ∝ max_g J[r, g], then that row's argmax
-  shard; then a uniform cell of that block and a uniform member of it. A guided relocation tries
+  shard; then, with probability ``p_guide_cell``, the block's costliest cell at the first
+  attention stage (the one that sets its attention term), else a uniform cell of that block, and
+  a uniform member of it. A guided relocation tries
   up to 8 random targets with room (:func:`guided_target`).
 
 - *row window* (large windows only, :func:`row_window`): rows are interchangeable in the cost, so
@@ -72,6 +74,7 @@ Moves = namedtuple("Moves", (
     "rows",     # int: rows w of a row window (≥ R: no window; see row_window)
     "stay",     # int: proposals a replica makes in one row window before drawing the next
     "wide",     # int: ``window`` of near swaps inside a row window (widened by R/w)
+    "p_cell",   # float: probability a guided sample comes from its block's costliest attention cell
 ))
 
 
@@ -119,7 +122,7 @@ def moves_of(cfg: AnnealConfig, inst) -> Moves:
     # widens by that factor so it still holds ~swap_window members each side
     wide = cfg.swap_window if stay == 0 else cfg.swap_window * -(-inst.R // w)
     return Moves(p_swap=cfg.p_swap, p_guide=cfg.p_guide, p_near=cfg.p_near, window=cfg.swap_window,
-                 rows=w, stay=stay, wide=wide)
+                 rows=w, stay=stay, wide=wide, p_cell=cfg.p_guide_cell)
 
 
 @njit(cache=True, _nrt=False, inline='always')
@@ -167,7 +170,7 @@ def weighted_row(s0, s1, s2, s3, w, off, stride, R, total, peak):
 
 
 @njit(cache=True, _nrt=False, inline='always')
-def pick_guided(s0, s1, s2, s3, st, pb):
+def pick_guided(s0, s1, s2, s3, st, pb, p_cell):
     """A sample of the bottleneck block (cells are never empty) and the new RNG state (never
     confined to a row window: the bottleneck may lie anywhere)."""
     J, R, D, G, P = st.J, pb.R, pb.D, pb.G, pb.P
@@ -195,6 +198,10 @@ def pick_guided(s0, s1, s2, s3, st, pb):
     # internal slots are shard-major (slot g·P + j): the shard's cells are contiguous
     x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
     c = rs * D + gs * P + below(x, P)
+    if p_cell > 0.0:  # the cell whose first-stage cost sets the block's attention term
+        x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
+        if unit(x) < p_cell:
+            c = np.int64(st.At[(rs * G + gs) * pb.alpha.shape[0] * 3 + 1])
     x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
     return np.int64(st.memb[below(x, st.cnt[c]) * (R * D) + c]), s0, s1, s2, s3
 
@@ -428,7 +435,7 @@ def run_replica(n_moves, temp, mv, pb, st, wk, sc):
             x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
             guided = unit(x) <= mv.p_guide
             if guided:
-                i, s0, s1, s2, s3 = pick_guided(s0, s1, s2, s3, st, pb)
+                i, s0, s1, s2, s3 = pick_guided(s0, s1, s2, s3, st, pb, mv.p_cell)
         x, s0, s1, s2, s3 = xo(s0, s1, s2, s3)
         swap = unit(x) <= mv.p_swap
         bc = -1
