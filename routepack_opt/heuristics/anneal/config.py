@@ -40,8 +40,8 @@ class AnnealConfig:
     p_near: float = 0.75  # probability a swap partner is a length-neighbour (within swap_window)
     # probability a guided sample comes from its block's costliest attention cell (the one that
     # sets the block's attention term) rather than a uniform cell of the block: with 0.5, plans at
-    # the default budget were better on 29 of 35 windows (median −0.06 % max-sum, −0.13 % sum-max,
-    # worst +0.31 %; N = 256–2,048, D = 16–128, P = 8–64), most on wide blocks
+    # the default budget were better on 30 of 35 windows (N = 256–2,048, D = 16–128, P = 8–64;
+    # on 24 of them median −0.06 % max-sum, −0.13 % sum-max; worst +0.31 %), most on wide blocks
     p_guide_cell: float = 0.5
     swap_window: int = 16  # length-order neighbourhood (samples each side) of near swaps
     t_hot_quantile: float = 0.5  # T_hot = this quantile of |ΔE| of random moves from the seeds
