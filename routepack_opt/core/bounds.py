@@ -32,8 +32,8 @@ from routepack_opt.core.errors import InputError
 from routepack_opt.core.topology import Topology
 
 __all__ = ["check_sizes", "is_packing", "lower_bound_l1", "lower_bound_l2", "lower_bound_dff",
-           "bin_lower_bound", "layout_lower_bound", "attention_lower_bound", "placement_free_lower_bound", "layer_lower_bound",
-           "force_balanced_lower_bound"]
+           "bin_lower_bound", "layout_lower_bound", "attention_lower_bound", "placement_free_lower_bound",
+           "layer_lower_bound", "force_balanced_lower_bound"]
 
 
 # ---------------------------------------------------------------- bin packing
