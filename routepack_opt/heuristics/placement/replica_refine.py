@@ -90,14 +90,15 @@ def _hot_ranks(ti_K3, h, wins_P, hot_P):
 
 
 @numba.njit(cache=True)
-def _loads(V_EK, p2l_S, cnt_E, M, P):
-    E, K = V_EK.shape
+def _loads(U_EK, p2l_S, M, P):
+    """Rank loads W[k, p] from the replicas' shares ``U`` (:func:`_shares`)."""
+    K = U_EK.shape[1]
     W = np.zeros((K, P))
     for s in range(p2l_S.shape[0]):
         e = p2l_S[s]
         p = s // M
         for k in range(K):
-            W[k, p] += V_EK[e, k] / cnt_E[e]
+            W[k, p] += U_EK[e, k]
     return W
 
 
@@ -127,12 +128,12 @@ def _search_layer(V_EK, p2l_S, P, max_passes, num_targets, hot_ranks):
     for e in range(E):
         for k in range(K):
             tot[e] += V_EK[e, k]
-    W = _loads(V_EK, p2l_S, cnt, M, P)
-    cur = _layer_cost(W)
-    # U[e, k] = V[e, k] / cnt[e], one replica's share (the same quotients as in the loop, read
-    # instead of divided again: the swap scan's two divisions per block were most of its time)
+    # U[e, k] = V[e, k] / cnt[e], one replica's share, read by the loads and the swap scan (its
+    # two divisions per block were most of its time); rebuilt when a reassign changes the counts
     U = np.empty((E, K))
     _shares(V_EK, cnt, U)
+    W = _loads(U, p2l_S, M, P)
+    cur = _layer_cost(W)
     moves = 0
     Wn = np.empty((K, P))
     tv = np.empty((K, 3))
@@ -194,7 +195,7 @@ def _search_layer(V_EK, p2l_S, P, max_passes, num_targets, hot_ranks):
             swapped += 1
             moves += 1
         if swapped:
-            W = _loads(V_EK, p2l_S, cnt, M, P)  # drop the increments' rounding
+            W = _loads(U, p2l_S, M, P)  # drop the increments' rounding
             cur = _layer_cost(W)
             continue
         # --- no swap helps: reassign slot s (expert e, cnt ≥ 2) to one of the hottest experts
@@ -239,7 +240,7 @@ def _search_layer(V_EK, p2l_S, P, max_passes, num_targets, hot_ranks):
         n_EP[bf, bs // M] += 1
         cnt[bf] += 1
         _shares(V_EK, cnt, U)
-        W = _loads(V_EK, p2l_S, cnt, M, P)
+        W = _loads(U, p2l_S, M, P)
         cur = _layer_cost(W)
         moves += 1
     return moves
