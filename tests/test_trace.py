@@ -101,13 +101,17 @@ def test_real_domain_mixture():
     assert w.num_experts == 8
 
 
-def test_streamed_file_equals_in_memory_window(tmp_path):
+def test_streamed_file_equals_in_memory_window(tmp_path, monkeypatch):
     """write_trace streams block by block (several blocks here) and writes exactly generate_window's
     window, counts in the smallest dtype that holds the capacity."""
-    kw = dict(num_layers=8, num_experts=512, capacity=3000)  # 2^21 / (8·512) = 512 samples per block
-    res = write_trace(tmp_path / "w.npz", "olmoe-1b-7b", 1100, seed=4, **kw)
-    assert res["block_samples"] == 512
-    w = generate_window("olmoe-1b-7b", 1100, seed=4, **kw)
+    import routepack_opt.trace as trace
+
+    # small blocks (2^14 / (4·32) = 128 samples), so a small window spans three, one of them partial
+    monkeypatch.setattr(trace, "_BLOCK_ELEMS", 1 << 14)
+    kw = dict(num_layers=4, num_experts=32, capacity=3000)
+    res = write_trace(tmp_path / "w.npz", "olmoe-1b-7b", 300, seed=4, **kw)
+    assert res["block_samples"] == 128
+    w = generate_window("olmoe-1b-7b", 300, seed=4, **kw)
     got = load_window(tmp_path / "w.npz")
     assert np.array_equal(got.counts, w.counts) and np.array_equal(got.lengths, w.lengths)
     assert np.array_equal(got.group_ids, w.group_ids)
