@@ -139,8 +139,9 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
         return real(st, b)
 
     monkeypatch.setattr(trace, "_block_counts", dying)
+    monkeypatch.setattr(trace, "_BLOCK_ELEMS", 1 << 14)  # blocks of 128 samples: three here
     with pytest.raises(RuntimeError):
-        write_trace(out, "olmoe-1b-7b", 1100, num_layers=8, num_experts=512, capacity=3000)
+        write_trace(out, "olmoe-1b-7b", 300, num_layers=4, num_experts=32, capacity=3000)
     assert out.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["w.npz"]
 
 
