@@ -28,3 +28,22 @@ def require_bpp() -> Path:
     if BPP_DIR is None:
         pytest.skip("BPP benchmark set not found: set ROUTEPACK_BPP_DIR to its directory")
     return BPP_DIR
+
+
+# Imported once by the fork server that spawn_ranks' ranks fork from (a module that is not
+# installed is skipped by multiprocessing). A rank started by mp.spawn is a fresh interpreter that
+# imports torch and the trainer again: about 7 s of CPU for torch + megatron-core on these cores.
+RANK_PRELOAD = ("torch", "numpy", "tensordict", "megatron.core.transformer.moe.moe_utils",
+                "megatron.core.parallel_state", "verl.utils.seqlen_balancing",
+                "routepack_opt.integrations.megatron", "routepack_opt.integrations.verl")
+
+
+def spawn_ranks(fn, args: tuple, nprocs: int) -> None:
+    """``torch.multiprocessing.spawn``'s contract — ``fn(rank, *args)`` in ``nprocs`` processes,
+    joined, a failing rank raises here — with ranks forked from a fork server that imported
+    ``RANK_PRELOAD`` and ``fn``'s module once (a fresh, single-threaded process, as safe as spawn).
+    The first start in a session fixes the server's list; later calls reuse the server."""
+    import torch.multiprocessing as mp
+
+    mp.set_forkserver_preload([*RANK_PRELOAD, fn.__module__])
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")

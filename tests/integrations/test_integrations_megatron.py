@@ -7,6 +7,8 @@ torch = pytest.importorskip("torch")
 moe_utils = pytest.importorskip("megatron.core.transformer.moe.moe_utils",
                                 reason="megatron-core is not installed (the README's first command installs it)")
 
+from support import spawn_ranks  # noqa: E402
+
 from routepack_opt.core.errors import InputError  # noqa: E402
 from routepack_opt.core.evaluate import rank_loads  # noqa: E402
 from routepack_opt.core.topology import Topology  # noqa: E402
@@ -243,9 +245,7 @@ def _migrate_worker(rank, world, init_file, out):
 
 def test_migrate_experts_across_two_ep_ranks(tmp_path):
     """migrate_experts with a real 2-rank gloo EP group: cross-rank and same-rank moves land in the right slots."""
-    import torch.multiprocessing as mp
-
-    mp.spawn(_migrate_worker, args=(2, str(tmp_path / "init"), str(tmp_path / "res")), nprocs=2, join=True)
+    spawn_ranks(_migrate_worker, args=(2, str(tmp_path / "init"), str(tmp_path / "res")), nprocs=2)
     res = [(tmp_path / f"res.{r}").read_text().split() for r in range(2)]
     assert all(r[0] == "1" for r in res)
     assert res[0][1] == res[1][1] == "14"  # layer 0: all 8 slots change; layer 1: 6
@@ -324,9 +324,7 @@ def test_real_moe_layer_cpu_recipe(tmp_path):
     """On megatron-core's real MoELayer on CPU (docs/api.md recipe): route() wraps and unwraps, a verl
     step's map through ExpertMap sends each rank its planned tokens, and with the experts migrated the
     forward output is unchanged."""
-    import torch.multiprocessing as mp
-
-    mp.spawn(_real_moe_layer_worker, args=(str(tmp_path / "init"), str(tmp_path / "res")), nprocs=1, join=True)
+    spawn_ranks(_real_moe_layer_worker, args=(str(tmp_path / "init"), str(tmp_path / "res")), nprocs=1)
     res = dict(item.split("=") for item in (tmp_path / "res").read_text().split())
     assert res and all(v == "1" for v in res.values()), res
     assert len(res) == 8
@@ -482,9 +480,7 @@ def test_replicated_real_moe_layer_cpu(tmp_path):
     """megatron-core's real MoELayer with 12 slots for 8 logical experts (the router of an 8-expert
     layer, apply_expert_placement with a replicated Placement): forward and input grads equal the
     8-expert layer's, replicas share an expert's tokens evenly, and their partial grads sum to it."""
-    import torch.multiprocessing as mp
-
-    mp.spawn(_replicated_moe_layer_worker, args=(str(tmp_path / "init"), str(tmp_path / "res")), nprocs=1, join=True)
+    spawn_ranks(_replicated_moe_layer_worker, args=(str(tmp_path / "init"), str(tmp_path / "res")), nprocs=1)
     res = dict(item.split("=") for item in (tmp_path / "res").read_text().split())
     assert len(res) == 4 and all(v == "1" for v in res.values()), res
 
@@ -632,10 +628,8 @@ def test_sum_replica_grads_real_moe_layer_gloo(tmp_path, world, mode):
     and match the one-holder run."""
     import json
 
-    import torch.multiprocessing as mp
-
-    mp.spawn(_replica_grad_sum_worker, args=(world, mode, str(tmp_path / "init"), str(tmp_path / "res")),
-             nprocs=world, join=True)
+    spawn_ranks(_replica_grad_sum_worker, args=(world, mode, str(tmp_path / "init"), str(tmp_path / "res")),
+                nprocs=world)
     res = json.loads((tmp_path / "res").read_text())
     assert res["replicated"] == (2 if world == 2 else 3)
     assert res["bytes_sent"] > 0

@@ -7,6 +7,7 @@ import pytest
 verl_sb = pytest.importorskip("verl.utils.seqlen_balancing", reason="verl is not installed (the README's first command installs it)")
 torch = pytest.importorskip("torch")
 
+from support import spawn_ranks  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
 from routepack_opt.core.cost import get_preset  # noqa: E402
@@ -194,9 +195,7 @@ def _dist_worker(rank, world, init_file, result_file):
 
 def test_dp_group_agrees_on_the_count(tmp_path):
     """With a real gloo dp_group, ranks with different batches agree on the micro-batch count (verl's sync)."""
-    import torch.multiprocessing as mp
-
-    mp.spawn(_dist_worker, args=(2, str(tmp_path / "init"), str(tmp_path / "res")), nprocs=2, join=True)
+    spawn_ranks(_dist_worker, args=(2, str(tmp_path / "init"), str(tmp_path / "res")), nprocs=2)
     counts = [int((tmp_path / f"res.{r}").read_text()) for r in range(2)]
     assert counts[0] == counts[1] >= 3
 
@@ -655,10 +654,8 @@ def _driver_dist_worker(rank, world, init_file, result_file, drop_on_rank):
 def test_dp_group_agrees_on_the_driver_plan(tmp_path, drop_on_rank):
     """2 gloo ranks: both use the driver's plan (same count); when one rank lacks the columns both
     plan (same collectives, agreed count) and the rank that had its plan says why, once."""
-    import torch.multiprocessing as mp
-
-    mp.spawn(_driver_dist_worker, args=(2, str(tmp_path / "init"), str(tmp_path / "res"), drop_on_rank),
-             nprocs=2, join=True)
+    spawn_ranks(_driver_dist_worker, args=(2, str(tmp_path / "init"), str(tmp_path / "res"), drop_on_rank),
+                nprocs=2)
     got = [(tmp_path / f"res.{r}").read_text().split() for r in range(2)]
     assert got[0][1] == got[1][1]
     assert [g[0] for g in got] == (["driver", "driver"] if drop_on_rank < 0 else ["plan", "plan"])
