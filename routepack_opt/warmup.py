@@ -30,11 +30,15 @@ itself. Where the cache lives: :mod:`routepack_opt.core.cache`.
 In parallel (``warm(groups, jobs=N)``, ``routepack warmup --jobs N``): numba's on-disk cache is
 shared by processes, so worker processes first compile independent *units* into it — the
 annealer's greedy seed and its Metropolis loop for each load storage, the planning kernels
-around them, the exact models' parts; each unit's heavy kernels are its own, so no two workers
-compile the same function — then the joint-placement kernels (which sit on top of the plan
-group's), and the calling process loads the lot from the cache through the serial path above,
-compiling whatever a worker missed. The workers are plain ``python -c`` subprocesses (never a
-fork or a re-import of the caller's ``__main__``), run by a thread pool of ``jobs`` threads.
+around them, joint placement's refinement and migration kernels, the exact models' parts; each
+unit's heavy kernels are its own, so no two workers compile the same heavy function — then the
+replica kernels (which sit on top of the plan group's), and the calling process loads the lot from
+the cache through the serial path above, compiling whatever a worker missed. On two workers the
+annealer's search loop, the longest unit, is the critical path; the other worker compiles the rest
+of the plan group, the greedy seed and joint placement's kernels beside it (joint placement's own
+driver runs the annealer, so its unit drives the refinement and the matching directly). The
+workers are plain ``python -c`` subprocesses (never a fork or a re-import of the caller's
+``__main__``), run by a thread pool of ``jobs`` threads.
 """
 
 from __future__ import annotations
@@ -65,7 +69,8 @@ from routepack_opt.heuristics import anneal, binpack, cells
 from routepack_opt.heuristics.baselines import BASELINES, verl_kk_layout
 from routepack_opt.heuristics.placement.joint import JointConfig, joint_search
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
-from routepack_opt.heuristics.placement.refine import RefineConfig
+from routepack_opt.heuristics.placement.migration import align_slots, migration_cost
+from routepack_opt.heuristics.placement.refine import RefineConfig, refine_placement
 from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
 from routepack_opt.heuristics.placement.replicate import replicated_placement
 from routepack_opt.models import binpack as exact_binpack
@@ -307,6 +312,22 @@ def _warm_joint() -> None:
                  config=JointConfig(refine=RefineConfig(max_passes=4), anneal_sweeps=2))
 
 
+def _warm_joint_kernels() -> None:
+    """The joint group's own kernels — the row-aware refinement and the migration matching — as
+    :func:`joint_search` calls them, without its annealer (the plan group's, compiled by a unit of
+    its own): a worker compiles them beside the annealer's search loop instead of after it."""
+    w, topo, cost, _ = _tiny_problem()
+    pls = _placements(w, topo.ep)
+    R = certify_rows(w, topo, time_limit=1.0).rows
+    row, slot = _seeds(w, topo, R)[0]
+    refine_placement(w, topo, cost, pls["lpt"], row, slot, R, Objective.MAX_SUM,
+                     current_placement=pls["identity"],
+                     config=RefineConfig(max_passes=4, migration_weight=1.0), seed=1)
+    for relabel in (False, True):
+        migration_cost(pls["identity"], align_slots(pls["lpt"], pls["identity"], topo.ep, relabel=relabel),
+                       topo, cost)
+
+
 def _warm_storage() -> None:
     for storage in anneal.STORAGES[1:]:
         anneal.warm_storage(*storage)
@@ -355,9 +376,10 @@ def _storage_mark(k: int) -> str:
     return f"Problem(array(int64, 1d, C), array(int64, 1d, C), array({np.dtype(anneal.STORAGES[k][0]).name}, 2d"
 
 
-# unit → (group, stage, driver, landmarks). Stage 0 units share no heavy kernel; stage 1 (joint)
-# runs on top of the plan group's kernels, so after stage 0. Listed longest first (measured
-# serially). Landmarks: (kernel, text its cached signature must hold) — a unit whose landmarks
+# unit → (group, stage, driver, landmarks). Stage 0 units share no heavy kernel (joint shares
+# plan:rest's small ones: listed after it, a second worker runs it once they are cached); stage 1
+# (replicas) runs on top of the plan group's kernels, so after stage 0. Listed longest first
+# (measured serially). Landmarks: (kernel, text its cached signature must hold) — a unit whose landmarks
 # all have a current cache entry is not run again (if one is stale or missing, it is).
 UNITS: dict[str, tuple[str, int, Callable[[], None], tuple[tuple[str, str], ...]]] = {
     "plan:anneal-search": ("plan", 0, _storage_unit(0, "search"), ((_SEARCH, _storage_mark(0)),)),
@@ -367,14 +389,14 @@ UNITS: dict[str, tuple[str, int, Callable[[], None], tuple[tuple[str, str], ...]
                       "heuristics.binpack._mbs_kernel", "heuristics.placement.lpt._swap_kernel",
                       "core.projection.project_counts", "core.projection.block_loads"))),
     "plan:anneal-greedy": ("plan", 0, _storage_unit(0, "greedy"), ((_GREEDY, _storage_mark(0)),)),
+    "joint": ("joint", 0, _warm_joint_kernels, (("routepack_opt.heuristics.placement.refine._scan_layer", ""),
+                                                ("routepack_opt.heuristics.placement.migration._hungarian_max", ""))),
     "storage:int32-search": ("storage", 0, _storage_unit(1, "search"), ((_SEARCH, _storage_mark(1)),)),
     "storage:int32-greedy": ("storage", 0, _storage_unit(1, "greedy"), ((_GREEDY, _storage_mark(1)),)),
     "storage:int64-search": ("storage", 0, _storage_unit(2, "search"), ((_SEARCH, _storage_mark(2)),)),
     "storage:int64-greedy": ("storage", 0, _storage_unit(2, "greedy"), ((_GREEDY, _storage_mark(2)),)),
     "exact": ("exact", 0, _warm_exact, (("routepack_opt.models.layout_blocks._cover_dfs", ""),
                                          ("routepack_opt.models.binpack._arcflow_arcs", ""))),
-    "joint": ("joint", 1, _warm_joint, (("routepack_opt.heuristics.placement.refine._scan_layer", ""),
-                                        ("routepack_opt.heuristics.placement.migration._hungarian_max", ""))),
     "replicas": ("replicas", 1, _warm_replicas,
                  (("routepack_opt.heuristics.placement.replica_refine._search_all", ""),
                   ("routepack_opt.core.projection.replica_block_loads", ""))),

@@ -160,15 +160,20 @@ def test_cold_plan_is_bit_identical_to_warm(tmp_path):
 
 def test_parallel_warmup_units_cover_their_groups(monkeypatch):
     """warm(jobs=2) hands every unit of the asked groups (and only those) to a worker, stage 0
-    before the joint stage, and reports each one's time."""
+    before the replica stage, and reports each one's time; joint placement's unit is stage 0,
+    handed out after plan:rest (whose small kernels it shares) and the search loop."""
     from routepack_opt import warmup
 
+    groups = ("plan", "joint", "replicas")
     ran = []
     monkeypatch.setattr(warmup, "_unit_cached", lambda name, kernels: False)
     monkeypatch.setattr(warmup, "_run_worker", lambda name: (ran.append(name), (name, 0.5, True, ""))[1])
-    times = warmup._compile_in_workers(("plan", "joint"), 2, None)
-    assert sorted(ran) == sorted(n for n, u in warmup.UNITS.items() if u[0] in ("plan", "joint"))
-    assert ran[-1] == "joint" and set(times) == set(ran)
+    times = warmup._compile_in_workers(groups, 2, None)
+    assert sorted(ran) == sorted(n for n, u in warmup.UNITS.items() if u[0] in groups)
+    assert ran[-1] == "replicas" and set(times) == set(ran)
+    order = list(warmup.UNITS)
+    assert warmup.UNITS["joint"][1] == 0
+    assert order.index("plan:anneal-search") < order.index("plan:rest") < order.index("joint")
 
 
 
