@@ -253,6 +253,14 @@ def _seeds(window: Window, topology: Topology, rows: int) -> list[tuple[np.ndarr
             for fn in BASELINES.values()]
 
 
+def _tiny_plan():
+    """:func:`_tiny_problem` with what the planner derives from it: the placements, R* and the
+    baselines' seed layouts."""
+    w, topo, cost, cfg = _tiny_problem()
+    R = certify_rows(w, topo, time_limit=1.0).rows
+    return w, topo, cost, cfg, _placements(w, topo.ep), R, _seeds(w, topo, R)
+
+
 # (placement, objective, budget) as solve() runs the annealer: sweep budgets and a time limit
 _PLAN_RUNS = [("lpt", Objective.MAX_SUM, {"max_sweeps": 2}), ("lpt", Objective.SUM_MAX, {"max_sweeps": 2}),
               ("identity", Objective.MAX_SUM, {"time_limit": 0.05}),
@@ -261,10 +269,7 @@ _PLAN_RUNS = [("lpt", Objective.MAX_SUM, {"max_sweeps": 2}), ("lpt", Objective.S
 
 def _warm_plan(with_anneal: bool = True) -> None:
     """The plan group; ``with_anneal=False`` leaves out the annealer (a worker unit of its own)."""
-    w, topo, cost, cfg = _tiny_problem()
-    pls = _placements(w, topo.ep)
-    R = certify_rows(w, topo, time_limit=1.0).rows
-    seeds = _seeds(w, topo, R)
+    w, topo, cost, cfg, pls, R, seeds = _tiny_plan()
     ev = Evaluator(w, topo, cost)
     for name, objective, budget in _PLAN_RUNS:
         pl = pls[name]
@@ -303,10 +308,7 @@ def _warm_replicas() -> None:
 
 def _warm_joint() -> None:
     """Joint placement as ``solve(placement="joint", current_placement=...)`` runs it."""
-    w, topo, cost, cfg = _tiny_problem()
-    pls = _placements(w, topo.ep)
-    R = certify_rows(w, topo, time_limit=1.0).rows
-    seeds = _seeds(w, topo, R)
+    w, topo, cost, _, pls, R, seeds = _tiny_plan()
     joint_search(w, topo, cost, R, Objective.MAX_SUM, pls["lpt"], seeds[0], seed=0, max_rounds=3,
                  current_placement=pls["identity"],
                  config=JointConfig(refine=RefineConfig(max_passes=4), anneal_sweeps=2))
@@ -316,10 +318,8 @@ def _warm_joint_kernels() -> None:
     """The joint group's own kernels — the row-aware refinement and the migration matching — as
     :func:`joint_search` calls them, without its annealer (the plan group's, compiled by a unit of
     its own): a worker compiles them beside the annealer's search loop instead of after it."""
-    w, topo, cost, _ = _tiny_problem()
-    pls = _placements(w, topo.ep)
-    R = certify_rows(w, topo, time_limit=1.0).rows
-    row, slot = _seeds(w, topo, R)[0]
+    w, topo, cost, _, pls, R, seeds = _tiny_plan()
+    row, slot = seeds[0]
     refine_placement(w, topo, cost, pls["lpt"], row, slot, R, Objective.MAX_SUM,
                      current_placement=pls["identity"],
                      config=RefineConfig(max_passes=4, migration_weight=1.0), seed=1)
