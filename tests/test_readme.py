@@ -22,6 +22,8 @@ def test_ci_runs_exactly_the_readme_commands():
     installed before them (no pip call of its own)."""
     install, tests = _commands()
     assert "pip install -e \".[test]\"" in install and install.endswith("routepack demo")
+    # uv (parallel install and byte-compile) is pinned like everything else the command installs
+    assert re.search(r"\buv==\d+\.\d+\.\d+\b", install), "the README's first command installs an unpinned uv"
     assert tests == "python3 -m pytest -q"
     ci = (REPO / ".ci" / "run").read_text()
     assert "readme_commands.py README.md" in ci and 'eval "${cmds[0]}"' in ci and 'eval "${cmds[1]}"' in ci
