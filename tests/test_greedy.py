@@ -11,7 +11,7 @@ from routepack_opt.core.testing import random_counts, random_window
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.heuristics.anneal import greedy
-from routepack_opt.heuristics.anneal.kernels import msum_add, msum_swap
+from routepack_opt.heuristics.anneal.kernels import msum_add, msum_swap, msum_swap8
 from routepack_opt.heuristics.anneal.problem import Instance
 from routepack_opt.heuristics.placement.lpt import lpt_placement
 
@@ -108,3 +108,23 @@ def test_msum_add_is_the_placement_side_of_msum_swap(ranks):
             want = (W[x].reshape(ranks, L).astype(np.int64) + b[i].reshape(ranks, L)).max(axis=0).sum()
             assert msum_add(W, x, b, i, L, ranks // 8, m) == want
             assert msum_swap(W, x, x, b, 3, i, L, ranks // 8, m)[0] == want
+
+
+@pytest.mark.parametrize("b_dtype", [np.int16, np.int32])
+@pytest.mark.parametrize("ranks", [8, 16])
+def test_msum_swap_both_sides_match_numpy(ranks, b_dtype):
+    """Both sides of a swap (i in A with j in B; j the zero row: a relocation), against numpy,
+    from the general kernel (one and two groups of 8 ranks) and from its 8-rank form."""
+    rng = np.random.default_rng(ranks)
+    L = 7
+    W = rng.integers(300, 1000, size=(3, ranks * L)).astype(np.int32)
+    b = rng.integers(0, 300, size=(5, ranks * L)).astype(b_dtype)
+    b[-1] = 0
+    m = np.empty(2 * L, dtype=np.int32)
+    for A, B, i, j in [(0, 1, 0, 1), (1, 2, 2, 4), (2, 0, 3, 0), (1, 1, 1, 2)]:
+        d = b[i].astype(np.int64) - b[j]
+        want = tuple(int((W[x].astype(np.int64) + s * d).reshape(ranks, L).max(axis=0).sum())
+                     for x, s in ((A, -1), (B, 1)))
+        assert msum_swap(W, A, B, b, i, j, L, ranks // 8, m) == want
+        if ranks == 8:
+            assert msum_swap8(W, A, B, b, i, j, L) == want
