@@ -11,7 +11,7 @@ from routepack_opt.core.testing import random_counts, random_window
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.heuristics.anneal import greedy
-from routepack_opt.heuristics.anneal.kernels import msum_add, msum_swap, msum_swap8
+from routepack_opt.heuristics.anneal.kernels import msum_add, msum_add8, msum_swap, msum_swap8
 from routepack_opt.heuristics.anneal.problem import Instance
 from routepack_opt.heuristics.placement.lpt import lpt_placement
 
@@ -107,6 +107,8 @@ def test_msum_add_is_the_placement_side_of_msum_swap(ranks):
         for i in range(3):
             want = (W[x].reshape(ranks, L).astype(np.int64) + b[i].reshape(ranks, L)).max(axis=0).sum()
             assert msum_add(W, x, b, i, L, ranks // 8, m) == want
+            if ranks == 8:
+                assert msum_add8(W, x, b, i, L) == want
             assert msum_swap(W, x, x, b, 3, i, L, ranks // 8, m)[0] == want
 
 

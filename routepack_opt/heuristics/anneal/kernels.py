@@ -23,7 +23,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-__all__ = ["attn", "attn_top2", "attn_one", "block_cost", "msum_swap", "msum_swap8", "msum_add", "msum", "w_swap",
+__all__ = ["attn", "attn_top2", "attn_one", "block_cost", "msum_swap", "msum_swap8", "msum_add", "msum_add8",
+           "msum", "w_swap",
            "pairwise_sum", "pairwise_sum_ws", "top2", "aggregates", "update_aggregates", "delta",
            "move_delta"]
 
@@ -199,38 +200,52 @@ def msum_swap(W, A, B, b, i, j, L, nb, m):
     return sa, sb
 
 
+@njit(cache=True, _nrt=False, inline='always')
+def _add8(W, xu, b, iu, q0, L1):
+    """One layer of :func:`msum_add` over one block of 8 ranks: max_p (W[x] + b[i])."""
+    q1 = q0 + L1
+    q2 = q1 + L1
+    q3 = q2 + L1
+    q4 = q3 + L1
+    q5 = q4 + L1
+    q6 = q5 + L1
+    q7 = q6 + L1
+    return max(max(max(_narrow(W[xu, q0] + b[iu, q0], W), _narrow(W[xu, q1] + b[iu, q1], W)),
+                   max(_narrow(W[xu, q2] + b[iu, q2], W), _narrow(W[xu, q3] + b[iu, q3], W))),
+               max(max(_narrow(W[xu, q4] + b[iu, q4], W), _narrow(W[xu, q5] + b[iu, q5], W)),
+                   max(_narrow(W[xu, q6] + b[iu, q6], W), _narrow(W[xu, q7] + b[iu, q7], W))))
+
+
 @njit(cache=True, _nrt=False)
-def msum_add(W, x, b, i, L, nb, m):
-    """Σ_l max_p (W[x] + b[i]): block x's expert sum with sample i added (the one side of
-    :func:`msum_swap` that a placement needs); ``m`` holds L scratch entries."""
+def msum_add8(W, x, b, i, L):
+    """:func:`msum_add` for P ≤ 8, without scratch (as :func:`msum_swap8`)."""
     xu = np.uint64(x)
     iu = np.uint64(i)
     L1 = np.uint64(L)
     s = 0
+    for l in range(L):
+        s += _add8(W, xu, b, iu, np.uint64(l), L1)
+    return s
+
+
+@njit(cache=True, _nrt=False)
+def msum_add(W, x, b, i, L, nb, m):
+    """Σ_l max_p (W[x] + b[i]): block x's expert sum with sample i added (the one side of
+    :func:`msum_swap` that a placement needs); ``m`` holds L scratch entries (used when nb > 1;
+    :func:`msum_add8` is the faster form for nb = 1)."""
+    if nb == 1:
+        return msum_add8(W, x, b, i, L)
+    xu = np.uint64(x)
+    iu = np.uint64(i)
+    L1 = np.uint64(L)
     for k in range(nb):
         o = np.uint64(8 * k) * L1
         for l in range(L):
-            q0 = o + np.uint64(l)
-            q1 = q0 + L1
-            q2 = q1 + L1
-            q3 = q2 + L1
-            q4 = q3 + L1
-            q5 = q4 + L1
-            q6 = q5 + L1
-            q7 = q6 + L1
-            v = max(max(max(_narrow(W[xu, q0] + b[iu, q0], W), _narrow(W[xu, q1] + b[iu, q1], W)),
-                        max(_narrow(W[xu, q2] + b[iu, q2], W), _narrow(W[xu, q3] + b[iu, q3], W))),
-                    max(max(_narrow(W[xu, q4] + b[iu, q4], W), _narrow(W[xu, q5] + b[iu, q5], W)),
-                        max(_narrow(W[xu, q6] + b[iu, q6], W), _narrow(W[xu, q7] + b[iu, q7], W))))
-            if nb == 1:
-                s += v
-            elif k == 0:
-                m[l] = v
-            else:
-                m[l] = max(m[l], v)
-    if nb > 1:
-        for l in range(L):
-            s += m[l]
+            v = _add8(W, xu, b, iu, o + np.uint64(l), L1)
+            m[l] = v if k == 0 else max(m[l], v)
+    s = 0
+    for l in range(L):
+        s += m[l]
     return s
 
 
