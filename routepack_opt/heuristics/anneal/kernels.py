@@ -120,16 +120,22 @@ def _narrow_impl(x, w):
 
 
 @njit(cache=True, _nrt=False, inline='always')
-def _swap8(W, au, bu, b, iu, ju, q0, L1):
-    """One layer of :func:`msum_swap` over one block of 8 ranks (rank-major index q0 + p·L):
-    (max_p (W[A] − b[i] + b[j]), max_p (W[B] + b[i] − b[j]))."""
+def _ranks8(q0, L1):
+    """The rank-major indices of ranks 1..7 of the block of 8 whose rank 0 is at q0."""
     q1 = q0 + L1
     q2 = q1 + L1
     q3 = q2 + L1
     q4 = q3 + L1
     q5 = q4 + L1
     q6 = q5 + L1
-    q7 = q6 + L1
+    return q1, q2, q3, q4, q5, q6, q6 + L1
+
+
+@njit(cache=True, _nrt=False, inline='always')
+def _swap8(W, au, bu, b, iu, ju, q0, L1):
+    """One layer of :func:`msum_swap` over one block of 8 ranks (rank-major index q0 + p·L):
+    (max_p (W[A] − b[i] + b[j]), max_p (W[B] + b[i] − b[j]))."""
+    q1, q2, q3, q4, q5, q6, q7 = _ranks8(q0, L1)
     d0 = _narrow(b[iu, q0] - b[ju, q0], W)
     d1 = _narrow(b[iu, q1] - b[ju, q1], W)
     d2 = _narrow(b[iu, q2] - b[ju, q2], W)
@@ -203,13 +209,7 @@ def msum_swap(W, A, B, b, i, j, L, nb, m):
 @njit(cache=True, _nrt=False, inline='always')
 def _add8(W, xu, b, iu, q0, L1):
     """One layer of :func:`msum_add` over one block of 8 ranks: max_p (W[x] + b[i])."""
-    q1 = q0 + L1
-    q2 = q1 + L1
-    q3 = q2 + L1
-    q4 = q3 + L1
-    q5 = q4 + L1
-    q6 = q5 + L1
-    q7 = q6 + L1
+    q1, q2, q3, q4, q5, q6, q7 = _ranks8(q0, L1)
     return max(max(max(_narrow(W[xu, q0] + b[iu, q0], W), _narrow(W[xu, q1] + b[iu, q1], W)),
                    max(_narrow(W[xu, q2] + b[iu, q2], W), _narrow(W[xu, q3] + b[iu, q3], W))),
                max(max(_narrow(W[xu, q4] + b[iu, q4], W), _narrow(W[xu, q5] + b[iu, q5], W)),
