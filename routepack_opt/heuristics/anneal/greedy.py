@@ -29,7 +29,6 @@ from routepack_opt.heuristics.anneal.kernels import (
     delta,
     msum,
     msum_add,
-    msum_add8,
 )
 from routepack_opt.heuristics.anneal.problem import Instance
 from routepack_opt.heuristics.anneal.rng import below, rng_states, xo
@@ -96,10 +95,7 @@ def _best_cell(blocks, nb, i, must_fill, quota, sc, ec, m, At, atts, pb, st):
             atts[jj] = attn_one(At, 0, c, T[c] + li, Q[c] + l2, pb.alpha, pb.beta)
         if not top:
             continue
-        if pb.Pp == 8:
-            M = np.float64(msum_add8(st.W, x, pb.b, i, pb.L))
-        else:
-            M = np.float64(msum_add(st.W, x, pb.b, i, pb.L, pb.Pp // 8, m))
+        M = np.float64(msum_add(st.W, x, pb.b, i, pb.L, pb.Pp // 8, m))
         Jx = np.inf
         cx = -1
         for jj in range(P):  # the first cell of least block cost (NaN: not a candidate)

@@ -23,8 +23,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-__all__ = ["attn", "attn_top2", "attn_one", "block_cost", "msum_swap", "msum_swap8", "msum_add", "msum_add8",
-           "msum", "w_swap",
+__all__ = ["attn", "attn_top2", "attn_one", "block_cost", "msum_swap", "msum_swap8", "msum_swap_wide",
+           "msum_add", "msum_add8", "msum_add_wide", "msum", "w_swap",
            "pairwise_sum", "pairwise_sum_ws", "top2", "aggregates", "update_aggregates", "delta",
            "move_delta"]
 
@@ -176,13 +176,21 @@ def msum_swap8(W, A, B, b, i, j, L):
     return sa, sb
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline='always')
 def msum_swap(W, A, B, b, i, j, L, nb, m):
     """(Σ_l max_p (W[A] − b[i] + b[j]), Σ_l max_p (W[B] + b[i] − b[j])) in one pass (i in A
     swaps with j in B; j = N, the zero row, relocates i from A to B); ``m`` holds 2L scratch
-    entries (used when nb > 1; :func:`msum_swap8` is the faster form for nb = 1)."""
+    entries, used when nb > 1. Inlined into its caller, so the choice of kernel costs no call:
+    :func:`msum_swap8` for nb = 1, :func:`msum_swap_wide` otherwise."""
     if nb == 1:
         return msum_swap8(W, A, B, b, i, j, L)
+    return msum_swap_wide(W, A, B, b, i, j, L, nb, m)
+
+
+@njit(cache=True, _nrt=False)
+def msum_swap_wide(W, A, B, b, i, j, L, nb, m):
+    """:func:`msum_swap` for nb > 1 blocks of 8 ranks: each block's per-layer maxima folded
+    into the scratch ``m``."""
     au = np.uint64(A)
     bu = np.uint64(B)
     iu = np.uint64(i)
@@ -228,13 +236,19 @@ def msum_add8(W, x, b, i, L):
     return s
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline='always')
 def msum_add(W, x, b, i, L, nb, m):
     """Σ_l max_p (W[x] + b[i]): block x's expert sum with sample i added (the one side of
-    :func:`msum_swap` that a placement needs); ``m`` holds L scratch entries (used when nb > 1;
-    :func:`msum_add8` is the faster form for nb = 1)."""
+    :func:`msum_swap` that a placement needs); ``m`` holds L scratch entries, used when nb > 1.
+    Inlined, as :func:`msum_swap`: :func:`msum_add8` for nb = 1, :func:`msum_add_wide` otherwise."""
     if nb == 1:
         return msum_add8(W, x, b, i, L)
+    return msum_add_wide(W, x, b, i, L, nb, m)
+
+
+@njit(cache=True, _nrt=False)
+def msum_add_wide(W, x, b, i, L, nb, m):
+    """:func:`msum_add` for nb > 1 blocks of 8 ranks (maxima folded into ``m``)."""
     xu = np.uint64(x)
     iu = np.uint64(i)
     L1 = np.uint64(L)
@@ -583,10 +597,7 @@ def move_delta(st, pb, sc, i, j, a, ra, ga, Ta, Qa, bc, rb, gb, Tb, Qb):
     else:
         attA = attn_one(st.At, A, a, Ta, Qa, pb.alpha, pb.beta)
         attB = attn_one(st.At, B, bc, Tb, Qb, pb.alpha, pb.beta)
-        if pb.Pp == 8:
-            MA, MB = msum_swap8(st.W, A, B, pb.b, i, j, pb.L)
-        else:
-            MA, MB = msum_swap(st.W, A, B, pb.b, i, j, pb.L, pb.Pp // 8, sc.m)
+        MA, MB = msum_swap(st.W, A, B, pb.b, i, j, pb.L, pb.Pp // 8, sc.m)
         JA = block_cost(attA, MA, pb)
         JB = block_cost(attB, MB, pb)
         dms, dtot, dpk = delta(st, pb, ra, ga, JA, rb, gb, JB)
