@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import functools
 
+from routepack_opt.core.deps import require
+
 __all__ = ["torch", "torch_distributed", "safe_open", "verl_tensordict_utils",
            "verl_log_seqlen_unbalance", "verl_seqlen_balancing"]
 
 
 @functools.cache
 def torch():
-    import torch as module
-
-    return module
+    return require("torch", "the trainer seams (routepack_opt.integrations)")
 
 
 @functools.cache
 def torch_distributed():
+    torch()
     import torch.distributed as module
 
     return module
@@ -30,9 +31,7 @@ def torch_distributed():
 @functools.cache
 def safe_open():
     """``safetensors.safe_open``."""
-    from safetensors import safe_open as fn
-
-    return fn
+    return require("safetensors", "reading safetensors replay files").safe_open
 
 
 @functools.cache
