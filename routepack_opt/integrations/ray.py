@@ -37,7 +37,7 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise InputError("this needs Ray: pip install ray==2.60.0 (pinned in routepack-opt's 'verl' extra)") from None
+        raise InputError("this needs Ray: pip install ray (in routepack-opt's 'integrations' extra)") from None
     return ray
 
 
