@@ -34,7 +34,7 @@ def _sample(X, r0, r1, mask, last_row, keep, dense, E, verl, pad_LK, out_LE, see
     L = keep.shape[0]
     K = X.shape[2]
     imputed = 0
-    mx = -1
+    mx = np.int64(-1)
     for li in range(L):
         prev[li] = -1
         pend[li] = 0

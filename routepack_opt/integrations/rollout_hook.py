@@ -1,0 +1,218 @@
+"""Counts where rollouts end: one finished sample's routes → its ``[L, E]`` expert counts, on the
+device that holds them, so that only counts (``N·L·E`` int32: 25 MB at N = 1,024, L = 48,
+E = 128) travel to the driver instead of the routes (about 3 GB at that shape).
+
+Legend: T tokens of the sample, S padded positions, La recorded layers, L MoE layers kept,
+K router top-k, E experts.
+
+- :func:`sample_counts` — the hook. ``routes`` as the rollout holds them (a torch tensor on the
+  GPU or the CPU, or a numpy array) in one of :mod:`~routepack_opt.integrations.replay`'s formats,
+  for one sample: ``verl`` (``[S, La, K]`` + the sample's ``attention_mask [S]``; zero-filled rows
+  inside the mask are unrouted, verl #7075, and imputed as the import does), ``slime``
+  (``[T - 1, La, K]``; slime's pad route for the last token is counted) or ``routes``
+  (``[T, L, K]``). Torch tensors are counted with ``torch.bincount`` on their own device (checks
+  and imputation as torch ops, one host sync for the checks); numpy arrays by the import's compiled
+  pass. The counts equal ``import_replay``'s ``counts[i]`` for that sample (tested); bad routes
+  raise :class:`InputError`.
+- :func:`window_from_counts` — the driver's side: the per-sample counts (a list, or an
+  ``[N, L, E]`` array) and lengths → a :class:`Window` without another copy, what
+  ``plan_micro_batches(lengths, counts, ...)`` and the seams plan from.
+- :func:`install_verl_agent_loop_counts` — verl (0.9.x agent loop): wraps
+  ``AgentLoopWorker._agent_loop_postprocess``, where verl builds each finished sample's
+  ``routed_experts [1, S, La, K]`` (int16) next to its ``attention_mask [1, S]``, to put the
+  sample's counts in ``extra_fields[COUNTS_KEY]``; verl's ``_postprocess`` collects extra fields
+  into ``non_tensor_batch[COUNTS_KEY]`` (one ``[L, E]`` array per sample), which the driver's
+  ``_balance_batch`` reads (:func:`counts_from_non_tensor`).
+- slime: the place is the rollout's per-sample finish, where ``Sample.update_from_meta_info``
+  (``slime/utils/types.py``) has decoded ``rollout_routed_experts [T - 1, La, K]`` (int32); call
+  :func:`slime_sample_counts` on the finished ``Sample`` (e.g. in a custom
+  ``generate``/``--custom-generate-function-path`` after ``await`` of the base one) to put its counts
+  in ``sample.metadata[COUNTS_KEY]``.
+
+Which samples a rank gets is the plan's (``MicroBatchPlan``/``GlobalBalance.partitions``), so
+each training rank needs only the routes of its own samples for the replay itself: keep the routes
+where the rollout produced them (the rollout worker, or Ray's object store, one object per sample)
+and let rank d fetch ``routes[j]`` for ``j`` in its partition (slime's ``_split_train_data_by_dp``
+already sends each rank ``[data[key][j] for j in partition]``; verl's dispatch sends rank d its
+chunk of the reordered batch), never the whole batch's routes to the driver or to every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from routepack_opt.core.errors import InputError
+from routepack_opt.core.window import Window
+from routepack_opt.integrations import _deps
+
+__all__ = ["COUNTS_KEY", "sample_counts", "window_from_counts", "counts_from_non_tensor",
+           "install_verl_agent_loop_counts", "slime_sample_counts"]
+
+COUNTS_KEY = "routepack_expert_counts"
+
+
+def _is_torch(x) -> bool:
+    return hasattr(x, "detach") and hasattr(x, "device") and hasattr(x, "dim")
+
+
+def sample_counts(routes, num_experts: int, *, format: str = "routes", attention_mask=None,
+                  moe_layer_freq=None, pad_last: bool = True):
+    """One sample's ``[L, E]`` expert counts (int32), on the routes' device for a torch tensor,
+    a numpy array otherwise (see the module docstring for the formats)."""
+    if format not in ("verl", "slime", "routes"):
+        raise InputError(f"format must be one of verl, slime, routes, got {format!r}")
+    if not _is_torch(routes):
+        return _numpy_counts(routes, num_experts, format, attention_mask, moe_layer_freq, pad_last)
+    return _torch_counts(routes, num_experts, format, attention_mask, moe_layer_freq, pad_last)
+
+
+def _numpy_counts(routes, E, format, attention_mask, moe_layer_freq, pad_last) -> np.ndarray:
+    from routepack_opt.integrations.replay import import_replay
+
+    r = np.asarray(routes)
+    if format == "verl":
+        mask = None if attention_mask is None else np.asarray(attention_mask)[None]
+        imp = import_replay(r[None], format="verl", num_experts=E, attention_mask=mask,
+                            moe_layer_freq=moe_layer_freq)
+    elif format == "slime":
+        imp = import_replay([r], format="slime", num_experts=E, moe_layer_freq=moe_layer_freq, pad_last=pad_last)
+    else:
+        imp = import_replay([r], format="routes", num_experts=E, moe_layer_freq=moe_layer_freq)
+    return np.array(imp.window.counts[0])
+
+
+def _torch_counts(R, E, format, attention_mask, moe_layer_freq, pad_last):
+    from routepack_opt.integrations.replay import _check_E, moe_layers, slime_pad_routes
+
+    torch = _deps.torch()
+    E = _check_E(E)
+    if R.dim() != 3:
+        raise InputError(f"routes: one sample's routes are [tokens, layers, top_k], got shape {tuple(R.shape)}")
+    R = R.detach()
+    if format == "verl":
+        if attention_mask is None:
+            raise InputError("routed_experts: verl's format needs the sample's attention_mask [seq]")
+        m = torch.as_tensor(attention_mask, device=R.device).reshape(-1)
+        if m.shape[0] != R.shape[0]:
+            raise InputError(f"attention_mask: {m.shape[0]} positions for {R.shape[0]} rows of routes")
+        R = R[m != 0]
+    T, La, K = (int(x) for x in R.shape)
+    if not 1 <= K <= E:
+        raise InputError(f"routes: top-k {K} is not in 1..{E} (E = {E})")
+    if moe_layer_freq is not None:
+        keep = moe_layers(La, moe_layer_freq)
+    elif format == "slime" and T:  # dense layers are recorded all-zero (as the import detects them)
+        keep = torch.nonzero(R.reshape(T, La, K).ne(0).any(dim=2).any(dim=0)).flatten().tolist()
+        if not keep:
+            raise InputError("routes: every layer of the sample is all-zero; pass moe_layer_freq")
+    else:
+        keep = list(range(La))
+    R = R[:, keep].long()
+    L = len(keep)
+    if T == 0 and not (format == "slime" and pad_last):
+        raise InputError("routes: the sample has no tokens")
+    lo, hi = (int(v) for v in torch.stack([R.min(), R.max()]).tolist()) if T else (0, 0)
+    if lo < 0 or hi >= E:
+        raise InputError(f"routes: expert id {lo if lo < 0 else hi} outside 0..{E - 1} (E = {E})")
+    unrouted = torch.zeros((T, L), dtype=torch.bool, device=R.device)
+    if format == "verl":
+        unrouted = R.eq(0).all(dim=2) if K > 1 else unrouted
+        if K == 1 and T:
+            unrouted[-1] = R[-1, :, 0].eq(0)
+    if K > 1 and T:
+        srt = R.sort(dim=2).values
+        dup = (srt[:, :, 1:] == srt[:, :, :-1]).any(dim=2) & ~unrouted
+        if bool(dup.any()):
+            t, l = (int(x) for x in torch.nonzero(dup)[0].tolist())
+            raise InputError(f"routes: token {t} picks the same expert twice at layer {keep[l]}")
+    if format == "verl" and bool(unrouted.any()):
+        ok = ~unrouted
+        if not bool(ok.any(dim=0).all()):
+            raise InputError("routes: the sample has a layer with no routed token (all rows zero-filled)")
+        t_T1 = torch.arange(T, device=R.device)[:, None]
+        prev = torch.where(ok, t_T1, -1).cummax(dim=0).values
+        nxt = torch.where(ok, t_T1, T).flip(0).cummin(dim=0).values.flip(0)
+        src = torch.where(prev >= 0, prev, nxt)
+        R = R[src, torch.arange(L, device=R.device)[None, :]]
+    flat = (torch.arange(L, device=R.device)[None, :, None] * E + R).reshape(-1)
+    counts = torch.bincount(flat, minlength=L * E).reshape(L, E)
+    if format == "slime" and pad_last:
+        pad = torch.as_tensor(slime_pad_routes(La, K, E)[keep], device=R.device)
+        counts += torch.bincount((torch.arange(L, device=R.device)[:, None] * E + pad).reshape(-1),
+                                 minlength=L * E).reshape(L, E)
+    return counts.to(torch.int32)
+
+
+def window_from_counts(counts, lengths, *, top_k: int | None = None, group_ids=None, step=None) -> Window:
+    """The driver's window from per-sample counts: a sequence of ``[L, E]`` arrays or tensors (as
+    the hook returns them) or one ``[N, L, E]`` array, and ``lengths [N]`` (tokens per sample:
+    verl's ``attention_mask`` sums, slime's ``total_lengths``). One ``[N, L, E]`` int32 array is
+    built and handed to the window without a further copy."""
+    if isinstance(counts, Sequence) or (isinstance(counts, np.ndarray) and counts.dtype == object):
+        rows = [np.asarray(c.detach().cpu() if _is_torch(c) else c) for c in counts]
+        if not rows:
+            raise InputError("counts: no samples")
+        if any(r.shape != rows[0].shape or r.ndim != 2 for r in rows):
+            raise InputError("counts: every sample's counts must be one [L, E] array of the same shape")
+        arr = np.stack(rows).astype(np.int32, copy=False)
+    else:
+        arr = np.asarray(counts.detach().cpu() if _is_torch(counts) else counts)
+    if arr.dtype != np.int32 and arr.dtype.kind in "iu":
+        arr = arr.astype(np.int32)
+    return Window(np.asarray(lengths), np.ascontiguousarray(arr), top_k=top_k, group_ids=group_ids, step=step,
+                  copy=not (arr.dtype == np.int32))
+
+
+def counts_from_non_tensor(non_tensor_batch, key: str = COUNTS_KEY) -> np.ndarray | None:
+    """verl's ``non_tensor_batch[key]`` (an object array of per-sample ``[L, E]`` counts, as
+    verl's ``_postprocess`` collects the hook's extra field) as ``[N, L, E]`` int32, or None."""
+    col = non_tensor_batch.get(key) if hasattr(non_tensor_batch, "get") else None
+    if col is None or len(col) == 0 or any(c is None for c in col):
+        return None
+    return np.stack([np.asarray(c) for c in col]).astype(np.int32, copy=False)
+
+
+def install_verl_agent_loop_counts(worker_cls, num_experts: int, *, moe_layer_freq=None, key: str = COUNTS_KEY):
+    """Wrap verl's ``AgentLoopWorker._agent_loop_postprocess`` (an ``async`` method returning the
+    finished sample's ``_InternalAgentLoopOutput``): when the sample has ``routed_experts
+    [1, S, La, K]``, its counts (:func:`sample_counts`, format ``verl`` with the sample's
+    ``attention_mask``; a numpy ``[L, E]`` int32) go into ``extra_fields[key]``. Returns the
+    method it replaced. Bad routes raise in the worker, where they were produced."""
+    if not hasattr(worker_cls, "_agent_loop_postprocess"):
+        raise InputError(f"install_verl_agent_loop_counts: {getattr(worker_cls, '__name__', worker_cls)!r} has no "
+                         "_agent_loop_postprocess (pass verl.experimental.agent_loop.agent_loop.AgentLoopWorker)")
+    original = worker_cls._agent_loop_postprocess
+
+    @functools.wraps(original)
+    async def _agent_loop_postprocess(self, *args, **kwargs):
+        out = await original(self, *args, **kwargs)
+        routed = getattr(out, "routed_experts", None)
+        if routed is not None:
+            counts = sample_counts(routed[0], num_experts, format="verl", attention_mask=out.attention_mask[0],
+                                   moe_layer_freq=moe_layer_freq)
+            out.extra_fields[key] = np.asarray(counts.cpu() if _is_torch(counts) else counts)
+        return out
+
+    _agent_loop_postprocess.__routepack__ = True  # type: ignore[attr-defined]
+    worker_cls._agent_loop_postprocess = _agent_loop_postprocess
+    return original
+
+
+def slime_sample_counts(sample, num_experts: int, *, moe_layer_freq=None, key: str = COUNTS_KEY):
+    """A finished slime ``Sample``: its ``rollout_routed_experts [T - 1, La, K]`` → ``[L, E]``
+    counts (slime's pad route for the last token included) in ``sample.metadata[key]`` (a numpy
+    array); returns them. A sample without recorded routes is left as it is (returns None)."""
+    routes = getattr(sample, "rollout_routed_experts", None)
+    if routes is None:
+        return None
+    if not _is_torch(routes) and not isinstance(routes, np.ndarray):
+        routes = np.asarray(routes)
+    counts = sample_counts(routes, num_experts, format="slime", moe_layer_freq=moe_layer_freq)
+    arr = np.asarray(counts.cpu() if _is_torch(counts) else counts)
+    if getattr(sample, "metadata", None) is None:
+        sample.metadata = {}
+    sample.metadata[key] = arr
+    return arr
