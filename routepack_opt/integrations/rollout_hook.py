@@ -10,10 +10,10 @@ K router top-k, E experts.
   for one sample: ``verl`` (``[S, La, K]`` + the sample's ``attention_mask [S]``; zero-filled rows
   inside the mask are unrouted, verl #7075, and imputed as the import does), ``slime``
   (``[T - 1, La, K]``; slime's pad route for the last token is counted) or ``routes``
-  (``[T, L, K]``). Torch tensors are counted with ``torch.bincount`` on their own device (checks
-  and imputation as torch ops, one host sync for the checks); numpy arrays by the import's compiled
-  pass. The counts equal ``import_replay``'s ``counts[i]`` for that sample (tested); bad routes
-  raise :class:`InputError`.
+  (``[T, L, K]``). Tensors on an accelerator are counted there with ``torch.bincount`` (checks
+  and imputation as torch ops, one host sync for the checks); CPU tensors (as numpy views) and
+  numpy arrays by the import's compiled pass; a tensor in, a tensor out. The counts equal
+  ``import_replay``'s ``counts[i]`` for that sample (tested); bad routes raise :class:`InputError`.
 - :func:`window_from_counts` — the driver's side: the per-sample counts (a list, or an
   ``[N, L, E]`` array) and lengths → a :class:`Window` without another copy, what
   ``plan_micro_batches(lengths, counts, ...)`` and the seams plan from.
@@ -66,10 +66,16 @@ def sample_counts(routes, num_experts: int, *, format: str = "routes", attention
         raise InputError(f"format must be one of verl, slime, routes, got {format!r}")
     if not _is_torch(routes):
         return _numpy_counts(routes, num_experts, format, attention_mask, moe_layer_freq, pad_last)
+    if routes.device.type == "cpu":  # the compiled pass on a numpy view (no copy), a tensor back
+        torch = _deps.torch()
+        mask = attention_mask.detach().cpu().numpy() if _is_torch(attention_mask) else attention_mask
+        return torch.from_numpy(_numpy_counts(routes.detach().numpy(), num_experts, format, mask,
+                                              moe_layer_freq, pad_last))
     return _torch_counts(routes, num_experts, format, attention_mask, moe_layer_freq, pad_last)
 
 
 def _numpy_counts(routes, E, format, attention_mask, moe_layer_freq, pad_last) -> np.ndarray:
+    """The import's compiled pass on one sample."""
     from routepack_opt.integrations.replay import import_replay
 
     r = np.asarray(routes)

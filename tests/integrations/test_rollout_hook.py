@@ -40,6 +40,9 @@ def test_verl_sample_counts_equal_import(rng, as_torch, k):
         c = hook.sample_counts(r, E, format="verl", attention_mask=m[i], moe_layer_freq=[1, 1, 0, 1])
         assert (torch.is_tensor(c) if as_torch else isinstance(c, np.ndarray))
         np.testing.assert_array_equal(np.asarray(c), ref.counts[i])
+        if as_torch:  # the accelerator's path (torch ops), run here on the CPU
+            g = hook._torch_counts(r, E, "verl", torch.from_numpy(m[i]), [1, 1, 0, 1], True)
+            np.testing.assert_array_equal(g.numpy(), ref.counts[i])
     assert c.dtype in (torch.int32, np.int32)
 
 
@@ -52,6 +55,9 @@ def test_slime_and_routes_sample_counts_equal_import(rng, as_torch):
     ref = import_replay(samples, format="slime", num_experts=E).window
     per = [hook.sample_counts(conv(s), E, format="slime") for s in samples]
     np.testing.assert_array_equal(np.stack([np.asarray(c) for c in per]), ref.counts)
+    if as_torch:  # the accelerator's path (torch ops), run here on the CPU
+        gpu_path = [hook._torch_counts(conv(s), E, "slime", None, None, True).numpy() for s in samples]
+        np.testing.assert_array_equal(np.stack(gpu_path), ref.counts)
     w = hook.window_from_counts(per, ref.lengths, top_k=K)
     np.testing.assert_array_equal(w.counts, ref.counts)
     routes = [s[:, [0, 1, 3]] for s in samples]
@@ -61,16 +67,23 @@ def test_slime_and_routes_sample_counts_equal_import(rng, as_torch):
 
 
 def test_torch_hook_refuses_bad_routes(rng):
+    """The torch path's checks (on an accelerator; run here on the CPU) and the numpy path's."""
     r = torch.from_numpy(_routes(rng, 5))
+    big = r.numpy().copy()
+    big[1, 0, 2] = E + 4
+    with pytest.raises(InputError, match=r"sample 0 token 1 layer 0 has expert id 20, outside 0\.\.15"):
+        hook.sample_counts(big, E)
     with pytest.raises(InputError, match="outside 0..15"):
-        hook.sample_counts(r + E, E)
+        hook._torch_counts(r + E, E, "routes", None, None, True)
     bad = r.clone()
     bad[2, 1, 1] = bad[2, 1, 0]
     with pytest.raises(InputError, match="token 2 picks the same expert twice at layer 1"):
-        hook.sample_counts(bad, E)
+        hook._torch_counts(bad, E, "routes", None, None, True)
+    z = r.clone()
+    z[:, 3] = 0
     with pytest.raises(InputError, match="no routed token"):
-        z = r.clone()
-        z[:, 3] = 0
+        hook._torch_counts(z, E, "verl", torch.ones(5), None, True)
+    with pytest.raises(InputError, match="no routed token at layer 3"):
         hook.sample_counts(z, E, format="verl", attention_mask=torch.ones(5))
     with pytest.raises(InputError, match="format must be"):
         hook.sample_counts(r, E, format="megatron")
