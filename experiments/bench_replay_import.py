@@ -21,7 +21,8 @@ memory the call allocates (tracemalloc: numpy's allocations, the counts included
 themselves are the input, not counted). "before" runs the same call with the compiled pass off
 (the reference path); at ``N > --before-max`` it is skipped. Counts are checked equal before vs
 after where both ran. numba threads: all (``NUMBA_NUM_THREADS``, 2 here); the machine is shared,
-so the load average at the start is recorded.
+so the 1-minute load average is recorded per case, and the CPU seconds of the timed call (all
+threads): ids per CPU-second × cores is what a quiet machine gives.
 
 Hook: ``rollout_hook.sample_counts`` on one finished sample (verl: int16 ``[S, L, K]`` + mask;
 slime: int32 ``[T - 1, L, K]``) on the CPU with torch, median over 16 samples. Bytes to the
@@ -92,19 +93,30 @@ def make_routes(lens, L, K, E, seed):
     return torch.from_numpy(np.concatenate([routes_of(rng, int(T), L, K, E, np.uint8) for T in lens]))
 
 
-def timed(fn, repeats: int):
-    """(min seconds, peak bytes allocated by one call, result)."""
-    res = fn()  # warm-up: cached kernels loaded
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def timed(fn, repeats: int, warm: bool = True):
+    """(min wall seconds, CPU seconds of that call (all threads), peak bytes allocated by one call,
+    result). ``warm=False`` (the reference path, no kernels): one call, traced while timed."""
+    if not warm:
+        tracemalloc.start()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = fn()
-        best = min(best, time.perf_counter() - t0)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return wall, cpu, peak, res
+    res = fn()  # warm-up: cached kernels loaded
+    best, cpu = float("inf"), float("inf")
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        res = fn()
+        wall = time.perf_counter() - t0
+        if wall < best:
+            best, cpu = wall, time.process_time() - c0
     tracemalloc.start()
     fn()
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    return best, peak, res
+    return best, cpu, peak, res
 
 
 class reference_path:
@@ -146,16 +158,18 @@ def bench_imports(args) -> list[dict]:
                             make_slime(lens, L, K, E, args.seed) if name == "slime" else
                             make_routes(lens, L, K, E, args.seed))
                     fn = import_case(name, data, lens, E)
-                    after_s, after_peak, after = timed(fn, args.repeats)
+                    after_s, after_cpu, after_peak, after = timed(fn, args.repeats)
                     row = dict(format=name, N=N, L=L, K=K, E=E, ids=ids, tokens=int(lens.sum()),
-                               after_s=after_s, after_Mids_s=ids / after_s / 1e6, after_peak_MB=after_peak / 2**20,
-                               counts_MB=N * L * E * 4 / 2**20)
+                               after_s=after_s, after_Mids_s=ids / after_s / 1e6, after_cpu_s=after_cpu,
+                               after_Mids_per_cpu_s=ids / after_cpu / 1e6, after_peak_MB=after_peak / 2**20,
+                               counts_MB=N * L * E * 4 / 2**20, loadavg=os.getloadavg()[0])
                     if N <= args.before_max:
                         with reference_path():
-                            before_s, before_peak, before = timed(fn, 1)
+                            before_s, before_cpu, before_peak, before = timed(fn, 1, warm=False)
                         np.testing.assert_array_equal(before.window.counts, after.window.counts)
                         assert before.report() == after.report()
                         row.update(before_s=before_s, before_Mids_s=ids / before_s / 1e6,
+                                   before_Mids_per_cpu_s=ids / before_cpu / 1e6,
                                    before_peak_MB=before_peak / 2**20, speedup=before_s / after_s,
                                    counts_equal=True)
                     rows.append(row)
