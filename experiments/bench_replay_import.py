@@ -307,13 +307,16 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-balance", action="store_true")
+    ap.add_argument("--balance-only", action="store_true")
     ap.add_argument("-o", "--output", type=Path, default=OUT)
     args = ap.parse_args(argv)
     import numba
 
     res = dict(command="python experiments/bench_replay_import.py " + " ".join(argv or sys.argv[1:]),
                loadavg_start=os.getloadavg(), cpus=os.cpu_count(), numba_threads=numba.get_num_threads(),
-               imports=bench_imports(args), hook=bench_hook(args), driver_bytes=driver_bytes(args))
+               driver_bytes=driver_bytes(args))
+    if not args.balance_only:
+        res.update(imports=bench_imports(args), hook=bench_hook(args))
     if not args.no_balance:
         res["balance"] = bench_balance(args)
     res["loadavg_end"] = os.getloadavg()

@@ -48,7 +48,7 @@ from routepack_opt.core.errors import InputError
 from routepack_opt.core.window import Window
 from routepack_opt.integrations import _deps
 
-__all__ = ["COUNTS_KEY", "sample_counts", "window_from_counts", "counts_from_non_tensor",
+__all__ = ["COUNTS_KEY", "sample_counts", "window_from_counts", "counts_from_non_tensor", "StreamingCounts",
            "install_verl_agent_loop_counts", "slime_sample_counts"]
 
 COUNTS_KEY = "routepack_expert_counts"
@@ -222,3 +222,101 @@ def slime_sample_counts(sample, num_experts: int, *, moe_layer_freq=None, key: s
         sample.metadata = {}
     sample.metadata[key] = arr
     return arr
+
+
+class StreamingCounts:
+    """The driver's input built as samples finish (async or partial rollouts: slime's buffer,
+    verl's async agent loop), so that when the batch closes the window is already there.
+
+    ``add(i, counts_LE, length)`` (or ``add_routes``, the hook on the driver) writes sample i's
+    counts into one preallocated ``[N, L, E]`` int32 buffer, checks them (``Σ_e counts[l] =
+    top_k · length`` at every layer, ``0 ≤ counts ≤ length``: a sample's invariants of
+    :class:`Window`, so the final window's check is the only pass left), and keeps running per-layer
+    expert loads ``[L, E]`` (what the placement is computed from) and the arrived samples in
+    length order. ``window()`` at close hands the buffer to the :class:`Window` without a copy;
+    ``partial_window()`` is the window of what has arrived (a provisional plan while the rest
+    rolls out, e.g. to warm the planner's kernels and see the micro-batch count).
+    """
+
+    def __init__(self, num_samples: int, num_layers: int, num_experts: int, top_k: int):
+        from routepack_opt.core.window import available_memory
+
+        dims = (num_samples, num_layers, num_experts, top_k)
+        if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
+            raise InputError(f"StreamingCounts: expected positive integers N, L, E, top_k, got {dims}")
+        need, avail = 4 * num_samples * num_layers * num_experts, available_memory()
+        if avail is not None and need > avail:
+            raise InputError(f"StreamingCounts: counts [N={num_samples}, L={num_layers}, E={num_experts}] need "
+                             f"{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB is available")
+        self.counts_NLE = np.zeros((num_samples, num_layers, num_experts), dtype=np.int32)
+        self.lengths_N = np.zeros(num_samples, dtype=np.int64)
+        self.loads_LE = np.zeros((num_layers, num_experts), dtype=np.int64)
+        self.top_k = int(top_k)
+        self._arrived = np.zeros(num_samples, dtype=bool)
+        self._by_length: list[tuple[int, int]] = []  # (length, index), sorted as samples arrive
+
+    @property
+    def num_arrived(self) -> int:
+        return len(self._by_length)
+
+    @property
+    def complete(self) -> bool:
+        return self.num_arrived == self.lengths_N.shape[0]
+
+    def add(self, index: int, counts_LE, length: int) -> None:
+        """Sample ``index``'s ``[L, E]`` counts (array or tensor) and token count."""
+        import bisect
+
+        N, L, E = self.counts_NLE.shape
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < N:
+            raise InputError(f"StreamingCounts.add: sample index {index!r} is not in 0..{N - 1}")
+        if self._arrived[index]:
+            raise InputError(f"StreamingCounts.add: sample {index} was already added")
+        c = np.asarray(counts_LE.detach().cpu() if _is_torch(counts_LE) else counts_LE)
+        if c.shape != (L, E) or c.dtype.kind not in "iu":
+            raise InputError(f"StreamingCounts.add: sample {index}: expected integer counts [{L}, {E}], "
+                             f"got {c.dtype} {tuple(c.shape)}")
+        n = int(length)
+        if n < 1:
+            raise InputError(f"StreamingCounts.add: sample {index} has {n} tokens")
+        sums = c.sum(axis=1)
+        if (sums != self.top_k * n).any() or c.min() < 0 or c.max() > n:
+            l = int(np.flatnonzero(sums != self.top_k * n)[0]) if (sums != self.top_k * n).any() else 0
+            raise InputError(f"StreamingCounts.add: sample {index}: counts at layer {l} sum to {int(sums[l])}, "
+                             f"expected top_k · length = {self.top_k * n} (each within 0..{n})")
+        self.counts_NLE[index] = c
+        self.lengths_N[index] = n
+        self.loads_LE += c
+        self._arrived[index] = True
+        bisect.insort(self._by_length, (n, int(index)))
+
+    def add_routes(self, index: int, routes, num_experts: int, *, format: str = "routes", attention_mask=None,
+                   moe_layer_freq=None, pad_last: bool = True) -> None:
+        """The hook on the driver's side: one finished sample's routes → :meth:`add`."""
+        c = sample_counts(routes, num_experts, format=format, attention_mask=attention_mask,
+                          moe_layer_freq=moe_layer_freq, pad_last=pad_last)
+        r = routes.shape[0]
+        if format == "verl":
+            n = int(np.asarray(attention_mask.detach().cpu() if _is_torch(attention_mask) else attention_mask).sum())
+        else:
+            n = int(r) + (1 if format == "slime" and pad_last else 0)
+        self.add(index, c, n)
+
+    def length_order(self) -> list[int]:
+        """Arrived samples, longest first (ties by index): the order packing heuristics start from."""
+        return [i for _, i in sorted(self._by_length, key=lambda p: (-p[0], p[1]))]
+
+    def partial_window(self) -> Window:
+        """The window of the samples arrived so far (in index order); a copy."""
+        idx = np.flatnonzero(self._arrived)
+        if idx.size == 0:
+            raise InputError("StreamingCounts: no sample has arrived")
+        return Window(self.lengths_N[idx], self.counts_NLE[idx], top_k=self.top_k)
+
+    def window(self, *, group_ids=None, step=None) -> Window:
+        """The batch's window once every sample has arrived (the buffer, not a copy)."""
+        if not self.complete:
+            missing = np.flatnonzero(~self._arrived)
+            raise InputError(f"StreamingCounts: {missing.size} samples have not arrived (first: {int(missing[0])})")
+        return Window(self.lengths_N, self.counts_NLE, top_k=self.top_k, group_ids=group_ids, step=step,
+                      copy=False)

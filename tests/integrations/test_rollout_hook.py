@@ -127,3 +127,37 @@ def test_slime_sample_counts_into_metadata(rng):
     np.testing.assert_array_equal(s.metadata[hook.COUNTS_KEY], got)
     np.testing.assert_array_equal(got, import_replay([r], format="slime", num_experts=E).window.counts[0])
     assert hook.slime_sample_counts(types.SimpleNamespace(rollout_routed_experts=None), E) is None
+
+
+def test_streaming_counts_in_any_order_equal_the_batch_import(rng):
+    """Samples added as they finish (any order, counts or routes) give the batch import's window,
+    running loads and a length order; bad or repeated samples are refused."""
+    R, m = _verl(rng, B=7)
+    ref = import_replay(R, format="verl", num_experts=E, attention_mask=m).window
+    st = hook.StreamingCounts(7, La, E, K)
+    for j, i in enumerate(rng.permutation(7).tolist()):
+        if j % 2:
+            st.add(i, ref.counts[i], int(ref.lengths[i]))
+        else:
+            st.add_routes(i, torch.from_numpy(R[i]), E, format="verl", attention_mask=torch.from_numpy(m[i]))
+        if j == 2:
+            part = st.partial_window()
+            assert part.num_samples == 3
+            with pytest.raises(InputError, match="4 samples have not arrived"):
+                st.window()
+    assert st.complete
+    w = st.window()
+    np.testing.assert_array_equal(w.counts, ref.counts)
+    np.testing.assert_array_equal(w.lengths, ref.lengths)
+    np.testing.assert_array_equal(st.loads_LE, ref.counts.sum(axis=0))
+    assert [int(ref.lengths[i]) for i in st.length_order()] == sorted(ref.lengths.tolist(), reverse=True)
+    st2 = hook.StreamingCounts(2, La, E, K)
+    st2.add(0, ref.counts[0], int(ref.lengths[0]))
+    with pytest.raises(InputError, match="sample 0 was already added"):
+        st2.add(0, ref.counts[0], int(ref.lengths[0]))
+    with pytest.raises(InputError, match="counts at layer 0 sum to"):
+        st2.add(1, ref.counts[1], int(ref.lengths[1]) + 1)
+    with pytest.raises(InputError, match="not in 0..1"):
+        st2.add(5, ref.counts[1], int(ref.lengths[1]))
+    with pytest.raises(InputError, match="expected positive integers"):
+        hook.StreamingCounts(0, La, E, K)
