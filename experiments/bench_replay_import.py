@@ -297,6 +297,56 @@ def bench_balance(args) -> dict:
     return res
 
 
+def bench_stream(args) -> dict:
+    """Counts arriving one sample at a time (random order) into StreamingCounts vs the batch
+    collected at close (stacked per-sample counts → window), then the same plan from both."""
+    from routepack_opt.api import plan_micro_batches
+
+    N, L, K, E = 1024, 48, 8, 128
+    rng = np.random.default_rng(args.seed)
+    lens = gen_lengths(N, args.seed)
+    p = rng.dirichlet(np.ones(E), size=(N, L))
+    counts = rng.multinomial((K * lens)[:, None], p).astype(np.int32)  # [N, L, E], Σ_e = K·len
+    counts = np.minimum(counts, lens[:, None, None]).astype(np.int32)
+    fix = K * lens[:, None] - counts.sum(axis=2)  # the rare clipped count goes back to the lightest expert
+    idx = np.argmin(counts, axis=2)
+    np.put_along_axis(counts, idx[..., None], np.take_along_axis(counts, idx[..., None], 2) + fix[..., None], 2)
+    per = [counts[i].copy() for i in range(N)]
+    opts = dict(dp_size=8, ep_size=8, max_tokens=16384, time_limit=args.plan_time_limit, seed=0)
+    st = hook.StreamingCounts(N, L, E, K)
+    add_s, partial = [], None
+    for j, i in enumerate(rng.permutation(N).tolist()):
+        t0 = time.perf_counter()
+        st.add(i, per[i], int(lens[i]))
+        add_s.append(time.perf_counter() - t0)
+        if j + 1 == int(0.9 * N):  # a provisional plan on 90 % of the batch, while the rest rolls out
+            t0 = time.perf_counter()
+            pw = st.partial_window()
+            plan_micro_batches(pw.lengths, pw.counts, **opts)
+            partial = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    w = st.window()
+    stream_input = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    plan_s = plan_micro_batches(w.lengths, w.counts, **opts)
+    stream_plan = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    wb = hook.window_from_counts(per, lens, top_k=K)
+    batch_input = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    plan_b = plan_micro_batches(wb.lengths, wb.counts, **opts)
+    batch_plan = time.perf_counter() - t0
+    same = plan_s.micro_batches == plan_b.micro_batches if hasattr(plan_s, "micro_batches") else None
+    res = dict(N=N, L=L, K=K, E=E, plan_options=opts, add_us_median=statistics.median(add_s) * 1e6,
+               add_s_total=sum(add_s), provisional_plan_at_90pct_s=partial,
+               close_input_stream_s=stream_input, close_input_batch_s=batch_input,
+               plan_s_stream=stream_plan, plan_s_batch=batch_plan, same_plan=same,
+               input_done_before_close=1 - stream_input / batch_input,
+               close_total_stream_s=stream_input + stream_plan, close_total_batch_s=batch_input + batch_plan)
+    print(json.dumps(res), flush=True)
+    return res
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[256, 1024])
@@ -308,6 +358,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-balance", action="store_true")
     ap.add_argument("--balance-only", action="store_true")
+    ap.add_argument("--plan-time-limit", type=float, default=1.0)
     ap.add_argument("-o", "--output", type=Path, default=OUT)
     args = ap.parse_args(argv)
     import numba
@@ -317,6 +368,8 @@ def main(argv=None) -> None:
                driver_bytes=driver_bytes(args))
     if not args.balance_only:
         res.update(imports=bench_imports(args), hook=bench_hook(args))
+    if not args.balance_only:
+        res["stream"] = bench_stream(args)
     if not args.no_balance:
         res["balance"] = bench_balance(args)
     res["loadavg_end"] = os.getloadavg()

@@ -26,8 +26,15 @@ Files are read without running code from them: ``.pt`` by torch's weights-only l
 array types allowed, object ``.npy``/``.npz`` members by a restricted unpickler that builds numpy
 arrays and nothing else (:class:`_NumpyOnlyUnpickler`), never ``allow_pickle=True``.
 
-Memory: counts are accumulated one sample at a time into ``counts[N, L, E]``, whose size is
-checked against the memory available before it is allocated; numeric files are memory-mapped
+Speed: one compiled pass (:mod:`routepack_opt.integrations._replay_kernels`, numba, parallel
+over samples) over the valid tokens does the checks, verl's imputation and the counts, on numpy
+views of the input (CPU torch tensors through ``.numpy()``), nothing of the routes' size copied.
+What it does not take (a GPU tensor, a non-contiguous array, an odd dtype, safetensors slices, a
+lazy ``.npz`` chunk with a ragged sample) and every input with a bad route go through the
+reference path below (``_from_*``, one sample at a time), which raises the exact message.
+
+Memory: counts go into one ``counts[N, L, E]``, whose size is checked against the memory
+available before it is allocated, and which the window takes without a copy; numeric files are memory-mapped
 (``np.load`` with ``mmap_mode``, ``torch.load(mmap=True)``, safetensors slices), and ``.npz``
 members are read one at a time. What cannot be mapped is read whole: an ``.npz`` member, numpy
 arrays inside a ``.pt`` pickle, an object ``.npy``. In-memory inputs (a verl batch, slime's list)
