@@ -29,12 +29,13 @@ slime: int32 ``[T - 1, L, K]``) on the CPU with torch, median over 16 samples. B
 driver: before, the routes (verl's padded int16 tensor; slime's int32 list); after, counts
 ``[N, L, E]`` int32 + lengths int64.
 
-Balance (verl, N = 1,024, L = 48, K = 8, E = 128, dp = 8, ep = 8, max_token_len 16,384): verl
-0.9.1's own ``RayPPOTrainer._balance_batch`` (its source, executed on a stand-in trainer: the
-module's import needs torchdata, absent here) vs ``install_balance_batch``'s with (a) the routes
-in the batch (import + plan) and (b) the hook's counts in ``non_tensor_batch`` (the window from
-counts; this script swaps the seam's window function, the seam itself reads routes today). The
-plan's time limit is the seam default.
+Balance (verl, N = 1,024, L = 48, K = 8, E = 128, int16 routes, dp = 8, ep = 8, max_token_len
+16,384): verl 0.9.1's own ``RayPPOTrainer._balance_batch`` (its source, executed on a stand-in
+trainer: the module's import needs torchdata, absent here) vs ``install_balance_batch``'s, each
+on (a) a batch holding ``routed_experts`` (routing replay today: both reorder the routes; ours
+imports them) and (b) a batch holding the hook's counts in ``non_tensor_batch`` instead (ours plans
+from them; this script swaps the seam's window function, the seam itself reads routes today).
+Median of ``--repeats`` after a warm-up round; the plan's time limit is the seam default.
 """
 
 from __future__ import annotations
@@ -272,27 +273,29 @@ def bench_balance(args) -> dict:
     def from_counts(lens_N, td, num_experts, moe_layer_freq):  # the seam reading the hook's counts
         return hook.window_from_counts(from_counts.counts, lens_N, top_k=K)
 
-    out: dict[str, list[float]] = {"verl_own": [], "ours_routes": [], "ours_counts": [], "import_in_routes": []}
+    cases = ("verl_own_routes", "ours_routes", "verl_own_counts", "ours_counts")
+    out: dict[str, list[float]] = {k: [] for k in cases + ("import_of_routes",)}
     for c in range(args.repeats + 1):
-        for name in ("verl_own", "ours_routes", "ours_counts"):
-            data = batch(name == "ours_routes", name == "ours_counts")
+        for name in cases:
+            data = batch(name.endswith("routes"), name.endswith("counts"))
             if name == "ours_counts":
                 from_counts.counts = hook.counts_from_non_tensor(data.non_tensor_batch)
                 rp_verl._global_window = from_counts
             t0 = time.perf_counter()
-            (Own if name == "verl_own" else Ours)()._balance_batch(data, {})
+            (Own if name.startswith("verl_own") else Ours)()._balance_batch(data, {})
             dt = time.perf_counter() - t0
             rp_verl._global_window = original
+            del data
             if c:
                 out[name].append(dt)
         t0 = time.perf_counter()
         rp.import_replay(R, format="verl", num_experts=E, attention_mask=m)
         if c:
-            out["import_in_routes"].append(time.perf_counter() - t0)
+            out["import_of_routes"].append(time.perf_counter() - t0)
     res = {k: statistics.median(v) for k, v in out.items()}
-    res.update(N=N, L=L, K=K, E=E, dp=D, ep=D, max_token_len=CAP, repeats=args.repeats,
-               added_over_verl_routes_s=res["ours_routes"] - res["verl_own"],
-               added_over_verl_counts_s=res["ours_counts"] - res["verl_own"])
+    res.update(N=N, L=L, K=K, E=E, dp=D, ep=D, max_token_len=CAP, repeats=args.repeats, loadavg=os.getloadavg()[0],
+               added_over_verl_with_hook_s=res["ours_counts"] - res["verl_own_counts"],
+               added_over_verl_with_routes_s=res["ours_routes"] - res["verl_own_routes"])
     print(json.dumps(res), flush=True)
     return res
 
@@ -312,7 +315,8 @@ def bench_stream(args) -> dict:
     idx = np.argmin(counts, axis=2)
     np.put_along_axis(counts, idx[..., None], np.take_along_axis(counts, idx[..., None], 2) + fix[..., None], 2)
     per = [counts[i].copy() for i in range(N)]
-    opts = dict(dp_size=8, ep_size=8, max_tokens=16384, time_limit=args.plan_time_limit, seed=0)
+    # a sweep budget, not a time limit: the same input gives the same plan (checked)
+    opts = dict(dp_size=8, ep_size=8, max_tokens=16384, time_limit=600.0, max_sweeps=args.plan_sweeps, seed=0)
     st = hook.StreamingCounts(N, L, E, K)
     add_s, partial = [], None
     for j, i in enumerate(rng.permutation(N).tolist()):
@@ -358,7 +362,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-balance", action="store_true")
     ap.add_argument("--balance-only", action="store_true")
-    ap.add_argument("--plan-time-limit", type=float, default=1.0)
+    ap.add_argument("--plan-sweeps", type=int, default=20)
     ap.add_argument("-o", "--output", type=Path, default=OUT)
     args = ap.parse_args(argv)
     import numba
