@@ -10,7 +10,7 @@ from routepack_opt.integrations.replay import import_replay
 
 torch = pytest.importorskip("torch")
 E, La, K = 16, 4, 3
-DTYPES = (np.uint8, np.int16, np.int32, np.int64)
+DTYPES = (np.uint8, np.int64)  # each dtype is one more compiled specialisation per kernel
 
 
 def _routes(rng, T, L=La, k=K):
@@ -43,7 +43,7 @@ def _verl_batch(rng, B=6, S=14, k=K, holes=True):
     return R, m
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES + (np.int16,))  # int16: what verl 0.9.1 records
 def test_verl_matches_reference(rng, dtype):
     R, m = _verl_batch(rng)
     fast = rp._fast_verl(R.astype(dtype), m, E, None, None)
