@@ -47,22 +47,44 @@ def _sample(X, r0, r1, mask, last_row, keep, dense, E, verl, pad_LK, out_LE, see
             for k in range(K):
                 if X[t, dense[d], k] != 0:
                     return ERR_ROUTED_DENSE, imputed, mx
+        if not verl:  # strict formats: no unrouted rows, so one pass over each row's ids
+            for li in range(L):
+                l = keep[li]
+                stamp += 1
+                for k in range(K):
+                    e = np.int64(X[t, l, k])
+                    if e < 0 or e >= E:
+                        return ERR_RANGE, imputed, mx
+                    if e > mx:
+                        mx = e
+                    if seen[e] == stamp:
+                        return ERR_DUPLICATE, imputed, mx
+                    seen[e] = stamp
+                    out_LE[li, e] += 1
+            continue
         tok_unrouted = False
         for li in range(L):
             l = keep[li]
+            # one pass over the row's ids: checked, counted (a repeat is not), then undone if the
+            # row turns out unrouted (all-zero: only expert 0 was counted, once)
+            stamp += 1
             nonzero = False
+            dup = False
             for k in range(K):
-                v = np.int64(X[t, l, k])
-                if v < 0 or v >= E:
+                e = np.int64(X[t, l, k])
+                if e < 0 or e >= E:
                     return ERR_RANGE, imputed, mx
-                if v > mx:
-                    mx = v
-                if v != 0:
+                if e > mx:
+                    mx = e
+                if e != 0:
                     nonzero = True
-            unrouted = False
-            if verl and not nonzero:
-                unrouted = K > 1 or t == last_row
-            if unrouted:
+                if seen[e] == stamp:
+                    dup = True
+                else:
+                    seen[e] = stamp
+                    out_LE[li, e] += 1
+            if not nonzero and (K > 1 or t == last_row):  # unrouted (verl #7075)
+                out_LE[li, 0] -= 1
                 tok_unrouted = True
                 p = prev[li]
                 if p >= 0:  # the nearest earlier routed token at this layer
@@ -70,14 +92,9 @@ def _sample(X, r0, r1, mask, last_row, keep, dense, E, verl, pad_LK, out_LE, see
                         out_LE[li, np.int64(X[p, l, k])] += 1
                 else:       # none yet: the next routed one, counted when it comes
                     pend[li] += 1
+            elif dup:
+                return ERR_DUPLICATE, imputed, mx
             else:
-                stamp += 1
-                for k in range(K):
-                    e = np.int64(X[t, l, k])
-                    if seen[e] == stamp:
-                        return ERR_DUPLICATE, imputed, mx
-                    seen[e] = stamp
-                    out_LE[li, e] += 1
                 if pend[li] > 0:
                     for k in range(K):
                         out_LE[li, np.int64(X[t, l, k])] += pend[li]
