@@ -9,7 +9,8 @@ from routepack_opt.core.errors import InputError
 def register(sub) -> None:
     p = sub.add_parser("import-replay", help="routing replay recorded by a trainer → window (.npz)",
                        description="Build a window (lengths, counts[N, L, E]) from the per-token routes a "
-                       "trainer recorded, one sample at a time. Formats: slime (per-sample [T_i - 1, "
+                       "trainer recorded, in one compiled pass over the valid tokens. Formats: slime "
+                       "(per-sample [T_i - 1, "
                        "layers, top_k] routes, a list in a .pt, np.savez positional arrays, an object "
                        ".npy, a dict with rollout_routed_experts/total_lengths, or one padded [N, T, "
                        "layers, top_k] tensor), verl (routed_experts [B, S, layers, top_k] with "
