@@ -584,13 +584,16 @@ def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_swe
 
 def _baseline_check(ctx: _Context, res: _Result, r_star: int) -> tuple[_Result, dict]:
     """The plan against every cap-keeping framework baseline at its own row count under the
-    baselines' placements (identity, EPLB's) and the plan's, scored by the one evaluator: a
+    plan's placement and (where the planner chooses the placement: ``lpt``, ``joint``) the
+    baselines' placements (identity, EPLB's), scored by the one evaluator: a
     baseline that scores better is taken (the plan never loses silently) and named, with why."""
     from routepack_opt.heuristics.placement.lpt import lpt_placement
 
     window, topo, ev, objective = ctx.window, ctx.topology, ctx.ev, ctx.objective
     placements: dict[str, object] = {"plan": res.pl}
-    if topo.redundant_experts:
+    if not (isinstance(ctx.placement, str) and ctx.placement in ("lpt", "joint")):
+        pass  # a placement the caller fixed (identity, given, lpt-plain) is kept
+    elif topo.redundant_experts:
         for k in ("identity", "eplb"):
             placements[k] = resolve_placement(window, topo, k)[0]
     else:
