@@ -295,8 +295,10 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     if rows is not None or (len(candidates) == 1 and params.rows.extra == 0 and not max_rows):
         res = _plan_at(ctx, pl, pl_kind, R, max_sweeps, progress=progress)
     else:
-        res, notes["row_search"] = _search_rows(ctx, pl, pl_kind, candidates, max_sweeps, progress)
-        res, notes["baseline_check"] = _baseline_check(ctx, res, R)
+        # an R_max the caller set bounds the baselines' counts too; the default one does not
+        hard = candidates[-1] if (max_rows or params.rows.max_rows) else None
+        res, notes["row_search"] = _search_rows(ctx, pl, pl_kind, candidates, max_sweeps, progress, hard)
+        res, notes["baseline_check"] = _baseline_check(ctx, res, R, hard)
     timings.record("total", time.perf_counter() - t_start)
     timings.record("warmup", warmup.seconds["warmup"])
     if res.replica_notes:
@@ -470,11 +472,11 @@ def _screen(ctx: _Context, pl, b, R: int, sweeps: int, time_limit: float | None,
     return layout, key, source
 
 
-def framework_layouts(ctx: _Context, r_star: int) -> dict[int, dict[str, Layout]]:
+def framework_layouts(ctx: _Context, r_star: int, max_rows: int | None = None) -> dict[int, dict[str, Layout]]:
     """The cap-keeping length-only baselines a run is compared with (``routepack
     replay-report``): every framework's packer at the row count it picks
     (:data:`~routepack_opt.heuristics.frameworks.FRAMEWORK_PACKERS`) and verl's KK at R*, where
-    they keep the cap and the row rules: row count → {name: layout}."""
+    they keep the cap, the row rules and ``max_rows`` (when given): row count → {name: layout}."""
     from routepack_opt.heuristics.baselines import BASELINES
     from routepack_opt.heuristics.frameworks import FRAMEWORK_PACKERS, cap_violations
 
@@ -494,7 +496,7 @@ def framework_layouts(ctx: _Context, r_star: int) -> dict[int, dict[str, Layout]
     out: dict[int, dict[str, Layout]] = {}
     for name, (row, slot, rows) in got.items():
         rows = int(rows)
-        if not topo.row_ok(rows) or rows * topo.dp > lengths.size \
+        if not topo.row_ok(rows) or rows * topo.dp > lengths.size or (max_rows is not None and rows > max_rows) \
                 or cap_violations(lengths, row, slot, rows, topo.dp, topo.capacity):
             continue
         lay = Layout(np.asarray(row, dtype=np.int64), np.asarray(slot, dtype=np.int64), rows)
@@ -506,18 +508,19 @@ def framework_layouts(ctx: _Context, r_star: int) -> dict[int, dict[str, Layout]
 
 
 def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_sweeps: int | None,
-                 progress) -> tuple[_Result, dict]:
+                 progress, max_rows: int | None = None) -> tuple[_Result, dict]:
     """R as a decision (docs/pipeline.md, step 2b): screen the candidate row counts in
     ascending order (each: seeds + a short annealing run, ``screen_share`` of the budget split
     evenly), pruning every R whose layout lower bound reaches the best makespan screened so far
     and stopping at R* when its gap is within ``tight_gap``; the rest of the budget goes to the
-    best screened R, started from its screened layout. Returns the result and the report's
-    ``row_search`` record."""
+    best screened R, started from its screened layout. The frameworks' cap-keeping layouts join
+    as candidates at their own counts (up to ``max_rows`` when given) and as seeds there.
+    Returns the result and the report's ``row_search`` record."""
     rp, ev, clock = ctx.params.rows, ctx.ev, ctx.clock
     r_star = candidates[0]
     t0 = time.perf_counter()
     with ctx.timings.stage("rows-baselines"):
-        framework = framework_layouts(ctx, r_star)
+        framework = framework_layouts(ctx, r_star, max_rows)
     cands = sorted(set(candidates) | set(framework))
     budget = max_sweeps if max_sweeps is not None else ctx.params.anneal.sweeps
     screen_sweeps = max(1, int(budget * rp.screen_share / len(cands)))
@@ -582,7 +585,8 @@ def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_swe
     return res, notes
 
 
-def _baseline_check(ctx: _Context, res: _Result, r_star: int) -> tuple[_Result, dict]:
+def _baseline_check(ctx: _Context, res: _Result, r_star: int,
+                    max_rows: int | None = None) -> tuple[_Result, dict]:
     """The plan against every cap-keeping framework baseline at its own row count under the
     plan's placement and (where the planner chooses the placement: ``lpt``, ``joint``) the
     baselines' placements (identity, EPLB's), scored by the one evaluator: a
@@ -601,7 +605,7 @@ def _baseline_check(ctx: _Context, res: _Result, r_star: int) -> tuple[_Result, 
         placements["eplb"] = lpt_placement(window.expert_loads(), topo.ep)
     best = None
     searched = set(row_candidates(window.num_samples, topo, r_star, ctx.params.rows))
-    for lays in framework_layouts(ctx, r_star).values():
+    for lays in framework_layouts(ctx, r_star, max_rows).values():
         for name, lay in lays.items():
             for plname, plc in placements.items():
                 if Plan.from_layout(topo, plc, lay, objective).validate(window):
