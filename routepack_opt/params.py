@@ -121,18 +121,24 @@ class RowParams:
     found is pruned. ``screen_share`` of the sweep budget (or of the time left) screens the
     candidates (each R: its length-only seeds and a short annealing run); the rest goes to the
     best one. A gap at R* of at most ``tight_gap`` (makespan / lower bound) after its screening
-    ends the search at R*. ``extra = 0`` plans at R* (the behaviour before the row search)."""
+    ends the search at R*, and ``patience`` counts screened in a row that are each worse than
+    the best so far end it there (makespans rise past the best count: on qwen3-30b-a3b windows
+    each further row only added overhead). ``extra = 0`` plans at R* (the behaviour before the
+    row search)."""
 
     extra: int = 4
     max_rows: int = 0
     tight_gap: float = 1.01
     screen_share: float = 0.3
+    patience: int = 2
 
     def __post_init__(self) -> None:
         if isinstance(self.extra, bool) or not isinstance(self.extra, int) or not 0 <= self.extra <= 4096:
             raise InputError(f"rows: extra must be an integer in 0..4096, got {self.extra!r}")
         if isinstance(self.max_rows, bool) or not isinstance(self.max_rows, int) or self.max_rows < 0:
             raise InputError(f"rows: max_rows must be an integer ≥ 0 (0: R* + extra), got {self.max_rows!r}")
+        if isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1:
+            raise InputError(f"rows: patience must be an integer ≥ 1, got {self.patience!r}")
         v = self.tight_gap
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1:
             raise InputError(f"rows: tight_gap must be a number ≥ 1, got {v!r}")

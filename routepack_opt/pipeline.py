@@ -28,6 +28,7 @@ from routepack_opt.core.timing import Timings
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.heuristics.anneal import anneal
+from routepack_opt.heuristics.anneal.config import MAX_SEEDS
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.joint import anneal_packer, joint_search
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
@@ -326,6 +327,7 @@ class _Context:
     packing: np.ndarray | None
     ev: Evaluator
     current_placement: np.ndarray | None
+    frameworks: dict = dataclasses.field(default_factory=dict)  # framework_layouts' answers, memoised
 
     def stopped(self) -> bool:
         return self.clock.expired() or (self.stop is not None and self.stop())
@@ -461,8 +463,9 @@ def _screen(ctx: _Context, pl, b, R: int, sweeps: int, time_limit: float | None,
     layout, key, source = seeds[best], scores[best], best
     if ctx.stopped():
         return layout, key, source
+    # a short run from the length-only seeds and the joint-cost greedy seed
     res = anneal(ctx.window.lengths, b, ctx.topology, ctx.cost, R, objective,
-                 [lay.arrays() for lay in seeds.values()], config=ctx.params.anneal, seed=ctx.seed,
+                 [lay.arrays() for lay in seeds.values()][:MAX_SEEDS - 1], config=ctx.params.anneal, seed=ctx.seed,
                  time_limit=time_limit, max_sweeps=sweeps, stop=ctx.stop)
     found = Layout(res.row, res.slot, R)
     if not Plan.from_layout(ctx.topology, pl, found, objective).validate(ctx.window):
@@ -480,6 +483,8 @@ def framework_layouts(ctx: _Context, r_star: int, max_rows: int | None = None) -
     from routepack_opt.heuristics.baselines import BASELINES
     from routepack_opt.heuristics.frameworks import FRAMEWORK_PACKERS, cap_violations
 
+    if (r_star, max_rows) in ctx.frameworks:
+        return ctx.frameworks[r_star, max_rows]
     topo, lengths = ctx.topology, ctx.window.lengths
     got: dict[str, tuple] = {}
     for name, fn in FRAMEWORK_PACKERS.items():
@@ -504,15 +509,22 @@ def framework_layouts(ctx: _Context, r_star: int, max_rows: int | None = None) -
                             lay, ctx.objective).validate(ctx.window):
             continue  # e.g. an empty cell
         out.setdefault(rows, {})[name] = lay
+    ctx.frameworks[r_star, max_rows] = out
     return out
+
+
+# The fewest sweeps a screening run gets: with 1 sweep the makespans of one count ranged ±5 %
+# around its full-budget one (qwen3-30b-a3b, N = 1,024), far more than the counts differ
+SCREEN_MIN_SWEEPS = 4
 
 
 def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_sweeps: int | None,
                  progress, max_rows: int | None = None) -> tuple[_Result, dict]:
     """R as a decision (docs/pipeline.md, step 2b): screen the candidate row counts in
     ascending order (each: seeds + a short annealing run, ``screen_share`` of the budget split
-    evenly), pruning every R whose layout lower bound reaches the best makespan screened so far
-    and stopping at R* when its gap is within ``tight_gap``; the rest of the budget goes to the
+    evenly), pruning every R whose layout lower bound reaches the best makespan screened so far,
+    stopping at R* when its gap is within ``tight_gap`` and after ``patience`` counts in a row
+    worse than the best (the frameworks' own counts are still screened); the rest of the budget goes to the
     best screened R, started from its screened layout. The frameworks' cap-keeping layouts join
     as candidates at their own counts (up to ``max_rows`` when given) and as seeds there.
     Returns the result and the report's ``row_search`` record."""
@@ -523,7 +535,7 @@ def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_swe
         framework = framework_layouts(ctx, r_star, max_rows)
     cands = sorted(set(candidates) | set(framework))
     budget = max_sweeps if max_sweeps is not None else ctx.params.anneal.sweeps
-    screen_sweeps = max(1, int(budget * rp.screen_share / len(cands)))
+    screen_sweeps = max(SCREEN_MIN_SWEEPS, int(budget * rp.screen_share / len(cands)))
     left = clock.left()
     screen_time = None if left is None else rp.screen_share * left / len(cands)
     seed_time = clock.share(ctx.params.seeds.share, ctx.params.seeds.time_limit) / len(cands)
@@ -533,6 +545,7 @@ def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_swe
     record = []
     why = ""
     best_R = None
+    worse = 0  # counts screened in a row since the best one, each worse than it
     with ctx.timings.stage("rows-screen"):
         for R in cands:
             entry = {"rows": R, "lower_bound": bounds[R]}
@@ -543,6 +556,9 @@ def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_swe
             if best_R is not None and bounds[R] >= screened[best_R][1][0]:
                 entry["status"] = "pruned"  # the bound grows with R by the overhead
                 continue
+            if best_R is not None and R not in framework and worse >= rp.patience:
+                entry["status"] = "skipped"  # the last counts screened only got worse
+                continue
             if ctx.stopped():
                 entry["status"] = "skipped"
                 continue
@@ -550,13 +566,16 @@ def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_swe
             screened[R] = (lay, key, source)
             entry.update(status="screened", makespan=key[0], gap=key[0] / bounds[R], source=source)
             if best_R is None or key < screened[best_R][1]:
-                best_R = R
+                best_R, worse = R, 0
+            else:
+                worse += 1
             if R == r_star and key[0] <= rp.tight_gap * bounds[R]:
                 why = f"tight at R*: gap {key[0] / bounds[R]:.4f} ≤ {rp.tight_gap:g}"
     if best_R is None:  # stopped before any screening: R* with what is left
         best_R = r_star
-    used = screen_sweeps * len(screened)
-    final_sweeps = None if max_sweeps is None and clock.limit is not None else max(1, budget - used)
+    # the chosen count gets the whole sweep budget (the screening's sweeps come on top of it, a
+    # share of it spread over the counts); under a time limit, what the screening left
+    final_sweeps = None if max_sweeps is None and clock.limit is not None else budget
     extra = {"screened": screened[best_R][0]} if best_R in screened else {}
     extra.update(framework.get(best_R, {}))
     res = _plan_at(ctx, pl, pl_kind, best_R, final_sweeps, progress=progress, extra_seeds=extra)

@@ -84,8 +84,10 @@ def test_bound_prunes_counts_an_overhead_makes_dear():
 def test_tight_gap_at_r_star_ends_the_search():
     p = solve(WINDOW, TOPO, COST, max_sweeps=8, seed=0, params=PlannerParams(rows=RowParams(tight_gap=100.0)))
     rs = _rs(p)
-    assert p.rows == 9 and rs["why"].startswith("tight at R*")
+    assert rs["chosen"] == 9 and rs["why"].startswith("tight at R*")
     assert [c["status"] for c in rs["candidates"]] == ["screened"] + ["skipped"] * 4
+    # the plan is the search's, or a framework baseline that beat it, named
+    assert p.rows == 9 or p.info["baseline_check"]["taken"]
 
 
 @pytest.mark.parametrize("objective", ["max-sum", "sum-max"])
