@@ -10,8 +10,9 @@
   row search — with R*, the chosen R, both makespans, both gaps to the layout bound and both
   planning times. N = 1,024 for every combination; N = 512, 2,048 and 4,096 only for qwen3 at
   cap 16,384, EP 8 (sized to run in ~10 min on a shared 2-core host).
-- sweep: the issue's seed-14 qwen3 window (768 samples, DP = EP = 8, cap 16,384) planned with
-  ``row_overhead`` from 50 µs to 50 ms (R_max = R* + 8): where the chosen R moves.
+- sweep: the issue's seed-14 qwen3 window (768 samples, DP = EP = 8, cap 16,384) and a
+  1,024-sample window at cap 8,192, planned with ``row_overhead`` from 50 µs to 50 ms, and on
+  to 1 s to show where more rows stop paying (R_max = R* + 8): where the chosen R moves.
 - exact: tiny windows (N = 10, D = P = 2, quadratic attention), both objectives, with and
   without replicas: ``models.layout_rows.solve_best_rows`` (CP-SAT) proves the best R and its
   layout over [R*, N/D]; the heuristic's chosen R and makespan against it.
@@ -20,7 +21,8 @@
   row count fixed at R* (``[rows] extra = 0``: the behaviour before) and once with the default
   search: steps where a cap-keeping baseline beats the plan.
 
-Writes ``experiments/results/rows_decision/``: ``rows_decision.md`` and ``rows_decision.json``.
+Writes ``experiments/results/rows_decision/``: ``rows_decision_<part>.json`` per part and
+``rows_decision.md`` (every part written so far).
 """
 
 from __future__ import annotations
@@ -100,30 +102,43 @@ def part_table(args, out):
     return md, recs
 
 
+SWEEP_WINDOWS = {  # name → (samples, seed, cap)
+    "seed-14, N=768, cap 16,384": (768, 14, 16384),
+    "seed-1, N=1,024, cap 8,192": (1024, 1, 8192),
+}
+
+
 def part_sweep(args, out):
-    w = generate_window("qwen3-30b-a3b", 768, seed=14)
-    topo = Topology(dp=8, ep=8, capacity=16384)
     preset = get_preset("qwen3-30b-a3b").cost
     rows, recs = [], []
-    overheads = (50.0, 500.0, 2000.0, 5000.0, preset.row_overhead, 20000.0, 50000.0)
+    overheads = (50.0, 500.0, 2000.0, 5000.0, preset.row_overhead, 50000.0, 200000.0, 1e6)
     params = PlannerParams(rows=RowParams(extra=8))
-    for ovh in overheads:
-        cost = dataclasses.replace(preset, row_overhead=ovh)
-        base, srch = plan_pair(w, topo, cost, args.max_sweeps, 0, params=params)
-        mb, gb, _ = _row(base)
-        ms, gs, _ = _row(srch)
-        rs = srch.info["row_search"]
-        screened = {c["rows"]: c["status"] for c in rs["candidates"]}
-        recs.append(dict(row_overhead=ovh, r_star=base.rows, chosen=srch.rows, makespan_r_star=mb, makespan_chosen=ms,
-                         gap_r_star=gb, gap_chosen=gs, candidates=rs["candidates"]))
-        rows.append((ovh / 1e3, base.rows, srch.rows, mb / 1e6, ms / 1e6, ms / mb - 1,
-                     sum(s == "pruned" for s in screened.values()), rs["why"]))
-        print(rows[-1], flush=True)
-    md = report.table(["row_overhead (ms)", "R*", "chosen R", "M at R* (s)", "M at R (s)", "change", "pruned",
-                       "why"], rows,
+    for wname, (n, wseed, cap) in SWEEP_WINDOWS.items():
+        w = generate_window("qwen3-30b-a3b", n, seed=wseed, capacity=cap)
+        topo = Topology(dp=8, ep=8, capacity=cap)
+        for ovh in overheads[:3] if args.quick else overheads:
+            r, rec = _sweep_point(args, w, topo, preset, ovh, params)
+            rows.append((wname, *r))
+            recs.append({"window": wname, **rec})
+            print(rows[-1], flush=True)
+    md = report.table(["window", "row_overhead (ms)", "R*", "chosen R", "M at R* (s)", "M at R (s)", "change",
+                       "pruned", "why"], rows,
                       formats={"row_overhead (ms)": ".3g", "M at R* (s)": ".3f", "M at R (s)": ".3f",
                                "change": report.pct})
     return md, recs
+
+
+def _sweep_point(args, w, topo, preset, ovh, params):
+    cost = dataclasses.replace(preset, row_overhead=ovh)
+    base, srch = plan_pair(w, topo, cost, args.max_sweeps, 0, params=params)
+    mb, gb, _ = _row(base)
+    ms, gs, _ = _row(srch)
+    rs = srch.info["row_search"]
+    screened = {c["rows"]: c["status"] for c in rs["candidates"]}
+    rec = dict(row_overhead=ovh, r_star=base.rows, chosen=srch.rows, makespan_r_star=mb, makespan_chosen=ms,
+               gap_r_star=gb, gap_chosen=gs, candidates=rs["candidates"])
+    return (ovh / 1e3, base.rows, srch.rows, mb / 1e6, ms / 1e6, ms / mb - 1,
+            sum(s == "pruned" for s in screened.values()), rs["why"]), rec
 
 
 EXACT_COST = CostModel((Stage("attn", 0.02, 4e-3),), gamma=0.3, row_overhead=1.0)
@@ -226,16 +241,16 @@ def main() -> None:
     args = ap.parse_args()
     out = settings.results_dir(STUDY, args.out)
     warm()
-    jpath = out / f"{STUDY}.json"
-    data = json.loads(jpath.read_text()) if jpath.exists() else {}
-    mds = dict(data.get("_md", {}))
-    for part in args.parts.split(","):
+    for part in [p for p in args.parts.split(",") if p]:
         t0 = time.perf_counter()
         md, recs = {"table": part_table, "sweep": part_sweep, "exact": part_exact, "replay": part_replay}[part](args, out)
-        data[part] = {"records": recs, "seconds": time.perf_counter() - t0, "max_sweeps": args.max_sweeps}
-        mds[part] = md
-        data["_md"] = mds
-        report.write_json(jpath, data)
+        report.write_json(out / f"{STUDY}_{part}.json", {"records": recs, "seconds": time.perf_counter() - t0,
+                                                          "max_sweeps": args.max_sweeps, "md": md})
+    mds = {}
+    for part in ("table", "sweep", "exact", "replay"):  # every part written so far, by this run or an earlier one
+        f = out / f"{STUDY}_{part}.json"
+        if f.exists():
+            mds[part] = json.loads(f.read_text())["md"]
     titles = {"table": "Chosen R against R* (same sweep budget and seed)",
               "sweep": "Overhead sweep: qwen3 seed-14 window (N = 768, DP = EP = 8, cap 16,384)",
               "exact": "Exact check of the best R (CP-SAT per R with bound pruning, tiny windows)",
