@@ -542,13 +542,13 @@ def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_swe
     b = ev.rank_loads(pl)
     bounds = {R: ev.lower_bound(pl, R) for R in cands}
     screened: dict[int, tuple[Layout, tuple, str]] = {}
-    record = []
+    record: list[dict] = []
     why = ""
     best_R = None
     worse = 0  # counts screened in a row since the best one, each worse than it
     with ctx.timings.stage("rows-screen"):
         for R in cands:
-            entry = {"rows": R, "lower_bound": bounds[R]}
+            entry: dict = {"rows": R, "lower_bound": bounds[R]}
             record.append(entry)
             if best_R is not None and why:
                 entry["status"] = "skipped"
