@@ -337,8 +337,11 @@ def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
                           for k in ("r_star", "chosen", "why", "makespan_r_star", "makespan_chosen")},
            "baseline_wins": (None if best is None or keeping[best]["saving"] >= 0 else
                              (plan.info.get("baseline_check") or {}).get("reason")
-                             or f"{best} scores below the plan under this cost; the plan's baseline check "
-                                "did not cover it"),
+                             or (f"{best} at {keeping[best]['rows']} rows scores below the plan at {plan.rows}: the "
+                                 "row count was held at R* ([rows] extra = 0), so neither the row search nor "
+                                 "the baseline check ran" if "baseline_check" not in plan.info else
+                                 f"{best} scores below the plan under this cost; the plan's baseline check "
+                                 "did not cover it")),
            # False where neither FFD/BFD nor an iteration-bounded search packs into R*·D bins and
            # the certifier's time-bounded packing seeds the plan: the line may then differ
            # between runs (never seen on the study's windows)

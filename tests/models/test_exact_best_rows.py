@@ -86,8 +86,7 @@ def test_dear_overhead_prunes_and_proves_the_fewest():
 
 
 # (N, L, E, top_k, dp, ep, redundant, capacity, seed, rows range)
-REPLICA_CASES = [
-    (5, 1, 3, 2, 2, 2, 1, 40, 1, (1, 2)),
+REPLICA_CASES = [  # one case: the replica models take ~10 s a count on a shared 2-core host
     (5, 1, 3, 1, 2, 2, 1, 30, 0, (1, 2)),
 ]
 
