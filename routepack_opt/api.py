@@ -89,7 +89,11 @@ class PlanOptions:
     ``"lpt-plain"``, ``"identity"``, ``"joint"`` or an [L, E] array (e.g. the placement already
     materialized); ``current_placement``: the materialized one, charged for migration by
     ``"joint"``. ``pp_multiple`` makes the micro-batch count a multiple of the pipeline schedule
-    (PP × VPP). ``time_limit`` bounds the search (anytime); ``max_sweeps`` + ``seed`` make it
+    (PP × VPP). ``num_micro_batches`` forces the count; without it the planner chooses it in
+    [R*, ``max_micro_batches``] (default R* + 4 pipeline multiples, docs/pipeline.md step 2b:
+    more micro-batches than the fewest can balance a step better, each costs the cost model's
+    ``row_overhead``); ``plan.rows`` is the count the trainer must run. ``time_limit`` bounds the
+    search (anytime); ``max_sweeps`` + ``seed`` make it
     bit-identical. ``equal_samples_per_slot``: every DP rank gets exactly N / dp_size samples
     (verl's DP balance; N must divide by dp_size). ``params``: the planner's parameters
     (:class:`routepack_opt.PlannerParams`, e.g. ``PlannerParams.from_toml(path)``).
@@ -105,6 +109,7 @@ class PlanOptions:
     objective: str = "max-sum"
     placement: object = "lpt"
     num_micro_batches: int | None = None
+    max_micro_batches: int | None = None
     pp_multiple: int = 1
     min_micro_batches: int = 1
     time_limit: float | None = None
@@ -125,7 +130,7 @@ class PlanOptions:
             raise InputError(f"cost must be a preset name, a TOML path or a CostModel, got {self.cost!r}")
         if self.time_limit is not None:
             _check_seconds("time_limit", self.time_limit)
-        for name, lo in (("max_sweeps", 1), ("num_micro_batches", 1), ("seed", 0)):
+        for name, lo in (("max_sweeps", 1), ("num_micro_batches", 1), ("max_micro_batches", 1), ("seed", 0)):
             v = getattr(self, name)
             if v is None and name != "seed":
                 continue
@@ -226,7 +231,8 @@ def _plan(window: Window, opts: PlanOptions, *, rows=None, certificate=None, tim
               placement=opts.placement, rows=opts.num_micro_batches if rows is None else rows,
               params=opts.params, time_limit=opts.time_limit if time_limit is None else time_limit,
               max_sweeps=opts.max_sweeps, seed=opts.seed, current_placement=opts.current_placement,
-              certificate=certificate, stop=stop, max_replica_bytes=opts.max_replica_bytes)
+              certificate=certificate, stop=stop, max_replica_bytes=opts.max_replica_bytes,
+              max_rows=opts.max_micro_batches)
     return _to_result(p)
 
 
@@ -422,7 +428,9 @@ class AsyncPlanner:
         job.stage = "search"
         # 10 % of what is left stays in hand for the evaluator, joint stage and hand-over
         limit = 0.9 * left if opts.time_limit is None else min(opts.time_limit, 0.9 * left)
-        mb = _plan(window, opts, rows=rows, certificate=cert, time_limit=limit, stop=job.cancel.is_set)
+        # the count is searched from the certified R* unless the options force one
+        mb = _plan(window, opts, rows=opts.num_micro_batches, certificate=cert, time_limit=limit,
+                   stop=job.cancel.is_set)
         if not job.cancel.is_set():
             with job.lock:
                 job.plan = mb

@@ -12,6 +12,8 @@
     time_limit = 10.0
     [seeds]             # length-only seed layouts (SeedParams)
     time_limit = 10.0
+    [rows]              # the choice of the row count R in [R*, R_max] (RowParams)
+    extra = 4
 
 Every section and key is optional; an unknown section or key is an ``InputError`` naming it. A
 file without any section is read as ``[anneal]`` (the older ``--config ANNEAL.toml`` form). The
@@ -33,7 +35,7 @@ from routepack_opt.heuristics.anneal import AnnealConfig
 from routepack_opt.heuristics.placement.joint import JointConfig
 from routepack_opt.heuristics.placement.refine import RefineConfig
 
-__all__ = ["PlannerParams", "JointParams", "CertifyParams", "SeedParams", "CERTIFY_METHODS"]
+__all__ = ["PlannerParams", "JointParams", "CertifyParams", "SeedParams", "RowParams", "CERTIFY_METHODS"]
 
 CERTIFY_METHODS = ("auto", "cpsat", "arcflow")
 
@@ -110,9 +112,46 @@ class SeedParams:
         object.__setattr__(self, "share", _share("seeds", self.share))
 
 
+@dataclasses.dataclass(frozen=True)
+class RowParams:
+    """The row count as a decision (docs/pipeline.md, step 2b). Without a forced ``rows`` the
+    planner searches R in [R*, R_max]: ``R_max`` = ``max_rows`` when set (> 0), else R* + ``extra``
+    row multiples; never more than N / D (a sample per cell). Every candidate R whose layout
+    lower bound (which grows with R by the per-micro-batch overhead) reaches the best makespan
+    found is pruned. ``screen_share`` of the sweep budget (or of the time left) screens the
+    candidates (each R: its length-only seeds and a short annealing run); the rest goes to the
+    best one. A gap at R* of at most ``tight_gap`` (makespan / lower bound) after its screening
+    ends the search at R*, and ``patience`` counts screened in a row that are each worse than
+    the best so far end it there (makespans rise past the best count: on qwen3-30b-a3b windows
+    each further row only added overhead). ``extra = 0`` plans at R* (the behaviour before the
+    row search)."""
+
+    extra: int = 4
+    max_rows: int = 0
+    tight_gap: float = 1.01
+    screen_share: float = 0.3
+    patience: int = 2
+
+    def __post_init__(self) -> None:
+        if isinstance(self.extra, bool) or not isinstance(self.extra, int) or not 0 <= self.extra <= 4096:
+            raise InputError(f"rows: extra must be an integer in 0..4096, got {self.extra!r}")
+        if isinstance(self.max_rows, bool) or not isinstance(self.max_rows, int) or self.max_rows < 0:
+            raise InputError(f"rows: max_rows must be an integer ≥ 0 (0: R* + extra), got {self.max_rows!r}")
+        if isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1:
+            raise InputError(f"rows: patience must be an integer ≥ 1, got {self.patience!r}")
+        v = self.tight_gap
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1:
+            raise InputError(f"rows: tight_gap must be a number ≥ 1, got {v!r}")
+        object.__setattr__(self, "tight_gap", float(v))
+        v = self.screen_share
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+            raise InputError(f"rows: screen_share must be a number in (0, 1), got {v!r}")
+        object.__setattr__(self, "screen_share", float(v))
+
+
 # section name → parameter class (the TOML sections, in the order documented)
 _SECTIONS: dict[str, type] = {"anneal": AnnealConfig, "joint": JointParams, "refine": RefineConfig,
-                              "certify": CertifyParams, "seeds": SeedParams}
+                              "certify": CertifyParams, "seeds": SeedParams, "rows": RowParams}
 
 
 def _section(name: str, cls: type, data: Any) -> Any:
@@ -138,6 +177,7 @@ class PlannerParams:
     refine: RefineConfig = RefineConfig(max_passes=4)
     certify: CertifyParams = CertifyParams()
     seeds: SeedParams = SeedParams()
+    rows: RowParams = RowParams()
 
     def __post_init__(self) -> None:
         for name, cls in _SECTIONS.items():

@@ -28,14 +28,16 @@ from routepack_opt.core.timing import Timings
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.heuristics.anneal import anneal
+from routepack_opt.heuristics.anneal.config import MAX_SEEDS
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.joint import anneal_packer, joint_search
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
 from routepack_opt.heuristics.placement.replicate import eplb_placement, replicated_placement
-from routepack_opt.params import PlannerParams
+from routepack_opt.params import PlannerParams, RowParams
 from routepack_opt.warmup import groups_for, warm
 
 __all__ = ["solve", "build_plan", "resolve_placement", "resolve_rows", "certified_rows", "baseline_layouts",
+           "row_candidates",
            "SharedPacker",
            "PLACEMENT_KINDS", "DEFAULT_PARAMS"]
 
@@ -239,15 +241,16 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
           current_placement=None, certificate: dict | Certificate | None = None,
           progress: Callable[[float], None] | None = None,
           stop: Callable[[], bool] | None = None, redundant_experts: int | None = None,
-          max_replica_bytes: float | None = None) -> Plan:
+          max_replica_bytes: float | None = None, max_rows: int | None = None) -> Plan:
     """Plan one window: placement, R*, length-only seeds, population annealing and (with
     ``placement="joint"``) the joint placement search; always a valid, scored :class:`Plan`.
 
     ``placement``: ``"lpt"``, ``"lpt-plain"``, ``"identity"``, ``"joint"``, an [L, E] array or a
-    :class:`Plan`; ``rows``: R (default: the certified minimum R*); ``params``: the search
-    parameters (:class:`PlannerParams`, ``--config``). ``time_limit`` bounds the whole call
+    :class:`Plan`; ``rows``: R forced (default: R is searched in [R*, R_max], R* the certified
+    minimum, docs/pipeline.md step 2b; ``max_rows`` sets R_max, else ``params.rows``);
+    ``params``: the search parameters (:class:`PlannerParams`, ``--config``). ``time_limit`` bounds the whole call
     (anytime); ``max_sweeps`` + ``seed`` make the plan bit-identical. ``current_placement``: the
-    materialized placement, charged for migration by ``"joint"``. ``certificate`` (with ``rows``)
+    materialized placement, charged for migration by ``"joint"``. ``certificate``
     reuses an R* certificate the caller already has (a :class:`Certificate`: its packing also
     serves the seeds' last resort on tight windows). ``stop()`` (polled by the annealer, and
     before the joint stage) cancels cooperatively: the best layout so far is returned;
@@ -263,6 +266,8 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     topology = with_replicas(topology, window.num_experts, cost, redundant_experts, max_replica_bytes)
     if not isinstance(params, PlannerParams):
         raise InputError(f"params must be a PlannerParams, got {type(params).__name__}")
+    if max_rows is not None:
+        max_rows = check_rows(max_rows, "max_rows")
     current_placement = check_current_placement(current_placement, window)
     warmup = Timings()
     with warmup.stage("warmup"):
@@ -274,20 +279,99 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
         pl, pl_kind = resolve_placement(window, topology, placement)
     with timings.stage("certify"):
         packing = None
-        if certificate is not None and rows is not None:  # rows already checked by the caller
-            R = check_rows(rows)
+        if certificate is not None:  # rows, when given, already checked by the caller
             if isinstance(certificate, Certificate):
                 cert, packing = certificate.as_dict(), certificate.packing_N
             else:
                 cert = certificate
+            R = check_rows(rows) if rows is not None else check_rows(cert.get("rows"), "certificate rows")
         else:
             c = params.certify
             R, full = certified_rows(window, topology, rows, clock.share(c.share, c.time_limit), c.method)
             cert, packing = full.as_dict(), full.packing_N
-    ev = Evaluator(window, topology, cost)
+    ctx = _Context(window, topology, cost, objective, placement, params, seed, clock, stop, timings,
+                   packing, Evaluator(window, topology, cost), current_placement)
+    candidates = [R] if rows is not None else row_candidates(window.num_samples, topology, R, params.rows, max_rows)
+    notes: dict = {}
+    if rows is not None or (len(candidates) == 1 and params.rows.extra == 0 and not max_rows):
+        res = _plan_at(ctx, pl, pl_kind, R, max_sweeps, progress=progress)
+    else:
+        # an R_max the caller set bounds the baselines' counts too; the default one does not
+        hard = candidates[-1] if (max_rows or params.rows.max_rows) else None
+        res, notes["row_search"] = _search_rows(ctx, pl, pl_kind, candidates, max_sweeps, progress, hard)
+        res, notes["baseline_check"] = _baseline_check(ctx, res, R, hard)
+    timings.record("total", time.perf_counter() - t_start)
+    timings.record("warmup", warmup.seconds["warmup"])
+    if res.replica_notes:
+        notes["replicas"] = res.replica_notes
+    report = PlanReport(placement_kind=res.pl_kind, seed_scores={k: v[0] for k, v in res.seed_scores.items()},
+                        search=res.search, fallback=res.fallback, joint=res.joint, timings=timings.seconds,
+                        notes=notes)
+    return build_plan(ctx.ev, res.pl, res.layout, objective, report=report, certificate=cert)
+
+
+@dataclasses.dataclass
+class _Context:
+    """What every stage of one :func:`solve` call shares."""
+
+    window: Window
+    topology: Topology
+    cost: CostModel
+    objective: str
+    placement: object  # the caller's placement argument ("lpt", "joint", an array, ...)
+    params: PlannerParams
+    seed: int
+    clock: _Clock
+    stop: Callable[[], bool] | None
+    timings: Timings
+    packing: np.ndarray | None
+    ev: Evaluator
+    current_placement: np.ndarray | None
+    frameworks: dict = dataclasses.field(default_factory=dict)  # framework_layouts' answers, memoised
+
+    def stopped(self) -> bool:
+        return self.clock.expired() or (self.stop is not None and self.stop())
+
+
+@dataclasses.dataclass
+class _Result:
+    """A layout at ``R`` rows under placement ``pl``, with what produced it."""
+
+    pl: object
+    pl_kind: str
+    layout: Layout
+    R: int
+    key: tuple
+    seed_scores: dict
+    search: SearchStats | None = None
+    joint: JointStats | None = None
+    fallback: str | None = None
+    replica_notes: dict = dataclasses.field(default_factory=dict)
+
+
+def row_candidates(num_samples: int, topology: Topology, r_star: int, rp: RowParams,
+                   max_rows: int | None = None) -> list[int]:
+    """The row counts the search may choose: R* and every count in (R*, R_max] that keeps the
+    row rules, R_max = ``max_rows`` (else ``rp.max_rows`` when set, else R* + ``rp.extra`` row
+    multiples), and never more than N / D rows (every cell holds a sample)."""
+    m = topology.row_multiple
+    top = max_rows if max_rows is not None else (rp.max_rows or r_star + rp.extra * m)
+    top = min(top, num_samples // topology.dp)
+    return [r_star] + [r for r in range(r_star + 1, top + 1) if topology.row_ok(r)]
+
+
+def _plan_at(ctx: _Context, pl, pl_kind: str, R: int, max_sweeps: int | None, *,
+             progress=None, extra_seeds: dict[str, Layout] | None = None) -> _Result:
+    """The packing search at ``R`` rows (seeds, replica moves, annealing, joint placement), on
+    what is left of the clock. ``extra_seeds``: layouts at R to start from as well (e.g. a
+    screening's result)."""
+    window, topology, cost, objective = ctx.window, ctx.topology, ctx.cost, ctx.objective
+    params, seed, clock, stop, timings, ev = ctx.params, ctx.seed, ctx.clock, ctx.stop, ctx.timings, ctx.ev
+    placement, current_placement = ctx.placement, ctx.current_placement
     with timings.stage("seeds"):
         seeds = baseline_layouts(window, topology, R, clock.share(params.seeds.share, params.seeds.time_limit),
-                                  packing=packing)
+                                 packing=ctx.packing)
+        seeds.update(extra_seeds or {})
         b = ev.rank_loads(pl)
         t_score = time.perf_counter()
         seed_scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
@@ -317,7 +401,7 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     with timings.stage("anneal"):
         try:
             if clock.expired():
-                raise _OutOfTime(f"the {time_limit:g}s limit was spent before the search")
+                raise _OutOfTime(f"the {clock.limit:g}s limit was spent before the search")
             left = clock.left()
             res = anneal(window.lengths, b, topology, cost, R, objective,
                          [lay.arrays() for lay in seeds.values()], config=params.anneal, seed=seed,
@@ -362,12 +446,212 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
                     joint = JointStats.from_joint(jr.stats)
             except Exception as exc:
                 fallback = f"joint placement failed ({exc.__class__.__name__}: {exc}); kept LPT"
-    timings.record("total", time.perf_counter() - t_start)
-    timings.record("warmup", warmup.seconds["warmup"])
-    report = PlanReport(placement_kind=pl_kind, seed_scores={k: v[0] for k, v in seed_scores.items()},
-                        search=search, fallback=fallback, joint=joint, timings=timings.seconds,
-                        notes={"replicas": replica_notes} if replica_notes else {})
-    return build_plan(ev, pl, layout, objective, report=report, certificate=cert)
+    return _Result(pl, pl_kind, layout, R, ev.score_layout(pl, layout, objective).key, seed_scores,
+                   search, joint, fallback, replica_notes)
+
+
+def _screen(ctx: _Context, pl, b, R: int, sweeps: int, time_limit: float | None,
+            seed_time: float, extra_seeds: dict[str, Layout]) -> tuple[Layout, tuple, str]:
+    """One candidate row count, screened: its length-only seeds (and ``extra_seeds``) and a
+    short annealing run from them (``sweeps`` sweeps, within ``time_limit``). Returns the best
+    layout, its score key and where it came from."""
+    ev, objective = ctx.ev, ctx.objective
+    seeds = baseline_layouts(ctx.window, ctx.topology, R, seed_time, packing=ctx.packing)
+    seeds.update(extra_seeds)
+    scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
+    best = min(scores, key=lambda name: scores[name])
+    layout, key, source = seeds[best], scores[best], best
+    if ctx.stopped():
+        return layout, key, source
+    # a short run from the length-only seeds and the joint-cost greedy seed
+    res = anneal(ctx.window.lengths, b, ctx.topology, ctx.cost, R, objective,
+                 [lay.arrays() for lay in seeds.values()][:MAX_SEEDS - 1], config=ctx.params.anneal, seed=ctx.seed,
+                 time_limit=time_limit, max_sweeps=sweeps, stop=ctx.stop)
+    found = Layout(res.row, res.slot, R)
+    if not Plan.from_layout(ctx.topology, pl, found, objective).validate(ctx.window):
+        k = ev.score_layout(pl, found, objective).key
+        if k <= key:
+            layout, key, source = found, k, "anneal"
+    return layout, key, source
+
+
+def framework_layouts(ctx: _Context, r_star: int, max_rows: int | None = None) -> dict[int, dict[str, Layout]]:
+    """The cap-keeping length-only baselines a run is compared with (``routepack
+    replay-report``): every framework's packer at the row count it picks
+    (:data:`~routepack_opt.heuristics.frameworks.FRAMEWORK_PACKERS`) and verl's KK at R*, where
+    they keep the cap, the row rules and ``max_rows`` (when given): row count → {name: layout}."""
+    from routepack_opt.heuristics.baselines import BASELINES
+    from routepack_opt.heuristics.frameworks import FRAMEWORK_PACKERS, cap_violations
+
+    if (r_star, max_rows) in ctx.frameworks:
+        return ctx.frameworks[r_star, max_rows]
+    topo, lengths = ctx.topology, ctx.window.lengths
+    got: dict[str, tuple] = {}
+    for name, fn in FRAMEWORK_PACKERS.items():
+        try:
+            got[f"framework:{name}"] = fn(lengths, topo)
+        except Exception:  # e.g. a framework that cannot keep equal counts per slot
+            continue
+    try:
+        row, slot = BASELINES["verl-kk"](lengths, topo, r_star, exact_pack=SharedPacker(
+            lengths, topo.capacity, ctx.packing))
+        got["framework:verl-kk@R*"] = (row, slot, r_star)
+    except Exception:
+        pass
+    out: dict[int, dict[str, Layout]] = {}
+    for name, (row, slot, rows) in got.items():
+        rows = int(rows)
+        if not topo.row_ok(rows) or rows * topo.dp > lengths.size or (max_rows is not None and rows > max_rows) \
+                or cap_violations(lengths, row, slot, rows, topo.dp, topo.capacity):
+            continue
+        lay = Layout(np.asarray(row, dtype=np.int64), np.asarray(slot, dtype=np.int64), rows)
+        if Plan.from_layout(topo, np.tile(np.arange(ctx.window.num_experts), (ctx.window.num_layers, 1)),
+                            lay, ctx.objective).validate(ctx.window):
+            continue  # e.g. an empty cell
+        out.setdefault(rows, {})[name] = lay
+    ctx.frameworks[r_star, max_rows] = out
+    return out
+
+
+# The fewest sweeps a screening run gets: with 1 sweep the makespans of one count ranged ±5 %
+# around its full-budget one (qwen3-30b-a3b, N = 1,024), far more than the counts differ
+SCREEN_MIN_SWEEPS = 4
+
+
+def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_sweeps: int | None,
+                 progress, max_rows: int | None = None) -> tuple[_Result, dict]:
+    """R as a decision (docs/pipeline.md, step 2b): screen the candidate row counts in
+    ascending order (each: seeds + a short annealing run, ``screen_share`` of the budget split
+    evenly), pruning every R whose layout lower bound reaches the best makespan screened so far,
+    stopping at R* when its gap is within ``tight_gap`` and after ``patience`` counts in a row
+    worse than the best (the frameworks' own counts are still screened); the rest of the budget goes to the
+    best screened R, started from its screened layout. The frameworks' cap-keeping layouts join
+    as candidates at their own counts (up to ``max_rows`` when given) and as seeds there.
+    Returns the result and the report's ``row_search`` record."""
+    rp, ev, clock = ctx.params.rows, ctx.ev, ctx.clock
+    r_star = candidates[0]
+    t0 = time.perf_counter()
+    with ctx.timings.stage("rows-baselines"):
+        framework = framework_layouts(ctx, r_star, max_rows)
+    cands = sorted(set(candidates) | set(framework))
+    budget = max_sweeps if max_sweeps is not None else ctx.params.anneal.sweeps
+    screen_sweeps = max(SCREEN_MIN_SWEEPS, int(budget * rp.screen_share / len(cands)))
+    left = clock.left()
+    screen_time = None if left is None else rp.screen_share * left / len(cands)
+    seed_time = clock.share(ctx.params.seeds.share, ctx.params.seeds.time_limit) / len(cands)
+    b = ev.rank_loads(pl)
+    bounds = {R: ev.lower_bound(pl, R) for R in cands}
+    screened: dict[int, tuple[Layout, tuple, str]] = {}
+    record: list[dict] = []
+    why = ""
+    best_R = None
+    worse = 0  # counts screened in a row since the best one, each worse than it
+    with ctx.timings.stage("rows-screen"):
+        for R in cands:
+            entry: dict = {"rows": R, "lower_bound": bounds[R]}
+            record.append(entry)
+            if best_R is not None and why:
+                entry["status"] = "skipped"
+                continue
+            if best_R is not None and bounds[R] >= screened[best_R][1][0]:
+                entry["status"] = "pruned"  # the bound grows with R by the overhead
+                continue
+            if best_R is not None and R not in framework and worse >= rp.patience:
+                entry["status"] = "skipped"  # the last counts screened only got worse
+                continue
+            if ctx.stopped():
+                entry["status"] = "skipped"
+                continue
+            lay, key, source = _screen(ctx, pl, b, R, screen_sweeps, screen_time, seed_time, framework.get(R, {}))
+            screened[R] = (lay, key, source)
+            entry.update(status="screened", makespan=key[0], gap=key[0] / bounds[R], source=source)
+            if best_R is None or key < screened[best_R][1]:
+                best_R, worse = R, 0
+            else:
+                worse += 1
+            if R == r_star and key[0] <= rp.tight_gap * bounds[R]:
+                why = f"tight at R*: gap {key[0] / bounds[R]:.4f} ≤ {rp.tight_gap:g}"
+    if best_R is None:  # stopped before any screening: R* with what is left
+        best_R = r_star
+    # the chosen count gets the whole sweep budget (the screening's sweeps come on top of it, a
+    # share of it spread over the counts); under a time limit, what the screening left
+    final_sweeps = None if max_sweeps is None and clock.limit is not None else budget
+    extra = {"screened": screened[best_R][0]} if best_R in screened else {}
+    extra.update(framework.get(best_R, {}))
+    res = _plan_at(ctx, pl, pl_kind, best_R, final_sweeps, progress=progress, extra_seeds=extra)
+    for R, (lay, key, _) in screened.items():  # never worse than a screened count (same placement)
+        if key < res.key:
+            res = _Result(pl, pl_kind, lay, R, key, res.seed_scores, res.search, res.joint, res.fallback,
+                          res.replica_notes)
+    at_star = screened.get(r_star)
+    if res.R == r_star:
+        m_star = res.key[0]
+    else:
+        m_star = None if at_star is None else at_star[1][0]
+    if not why:
+        if res.R == r_star:
+            why = ("R* is the only count (N/D rows)" if len(cands) == 1 else "R* scored best"
+                   + ("" if len(screened) > 1 else " (every other count pruned by its bound)"))
+        else:
+            why = (f"{res.R} rows beat R* = {r_star}: makespan {res.key[0]:,.1f} vs {m_star:,.1f} µs"
+                   if m_star is not None else f"{res.R} rows scored best")
+    notes = {"r_star": r_star, "r_max": candidates[-1], "chosen": res.R, "why": why,
+             "makespan_r_star": m_star, "makespan_chosen": res.key[0],
+             "gap_r_star": None if m_star is None else m_star / bounds[r_star],
+             "gap_chosen": res.key[0] / ev.lower_bound(res.pl, res.R),
+             "screen_sweeps": screen_sweeps, "final_sweeps": final_sweeps,
+             "candidates": record, "seconds": time.perf_counter() - t0}
+    return res, notes
+
+
+def _baseline_check(ctx: _Context, res: _Result, r_star: int,
+                    max_rows: int | None = None) -> tuple[_Result, dict]:
+    """The plan against every cap-keeping framework baseline at its own row count under the
+    plan's placement and (where the planner chooses the placement: ``lpt``, ``joint``) the
+    baselines' placements (identity, EPLB's), scored by the one evaluator: a
+    baseline that scores better is taken (the plan never loses silently) and named, with why."""
+    from routepack_opt.heuristics.placement.lpt import lpt_placement
+
+    window, topo, ev, objective = ctx.window, ctx.topology, ctx.ev, ctx.objective
+    placements: dict[str, object] = {"plan": res.pl}
+    if not (isinstance(ctx.placement, str) and ctx.placement in ("lpt", "joint")):
+        pass  # a placement the caller fixed (identity, given, lpt-plain) is kept
+    elif topo.redundant_experts:
+        for k in ("identity", "eplb"):
+            placements[k] = resolve_placement(window, topo, k)[0]
+    else:
+        placements["identity"] = identity_placement(window.num_layers, window.num_experts)
+        placements["eplb"] = lpt_placement(window.expert_loads(), topo.ep)
+    best = None
+    searched = set(row_candidates(window.num_samples, topo, r_star, ctx.params.rows))
+    for lays in framework_layouts(ctx, r_star, max_rows).values():
+        for name, lay in lays.items():
+            for plname, plc in placements.items():
+                if Plan.from_layout(topo, plc, lay, objective).validate(window):
+                    continue
+                key = ev.score_layout(plc, lay, objective).key
+                if best is None or key < best[0]:
+                    best = (key, f"{name}/{plname}", plc, lay)
+    if best is None:
+        return res, {"best": None}
+    key, name, plc, lay = best
+    note = {"best": name, "rows": lay.rows, "makespan": key[0], "plan_makespan": res.key[0],
+            "saving": (key[0] - res.key[0]) / key[0], "taken": False}
+    if key < res.key:
+        causes = []
+        if plc is not res.pl:
+            causes.append(f"its placement ({name.split('/')[-1]}) beats the plan's with this packing")
+        if lay.rows not in searched:
+            causes.append(f"its {lay.rows} rows lie outside the searched range")
+        if not causes:
+            causes.append("the search did not reach it within its budget")
+        note.update(taken=True, reason=(
+            f"{name} at {lay.rows} rows scored {key[0]:,.1f} µs against the search's {res.key[0]:,.1f} "
+            f"at {res.R} rows: " + "; ".join(causes) + "; the plan is that baseline"))
+        res = _Result(plc, "eplb" if name.endswith("/eplb") else ("identity" if name.endswith("/identity")
+                      else res.pl_kind), lay, lay.rows, key, res.seed_scores, res.search, res.joint,
+                      res.fallback, res.replica_notes)
+    return res, note
 
 
 # Passes of row-aware replica moves outside the timed rounds: before the first packing, and

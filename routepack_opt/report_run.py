@@ -277,7 +277,8 @@ def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
     full = dataclasses.replace(full, packing_N=packing)
     t["certify"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    plan = solve(window, topo, cost, objective=obj, placement="lpt", rows=R, params=cfg.params,
+    # the row count is searched from the certified R* (issue 42): rows=None with its certificate
+    plan = solve(window, topo, cost, objective=obj, placement="lpt", rows=None, params=cfg.params,
                  time_limit=cfg.time_limit, max_sweeps=cfg.max_sweeps, seed=cfg.seed, certificate=full)
     t["plan"] = time.perf_counter() - t1
     t1 = time.perf_counter()
@@ -331,6 +332,16 @@ def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
            "saving": None if best is None else keeping[best]["saving"],
            "rows_saved": None if best is None else keeping[best]["rows"] - plan.rows,
            "fallback": plan.report.fallback,
+           # R*, the chosen R and why; where a baseline still beats the plan, the reason (issue 42)
+           "row_search": {k: (plan.info.get("row_search") or {}).get(k)
+                          for k in ("r_star", "chosen", "why", "makespan_r_star", "makespan_chosen")},
+           "baseline_wins": (None if best is None or keeping[best]["saving"] >= 0 else
+                             (plan.info.get("baseline_check") or {}).get("reason")
+                             or (f"{best} at {keeping[best]['rows']} rows scores below the plan at {plan.rows}: the "
+                                 "row count was held at R* ([rows] extra = 0), so neither the row search nor "
+                                 "the baseline check ran" if "baseline_check" not in plan.info else
+                                 f"{best} scores below the plan under this cost; the plan's baseline check "
+                                 "did not cover it")),
            # False where neither FFD/BFD nor an iteration-bounded search packs into R*·D bins and
            # the certifier's time-bounded packing seeds the plan: the line may then differ
            # between runs (never seen on the study's windows)

@@ -26,7 +26,8 @@ from routepack_opt.core.window import load_window
 
 
 def add_search_args(p) -> None:
-    p.add_argument("--rows", type=positive_int, help="rows R (default: the certified minimum R*)")
+    p.add_argument("--rows", type=positive_int,
+                   help="force the rows R (default: chosen in [R*, R_max], R* the certified minimum)")
     p.add_argument("--time-limit", type=positive_float, help="search time limit in seconds (anytime)")
     p.add_argument("--max-sweeps", type=positive_int, help="sweep budget: with --seed, a bit-identical plan")
     p.add_argument("--seed", type=nonneg_int, default=0)
@@ -91,6 +92,9 @@ def register(sub) -> None:
     p.add_argument("--placement-from", metavar="PLAN.json",
                    help="the placement currently materialized: joint placement pays migration cost against it")
     add_search_args(p)
+    p.add_argument("--max-rows", type=positive_int, metavar="R_MAX",
+                   help="the most rows the row search may choose (default R* + 4 row multiples, at most "
+                   "N/D; [rows] in --config); ignored with --rows")
     p.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan here")
     add_json(p)
     p.set_defaults(func=run)
@@ -111,7 +115,8 @@ def run(args) -> None:
         p = solve(window, topo, cost, objective=args.objective, placement=placement, rows=args.rows,
                   params=params, time_limit=args.time_limit, max_sweeps=args.max_sweeps,
                   seed=args.seed, progress=cb, current_placement=current,
-                  max_replica_bytes=args.max_replica_bytes)
+                  max_replica_bytes=args.max_replica_bytes,
+                  max_rows=None if args.rows else args.max_rows)
     if out:
         p.save(out)
     r = p.report
@@ -127,8 +132,17 @@ def run(args) -> None:
            "replica_bytes_per_rank": e.replica_bytes_per_rank,
            "rank_imbalance_median": e.rank_imbalance_median, "maxvio_mean": e.maxvio_mean,
            "placement": r.placement_kind, "seconds": seconds, "warmup_seconds": warmup,
-           "fallback": r.fallback}
+           "fallback": r.fallback, "row_search": r.notes.get("row_search"),
+           "baseline_check": r.notes.get("baseline_check")}
     cert = p.certificate
+    rs, bc = res["row_search"], res["baseline_check"]
+    rows_line = ""
+    if rs:
+        at_star = "" if rs["makespan_r_star"] is None else f", at R* {rs['makespan_r_star']:,.1f} µs"
+        rows_line = (f"\n  rows: chose {rs['chosen']} of R*={rs['r_star']}..{rs['r_max']}: {rs['why']} "
+                     f"(makespan {rs['makespan_chosen']:,.1f} µs{at_star})")
+    if bc and bc.get("taken"):
+        rows_line += f"\n  baseline taken: {bc['reason']}"
     text = (f"plan: R={p.rows} ({cert['status']} R*={cert['rows']} by {cert['method']}), "
             f"placement {r.placement_kind}, objective {p.objective}\n"
             f"  makespan {e.makespan:,.1f} µs  ({e.other_objective}: {e.other_makespan:,.1f})  "
@@ -139,6 +153,7 @@ def run(args) -> None:
             + (f"\n  replicas: {e.redundant_experts} redundant slots per layer, "
                f"{e.replica_bytes_per_rank:,.0f} bytes of expert state added per rank"
                if e.redundant_experts else "")
+            + rows_line
             + (f"\n  note: {r.fallback}" if r.fallback else "")
             + (f"\n  wrote {out}" if out else ""))
     emit(args, res, text)

@@ -27,6 +27,15 @@ MAX_COEF = 1e6
 # Largest state of one expert (1 PB; real ones are < 10 GB) and longest migration of one expert
 # (10^12 µs, 11 days): migration times of every expert of a window stay far below float overflow.
 MAX_EXPERT_BYTES = 1e15
+# The fixed cost of one more micro-batch (row_overhead) in the presets: the latency floor of the
+# expert-parallel all-to-alls it adds. DeepEP's published low-latency kernels (README, "Low-latency
+# kernels with pure RDMA", H800 + CX7 400 Gb/s, 128 tokens per rank, hidden 7168, top-8, FP8
+# dispatch / BF16 combine; github.com/deepseek-ai/DeepEP) take these µs per call, by EP size:
+DEEPEP_DISPATCH_US = {8: 77.0, 16: 118.0, 32: 155.0, 64: 173.0, 128: 192.0, 256: 194.0}
+DEEPEP_COMBINE_US = {8: 114.0, 16: 195.0, 32: 273.0, 64: 314.0, 128: 369.0, 256: 360.0}
+# A micro-batch's forward runs one dispatch and one combine per MoE layer, its backward their
+# transposes (a combine-shaped and a dispatch-shaped all-to-all): 2 × (dispatch + combine).
+ALL_TO_ALL_PASSES = 2
 MAX_MIGRATION_US = 1e12
 
 
@@ -240,7 +249,21 @@ class ModelConfig:
     def expert_params(self) -> int:
         return 3 * self.hidden * self.moe_intermediate  # SwiGLU: gate, up, down
 
-    def cost_model(self, row_overhead: float = 50.0) -> CostModel:
+    def row_overhead_us(self, ep: int | None = None) -> float:
+        """The fixed cost of one micro-batch, µs: per MoE layer, ``ALL_TO_ALL_PASSES`` × (dispatch
+        + combine) at DeepEP's published low-latency figures for ``ep`` ranks (default: the
+        preset's EP; the nearest tabulated size at or above it). A cited public figure, not a
+        measurement: it leaves out kernel launches and the pipeline schedule (``routepack
+        calibrate`` measures the kernels' fixed part on a machine, docs/model.md)."""
+        ep = self.ep if ep is None else int(ep)
+        size = min((k for k in DEEPEP_DISPATCH_US if k >= ep), default=max(DEEPEP_DISPATCH_US))
+        return self.moe_layers * ALL_TO_ALL_PASSES * (DEEPEP_DISPATCH_US[size] + DEEPEP_COMBINE_US[size])
+
+    def cost_model(self, row_overhead: float | None = None) -> CostModel:
+        """The preset's :class:`CostModel`; ``row_overhead`` (µs per micro-batch) defaults to
+        :meth:`row_overhead_us` (qwen3-30b-a3b: 48 MoE layers × 2 × (77 + 114) µs = 18.3 ms)."""
+        if row_overhead is None:
+            row_overhead = self.row_overhead_us()
         to_us = 1e6 * TRAIN_FLOP_FACTOR
         stages = []
         for a in self.attention:

@@ -12,7 +12,12 @@ R rows, H hidden, F expert FFN width, M rows of an expert GEMM.
 **Calibration** fits (α, β, c_a) and (γ, c_e) by non-negative least squares on relative error
 (timings span orders of magnitude; a plain fit would ignore the small points) and writes the
 cost model for a model of ``layers`` layers: one stage with ``alpha = layers·α``,
-``beta = layers·β``; ``gamma = γ``; ``row_overhead = layers·(c_a + c_e)``.
+``beta = layers·β``; ``gamma = γ``; ``row_overhead = layers·(f_a + f_e + 2·a2a)``, where f_a and
+f_e are *measured*: the time of a one-token micro-batch's attention and of one token's expert
+work (forward + backward; the kernels' fixed cost per micro-batch, launches included), and
+``a2a`` (``all_to_all_us``, given) is the latency of one dispatch + combine pair, which one
+process cannot measure (docs/model.md, "The per-micro-batch overhead"). The fits' intercepts
+(c_a, c_e) are reported beside them.
 
 **Measurement** runs, for a plan on a scaled-down window (lengths and counts divided by ``scale``
 so CPU time stays bounded), every cell's attention and every (row, shard, layer, rank) expert
@@ -256,9 +261,12 @@ def fit(X: np.ndarray, t: np.ndarray, names: list[str]) -> dict:
             "residuals_us": (t - pred).tolist()}
 
 
-def calibrate(device: str = "cpu", cfg: BenchConfig | None = None) -> tuple[CostModel, dict]:
+def calibrate(device: str = "cpu", cfg: BenchConfig | None = None,
+              all_to_all_us: float = 0.0) -> tuple[CostModel, dict]:
     """Measure the small model's kernels on ``device``, fit the coefficients, return the cost
-    model (for ``cfg.layers`` layers) and the fit report."""
+    model (for ``cfg.layers`` layers) and the fit report. ``row_overhead`` is measured: per
+    layer, a one-token micro-batch's attention plus one token's expert work, plus
+    ``2 · all_to_all_us`` (one dispatch + combine pair forward, their transposes backward)."""
     dev = resolve_device(device)
     cfg = cfg or bench_config(dev.type)
     t0 = time.perf_counter()
@@ -288,15 +296,26 @@ def calibrate(device: str = "cpu", cfg: BenchConfig | None = None) -> tuple[Cost
                 rows.append([W, 1.0])
                 times.append(kb.experts_us(c))
         expert = fit(np.array(rows), np.array(times), ["gamma", "intercept"])
+        one = np.zeros(cfg.experts_per_rank, dtype=np.int64)
+        one[0] = 1
+        fixed_attn, fixed_exp = kb.attention_us([1]), kb.experts_us(one)
     a, e = attn["coef"], expert["coef"]
+    a2a = float(all_to_all_us)
+    if not (math.isfinite(a2a) and a2a >= 0):
+        raise InputError(f"all_to_all_us must be a finite number ≥ 0, got {all_to_all_us!r}")
+    overhead = {"measured_kernels_us": cfg.layers * (fixed_attn + fixed_exp),
+                "one_token_attention_us": fixed_attn, "one_token_experts_us": fixed_exp,
+                "fit_intercepts_us": cfg.layers * (a["intercept"] + e["intercept"]),
+                "all_to_all_us": a2a, "all_to_all_total_us": cfg.layers * 2.0 * a2a}
     cost = CostModel(stages=(Stage("attn", cfg.layers * a["alpha"], cfg.layers * a["beta"]),),
-                     gamma=e["gamma"], row_overhead=cfg.layers * (a["intercept"] + e["intercept"]),
+                     gamma=e["gamma"],
+                     row_overhead=overhead["measured_kernels_us"] + overhead["all_to_all_total_us"],
                      name=f"calibrated-{dev.type}")
     report = {"device": str(dev), "dtype": str(kb.dtype).replace("torch.", ""),
               "clock": kb.clock,
               "threads": cfg.cpu_threads if dev.type == "cpu" and cfg.cpu_threads else torch.get_num_threads(),
               "config": dataclasses.asdict(cfg),
-              "attention": attn, "expert": expert,
+              "attention": attn, "expert": expert, "row_overhead": overhead,
               "cost": {"alpha": cost.stages[0].alpha, "beta": cost.stages[0].beta,
                        "gamma": cost.gamma, "row_overhead": cost.row_overhead},
               "seconds": round(time.perf_counter() - t0, 2)}

@@ -57,6 +57,18 @@ def test_calibrate_quick_cpu_fits():
     assert rep["expert"]["r2"] > 0.9 and rep["attention"]["r2"] > 0.5
 
 
+def test_calibrate_measures_row_overhead():
+    """row_overhead is measured (a one-token micro-batch's attention and expert work per layer,
+    both > 0) plus twice the given all-to-all latency per layer, and the report says each part."""
+    cfg = bench_config("cpu", quick=True, layers=3, attn_lengths=(16, 64), expert_tokens=(16, 64))
+    cost, rep = calibrate("cpu", cfg, all_to_all_us=100.0)
+    ro = rep["row_overhead"]
+    assert ro["one_token_attention_us"] > 0 and ro["one_token_experts_us"] > 0
+    assert ro["measured_kernels_us"] == pytest.approx(3 * (ro["one_token_attention_us"] + ro["one_token_experts_us"]))
+    assert ro["all_to_all_total_us"] == pytest.approx(3 * 2 * 100.0)
+    assert cost.row_overhead == pytest.approx(ro["measured_kernels_us"] + 600.0)
+
+
 def _window_plan(tmp_path, dp=4, ep=2, rows=2):
     w = random_window(24, 2, 8, 2, max_len=60, seed=5, min_len=4)
     row, slot = random_layout(w.num_samples, rows, dp, np.random.default_rng(0))
