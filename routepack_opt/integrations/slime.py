@@ -107,6 +107,7 @@ __all__ = ["build_dp_schedule", "plan_dp_schedule", "SlimeSchedule", "install", 
 logger = logging.getLogger("routepack_opt.integrations")
 _RECORDS = Recorder()
 _MULTIMODAL_SEPARATE = ("separate", "separate_raw")
+_MIN_SEARCH_S = 0.002  # less than this left of a step's budget: the quick path
 
 
 _LAST_CALL: list[SeamRecord] = []
@@ -331,6 +332,9 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
 def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout_indices, routed_experts,
           num_experts, ep_size, moe_layer_freq, sample_is_multimodal, placement, settings: SeamSettings,
           on_record, redundant: int = 0, on_critical_path: bool = True) -> SlimeSchedule:
+    from routepack_opt.warmup import warm
+
+    warm()  # numba's kernels compiled or loaded once per process, before any step's clock starts
     t_call = time.perf_counter()
     dp_size, cp_size, vpp_size, mb_group = _cfg(train_parallel_config)
     dynamic = bool(getattr(args, "use_dynamic_batch_size", False))
@@ -405,6 +409,8 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
     records: list[SeamRecord] = []
     for s, step_rids in enumerate(steps):
         t0 = time.perf_counter()
+        quick = None
+        budget = None
         idx = [pos for rid in step_rids for pos in by_rollout[rid]]
         if len(idx) < dp_size:
             raise FrameworkAssertionError(f"step {s}: {len(idx)} samples < dp_size {dp_size}; each step needs "
@@ -416,6 +422,7 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
                                    moe_layer_freq=moe_layer_freq).window
         else:
             window = length_only_window(step_len)
+        import_s = time.perf_counter() - t0
         step_mm = None if sample_is_multimodal is None else [bool(sample_is_multimodal[i]) for i in idx]
         weight_n = _sample_cost(window, settings.cost) if getattr(args, "balance_data", False) else None
         # slime's own layout of the step (raises slime's assertion on a static count that does not divide)
@@ -444,9 +451,20 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
         elif not dynamic and mbs == 1 and dp_size == 1:
             cells, pc = theirs, None  # one sample per micro-batch on one rank: nothing to decide
         else:
-            opts = dict(objective=settings.objective, placement=placement,
-                        time_limit=settings.step_time_limit(theirs_us),
+            # one budget per step, from the step's start: import, slime's layout and its score,
+            # the search; what is left goes to the search, and under _MIN_SEARCH_S the quick path
+            # (slime's own layout) stands
+            budget = settings.step_time_limit(theirs_us)
+            left = None if budget is None else budget - (time.perf_counter() - t0)
+            opts = dict(objective=settings.objective, placement=placement, time_limit=left,
                         max_sweeps=settings.max_sweeps, seed=settings.seed)
+            if left is not None and left < _MIN_SEARCH_S and theirs is not None:
+                quick = (f"budget: {max(left, 0.0) * 1e3:.0f} ms left of {budget:.3f} s for the step "
+                         f"(import {import_s * 1e3:.0f} ms); slime's own layout")
+        if quick is not None:
+            cells, pc = theirs, None
+        elif not (dynamic and step_mm is not None and mm_mode in _MULTIMODAL_SEPARATE and any(step_mm)) \
+                and not (not dynamic and mbs == 1 and dp_size == 1):
             try:
                 if dynamic:
                     pc = plan_cells(plan_window, topo, settings.cost, **opts)
@@ -466,6 +484,7 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
                 fallback = f"planning failed ({exc.__class__.__name__}: {exc}); slime's own layout"
                 warn_once("slime", "plan", fallback)
                 cells, pc = theirs, None
+        t_apply = time.perf_counter()
         rows = len(cells)
         for d in range(dp_size):
             for r in range(rows):
@@ -480,12 +499,16 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
         rep = dict(pc.report) if pc is not None else {"fallback": fallback or "slime's layout"}
         rep["oversize_samples"] = [idx[i] for i in clipped]
         reports.append(rep)
-        planning_s = time.perf_counter() - t0 - theirs_s
         ours_us = (float(pc.plan.score["makespan"]) if pc is not None
                    else score_cells(plan_window, topo_theirs, settings.cost, cells, settings.objective))
+        now = time.perf_counter()
+        # slime's own layout is timed inside the step (theirs_s) and left out of ours, as before
+        planning_s = now - t0 - theirs_s
         rec = SeamRecord("slime", rows, None if theirs is None else len(theirs), ours_us, theirs_us,
                          planning_s, theirs_s, samples=len(idx), fallback=fallback, step=s,
-                         on_critical_path=on_critical_path)
+                         on_critical_path=on_critical_path, import_s=import_s,
+                         plan_s=t_apply - t0 - import_s - theirs_s, apply_s=now - t_apply, budget_s=budget,
+                         quick=quick, redundant_experts=redundant)
         records.append(_RECORDS.add(rec, on_record))
     _LAST_CALL[:] = records
     logger.debug("routepack slime: %d steps planned in %.3f s", len(steps), time.perf_counter() - t_call)

@@ -356,6 +356,7 @@ def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micr
     driver_row, cause, why_not = (None, None, "") if unsupported is not None else _driver_rows(
         batch, lens_N, g, cap, rows_min, multiple)
     lookup_rows = int(driver_row.max()) + 1 if driver_row is not None else 0
+    import_s = time.perf_counter() - t0  # reading the batch: lengths and the driver's columns
     # Agree on the fatal constraints, on falling back and on using the driver's plan first (one
     # all-reduce), so that no rank raises, leaves or skips a collective its peers run (as verl).
     sync = same_micro_num_in_dp and dp_group is not None
@@ -390,7 +391,7 @@ def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micr
         assert driver_row is not None
         lay = Layout(driver_row, np.zeros_like(driver_row), lookup_rows)
         return _finish(batch, lens_N, item_len, g, Evaluator(window, topo, settings.cost), lay, settings,
-                       use_dynamic_bsz_balance, compare, on_record, t0, None, "driver")
+                       use_dynamic_bsz_balance, compare, on_record, t0, None, "driver", import_s)
     tl = settings.time_limit
     fallback = None
     try:
@@ -421,11 +422,12 @@ def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micr
         warn_once("verl", "plan", fallback)
         lay = _first_fit_layout(item_len, cap, rows)
     return _finish(batch, lens_N, item_len, g, ev, lay, settings, use_dynamic_bsz_balance, compare, on_record, t0,
-                   fallback, "plan")
+                   fallback, "plan", import_s)
 
 
 def _finish(batch, lens_N, item_len, g: int, ev: Evaluator, lay: Layout, settings: SeamSettings,
-            use_dynamic_bsz_balance: bool, compare: bool, on_record, t0: float, fallback: str | None, source: str):
+            use_dynamic_bsz_balance: bool, compare: bool, on_record, t0: float, fallback: str | None, source: str,
+            import_s: float = 0.0):
     """verl's return value from a layout of the call's items: index lists (groups expanded), in
     verl's pipeline-bubble order, the micro-batch TensorDicts and the call's record."""
     rows = int(lay.rows)
@@ -447,10 +449,16 @@ def _finish(batch, lens_N, item_len, g: int, ev: Evaluator, lay: Layout, setting
         rows_theirs, theirs_s = _verl_reference(item_len, int(topo.capacity), topo.min_rows, topo.row_multiple)
         # layout-independent at a given count (above): verl's time is ours with its count
         theirs_us = ours_us + (rows_theirs - rows) * settings.cost.row_overhead
+    t_apply = time.perf_counter()
     tu = _deps.verl_tensordict_utils()
     micro_batches = [tu.index_select_tensor_dict(batch, p) for p in parts]
+    now = time.perf_counter()
+    # planning_s: up to the plan (verl's own function also cuts the micro-batches); the split:
+    # reading the batch, planning (verl's reference count included), cutting the micro-batches
     _RECORDS.add(SeamRecord("verl", rows, rows_theirs, ours_us, theirs_us, planning, theirs_s,
-                            samples=int(lens_N.shape[0]), fallback=fallback, source=source), on_record)
+                            samples=int(lens_N.shape[0]), fallback=fallback, source=source, import_s=import_s,
+                            plan_s=t_apply - t0 - import_s, apply_s=now - t_apply,
+                            budget_s=settings.time_limit), on_record)
     return micro_batches, parts
 
 
@@ -872,6 +880,9 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
             warn_once("verl", "prefix-grouper", "use_prefix_grouper keeps a uid's samples on one rank, which "
                       "RoutePack's balance does not model: verl's own _balance_batch runs")
             return original(self, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+        from routepack_opt.warmup import warm
+
+        warm()  # numba's kernels compiled or loaded once per process, before the step's clock starts
         t0 = time.perf_counter()
         try:
             dp_size = self._get_dp_size(self.actor_rollout_wg, "actor")
