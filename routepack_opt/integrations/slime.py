@@ -280,6 +280,34 @@ def _slime_layout(step_len: list[int], *, dynamic: bool, cap: int, mbs: int, dp:
     return _deal(bins, dp, weight_n)
 
 
+# the last route import's seconds per token in this process (the default budget's import check)
+_IMPORT_RATE: dict[str, float] = {}
+
+
+def _skip_import(settings: SeamSettings, routed_experts, step_len: list[int], dynamic: bool, cap: int, mbs: int,
+                 dp: int, group: int) -> str | None:
+    """With the default budget: why this step's route import is skipped (predicted, from the last
+    import's rate, to cost more than the step's whole budget, so planning could not pay for it),
+    else None. The step is then planned on lengths. Never with ``max_sweeps`` set."""
+    rate = _IMPORT_RATE.get("s_per_token")
+    if routed_experts is None or rate is None or not settings.time_limit_is_default or settings.max_sweeps is not None:
+        return None  # max_sweeps: a fixed search effort asked for, the routes always used
+    predicted = rate * sum(step_len)
+    try:
+        theirs = _slime_layout(step_len, dynamic=dynamic, cap=cap, mbs=mbs, dp=dp, group=group)
+    except InputError:
+        return None
+    if theirs is None:
+        return None
+    lw, _ = clip_to_cap(length_only_window(step_len), cap)
+    budget = settings.step_time_limit(score_cells(lw, Topology(dp=dp, ep=1, capacity=cap, row_multiple=group),
+                                                  settings.cost, theirs, settings.objective))
+    if budget is None or predicted <= budget:
+        return None
+    return (f"route import: predicted {predicted * 1e3:.0f} ms, over the step's budget ({budget * 1e3:.0f} ms); "
+            "planned on lengths")
+
+
 def _sample_cost(window, cost) -> np.ndarray:
     """Each sample's cost alone in a micro-batch (attention with its linear and quadratic terms,
     and its routed tokens): the per-sample weight for KK where slime weighs by estimated FLOPs."""
@@ -409,17 +437,21 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
     records: list[SeamRecord] = []
     for s, step_rids in enumerate(steps):
         t0 = time.perf_counter()
-        quick = None
         budget = None
         idx = [pos for rid in step_rids for pos in by_rollout[rid]]
         if len(idx) < dp_size:
             raise FrameworkAssertionError(f"step {s}: {len(idx)} samples < dp_size {dp_size}; each step needs "
                                           "at least one sample per rank.")
         step_len = [lengths[i] for i in idx]
-        if routed_experts is not None:
+        skip = _skip_import(settings, routed_experts, step_len, dynamic, cap, mbs, dp_size, group)
+        step_ep, step_red = (ep, redundant) if skip is None else (1, 0)
+        quick = skip
+        if routed_experts is not None and skip is None:
+            t_imp = time.perf_counter()
             window = import_replay([routed_experts[i] for i in idx], format="slime",
                                    num_experts=num_experts, lengths=step_len,
                                    moe_layer_freq=moe_layer_freq).window
+            _IMPORT_RATE["s_per_token"] = (time.perf_counter() - t_imp) / max(1, sum(step_len))
         else:
             window = length_only_window(step_len)
         import_s = time.perf_counter() - t0
@@ -431,9 +463,9 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
                                weight_n=weight_n, mm=step_mm, mm_mode=mm_mode)
         theirs_s = time.perf_counter() - t_ref
         plan_window, clipped = clip_to_cap(window, cap)
-        topo = Topology(dp=dp_size, ep=ep, capacity=cap, row_multiple=group, redundant_experts=redundant)
-        topo_theirs = Topology(dp=dp_size, ep=ep, capacity=cap, row_multiple=group)  # slime: no replicas
-        if redundant:
+        topo = Topology(dp=dp_size, ep=step_ep, capacity=cap, row_multiple=group, redundant_experts=step_red)
+        topo_theirs = Topology(dp=dp_size, ep=step_ep, capacity=cap, row_multiple=group)  # slime: no replicas
+        if step_red:
             topo.check_experts(window.num_experts)
         t_ref = time.perf_counter()
         theirs_us = None if theirs is None else score_cells(plan_window, topo_theirs, settings.cost, theirs,
@@ -453,15 +485,16 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
         else:
             # one budget per step, from the step's start: import, slime's layout and its score,
             # the search; what is left goes to the search, and under _MIN_SEARCH_S the quick path
-            # (slime's own layout) stands
+            # (slime's own layout) stands, unless max_sweeps asks for a fixed search effort
             budget = settings.step_time_limit(theirs_us)
             left = None if budget is None else budget - (time.perf_counter() - t0)
-            opts = dict(objective=settings.objective, placement=placement, time_limit=left,
+            opts = dict(objective=settings.objective, placement=placement,
+                        time_limit=None if left is None else max(left, 1e-3),
                         max_sweeps=settings.max_sweeps, seed=settings.seed)
-            if left is not None and left < _MIN_SEARCH_S and theirs is not None:
+            if left is not None and left < _MIN_SEARCH_S and theirs is not None and settings.max_sweeps is None:
                 quick = (f"budget: {max(left, 0.0) * 1e3:.0f} ms left of {budget:.3f} s for the step "
                          f"(import {import_s * 1e3:.0f} ms); slime's own layout")
-        if quick is not None:
+        if quick is not None and quick.startswith("budget"):
             cells, pc = theirs, None
         elif not (dynamic and step_mm is not None and mm_mode in _MULTIMODAL_SEPARATE and any(step_mm)) \
                 and not (not dynamic and mbs == 1 and dp_size == 1):
@@ -494,8 +527,9 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
                 mbi[d].append(list(range(start, start + len(cell))))
         nmb.append(rows)
         gbs.append(len(step_rids))
-        maps.append(pc.logical_to_physical.copy() if (pc is not None and routed_experts is not None) else None)
-        placements.append(pc.plan.replicas if (pc is not None and redundant) else None)
+        maps.append(pc.logical_to_physical.copy() if (pc is not None and routed_experts is not None
+                                                      and skip is None) else None)
+        placements.append(pc.plan.replicas if (pc is not None and step_red) else None)
         rep = dict(pc.report) if pc is not None else {"fallback": fallback or "slime's layout"}
         rep["oversize_samples"] = [idx[i] for i in clipped]
         reports.append(rep)
@@ -508,7 +542,7 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
                          planning_s, theirs_s, samples=len(idx), fallback=fallback, step=s,
                          on_critical_path=on_critical_path, import_s=import_s,
                          plan_s=t_apply - t0 - import_s - theirs_s, apply_s=now - t_apply, budget_s=budget,
-                         quick=quick, redundant_experts=redundant)
+                         quick=quick, redundant_experts=step_red)
         records.append(_RECORDS.add(rec, on_record))
     _LAST_CALL[:] = records
     logger.debug("routepack slime: %d steps planned in %.3f s", len(steps), time.perf_counter() - t_call)

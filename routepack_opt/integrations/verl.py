@@ -696,7 +696,8 @@ def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, 
     summed over the mini-batches. A mini-batch takes the quick path (the better of RoutePack's
     count-limited greedy and verl's own layout, both keeping the cap, with RoutePack's expert
     placement) when its share of the budget is under 20 ms, or, with the default budget, when its
-    headroom (quick − lower bound) cannot cover its share; ``StepPlan.quick`` says why. With
+    headroom (quick − lower bound) cannot cover its share; ``StepPlan.quick`` says why (never with
+    ``max_sweeps`` set: a fixed search effort, for plans that are the same on every run). With
     ``import_rate_s`` (seconds per routed_experts entry, measured on an earlier step) and
     ``skip_import_over_us``, a route import predicted to cost more than that is skipped and the
     step planned on lengths (recorded in ``quick``)."""
@@ -760,17 +761,17 @@ def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, 
         left = None if deadline is None else (deadline - time.perf_counter() - apply_reserve_s) / (K - k)
         headroom_s = max(0.0, m["ours"] - m["lb"]) / 1e6
         why = None
-        if left is not None and left < _MIN_SEARCH_S:
+        if left is not None and left < _MIN_SEARCH_S and settings.max_sweeps is None:
             why = (f"budget: {max(left, 0.0) * 1e3:.0f} ms left for this mini-batch (of {budget:.3f} s per step, "
                    f"import {import_s * 1e3:.0f} ms)")
-        elif settings.time_limit_is_default and left is not None and headroom_s < left:
+        elif settings.time_limit_is_default and left is not None and headroom_s < left and settings.max_sweeps is None:
             why = (f"predicted saving: the search could save at most {headroom_s * 1e3:.1f} ms over the quick "
                    f"path, under its {left * 1e3:.0f} ms")
         ev, placement, lay = m["ev"], m["placement"], m["layout"]
         if why is None:
             try:
                 pc = plan_cells(m["sub"], topo, settings.cost, objective=settings.objective,
-                                time_limit=left if left is not None else None,
+                                time_limit=max(left, 1e-3) if left is not None else None,
                                 max_sweeps=settings.max_sweeps, seed=settings.seed)
                 if pc.plan.score["makespan"] <= m["ours"]:
                     p = pc.plan
@@ -898,7 +899,7 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
             # gain the last imported step predicted (re-measured every 8th step)
             state["step"] += 1
             skip_over = (SHARE_OF_GAIN * state["gain"] if settings.time_limit_is_default and state["gain"] is not None
-                         and state["step"] % 8 else None)
+                         and settings.max_sweeps is None and state["step"] % 8 else None)
             with settings.planner_threads():
                 sp = plan_step(batch.batch, lens_N, dp_size, size, settings=settings, t0=t0,
                                apply_reserve_s=state["apply_s"], import_rate_s=state["rate"],
