@@ -81,6 +81,7 @@ from typing import Any
 import numpy as np
 
 from routepack_opt.core.errors import InfeasibleError, InputError
+from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.placement import Placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.cells import kk_partition
@@ -487,6 +488,12 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
             # the search; what is left goes to the search, and under _MIN_SEARCH_S the quick path
             # (slime's own layout) stands, unless max_sweeps asks for a fixed search effort
             budget = settings.step_time_limit(theirs_us)
+            if settings.time_limit_is_default and theirs is not None and theirs_us is not None:
+                # and at most SHARE_OF_GAIN of what the step can gain over slime's layout (to the
+                # placement-free lower bound at slime's count)
+                lb = Evaluator(plan_window, topo_theirs, settings.cost).placement_free_lower_bound(len(theirs))
+                gain_budget = settings.gain_time_limit(max(0.0, theirs_us - lb))
+                budget = gain_budget if budget is None else min(budget, gain_budget)
             left = None if budget is None else budget - (time.perf_counter() - t0)
             opts = dict(objective=settings.objective, placement=placement,
                         time_limit=None if left is None else max(left, 1e-3),

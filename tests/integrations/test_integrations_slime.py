@@ -354,8 +354,9 @@ def test_planning_failure_keeps_slimes_layout_with_one_warning(monkeypatch, capl
     tl = [5, 3, 7, 2, 9, 4, 6, 1]
     with caplog.at_level("WARNING", logger="routepack_opt.integrations"):
         for _ in range(2):
+            # an unbounded search (the default budget of so small a step goes to the quick path)
             sched = plan_dp_schedule(make_args(10), make_tp(2), tl, global_batch_size=4,
-                                     rollout_indices=list(range(8)))
+                                     rollout_indices=list(range(8)), time_limit=None)
     p, m, n, _ = sched.as_slime()
     assert_invariants(p, m, n, dp_size=2, expected=range(8), total_lengths=tl, max_per_bin=10)
     assert all("boom" in r.fallback for r in sched.records)
