@@ -287,13 +287,18 @@ _IMPORT_RATE: dict[str, float] = {}
 
 def _skip_import(settings: SeamSettings, routed_experts, step_len: list[int], dynamic: bool, cap: int, mbs: int,
                  dp: int, group: int) -> str | None:
-    """With the default budget: why this step's route import is skipped (predicted, from the last
-    import's rate, to cost more than the step's whole budget, so planning could not pay for it),
-    else None. The step is then planned on lengths. Never with ``max_sweeps`` set."""
+    """Why this step's route import is skipped (predicted, from the last import's rate, to cost
+    more than the step's whole budget: the set one, or the default one, so planning could not pay
+    for it), else None. The step is then planned on lengths. Never with ``max_sweeps`` set."""
     rate = _IMPORT_RATE.get("s_per_token")
-    if routed_experts is None or rate is None or not settings.time_limit_is_default or settings.max_sweeps is not None:
+    if routed_experts is None or rate is None or settings.max_sweeps is not None or settings.time_limit is None:
         return None  # max_sweeps: a fixed search effort asked for, the routes always used
     predicted = rate * sum(step_len)
+    if not settings.time_limit_is_default:  # a set budget: skip an import predicted to overrun it
+        if predicted <= settings.time_limit:
+            return None
+        return (f"route import: predicted {predicted * 1e3:.0f} ms, over the step's budget "
+                f"({settings.time_limit * 1e3:.0f} ms); planned on lengths")
     try:
         theirs = _slime_layout(step_len, dynamic=dynamic, cap=cap, mbs=mbs, dp=dp, group=group)
     except InputError:

@@ -820,7 +820,7 @@ def placements_from_batch(data) -> list:
 def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int | None = None,
                           ep_size: int = 1, moe_layer_freq=None, mini_batch_size: int | None = None,
                           num_batches_divided_by: int | None = None, min_num_micro_batch: int | None = None,
-                          redundant_experts: int = 0, overlap: bool = False, **settings_options):
+                          redundant_experts: int = 0, overlap: bool | str = False, **settings_options):
     """Replace ``trainer_cls._balance_batch`` (verl's ``RayPPOTrainer``) by a driver-side plan of
     the whole global batch (equal sample counts per rank, every micro-batch ≤ ``max_token_len``,
     joint cost with ``routed_experts`` when ``num_experts`` is given); returns the method it
@@ -848,10 +848,12 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
     ``meta_info[PLACEMENTS_KEY]`` (verl's dispatch gives every rank the batch's meta_info; read it
     with :func:`placements_from_batch`) and the record carries ``redundant_experts``.
 
-    ``overlap=True`` hides the plan behind the step's other work: ``_balance_batch`` applies
-    RoutePack's quick length-only plan at once (so the log-prob passes still get balanced ranks)
-    and starts the full plan in a background thread; the first ``_update_critic`` /
-    ``_update_actor`` of the step waits for it and applies it (one more reorder). Between them verl
+    ``overlap=True`` (``"balanced"``) hides the plan behind the step's other work:
+    ``_balance_batch`` applies RoutePack's quick length-only plan at once (so the log-prob passes
+    still get balanced ranks) and starts the full plan in a background thread; the first
+    ``_update_critic`` / ``_update_actor`` of the step waits for it and applies it (one more
+    reorder). ``overlap="deferred"``: no reorder in ``_balance_batch`` (the log-prob passes see the
+    rollout order, verl's DP token balance off for them), the plan's one reorder at the update. Between them verl
     computes the reward, the old / reference log-probs and the values, on the workers, while the
     driver waits on Ray. The record's ``added_ms`` is then only what the step waited for.
 
@@ -869,6 +871,9 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
     red = _redundant(redundant_experts)
     if red and num_experts is None:
         raise InputError("redundant_experts needs num_experts: replicas follow the experts' loads")
+    if overlap not in (False, True, "balanced", "deferred"):
+        raise InputError(f"overlap: expected False, True, 'balanced' or 'deferred', got {overlap!r}")
+    mode = "balanced" if overlap is True else overlap
     settings = seam_settings("verl_balance", **settings_options)
     original = trainer_cls._balance_batch
     state: dict = {"apply_s": 0.0, "rate": None, "gain": None, "step": 0}
@@ -898,8 +903,13 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
             # default budget: skip a route import predicted to cost more than its share of the
             # gain the last imported step predicted (re-measured every 8th step)
             state["step"] += 1
-            skip_over = (SHARE_OF_GAIN * state["gain"] if settings.time_limit_is_default and state["gain"] is not None
-                         and settings.max_sweeps is None and state["step"] % 8 else None)
+            # a set budget: skip a route import predicted to overrun the whole budget
+            skip_over = None
+            if settings.max_sweeps is None and state["step"] % 8:
+                if settings.time_limit_is_default and state["gain"] is not None:
+                    skip_over = SHARE_OF_GAIN * state["gain"]
+                elif not settings.time_limit_is_default and settings.time_limit is not None:
+                    skip_over = 1e6 * settings.time_limit
             with settings.planner_threads():
                 sp = plan_step(batch.batch, lens_N, dp_size, size, settings=settings, t0=t0,
                                apply_reserve_s=state["apply_s"], import_rate_s=state["rate"],
@@ -920,10 +930,14 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
     def _start_overlap(self, batch, metrics, logging_prefix, lens_N, dp_size, size, t0):
         import threading
 
-        quick = _quick_step(lens_N, dp_size, size, max_token_len, opts)
-        reorder_s = _apply_step(batch, metrics, logging_prefix, quick, lens_N, dp_size, max_token_len, columns=False)
-        lens_now = lens_N[[j for part in _parts(quick.plans, dp_size) for j in part]]
-        td = batch.batch  # reordered: the background plan is of this order
+        if mode == "balanced":
+            quick = _quick_step(lens_N, dp_size, size, max_token_len, opts)
+            reorder_s = _apply_step(batch, metrics, logging_prefix, quick, lens_N, dp_size, max_token_len,
+                                    columns=False)
+            lens_now = lens_N[[j for part in _parts(quick.plans, dp_size) for j in part]]
+        else:  # "deferred": the batch stays in its order until the update
+            reorder_s, lens_now = 0.0, lens_N
+        td = batch.batch  # the background plan is of this order
         box: dict = {}
 
         def work():
@@ -938,7 +952,7 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
         th.start()
         self._routepack_pending = dict(thread=th, box=box, lens=lens_now, metrics=metrics, prefix=logging_prefix,
                                        dp=dp_size, started=t0, start_s=time.perf_counter() - t0,
-                                       reorder_s=reorder_s)
+                                       reorder_s=reorder_s, mode=mode)
 
     _balance_batch.__routepack__ = True  # type: ignore[attr-defined]
     trainer_cls._balance_batch = _balance_batch
@@ -1035,7 +1049,8 @@ def _apply_pending_before(method, max_token_len: int, red: int):
             else:
                 sp = box["plan"]
                 t_apply = time.perf_counter()
-                _apply_step(batch, {}, pend["prefix"], sp, lens_now, pend["dp"], max_token_len)
+                _apply_step(batch, pend["metrics"] if pend["mode"] == "deferred" else {}, pend["prefix"], sp, lens_now,
+                            pend["dp"], max_token_len)
                 # what the step waited for: _balance_batch (quick plan and its reorder, which
                 # stands for verl's own), the wait, the second reorder
                 added = pend["start_s"] - pend["reorder_s"] + wait_s + (time.perf_counter() - t_apply)

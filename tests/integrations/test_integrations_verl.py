@@ -768,10 +768,11 @@ def test_redundant_experts_reach_the_workers_through_verls_dispatch():
         rp_verl.install_balance_batch(type("U", (_FakeTrainer,), {}), max_token_len=1000, redundant_experts=2)
 
 
-def test_overlap_mode_plans_behind_the_log_prob_passes():
-    """overlap=True: _balance_batch reorders by the quick plan at once and returns; the first
-    _update_actor waits for the background plan, applies it (columns whole per rank) and records
-    what the step waited for, not the planning time."""
+@pytest.mark.parametrize("mode", [True, "deferred"])
+def test_overlap_mode_plans_behind_the_log_prob_passes(mode):
+    """overlap=True: _balance_batch reorders by the quick plan at once and returns ("deferred":
+    leaves the order); the first _update_actor waits for the background plan, applies it and
+    records what the step waited for, not the planning time."""
     from verl import DataProto
 
     calls = []
@@ -784,19 +785,24 @@ def test_overlap_mode_plans_behind_the_log_prob_passes():
     rng = np.random.default_rng(6)
     lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.9, 32), 16, 900)]
     Tr.__name__ = "Tr"
-    rp_verl.install_balance_batch(Tr, max_token_len=1000, max_sweeps=5, time_limit=None, overlap=True)
+    rp_verl.install_balance_batch(Tr, max_token_len=1000, max_sweeps=5, time_limit=None, overlap=mode)
     t = Tr(mini=8)
     data = DataProto(batch=make_batch(lens, max(lens), routes=False), non_tensor_batch={"uid": np.arange(32)})
     metrics = {}
     t._balance_batch(data, metrics)
-    assert "routepack_micro_batch" not in data.batch.keys() and any(k.startswith("global_seqlen/") for k in metrics)
+    assert "routepack_micro_batch" not in data.batch.keys()
+    assert any(k.startswith("global_seqlen/") for k in metrics) == (mode is True)
+    if mode == "deferred":
+        assert data.non_tensor_batch["uid"].tolist() == list(range(32))
     rp_verl.pop_records()
     t._update_actor(data)
     (rec,) = rp_verl.pop_records()
-    assert len(calls) == 1 and not rec.on_critical_path
+    assert len(calls) == 1 and not rec.on_critical_path and any(k.startswith("global_seqlen/") for k in metrics)
     assert metrics["routepack/balance/wait_ms"] >= 0 and rec.added_s <= rec.planning_s
     order = data.non_tensor_batch["uid"].tolist()
     assert sorted(order) == list(range(32))
     assert all(data.batch["attention_mask"][j].sum().item() == lens[i] for j, i in enumerate(order))
     t._update_actor(data)  # nothing pending: passes through
     assert len(calls) == 2 and rp_verl.pop_records() == []
+    with pytest.raises(InputError, match="overlap: expected"):
+        rp_verl.install_balance_batch(type("U", (_FakeTrainer,), {}), max_token_len=1000, overlap="later")
