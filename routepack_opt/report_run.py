@@ -678,10 +678,14 @@ def _rows_bars(ax, x, packers: list[str], ok: list[dict]) -> None:
     """Rows each framework uses beyond R* per step, as grouped bars (integer, mostly 0/1: a line
     between steps would draw values that do not exist)."""
     width = 0.8 / max(1, len(packers))
+    top = 0.0
     for j, p in enumerate(packers):
         key = f"{p}/identity"
         ys = np.array([r["baselines"].get(key, {}).get("rows", np.nan) - r["rows"] for r in ok], dtype=np.float64)
-        ax.bar(x - 0.4 + (j + 0.5) * width, np.nan_to_num(ys), width=width, label=p)
+        ys = np.nan_to_num(ys)
+        top = max(top, float(ys.max(initial=0.0)))
+        ax.bar(x - 0.4 + (j + 0.5) * width, ys, width=width, label=p)
+    ax.set_ylim(top=max(1.0, top) * 1.4)  # room for the legend above the bars
     ax.set(xlabel="step", ylabel="rows − R*", title="Rows saved: micro-batches each framework uses beyond R*")
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=8, ncol=3)
