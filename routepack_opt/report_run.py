@@ -59,12 +59,12 @@ from routepack_opt.params import PlannerParams
 
 __all__ = ["ReportConfig", "list_windows", "load_step_window", "analyze_window", "append_step", "read_steps",
            "prepare_out_dir", "render_report", "summarize", "strip_timings", "check_dirs", "FORMATS",
-           "STEPS", "REPORT", "RUN"]
+           "STEPS", "REPORT", "RUN", "SUMMARY", "run_summary", "write_summary"]
 
 FORMATS = ("window", "slime", "verl", "routes")
 _REPLAY_SUFFIXES = (".pt", ".pth", ".npy", ".npz", ".safetensors")
 PLACEMENTS = ("identity", "eplb")
-STEPS, REPORT, RUN = "steps.jsonl", "report.html", "run.json"
+STEPS, REPORT, RUN, SUMMARY = "steps.jsonl", "report.html", "run.json", "summary.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,12 +83,22 @@ class ReportConfig:
     num_experts: int | None = None
     moe_layer_freq: object = None
     top_k: int | None = None
+    cost_name: str | None = None  # how the run named its cost (shown in the options; not compared on resume)
 
     def __post_init__(self):
         if self.format not in FORMATS:
             raise InputError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.format != "window" and self.num_experts is None:
             raise InputError(f"--format {self.format} needs --num-experts E (logical experts per MoE layer)")
+
+    def options(self) -> dict:
+        """Every option of the run, flat and short (the cost by name where it has one): what
+        ``summary.json`` and ``report.html`` show."""
+        topo = dataclasses.asdict(self.topology)
+        return {**topo, "cost": self.cost_name or "custom", "objective": self.objective,
+                "time_limit": self.time_limit, "max_sweeps": self.max_sweeps, "seed": self.seed,
+                "format": self.format, "num_experts": self.num_experts, "moe_layer_freq": self.moe_layer_freq,
+                "top_k": self.top_k, "params": self.params.to_dict()}
 
     def fingerprint(self) -> dict:
         """The options that change the numbers (not the workers): compared on resume."""
@@ -468,6 +478,70 @@ def prepare_out_dir(out_dir, cfg: ReportConfig) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# summary.json: the run's answer in seconds
+# ---------------------------------------------------------------------------------------------
+
+
+def _step_seconds(rec: dict) -> tuple[float, float]:
+    """(predicted seconds saved against the step's best cap-keeping baseline, measured planning
+    seconds: R* certification and the plan) of one step line; (0, planning) without a baseline."""
+    t = rec.get("timings", {})
+    planning = float(t.get("certify", 0.0)) + float(t.get("plan", 0.0))
+    best = rec.get("best_baseline")
+    if best is None or "error" in rec:
+        return 0.0, planning
+    b = rec["baselines"][best]
+    if b.get("cap_violations", 0):
+        raise InputError(f"{rec['window']}: best baseline {best} breaks the cap")
+    return (float(b["makespan"]) - float(rec["makespan"])) / 1e6, planning
+
+
+def run_summary(records: Iterable[dict], options: dict | None = None) -> dict:
+    """The run in seconds: ``windows``; ``seconds_saved`` (predicted, Σ over the steps of the best
+    cap-keeping baseline's makespan − ours); ``planning_seconds`` (measured: R* and the plan, per
+    window, summed); ``net_seconds_saved`` = the difference; ``options`` (every option of the
+    run); the percentages of :func:`summarize` beside them."""
+    recs = list(records)
+    saved = planning = 0.0
+    for r in recs:
+        a, b = _step_seconds(r)
+        saved += a
+        planning += b
+    s = summarize(recs)
+    return {"windows": s["windows"], "ok": s["ok"], "failed": s["failed"], "seconds_saved": saved,
+            "planning_seconds": planning, "net_seconds_saved": saved - planning,
+            "mean_saving": s["mean_saving"], "median_saving": s["median_saving"], "rows_saved": s["rows_saved"],
+            "options": dict(options or {})}
+
+
+def write_summary(out_dir, records: Iterable[dict], options: dict | None = None) -> Path:
+    """Write ``OUT_DIR/summary.json`` (:func:`run_summary`) atomically."""
+    from routepack_opt.core.plan import dumps_strict
+
+    path = Path(out_dir) / SUMMARY
+    atomic_write_text(path, dumps_strict(run_summary(records, options), indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def _options_html(options: dict | None) -> str:
+    if not options:
+        return ""
+    esc = html.escape
+    cells = "".join(f"<tr><td>{esc(str(k))}</td><td>{esc(json.dumps(v, sort_keys=True, default=str))}</td></tr>"
+                    for k, v in options.items() if k != "params")
+    return f"<h2>Options</h2><table id=options><tr><th>option</th><th>value</th></tr>{cells}</table>"
+
+
+def _headline_html(records: list[dict], options: dict | None) -> str:
+    rs = run_summary(records, options)
+    red = (options or {}).get("redundant_experts")
+    return (f"<p class=headline>Net saving over the run: <b id=net-seconds>{rs['net_seconds_saved']:+,.2f} s</b> "
+            f"= {rs['seconds_saved']:,.2f} s predicted saved against each step's best cap-keeping baseline "
+            f"− {rs['planning_seconds']:,.2f} s of planning (measured), over {rs['windows']} windows"
+            + (f"; {red} redundant expert slots per layer" if red else "") + ".</p>")
+
+
+# ---------------------------------------------------------------------------------------------
 # report.html
 # ---------------------------------------------------------------------------------------------
 
@@ -511,8 +585,11 @@ def summarize(records: Iterable[dict]) -> dict:
             "baselines": per}
 
 
-def render_report(records: list[dict], path, *, title: str = "", windows: list[str] | None = None) -> Path:
-    """Write the self-contained ``report.html`` (plots as base64 PNGs) for ``records``."""
+def render_report(records: list[dict], path, *, title: str = "", windows: list[str] | None = None,
+                  options: dict | None = None) -> Path:
+    """Write the self-contained ``report.html`` (plots as base64 PNGs) for ``records``: the net
+    seconds first, then the options (``options``: :meth:`ReportConfig.options`), the plots and
+    the tables."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -538,12 +615,7 @@ def render_report(records: list[dict], path, *, title: str = "", windows: list[s
         figs.append(("Distribution of the saving", _png(fig)))
         packers = sorted({k.split("/")[0] for r in ok for k in r["baselines"]})
         fig, ax = plt.subplots(figsize=(10, 3.2))
-        for p in packers:
-            key = f"{p}/identity"
-            ys = [r["baselines"].get(key, {}).get("rows", np.nan) - r["rows"] for r in ok]
-            ax.plot(x, ys, lw=1, label=p)
-        ax.set(xlabel="step", ylabel="rows − R*", title="Rows saved: micro-batches each framework uses beyond R*")
-        ax.legend(fontsize=8, ncol=3)
+        _rows_bars(ax, x, packers, ok)
         figs.append(("Rows saved", _png(fig)))
         names = sorted(s["baselines"])
         fig, ax = plt.subplots(figsize=(10, 3.4))
@@ -596,8 +668,9 @@ def render_report(records: list[dict], path, *, title: str = "", windows: list[s
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>RoutePack replay report</title>
 <style>body{{font-family:sans-serif;margin:1.5em;max-width:1100px}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}td:first-child{{text-align:left}}
-.err{{color:#b00;text-align:left}}img{{max-width:100%}}</style></head><body>
-<h1>RoutePack replay report</h1><p>{esc(title)}</p>{summary}
+.err{{color:#b00;text-align:left}}img{{max-width:100%}}.headline{{font-size:20px}}</style></head><body>
+<h1>RoutePack replay report</h1>{_headline_html(recs, options)}<p>{esc(title)}</p>{summary}
+{_options_html(options)}
 <p>Saving = (best cap-keeping baseline − RoutePack) / best, every layout scored by RoutePack's one evaluator.
 Baselines: each framework's own packer at the rows it picks, under identity or EPLB placement
 (cap violations: micro-batches over the token cap; extra rows: rows − R*).</p>
@@ -610,3 +683,20 @@ Baselines: each framework's own packer at the rows it picks, under identity or E
     path = Path(path)
     atomic_write_text(path, doc)
     return path
+
+
+def _rows_bars(ax, x, packers: list[str], ok: list[dict]) -> None:
+    """Rows each framework uses beyond R* per step, as grouped bars (integer, mostly 0/1: a line
+    between steps would draw values that do not exist)."""
+    width = 0.8 / max(1, len(packers))
+    top = 0.0
+    for j, p in enumerate(packers):
+        key = f"{p}/identity"
+        ys = np.array([r["baselines"].get(key, {}).get("rows", np.nan) - r["rows"] for r in ok], dtype=np.float64)
+        ys = np.nan_to_num(ys)
+        top = max(top, float(ys.max(initial=0.0)))
+        ax.bar(x - 0.4 + (j + 0.5) * width, ys, width=width, label=p)
+    ax.set_ylim(top=max(1.0, top) * 1.4)  # room for the legend above the bars
+    ax.set(xlabel="step", ylabel="rows − R*", title="Rows saved: micro-batches each framework uses beyond R*")
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize=8, ncol=3)

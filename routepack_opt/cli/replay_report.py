@@ -26,7 +26,8 @@ def register(sub) -> None:
                        "judge it against the frameworks' own packers (verl, NeMo-RL FFD/MFFD, slime) with the "
                        "one evaluator; windows run in parallel on Ray. Writes OUT_DIR/steps.jsonl (one line "
                        "per window, appended as each finishes; a rerun skips the windows already there) "
-                       "and OUT_DIR/report.html.")
+                       "OUT_DIR/summary.json (seconds saved, planning seconds, net, options) and OUT_DIR/report.html. "
+                       "Without a terminal, progress goes to stderr as 'k/N windows' lines with the time left.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="one window per step: .npz windows, or replay files "
                    "with --format")
     p.add_argument("-o", "--output", required=True, metavar="OUT_DIR", help="report directory (created)")
@@ -65,7 +66,7 @@ def run(args) -> None:
     cfg = ReportConfig(topology=topology_from_args(args), cost=cost_from_args(args), objective=args.objective,
                        params=load_params(args), time_limit=args.time_limit, max_sweeps=args.max_sweeps,
                        seed=args.seed, format=args.format, num_experts=args.num_experts,
-                       moe_layer_freq=_freq(args.moe_layer_freq), top_k=args.top_k)
+                       moe_layer_freq=_freq(args.moe_layer_freq), top_k=args.top_k, cost_name=args.cost)
     check_dirs(args.run_dir, args.output)  # before Ray starts: bad paths cost nothing
     paths = list_windows(args.run_dir, args.format)
     if cfg.topology.redundant_experts or args.max_replica_bytes is not None:
@@ -88,14 +89,18 @@ def run(args) -> None:
         _check_reachable(args.address)
 
     res = run_report(args.run_dir, args.output, cfg, workers=args.workers, address=args.address,
-                     retry_errors=args.retry_errors, progress=sys.stderr.isatty() and not args.json)
+                     retry_errors=args.retry_errors,
+                     progress="bar" if (sys.stderr.isatty() and not args.json) else "lines")
     s = res["summary"]
     pct = lambda x: "–" if x is None else f"{100 * x:+.2f}%"
-    text = (f"replay-report: {res['windows']} windows ({res['planned']} planned now, {res['skipped']} already in "
+    rs = res["run_summary"]
+    text = (f"replay-report: net {rs['net_seconds_saved']:+.2f} s over the run ({rs['seconds_saved']:.2f} s "
+            f"predicted saved − {rs['planning_seconds']:.2f} s planning)\n"
+            f"  {res['windows']} windows ({res['planned']} planned now, {res['skipped']} already in "
             f"steps.jsonl, {s['failed']} failed) in {res['seconds']:.1f} s\n"
             f"  saving over the best cap-keeping baseline: mean {pct(s['mean_saving'])}, median "
             f"{pct(s['median_saving'])}; rows saved {s['rows_saved']}\n"
-            f"  wrote {res['steps']} and {res['report']}")
+            f"  wrote {res['steps']}, {res['summary_json']} and {res['report']}")
     emit(args, res, text)
     if s["failed"]:
         print(f"note: {s['failed']} window(s) failed; their error is in steps.jsonl "

@@ -7,8 +7,15 @@ the keyword):
 
 - ``ROUTEPACK_COST``: a preset name or a cost TOML (default ``qwen3-30b-a3b``);
 - ``ROUTEPACK_OBJECTIVE``: ``max-sum`` or ``sum-max`` (default ``max-sum``);
-- ``ROUTEPACK_TIME_LIMIT``: seconds per seam call, or ``none`` for no limit (default
-  :data:`DEFAULT_TIME_LIMIT` for the seam);
+- ``ROUTEPACK_TIME_LIMIT``: seconds per seam call (per step: verl's ``balance_batch`` and slime's
+  ``build_dp_schedule`` per step they plan), or ``none`` for no limit (default
+  :data:`DEFAULT_TIME_LIMIT` for the seam). It bounds the whole call: reading the batch and
+  importing its routes, every mini-batch's plan (the rest of the budget split evenly over the
+  mini-batches left), and applying the plan (reorder, plan columns, record). Where the budget is
+  too short for the search, the seam's quick path (a cap-keeping greedy, or the framework's own
+  layout, whichever the evaluator scores better) runs, and the record says so (``quick``);
+  the search's own floor (R* certification and seeds, tens of ms) can overrun a very short
+  budget by that much;
 - ``ROUTEPACK_THREADS``: numba threads the planner's kernels use during a seam call, or ``all``
   (default 1: a trainer host's cores are busy, and on a busy machine the parallel kernels' thread
   launches cost more than they save on a seam's small windows, experiments/seam_latency.py).
@@ -29,7 +36,8 @@ from routepack_opt.core.errors import InputError
 from routepack_opt.core.objective import check_objective
 
 __all__ = ["FrameworkAssertionError", "SeamSettings", "seam_settings", "SeamRecord", "Recorder",
-           "warn_once", "UNSET", "DEFAULT_TIME_LIMIT", "SHARE_OF_STEP", "DEFAULT_THREADS", "DEFAULT_COST", "ENV_VARS"]
+           "warn_once", "UNSET", "DEFAULT_TIME_LIMIT", "SHARE_OF_STEP", "SHARE_OF_GAIN", "DEFAULT_THREADS",
+           "DEFAULT_COST", "ENV_VARS"]
 
 logger = logging.getLogger("routepack_opt.integrations")
 
@@ -41,6 +49,9 @@ DEFAULT_COST = "qwen3-30b-a3b"
 # once per step on the driver. experiments/seam_latency.py measures the per-call ones.
 DEFAULT_TIME_LIMIT = {"verl": 0.1, "slime": 0.25, "verl_balance": 0.5}
 SHARE_OF_STEP = 0.1  # the default limit's share of the framework layout's predicted step time
+# the default budget's share of the step's predicted gain (the framework's layout − the lower
+# bound of ours), so that what planning costs stays below what it can save
+SHARE_OF_GAIN = 0.5
 ENV_VARS = ("ROUTEPACK_COST", "ROUTEPACK_OBJECTIVE", "ROUTEPACK_TIME_LIMIT", "ROUTEPACK_THREADS")
 DEFAULT_THREADS = 1
 
@@ -89,6 +100,13 @@ class SeamSettings:
         if not self.time_limit_is_default or self.time_limit is None or predicted_us is None:
             return self.time_limit
         return min(self.time_limit, max(0.01, SHARE_OF_STEP * predicted_us / 1e6))
+
+    def gain_time_limit(self, gain_us: float | None) -> float | None:
+        """The whole-call budget of a step that can save at most ``gain_us`` (predicted): a set
+        limit as it is; the default one at most :data:`SHARE_OF_GAIN` of that gain."""
+        if not self.time_limit_is_default or self.time_limit is None or gain_us is None:
+            return self.time_limit
+        return min(self.time_limit, max(0.0, SHARE_OF_GAIN * gain_us / 1e6))
 
 
 def _check_time_limit(value, where: str) -> float | None:
@@ -201,6 +219,17 @@ class SeamRecord:
     fallback: str | None = None
     step: int | None = None
     source: str = "plan"  # "plan": planned in this call; "driver": the driver's plan, looked up
+    # the call's wall time split: reading the input (lengths, route import), planning (every
+    # mini-batch or step, the framework's reference included), applying (reorder, columns, record)
+    import_s: float | None = None
+    plan_s: float | None = None
+    apply_s: float | None = None
+    budget_s: float | None = None  # the call's whole budget (None: unbounded)
+    quick: str | None = None  # why the quick path ran instead of the search (None: it did not)
+    redundant_experts: int = 0
+    # wall time the call added over the framework's own (None: planning_s, all of it); with
+    # ``on_critical_path`` False only what training waited for
+    added_s: float | None = None
 
     @property
     def saving_us(self) -> float | None:
@@ -213,21 +242,32 @@ class SeamRecord:
         s = self.saving_us
         if s is None:
             return None
+        if self.added_s is not None:
+            return s - 1e6 * self.added_s
         return s - (1e6 * self.planning_s if self.on_critical_path else 0.0)
 
     def metrics(self, prefix: str = "routepack") -> dict[str, float]:
         """A flat ``{prefix}/<name>: number`` dict (numbers only, so it merges into verl's
         ``metrics`` and its reducers / wandb): rows, rows_theirs, predicted_ms, predicted_ms_theirs,
         saving_ms, net_saving_ms, planning_ms, samples, fallback (0/1), driver_plan (1: ``source`` is
-        ``"driver"``). Unknown values are left out."""
+        ``"driver"``), import_ms / plan_ms / apply_ms (the wall time's split), budget_ms, added_ms,
+        quick (1: the quick path ran, :attr:`quick` says why), redundant_experts. Unknown values are
+        left out."""
         vals = {"rows": self.rows, "rows_theirs": self.rows_theirs,
                 "predicted_ms": None if self.predicted_us is None else self.predicted_us / 1e3,
                 "predicted_ms_theirs": None if self.predicted_us_theirs is None else self.predicted_us_theirs / 1e3,
                 "saving_ms": None if self.saving_us is None else self.saving_us / 1e3,
                 "net_saving_ms": None if self.net_saving_us is None else self.net_saving_us / 1e3,
                 "planning_ms": 1e3 * self.planning_s, "samples": self.samples,
-                "fallback": float(self.fallback is not None), "driver_plan": float(self.source == "driver")}
+                "fallback": float(self.fallback is not None), "driver_plan": float(self.source == "driver"),
+                "import_ms": _ms(self.import_s), "plan_ms": _ms(self.plan_s), "apply_ms": _ms(self.apply_s),
+                "budget_ms": _ms(self.budget_s), "added_ms": _ms(self.added_s),
+                "quick": float(self.quick is not None), "redundant_experts": self.redundant_experts}
         return {f"{prefix}/{k}": float(v) for k, v in vals.items() if v is not None}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1e3 * seconds
 
 
 class Recorder:

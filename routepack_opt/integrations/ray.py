@@ -374,15 +374,36 @@ def run_report(run_dir, out_dir, cfg, *, workers: int | None = None, address: st
     wall = time.perf_counter() - t0
     records, _ = rr.read_steps(steps_path)
     latest = {r["window"]: r for r in records}  # a retried window: its newest line
-    rr.render_report(list(latest.values()), out / rr.REPORT, title=str(run_dir), windows=[p.name for p in files])
+    options = cfg.options()
+    rr.render_report(list(latest.values()), out / rr.REPORT, title=str(run_dir), windows=[p.name for p in files],
+                     options=options)
+    summary_json = rr.write_summary(out, list(latest.values()), options)
     return {"windows": len(files), "planned": len(todo), "skipped": len(files) - len(todo), "failed": failed,
             "seconds": wall, "steps": str(steps_path), "report": str(out / rr.REPORT),
-            "summary": rr.summarize(list(latest.values()))}
+            "summary": rr.summarize(list(latest.values())), "summary_json": str(summary_json),
+            "run_summary": rr.run_summary(list(latest.values()), options)}
 
 
 @contextlib.contextmanager
-def _progress(enabled: bool, total: int, completed: int):
-    """A rich progress bar over the windows; yields ``advance(record)`` (a no-op when disabled)."""
+def _progress(enabled, total: int, completed: int):
+    """A rich progress bar over the windows (``enabled`` True or ``"bar"``); ``"lines"``: one
+    ``k/N windows`` line per window on stderr with the time left (a batch job's log); yields
+    ``advance(record)`` (a no-op when disabled)."""
+    if enabled == "lines":
+        import sys
+
+        t0, state = time.perf_counter(), {"k": completed}
+
+        def line(rec):
+            state["k"] += 1
+            done_now = state["k"] - completed
+            el = time.perf_counter() - t0
+            eta = el / done_now * (total - state["k"]) if done_now else 0.0
+            print(f"replay-report: {state['k']}/{total} windows, {el:.0f} s elapsed, ~{eta:.0f} s left "
+                  f"({rec['window']}{': error' if 'error' in rec else ''})", file=sys.stderr, flush=True)
+
+        yield line
+        return
     if not enabled:
         yield lambda rec: None
         return

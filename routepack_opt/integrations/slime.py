@@ -81,6 +81,7 @@ from typing import Any
 import numpy as np
 
 from routepack_opt.core.errors import InfeasibleError, InputError
+from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.placement import Placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.cells import kk_partition
@@ -107,6 +108,7 @@ __all__ = ["build_dp_schedule", "plan_dp_schedule", "SlimeSchedule", "install", 
 logger = logging.getLogger("routepack_opt.integrations")
 _RECORDS = Recorder()
 _MULTIMODAL_SEPARATE = ("separate", "separate_raw")
+_MIN_SEARCH_S = 0.002  # less than this left of a step's budget: the quick path
 
 
 _LAST_CALL: list[SeamRecord] = []
@@ -279,6 +281,39 @@ def _slime_layout(step_len: list[int], *, dynamic: bool, cap: int, mbs: int, dp:
     return _deal(bins, dp, weight_n)
 
 
+# the last route import's seconds per token in this process (the default budget's import check)
+_IMPORT_RATE: dict[str, float] = {}
+
+
+def _skip_import(settings: SeamSettings, routed_experts, step_len: list[int], dynamic: bool, cap: int, mbs: int,
+                 dp: int, group: int) -> str | None:
+    """Why this step's route import is skipped (predicted, from the last import's rate, to cost
+    more than the step's whole budget: the set one, or the default one, so planning could not pay
+    for it), else None. The step is then planned on lengths. Never with ``max_sweeps`` set."""
+    rate = _IMPORT_RATE.get("s_per_token")
+    if routed_experts is None or rate is None or settings.max_sweeps is not None or settings.time_limit is None:
+        return None  # max_sweeps: a fixed search effort asked for, the routes always used
+    predicted = rate * sum(step_len)
+    if not settings.time_limit_is_default:  # a set budget: skip an import predicted to overrun it
+        if predicted <= settings.time_limit:
+            return None
+        return (f"route import: predicted {predicted * 1e3:.0f} ms, over the step's budget "
+                f"({settings.time_limit * 1e3:.0f} ms); planned on lengths")
+    try:
+        theirs = _slime_layout(step_len, dynamic=dynamic, cap=cap, mbs=mbs, dp=dp, group=group)
+    except InputError:
+        return None
+    if theirs is None:
+        return None
+    lw, _ = clip_to_cap(length_only_window(step_len), cap)
+    budget = settings.step_time_limit(score_cells(lw, Topology(dp=dp, ep=1, capacity=cap, row_multiple=group),
+                                                  settings.cost, theirs, settings.objective))
+    if budget is None or predicted <= budget:
+        return None
+    return (f"route import: predicted {predicted * 1e3:.0f} ms, over the step's budget ({budget * 1e3:.0f} ms); "
+            "planned on lengths")
+
+
 def _sample_cost(window, cost) -> np.ndarray:
     """Each sample's cost alone in a micro-batch (attention with its linear and quadratic terms,
     and its routed tokens): the per-sample weight for KK where slime weighs by estimated FLOPs."""
@@ -331,6 +366,9 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
 def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout_indices, routed_experts,
           num_experts, ep_size, moe_layer_freq, sample_is_multimodal, placement, settings: SeamSettings,
           on_record, redundant: int = 0, on_critical_path: bool = True) -> SlimeSchedule:
+    from routepack_opt.warmup import warm
+
+    warm()  # numba's kernels compiled or loaded once per process, before any step's clock starts
     t_call = time.perf_counter()
     dp_size, cp_size, vpp_size, mb_group = _cfg(train_parallel_config)
     dynamic = bool(getattr(args, "use_dynamic_batch_size", False))
@@ -405,17 +443,24 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
     records: list[SeamRecord] = []
     for s, step_rids in enumerate(steps):
         t0 = time.perf_counter()
+        budget = None
         idx = [pos for rid in step_rids for pos in by_rollout[rid]]
         if len(idx) < dp_size:
             raise FrameworkAssertionError(f"step {s}: {len(idx)} samples < dp_size {dp_size}; each step needs "
                                           "at least one sample per rank.")
         step_len = [lengths[i] for i in idx]
-        if routed_experts is not None:
+        skip = _skip_import(settings, routed_experts, step_len, dynamic, cap, mbs, dp_size, group)
+        step_ep, step_red = (ep, redundant) if skip is None else (1, 0)
+        quick = skip
+        if routed_experts is not None and skip is None:
+            t_imp = time.perf_counter()
             window = import_replay([routed_experts[i] for i in idx], format="slime",
                                    num_experts=num_experts, lengths=step_len,
                                    moe_layer_freq=moe_layer_freq).window
+            _IMPORT_RATE["s_per_token"] = (time.perf_counter() - t_imp) / max(1, sum(step_len))
         else:
             window = length_only_window(step_len)
+        import_s = time.perf_counter() - t0
         step_mm = None if sample_is_multimodal is None else [bool(sample_is_multimodal[i]) for i in idx]
         weight_n = _sample_cost(window, settings.cost) if getattr(args, "balance_data", False) else None
         # slime's own layout of the step (raises slime's assertion on a static count that does not divide)
@@ -424,9 +469,9 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
                                weight_n=weight_n, mm=step_mm, mm_mode=mm_mode)
         theirs_s = time.perf_counter() - t_ref
         plan_window, clipped = clip_to_cap(window, cap)
-        topo = Topology(dp=dp_size, ep=ep, capacity=cap, row_multiple=group, redundant_experts=redundant)
-        topo_theirs = Topology(dp=dp_size, ep=ep, capacity=cap, row_multiple=group)  # slime: no replicas
-        if redundant:
+        topo = Topology(dp=dp_size, ep=step_ep, capacity=cap, row_multiple=group, redundant_experts=step_red)
+        topo_theirs = Topology(dp=dp_size, ep=step_ep, capacity=cap, row_multiple=group)  # slime: no replicas
+        if step_red:
             topo.check_experts(window.num_experts)
         t_ref = time.perf_counter()
         theirs_us = None if theirs is None else score_cells(plan_window, topo_theirs, settings.cost, theirs,
@@ -444,9 +489,27 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
         elif not dynamic and mbs == 1 and dp_size == 1:
             cells, pc = theirs, None  # one sample per micro-batch on one rank: nothing to decide
         else:
+            # one budget per step, from the step's start: import, slime's layout and its score,
+            # the search; what is left goes to the search, and under _MIN_SEARCH_S the quick path
+            # (slime's own layout) stands, unless max_sweeps asks for a fixed search effort
+            budget = settings.step_time_limit(theirs_us)
+            if settings.time_limit_is_default and theirs is not None and theirs_us is not None:
+                # and at most SHARE_OF_GAIN of what the step can gain over slime's layout (to the
+                # placement-free lower bound at slime's count)
+                lb = Evaluator(plan_window, topo_theirs, settings.cost).placement_free_lower_bound(len(theirs))
+                gain_budget = settings.gain_time_limit(max(0.0, theirs_us - lb))
+                budget = gain_budget if budget is None else min(budget, gain_budget)
+            left = None if budget is None else budget - (time.perf_counter() - t0)
             opts = dict(objective=settings.objective, placement=placement,
-                        time_limit=settings.step_time_limit(theirs_us),
+                        time_limit=None if left is None else max(left, 1e-3),
                         max_sweeps=settings.max_sweeps, seed=settings.seed)
+            if left is not None and left < _MIN_SEARCH_S and theirs is not None and settings.max_sweeps is None:
+                quick = (f"budget: {max(left, 0.0) * 1e3:.0f} ms left of {budget:.3f} s for the step "
+                         f"(import {import_s * 1e3:.0f} ms); slime's own layout")
+        if quick is not None and quick.startswith("budget"):
+            cells, pc = theirs, None
+        elif not (dynamic and step_mm is not None and mm_mode in _MULTIMODAL_SEPARATE and any(step_mm)) \
+                and not (not dynamic and mbs == 1 and dp_size == 1):
             try:
                 if dynamic:
                     pc = plan_cells(plan_window, topo, settings.cost, **opts)
@@ -466,6 +529,7 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
                 fallback = f"planning failed ({exc.__class__.__name__}: {exc}); slime's own layout"
                 warn_once("slime", "plan", fallback)
                 cells, pc = theirs, None
+        t_apply = time.perf_counter()
         rows = len(cells)
         for d in range(dp_size):
             for r in range(rows):
@@ -475,17 +539,22 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
                 mbi[d].append(list(range(start, start + len(cell))))
         nmb.append(rows)
         gbs.append(len(step_rids))
-        maps.append(pc.logical_to_physical.copy() if (pc is not None and routed_experts is not None) else None)
-        placements.append(pc.plan.replicas if (pc is not None and redundant) else None)
+        maps.append(pc.logical_to_physical.copy() if (pc is not None and routed_experts is not None
+                                                      and skip is None) else None)
+        placements.append(pc.plan.replicas if (pc is not None and step_red) else None)
         rep = dict(pc.report) if pc is not None else {"fallback": fallback or "slime's layout"}
         rep["oversize_samples"] = [idx[i] for i in clipped]
         reports.append(rep)
-        planning_s = time.perf_counter() - t0 - theirs_s
         ours_us = (float(pc.plan.score["makespan"]) if pc is not None
                    else score_cells(plan_window, topo_theirs, settings.cost, cells, settings.objective))
+        now = time.perf_counter()
+        # slime's own layout is timed inside the step (theirs_s) and left out of ours, as before
+        planning_s = now - t0 - theirs_s
         rec = SeamRecord("slime", rows, None if theirs is None else len(theirs), ours_us, theirs_us,
                          planning_s, theirs_s, samples=len(idx), fallback=fallback, step=s,
-                         on_critical_path=on_critical_path)
+                         on_critical_path=on_critical_path, import_s=import_s,
+                         plan_s=t_apply - t0 - import_s - theirs_s, apply_s=now - t_apply, budget_s=budget,
+                         quick=quick, redundant_experts=step_red)
         records.append(_RECORDS.add(rec, on_record))
     _LAST_CALL[:] = records
     logger.debug("routepack slime: %d steps planned in %.3f s", len(steps), time.perf_counter() - t_call)

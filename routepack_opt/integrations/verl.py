@@ -93,6 +93,7 @@ from routepack_opt.heuristics.placement.replicate import replicated_placement
 from routepack_opt.integrations import _deps, _verl_env
 from routepack_opt.integrations._common import as_cost, length_only_window, plan_cells
 from routepack_opt.integrations._seam import (
+    SHARE_OF_GAIN,
     UNSET,
     FrameworkAssertionError,
     Recorder,
@@ -108,7 +109,8 @@ logger = logging.getLogger("routepack_opt.integrations")
 
 __all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths", "UnsupportedBatch",
            "balance_batch_partitions", "balance_batch", "GlobalBalance", "last_record", "pop_records",
-           "verl_own", "install_balance_batch", "plan_columns", "PLAN_COLUMNS"]
+           "verl_own", "install_balance_batch", "plan_columns", "PLAN_COLUMNS", "plan_step", "StepPlan",
+           "placements_from_batch", "PLACEMENTS_KEY"]
 
 
 _RECORDS = Recorder()
@@ -354,6 +356,7 @@ def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micr
     driver_row, cause, why_not = (None, None, "") if unsupported is not None else _driver_rows(
         batch, lens_N, g, cap, rows_min, multiple)
     lookup_rows = int(driver_row.max()) + 1 if driver_row is not None else 0
+    import_s = time.perf_counter() - t0  # reading the batch: lengths and the driver's columns
     # Agree on the fatal constraints, on falling back and on using the driver's plan first (one
     # all-reduce), so that no rank raises, leaves or skips a collective its peers run (as verl).
     sync = same_micro_num_in_dp and dp_group is not None
@@ -388,7 +391,7 @@ def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micr
         assert driver_row is not None
         lay = Layout(driver_row, np.zeros_like(driver_row), lookup_rows)
         return _finish(batch, lens_N, item_len, g, Evaluator(window, topo, settings.cost), lay, settings,
-                       use_dynamic_bsz_balance, compare, on_record, t0, None, "driver")
+                       use_dynamic_bsz_balance, compare, on_record, t0, None, "driver", import_s)
     tl = settings.time_limit
     fallback = None
     try:
@@ -419,11 +422,12 @@ def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micr
         warn_once("verl", "plan", fallback)
         lay = _first_fit_layout(item_len, cap, rows)
     return _finish(batch, lens_N, item_len, g, ev, lay, settings, use_dynamic_bsz_balance, compare, on_record, t0,
-                   fallback, "plan")
+                   fallback, "plan", import_s)
 
 
 def _finish(batch, lens_N, item_len, g: int, ev: Evaluator, lay: Layout, settings: SeamSettings,
-            use_dynamic_bsz_balance: bool, compare: bool, on_record, t0: float, fallback: str | None, source: str):
+            use_dynamic_bsz_balance: bool, compare: bool, on_record, t0: float, fallback: str | None, source: str,
+            import_s: float = 0.0):
     """verl's return value from a layout of the call's items: index lists (groups expanded), in
     verl's pipeline-bubble order, the micro-batch TensorDicts and the call's record."""
     rows = int(lay.rows)
@@ -445,10 +449,16 @@ def _finish(batch, lens_N, item_len, g: int, ev: Evaluator, lay: Layout, setting
         rows_theirs, theirs_s = _verl_reference(item_len, int(topo.capacity), topo.min_rows, topo.row_multiple)
         # layout-independent at a given count (above): verl's time is ours with its count
         theirs_us = ours_us + (rows_theirs - rows) * settings.cost.row_overhead
+    t_apply = time.perf_counter()
     tu = _deps.verl_tensordict_utils()
     micro_batches = [tu.index_select_tensor_dict(batch, p) for p in parts]
+    now = time.perf_counter()
+    # planning_s: up to the plan (verl's own function also cuts the micro-batches); the split:
+    # reading the batch, planning (verl's reference count included), cutting the micro-batches
     _RECORDS.add(SeamRecord("verl", rows, rows_theirs, ours_us, theirs_us, planning, theirs_s,
-                            samples=int(lens_N.shape[0]), fallback=fallback, source=source), on_record)
+                            samples=int(lens_N.shape[0]), fallback=fallback, source=source, import_s=import_s,
+                            plan_s=t_apply - t0 - import_s, apply_s=now - t_apply,
+                            budget_s=settings.time_limit), on_record)
     return micro_batches, parts
 
 
@@ -615,16 +625,213 @@ def _planned_mini_batch(config, N: int, keep_minibatch: bool, explicit: int | No
     return size
 
 
+_MIN_SEARCH_S = 0.02  # a mini-batch's share of the budget below this takes the quick path
+
+
+@dataclasses.dataclass
+class StepPlan:
+    """One step's driver plan (:func:`plan_step`): ``plans[k][d]``, rank d's micro-batches of
+    mini-batch k in run order (global sample indices); predicted times (µs, the evaluator) of
+    ours and of verl's own path, summed over the mini-batches; the micro-batches one rank runs
+    over the step, ours (``rows``) and verl's (``rows_theirs``: verl 0.9.1's token-balanced DP
+    split and its per-rank count, agreed MAX over the ranks); ``placements[k]``: mini-batch k's
+    replicated :class:`~routepack_opt.core.placement.Placement` (None without replicas);
+    ``quick``: why some mini-batch took the quick path (None: all searched); the wall-time split."""
+
+    plans: list
+    ours_us: float
+    theirs_us: float
+    rows: int
+    rows_theirs: int
+    placements: list
+    quick: str | None
+    import_s: float
+    plan_s: float
+    budget_s: float | None
+    gain_us: float | None = None  # predicted gain with routes (verl's layout − our lower bound)
+    import_rate_s: float | None = None  # the route import's seconds per routed_experts entry
+
+
+def _run_order(ev: Evaluator, placement, lay: Layout, D: int, offset: int) -> list:
+    """``[d][j]``: rank d's micro-batches (global indices) in verl's pipeline-bubble order of the
+    rows' group-wide cost (:attr:`GlobalBalance.row_order`)."""
+    J_RG = ev.costs(placement, lay.row, lay.slot, lay.rows)
+    cell = lay.row * D + lay.slot
+    order_N = np.argsort(cell, kind="stable")
+    bounds = np.searchsorted(cell[order_N], np.arange(lay.rows * D + 1))
+    cells = [[(offset + order_N[bounds[r * D + d]:bounds[r * D + d + 1]]).tolist() for d in range(D)]
+             for r in range(lay.rows)]
+    order = _bubble_order(J_RG.max(axis=1), [min(min(c) for c in cells[r]) for r in range(lay.rows)])
+    return [[cells[r][d] for r in order] for d in range(D)]
+
+
+def _quick_layout(len_N: np.ndarray, topo: Topology) -> Layout | None:
+    """RoutePack's cap-keeping greedy at equal sample counts: count-limited first-fit decreasing
+    at the fewest rows it fills (numpy, no search)."""
+    from routepack_opt.heuristics.equal_counts import count_fit_decreasing
+
+    D, C, m = topo.dp, topo.capacity, topo.row_multiple
+    R = max(topo.min_rows, -(-int(len_N.sum()) // (D * C)))
+    R = -(-R // m) * m
+    while R * D <= len_N.size:
+        got = count_fit_decreasing(len_N, R, D, C)
+        if got is not None:
+            return Layout(got[0], got[1], R)
+        R += m
+    return None
+
+
+def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, *, max_token_len: int,
+              settings: SeamSettings, num_experts: int | None = None, ep_size: int = 1, moe_layer_freq=None,
+              num_batches_divided_by: int | None = None, min_num_micro_batch: int | None = None,
+              redundant_experts: int = 0, t0: float | None = None, apply_reserve_s: float = 0.0,
+              import_rate_s: float | None = None, skip_import_over_us: float | None = None) -> StepPlan:
+    """The driver's plan of one step under one budget (``settings``; the clock starts at ``t0``):
+    the route import (once, for the whole batch), then per mini-batch verl's own layout and
+    RoutePack's quick one (both scored by the evaluator), then the search with the rest of the
+    budget split evenly over the mini-batches left (less ``apply_reserve_s`` for the reorder).
+
+    The default budget (``time_limit_is_default``) is ``min(DEFAULT_TIME_LIMIT["verl_balance"],
+    SHARE_OF_GAIN × predicted gain)``, the gain being verl's layout − the lower bound of ours
+    summed over the mini-batches. A mini-batch takes the quick path (the better of RoutePack's
+    count-limited greedy and verl's own layout, both keeping the cap, with RoutePack's expert
+    placement) when its share of the budget is under 20 ms, or, with the default budget, when its
+    headroom (quick − lower bound) cannot cover its share; ``StepPlan.quick`` says why (never with
+    ``max_sweeps`` set: a fixed search effort, for plans that are the same on every run). With
+    ``import_rate_s`` (seconds per routed_experts entry, measured on an earlier step) and
+    ``skip_import_over_us``, a route import predicted to cost more than that is skipped and the
+    step planned on lengths (recorded in ``quick``)."""
+    t0 = time.perf_counter() if t0 is None else t0
+    red = _redundant(redundant_experts)
+    N, D, cap = int(lens_N.size), int(dp_size), int(max_token_len)
+    use_routes = num_experts is not None and "routed_experts" in batch_td.keys()
+    if red and not use_routes:
+        raise InputError("redundant_experts needs routed_experts and num_experts: replicas follow the experts' loads")
+    skip = None
+    if use_routes and skip_import_over_us is not None and import_rate_s is not None:
+        numel = int(np.prod(batch_td["routed_experts"].shape))
+        if import_rate_s * numel * 1e6 > skip_import_over_us:
+            skip = (f"route import: predicted {import_rate_s * numel * 1e3:.0f} ms, over its share of the "
+                    f"predicted gain ({skip_import_over_us / 1e3:.0f} ms); planned on lengths")
+            use_routes, ep, red = False, 1, 0
+    window = _global_window(lens_N, batch_td if use_routes else None, num_experts, moe_layer_freq)
+    import_s = time.perf_counter() - t0
+    t_plan = time.perf_counter()
+    rule = dict(capacity=cap, min_rows=int(min_num_micro_batch or 1), row_multiple=int(num_batches_divided_by or 1),
+                equal_samples_per_slot=True)
+    ep = int(ep_size) if use_routes else 1
+    if red and not use_routes:
+        red = 0
+    topo = Topology(dp=D, ep=ep, redundant_experts=red, **rule)
+    topo_theirs = Topology(dp=D, ep=ep, **rule)
+    topo.check_samples(mini_batch_size)
+    K = N // mini_batch_size
+    mini = []
+    for k in range(K):
+        idx = np.arange(k * mini_batch_size, (k + 1) * mini_batch_size)
+        sub = window.subset(idx)
+        load_LE = sub.expert_loads()
+        if red:
+            placement = replicated_placement(load_LE, ep, sub.num_experts + red)
+        elif use_routes:
+            placement = lpt_placement(load_LE, ep)
+        else:
+            placement = _ONE_EXPERT
+        ev = Evaluator(sub, topo, settings.cost)
+        ev_theirs = Evaluator(sub, topo_theirs, settings.cost)
+        from routepack_opt.heuristics.frameworks import verl_layout
+
+        vrow, vslot, vrows = verl_layout(sub.lengths, topo_theirs)
+        identity = np.tile(np.arange(sub.num_experts, dtype=np.int64), (sub.num_layers, 1))
+        theirs = ev_theirs.score(identity, vrow, vslot, vrows, settings.objective).makespan
+        cands = [Layout(vrow, vslot, vrows)]
+        q = _quick_layout(sub.lengths, topo)
+        if q is not None:
+            cands.append(q)
+        scored = [(ev.evaluate_layout(placement, lay, settings.objective), lay) for lay in cands]
+        e, lay = min(scored, key=lambda t: t[0].score.key)
+        mini.append(dict(sub=sub, idx=idx, ev=ev, placement=placement, layout=lay, ours=e.score.makespan,
+                         lb=e.lower_bound, theirs=theirs, rows_theirs=vrows))
+    gain_us = sum(max(0.0, m["theirs"] - m["lb"]) for m in mini)
+    budget = settings.gain_time_limit(gain_us)
+    deadline = None if budget is None else t0 + budget
+    quick: str | None = skip
+    plans, placements = [], []
+    for k, m in enumerate(mini):
+        left = None if deadline is None else (deadline - time.perf_counter() - apply_reserve_s) / (K - k)
+        headroom_s = max(0.0, m["ours"] - m["lb"]) / 1e6
+        why = None
+        if left is not None and left < _MIN_SEARCH_S and settings.max_sweeps is None:
+            why = (f"budget: {max(left, 0.0) * 1e3:.0f} ms left for this mini-batch (of {budget:.3f} s per step, "
+                   f"import {import_s * 1e3:.0f} ms)")
+        elif settings.time_limit_is_default and left is not None and headroom_s < left and settings.max_sweeps is None:
+            why = (f"predicted saving: the search could save at most {headroom_s * 1e3:.1f} ms over the quick "
+                   f"path, under its {left * 1e3:.0f} ms")
+        ev, placement, lay = m["ev"], m["placement"], m["layout"]
+        if why is None:
+            try:
+                pc = plan_cells(m["sub"], topo, settings.cost, objective=settings.objective,
+                                time_limit=max(left, 1e-3) if left is not None else None,
+                                max_sweeps=settings.max_sweeps, seed=settings.seed)
+                if pc.plan.score["makespan"] <= m["ours"]:
+                    p = pc.plan
+                    placement = p.replicas if p.replicas is not None else p.placement
+                    lay = Layout(p.row, p.slot, p.rows)
+                    m["ours"] = float(p.score["makespan"])
+            except Exception as exc:  # the quick path's layout stands
+                why = f"search failed ({exc.__class__.__name__}: {exc})"
+        if why is not None:
+            quick = quick or why
+        plans.append(_run_order(ev, placement, lay, D, int(m["idx"][0])))
+        placements.append(placement if red else None)
+        m["rows"] = int(lay.rows)
+    gain_us = sum(max(0.0, m["theirs"] - m["lb"]) for m in mini) if use_routes else None
+    return StepPlan(plans, float(sum(m["ours"] for m in mini)), float(sum(m["theirs"] for m in mini)),
+                    int(sum(m["rows"] for m in mini)), int(sum(m["rows_theirs"] for m in mini)), placements,
+                    quick, import_s, time.perf_counter() - t_plan, budget, gain_us,
+                    import_s / max(1, int(np.prod(batch_td["routed_experts"].shape))) if use_routes else None)
+
+
+# where the driver's replicated placements ride to the workers (DataProto.meta_info: verl's
+# dispatch hands every rank's chunk the batch's meta_info)
+PLACEMENTS_KEY = "routepack_placements"
+
+
+def placements_from_batch(data) -> list:
+    """On a worker (or the driver): the step's replicated placements the driver's
+    :func:`install_balance_batch` ``(redundant_experts=N)`` planned, one
+    :class:`~routepack_opt.core.placement.Placement` per mini-batch in the order the actor
+    iterates them (``[]`` when the batch carries none). ``data``: a ``DataProto`` (its
+    ``meta_info``) or a TensorDict made by ``DataProto.to_tensordict`` (its non-tensor entry)."""
+    meta = getattr(data, "meta_info", None)
+    if meta is not None:
+        raw = meta.get(PLACEMENTS_KEY)
+    else:
+        raw = _deps.verl_tensordict_utils().get_non_tensor_data(data, PLACEMENTS_KEY, None)
+    if raw is None:
+        return []
+    raw = raw.tolist() if hasattr(raw, "tolist") else list(raw)
+    if not all(isinstance(p, Placement) for p in raw):
+        raise InputError(f"{PLACEMENTS_KEY}: expected Placement objects, got "
+                         f"{sorted({type(p).__name__ for p in raw})}")
+    return raw
+
+
 def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int | None = None,
                           ep_size: int = 1, moe_layer_freq=None, mini_batch_size: int | None = None,
                           num_batches_divided_by: int | None = None, min_num_micro_batch: int | None = None,
-                          **settings_options):
+                          redundant_experts: int = 0, overlap: bool | str = False, **settings_options):
     """Replace ``trainer_cls._balance_batch`` (verl's ``RayPPOTrainer``) by a driver-side plan of
-    the whole global batch (:func:`balance_batch_partitions`: equal sample counts per rank, every
-    micro-batch ≤ ``max_token_len``, joint cost with ``routed_experts`` when ``num_experts`` is
-    given); returns the method it replaced. Settings (``cost``, ``objective``, ``time_limit``,
-    ``max_sweeps``, ``seed``, ``threads``) are checked here (keyword > ``ROUTEPACK_*`` > default;
-    the default limit is ``DEFAULT_TIME_LIMIT["verl_balance"]`` once per step).
+    the whole global batch (equal sample counts per rank, every micro-batch ≤ ``max_token_len``,
+    joint cost with ``routed_experts`` when ``num_experts`` is given); returns the method it
+    replaced. Settings (``cost``, ``objective``, ``time_limit``, ``max_sweeps``, ``seed``,
+    ``threads``) are checked here (keyword > ``ROUTEPACK_*`` > default).
+
+    One budget per step: ``time_limit`` bounds the whole call (lengths, route import, every
+    mini-batch's plan, reorder, plan columns, record; :func:`plan_step`). The default budget is
+    sized from the step's predicted gain, at most ``DEFAULT_TIME_LIMIT["verl_balance"]``; when a
+    mini-batch's predicted saving cannot cover its share, it takes the quick path, and the record
+    says so (``routepack/balance/quick``).
 
     The plan is made per mini-batch, the unit each rank packs: rank d's chunk is its share of
     mini-batch 0, then of mini-batch 1, ..., so the actor's iterator (consecutive
@@ -636,63 +843,225 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
     ``max_token_len`` = the workers' cap (``ppo_max_token_len_per_gpu × sp_size``) and the
     workers' ``num_batches_divided_by`` / ``min_num_micro_batch`` for that.
 
+    ``redundant_experts=N`` (with ``num_experts``): every mini-batch is planned with N extra
+    expert slots per MoE layer; its replicated ``Placement`` goes to the workers in the batch's
+    ``meta_info[PLACEMENTS_KEY]`` (verl's dispatch gives every rank the batch's meta_info; read it
+    with :func:`placements_from_batch`) and the record carries ``redundant_experts``.
+
+    ``overlap=True`` (``"balanced"``) hides the plan behind the step's other work:
+    ``_balance_batch`` applies RoutePack's quick length-only plan at once (so the log-prob passes
+    still get balanced ranks) and starts the full plan in a background thread; the first
+    ``_update_critic`` / ``_update_actor`` of the step waits for it and applies it (one more
+    reorder). ``overlap="deferred"``: no reorder in ``_balance_batch`` (the log-prob passes see the
+    rollout order, verl's DP token balance off for them), the plan's one reorder at the update. Between them verl
+    computes the reward, the old / reference log-probs and the values, on the workers, while the
+    driver waits on Ray. The record's ``added_ms`` is then only what the step waited for.
+
     verl's other branches are kept: with ``use_prefix_grouper`` (samples of one uid kept on one
     rank), and on any planning error, verl's own method runs (one warning per cause). The step's
-    :class:`SeamRecord` (ours vs the verl-style KK split at the same count, one evaluator) goes into
-    ``metrics`` as ``routepack/balance/...``, next to verl's ``global_seqlen`` balance metrics."""
+    :class:`SeamRecord` goes into ``metrics`` as ``routepack/balance/...``, next to verl's
+    ``global_seqlen`` balance metrics: ``rows`` is the micro-batches one rank runs over the step
+    (summed over mini-batches), ``rows_theirs`` verl's own path's, ``import_ms`` / ``plan_ms`` /
+    ``apply_ms`` the wall time's split, ``net_saving_ms`` the predicted saving less the whole
+    time the call added over verl's own (``added_ms``: our wall time less the reorder, which verl's
+    call makes as well; verl's partitioning counted as free, so the net is a lower bound)."""
     if not hasattr(trainer_cls, "_balance_batch"):
         raise InputError(f"install_balance_batch: {getattr(trainer_cls, '__name__', trainer_cls)!r} has no "
                          "_balance_batch to replace (pass verl.trainer.ppo.ray_trainer.RayPPOTrainer)")
+    red = _redundant(redundant_experts)
+    if red and num_experts is None:
+        raise InputError("redundant_experts needs num_experts: replicas follow the experts' loads")
+    if overlap not in (False, True, "balanced", "deferred"):
+        raise InputError(f"overlap: expected False, True, 'balanced' or 'deferred', got {overlap!r}")
+    mode = "balanced" if overlap is True else overlap
     settings = seam_settings("verl_balance", **settings_options)
     original = trainer_cls._balance_batch
+    state: dict = {"apply_s": 0.0, "rate": None, "gain": None, "step": 0}
+    opts = dict(max_token_len=max_token_len, num_experts=num_experts, ep_size=ep_size, moe_layer_freq=moe_layer_freq,
+                num_batches_divided_by=num_batches_divided_by, min_num_micro_batch=min_num_micro_batch,
+                redundant_experts=red)
 
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
         if getattr(self, "use_prefix_grouper", False) and "uid" in batch.non_tensor_batch:
             warn_once("verl", "prefix-grouper", "use_prefix_grouper keeps a uid's samples on one rank, which "
                       "RoutePack's balance does not model: verl's own _balance_batch runs")
             return original(self, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+        from routepack_opt.warmup import warm
+
+        warm()  # numba's kernels compiled or loaded once per process, before the step's clock starts
         t0 = time.perf_counter()
         try:
             dp_size = self._get_dp_size(self.actor_rollout_wg, "actor")
-            N = int(batch.batch["attention_mask"].shape[0])
+            mask = batch.batch["attention_mask"]
+            N = int(mask.shape[0])
+            lens_N = mask.reshape(N, -1).sum(-1).cpu().numpy().astype(np.int64)
+            if (lens_N < 1).any():
+                raise InputError("a sample has no tokens (attention_mask all zero)")
             size = _planned_mini_batch(self.config, N, keep_minibatch, mini_batch_size)
-            plans: list[list[list[list[int]]]] = []
-            ours = theirs = 0.0
-            for start in range(0, N, size):
-                sub = batch.batch[start:start + size]
-                gb = balance_batch_partitions(sub, dp_size, max_token_len=max_token_len, num_experts=num_experts,
-                                              ep_size=ep_size, moe_layer_freq=moe_layer_freq,
-                                              num_batches_divided_by=num_batches_divided_by,
-                                              min_num_micro_batch=min_num_micro_batch, cost=settings.cost,
-                                              objective=settings.objective, time_limit=settings.time_limit,
-                                              max_sweeps=settings.max_sweeps, seed=settings.seed)
-                plans.append([[[start + i for i in mb] for mb in mbs] for mbs in gb.run_order()])
-                ours += float(gb.plan.score["makespan"])
-                seeds = gb.plan.report.seed_scores or {}
-                theirs += float(seeds.get("verl-kk", gb.plan.score["makespan"]))
-            columns = plan_columns(plans, N, max_token_len)
+            if overlap:
+                return _start_overlap(self, batch, metrics, logging_prefix, lens_N, dp_size, size, t0)
+            # default budget: skip a route import predicted to cost more than its share of the
+            # gain the last imported step predicted (re-measured every 8th step)
+            state["step"] += 1
+            # a set budget: skip a route import predicted to overrun the whole budget
+            skip_over = None
+            if settings.max_sweeps is None and state["step"] % 8:
+                if settings.time_limit_is_default and state["gain"] is not None:
+                    skip_over = SHARE_OF_GAIN * state["gain"]
+                elif not settings.time_limit_is_default and settings.time_limit is not None:
+                    skip_over = 1e6 * settings.time_limit
+            with settings.planner_threads():
+                sp = plan_step(batch.batch, lens_N, dp_size, size, settings=settings, t0=t0,
+                               apply_reserve_s=state["apply_s"], import_rate_s=state["rate"],
+                               skip_import_over_us=skip_over, **opts)
+            if sp.gain_us is not None:
+                state["gain"], state["rate"] = sp.gain_us, sp.import_rate_s
         except Exception as exc:  # never break the trainer: verl's own balance
             warn_once("verl", "balance", f"balance_batch planning failed ({exc.__class__.__name__}: {exc}); "
                       "verl's own _balance_batch runs")
             return original(self, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
-        torch = _deps.torch()
-        lens = batch.batch["attention_mask"].reshape(N, -1).sum(-1).tolist()
-        # rank d's chunk: its share of mini-batch 0, then of mini-batch 1, ... (micro-batch by micro-batch)
-        parts = [[i for plan in plans for mb in plan[d] for i in mb] for d in range(dp_size)]
-        for key, col in columns.items():
-            batch.batch[key] = torch.from_numpy(col)
-        batch.reorder(torch.tensor([j for part in parts for j in part]))
-        metrics.update(_deps.verl_log_seqlen_unbalance()(seqlen_list=lens, partitions=parts, prefix=logging_prefix))
-        rec = SeamRecord("verl.balance_batch", int(gb.plan.rows), int(gb.plan.rows), ours, theirs,
-                         time.perf_counter() - t0, samples=N)
-        metrics.update(_RECORDS.add(rec).metrics(prefix="routepack/balance"))
+        t_apply = time.perf_counter()
+        reorder_s = _apply_step(batch, metrics, logging_prefix, sp, lens_N, dp_size, max_token_len)
+        state["apply_s"] = time.perf_counter() - t_apply - reorder_s  # reserved in the next step's budget
+        # added over verl's own call: all of ours but the reorder, which verl's call makes as well
+        # (its KK partition counted as free, so the net saving is a lower bound)
+        _record_step(metrics, sp, t0, t_apply, N, red, sp.quick, added_s=time.perf_counter() - t0 - reorder_s)
+
+    def _start_overlap(self, batch, metrics, logging_prefix, lens_N, dp_size, size, t0):
+        import threading
+
+        if mode == "balanced":
+            quick = _quick_step(lens_N, dp_size, size, max_token_len, opts)
+            reorder_s = _apply_step(batch, metrics, logging_prefix, quick, lens_N, dp_size, max_token_len,
+                                    columns=False)
+            lens_now = lens_N[[j for part in _parts(quick.plans, dp_size) for j in part]]
+        else:  # "deferred": the batch stays in its order until the update
+            reorder_s, lens_now = 0.0, lens_N
+        td = batch.batch  # the background plan is of this order
+        box: dict = {}
+
+        def work():
+            try:
+                with settings.planner_threads():
+                    box["plan"] = plan_step(td, lens_now, dp_size, size, settings=settings,
+                                            apply_reserve_s=0.0, **opts)
+            except Exception as exc:  # applied as verl's quick order at the update
+                box["error"] = exc
+
+        th = threading.Thread(target=work, name="routepack-balance", daemon=True)
+        th.start()
+        self._routepack_pending = dict(thread=th, box=box, lens=lens_now, metrics=metrics, prefix=logging_prefix,
+                                       dp=dp_size, started=t0, start_s=time.perf_counter() - t0,
+                                       reorder_s=reorder_s, mode=mode)
 
     _balance_batch.__routepack__ = True  # type: ignore[attr-defined]
     trainer_cls._balance_batch = _balance_batch
-    logger.info("routepack verl: %s._balance_batch replaced (objective %s, time limit %s per step)",
+    if overlap:
+        for name in ("_update_critic", "_update_actor"):
+            if hasattr(trainer_cls, name):
+                setattr(trainer_cls, name, _apply_pending_before(getattr(trainer_cls, name), max_token_len, red))
+    logger.info("routepack verl: %s._balance_batch replaced (objective %s, budget %s per step%s)",
                 getattr(trainer_cls, "__name__", trainer_cls), settings.objective,
-                "none" if settings.time_limit is None else f"{settings.time_limit:g} s")
+                "none" if settings.time_limit is None else f"{settings.time_limit:g} s",
+                ", planned behind the log-prob passes" if overlap else "")
     return original
+
+
+def _parts(plans: list, dp_size: int) -> list:
+    """Rank d's chunk: its share of mini-batch 0, then of mini-batch 1, ... (micro-batch by micro-batch)."""
+    return [[i for plan in plans for mb in plan[d] for i in mb] for d in range(dp_size)]
+
+
+def _apply_step(batch, metrics, logging_prefix, sp: StepPlan, lens_N, dp_size: int, max_token_len: int,
+                columns: bool = True) -> float:
+    """Write the plan's columns and the placements, reorder the batch once, verl's balance metrics.
+    Returns the reorder's seconds (verl's own ``_balance_batch`` reorders the batch the same way)."""
+    torch = _deps.torch()
+    N = int(lens_N.size)
+    parts = _parts(sp.plans, dp_size)
+    perm = np.fromiter((j for part in parts for j in part), dtype=np.int64, count=N)
+    if columns:
+        for key, col in plan_columns(sp.plans, N, max_token_len).items():
+            batch.batch[key] = torch.from_numpy(col)
+        if any(p is not None for p in sp.placements):
+            batch.meta_info[PLACEMENTS_KEY] = list(sp.placements)
+    t = time.perf_counter()
+    batch.reorder(torch.from_numpy(perm))
+    reorder_s = time.perf_counter() - t
+    metrics.update(_deps.verl_log_seqlen_unbalance()(seqlen_list=lens_N.tolist(), partitions=parts,
+                                                     prefix=logging_prefix))
+    return reorder_s
+
+
+def _record_step(metrics, sp: StepPlan, t0: float, t_apply: float, N: int, red: int, quick,
+                 added_s: float | None = None, on_critical_path: bool = True) -> SeamRecord:
+    now = time.perf_counter()
+    wall = now - t0
+    rec = SeamRecord("verl.balance_batch", sp.rows, sp.rows_theirs, sp.ours_us, sp.theirs_us, wall,
+                     samples=N, quick=quick, import_s=sp.import_s, plan_s=sp.plan_s, apply_s=now - t_apply,
+                     budget_s=sp.budget_s, redundant_experts=red, added_s=wall if added_s is None else added_s,
+                     on_critical_path=on_critical_path)
+    metrics.update(_RECORDS.add(rec).metrics(prefix="routepack/balance"))
+    if quick:
+        logger.debug("routepack verl: quick path (%s)", quick)
+    return rec
+
+
+def _quick_step(lens_N, dp_size: int, size: int, max_token_len: int, opts: dict) -> StepPlan:
+    """The quick length-only plan of the overlap mode's first reorder (no routes, no search)."""
+    t = time.perf_counter()
+    topo = Topology(dp=dp_size, ep=1, capacity=int(max_token_len), min_rows=int(opts["min_num_micro_batch"] or 1),
+                    row_multiple=int(opts["num_batches_divided_by"] or 1), equal_samples_per_slot=True)
+    plans = []
+    for k in range(int(lens_N.size) // size):
+        idx = np.arange(k * size, (k + 1) * size)
+        lay = _quick_layout(lens_N[idx], topo)
+        if lay is None:
+            from routepack_opt.heuristics.frameworks import verl_layout
+
+            lay = Layout(*verl_layout(lens_N[idx], topo))
+        ev = Evaluator(length_only_window(lens_N[idx]), topo, DEFAULT_QUICK_COST)
+        plans.append(_run_order(ev, _ONE_EXPERT, lay, dp_size, int(idx[0])))
+    return StepPlan(plans, 0.0, 0.0, 0, 0, [], "overlap: quick order", 0.0, time.perf_counter() - t, None)
+
+
+DEFAULT_QUICK_COST = as_cost("qwen3-30b-a3b")
+
+
+def _apply_pending_before(method, max_token_len: int, red: int):
+    """``method`` (``_update_actor`` / ``_update_critic``) preceded by the overlap mode's apply."""
+
+    def wrapped(self, batch, *args, **kwargs):
+        pend = getattr(self, "_routepack_pending", None)
+        if pend is not None:
+            self._routepack_pending = None
+            t_wait = time.perf_counter()
+            pend["thread"].join()
+            wait_s = time.perf_counter() - t_wait
+            box = pend["box"]
+            mask = batch.batch["attention_mask"]
+            N = int(mask.shape[0])
+            lens_now = mask.reshape(N, -1).sum(-1).cpu().numpy().astype(np.int64)
+            if "error" in box or not np.array_equal(lens_now, pend["lens"]):
+                why = (f"{box['error'].__class__.__name__}: {box['error']}" if "error" in box
+                       else "the batch changed between _balance_batch and the update")
+                warn_once("verl", "overlap", f"the background plan is not applied ({why}); the quick order stays")
+            else:
+                sp = box["plan"]
+                t_apply = time.perf_counter()
+                _apply_step(batch, pend["metrics"] if pend["mode"] == "deferred" else {}, pend["prefix"], sp, lens_now,
+                            pend["dp"], max_token_len)
+                # what the step waited for: _balance_batch (quick plan and its reorder, which
+                # stands for verl's own), the wait, the second reorder
+                added = pend["start_s"] - pend["reorder_s"] + wait_s + (time.perf_counter() - t_apply)
+                _record_step(pend["metrics"], sp, pend["started"], t_apply, N, red, sp.quick, added_s=added,
+                             on_critical_path=False)
+                pend["metrics"]["routepack/balance/wait_ms"] = 1e3 * wait_s
+        return method(self, batch, *args, **kwargs)
+
+    wrapped.__routepack__ = True  # type: ignore[attr-defined]
+    wrapped.__wrapped__ = method  # type: ignore[attr-defined]
+    return wrapped
 
 
 # ROUTEPACK_VERL set while verl's plugins are off: say so where RoutePack is imported (the plugin

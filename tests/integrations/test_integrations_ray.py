@@ -125,6 +125,41 @@ def test_report_html_is_self_contained(tmp_path):
     assert f"{100 * mean:+.2f}%" in text and "x.npz" in text
 
 
+def test_run_summary_answers_in_seconds_against_cap_keeping_baselines(tmp_path):
+    """summary.json: seconds saved = Σ over steps of (best cap-keeping baseline − ours), planning
+    seconds measured (R* + plan), net = their difference, every option; report.html leads with the
+    net seconds and shows the options; a cap-breaking best baseline is refused."""
+    from routepack_opt.report_run import run_summary, write_summary
+
+    d = _run_dir(tmp_path, n=2)
+    cfg = ReportConfig(topology=TOPO, cost=COST, max_sweeps=3, cost_name="my-cost")
+    recs = [analyze_window(d / f"step_{k}.npz", cfg, k) for k in range(2)] + [{"window": "x.npz", "error": "E"}]
+    want = 0.0
+    for r in recs[:2]:
+        best = r["baselines"][r["best_baseline"]]
+        assert best["cap_violations"] == 0
+        assert all(b["makespan"] >= best["makespan"] for b in r["baselines"].values()
+                   if "makespan" in b and b["cap_violations"] == 0)
+        want += (best["makespan"] - r["makespan"]) / 1e6
+    path = write_summary(tmp_path, recs, cfg.options())
+    s = json.loads(path.read_text())
+    assert s["windows"] == 3 and s["seconds_saved"] == pytest.approx(want)
+    plan_s = sum(r["timings"]["certify"] + r["timings"]["plan"] for r in recs[:2])
+    assert s["planning_seconds"] == pytest.approx(plan_s)
+    assert s["net_seconds_saved"] == pytest.approx(want - plan_s)
+    opts = s["options"]
+    assert opts["redundant_experts"] == 0 and opts["cost"] == "my-cost" and opts["max_sweeps"] == 3
+    assert opts["dp"] == TOPO.dp and opts["capacity"] == TOPO.capacity
+    text = render_report(recs, tmp_path / "report.html", options=cfg.options()).read_text()
+    head = text.index("id=net-seconds")
+    assert head < text.index("id=mean-saving") and head < text.index("id=options")
+    assert f"{s['net_seconds_saved']:+,.2f} s" in text and "redundant_experts" in text and "my-cost" in text
+    bad = json.loads(json.dumps(recs[0]))
+    bad["baselines"][bad["best_baseline"]]["cap_violations"] = 1
+    with pytest.raises(InputError, match="breaks the cap"):
+        run_summary([bad])
+
+
 @pytest.mark.parametrize("case", ["empty", "missing", "out-is-run", "out-is-file", "both", "replay-no-e", "address",
                                   "replicas-indivisible", "replica-bytes"])
 def test_replay_report_bad_inputs_are_one_error_line(tmp_path, run_cli, case):
@@ -202,6 +237,12 @@ def test_replay_report_with_replicas(ray_cluster, tmp_path, run_cli):
     assert code == 0, err
     recs, _ = read_steps(out / "steps.jsonl")
     assert len(recs) == 2 and not any("error" in r for r in recs)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["options"]["redundant_experts"] == 2 and summary["windows"] == 2
+    assert json.loads(stdout)["run_summary"]["net_seconds_saved"] == pytest.approx(summary["net_seconds_saved"])
+    # no terminal: one "k/N windows" line per window on stderr, with the time left
+    assert "1/2 windows" in err and "2/2 windows" in err and "s left" in err
+    assert "redundant_experts" in (out / "report.html").read_text()
     topo = Topology(dp=4, ep=2, capacity=60, redundant_experts=2)
     for rec in recs:
         assert rec["redundant_experts"] == 2 and rec["gap_force_balanced"] >= 1.0 - 1e-9

@@ -354,8 +354,9 @@ def test_planning_failure_keeps_slimes_layout_with_one_warning(monkeypatch, capl
     tl = [5, 3, 7, 2, 9, 4, 6, 1]
     with caplog.at_level("WARNING", logger="routepack_opt.integrations"):
         for _ in range(2):
+            # an unbounded search (the default budget of so small a step goes to the quick path)
             sched = plan_dp_schedule(make_args(10), make_tp(2), tl, global_batch_size=4,
-                                     rollout_indices=list(range(8)))
+                                     rollout_indices=list(range(8)), time_limit=None)
     p, m, n, _ = sched.as_slime()
     assert_invariants(p, m, n, dp_size=2, expected=range(8), total_lengths=tl, max_per_bin=10)
     assert all("boom" in r.fallback for r in sched.records)
@@ -515,3 +516,26 @@ def test_redundant_experts_without_routes_or_divisible_slots_is_an_error():
     with pytest.raises(InputError, match="redundant_experts: expected an integer"):
         plan_dp_schedule(args, make_tp(4), tl, global_batch_size=8, rollout_indices=list(range(8)),
                          routed_experts=routes, redundant_experts=-1)
+
+
+def test_step_budget_covers_the_whole_step_and_the_record_splits_it():
+    """time_limit bounds each step from its start (import, slime's layout, the search); a budget
+    spent before the search leaves slime's own layout (the quick path), and the record says so and
+    splits the step's wall time into import / plan / apply."""
+    rng = np.random.default_rng(8)
+    tl = [int(x) for x in rng.integers(20, 300, size=32)]
+    args = make_args(600)
+    sched = plan_dp_schedule(args, make_tp(4), tl, global_batch_size=16, rollout_indices=list(range(32)),
+                             time_limit=1e-7)
+    assert len(sched.records) == 2
+    for rec in sched.records:
+        assert rec.quick is not None and rec.quick.startswith("budget") and rec.budget_s == pytest.approx(1e-7)
+        assert rec.predicted_us == pytest.approx(rec.predicted_us_theirs)  # slime's own layout stands
+        assert min(rec.import_s, rec.plan_s, rec.apply_s) >= 0
+        assert rec.import_s + rec.plan_s + rec.apply_s == pytest.approx(rec.planning_s, abs=1e-6)
+        assert rec.metrics()["routepack/quick"] == 1.0
+    p, m, n, _ = sched.as_slime()
+    assert_invariants(p, m, n, dp_size=4, expected=range(32), total_lengths=tl, max_per_bin=600)
+    full = plan_dp_schedule(args, make_tp(4), tl, global_batch_size=16, rollout_indices=list(range(32)),
+                            time_limit=None, **SWEEPS)
+    assert all(r.quick is None and r.budget_s is None for r in full.records)

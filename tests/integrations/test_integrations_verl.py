@@ -660,3 +660,149 @@ def test_dp_group_agrees_on_the_driver_plan(tmp_path, drop_on_rank):
     assert got[0][1] == got[1][1]
     assert [g[0] for g in got] == (["driver", "driver"] if drop_on_rank < 0 else ["plan", "plan"])
     assert [g[2] for g in got] == (["0", "0"] if drop_on_rank < 0 else ["1", "0"])
+
+
+# --- One budget per step, a true record, replicas to the workers, overlap (issue 38) -------------
+
+
+def _installed(mini=8, D=2, **kw):
+    cls = type("T", (_FakeTrainer,), {})
+    rp_verl.install_balance_batch(cls, **kw)
+    t = cls(mini=mini)
+    t._get_dp_size = lambda wg, role: D
+    return cls, t
+
+
+def test_balance_record_counts_every_mini_batch_and_verls_own_rows():
+    """rows = micro-batches one rank runs over the step (summed over the mini-batches), rows_theirs
+    = verl's own path (its token-balanced DP split and per-rank count, agreed MAX), computed;
+    the wall time splits into import / plan / apply."""
+    from routepack_opt.heuristics.frameworks import verl_layout
+
+    rng = np.random.default_rng(3)
+    lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.9, 32), 16, 900)]
+    D, mini, cap = 2, 8, 1000
+    cls, t = _installed(mini=mini, D=D, max_token_len=cap, max_sweeps=5, time_limit=None)
+    from verl import DataProto
+
+    data = DataProto(batch=make_batch(lens, max(lens), routes=False), non_tensor_batch={"uid": np.arange(32)})
+    metrics = {}
+    t._balance_batch(data, metrics)
+    rec = rp_verl.last_record()
+    mbs = data.batch["routepack_micro_batch"].numpy()
+    plan = data.batch["routepack_plan"].numpy()
+    # rank 0's chunk: micro-batches per plan, summed
+    chunk = slice(0, 16)
+    per_rank = sum(len(set(mbs[chunk][plan[chunk] == p])) for p in np.unique(plan[chunk]))
+    assert rec.rows == per_rank == metrics["routepack/balance/rows"]
+    topo = Topology(dp=D, ep=1, capacity=cap, equal_samples_per_slot=True)
+    want = sum(verl_layout(np.asarray(lens[k:k + mini]), topo)[2] for k in range(0, 32, mini))
+    assert rec.rows_theirs == want
+    assert rec.import_s >= 0 and rec.plan_s > 0 and rec.apply_s > 0
+    assert rec.import_s + rec.plan_s + rec.apply_s <= rec.planning_s + 1e-6
+    assert rec.quick is None and rec.budget_s is None
+    assert metrics["routepack/balance/net_saving_ms"] == pytest.approx(
+        metrics["routepack/balance/saving_ms"] - metrics["routepack/balance/added_ms"])
+
+
+def test_short_budget_takes_the_quick_path_and_says_so():
+    """A budget too short for the search: every mini-batch takes the quick path (still valid, under
+    the cap, equal counts), the record says why."""
+    from verl import DataProto
+
+    rng = np.random.default_rng(4)
+    lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.9, 32), 16, 900)]
+    cls, t = _installed(mini=8, D=2, max_token_len=1000, time_limit=1e-6)
+    data = DataProto(batch=make_batch(lens, max(lens), routes=False), non_tensor_batch={"uid": np.arange(32)})
+    metrics = {}
+    t._balance_batch(data, metrics)
+    rec = rp_verl.last_record()
+    assert rec.quick is not None and rec.quick.startswith("budget")
+    assert metrics["routepack/balance/quick"] == 1.0 and rec.budget_s == pytest.approx(1e-6)
+    order = data.non_tensor_batch["uid"].tolist()
+    assert sorted(order) == list(range(32))
+    mb = data.batch["routepack_micro_batch"].numpy()
+    plan = data.batch["routepack_plan"].numpy()
+    for d in range(2):
+        sl = slice(16 * d, 16 * d + 16)
+        for p in np.unique(plan[sl]):
+            for r in np.unique(mb[sl][plan[sl] == p]):
+                assert sum(lens[i] for i, keep in zip(order[sl], (plan[sl] == p) & (mb[sl] == r)) if keep) <= 1000
+
+
+def test_default_budget_is_sized_from_the_predicted_gain(monkeypatch):
+    """Without a set limit the step's budget is at most SHARE_OF_GAIN of its predicted gain."""
+    from routepack_opt.integrations._seam import SHARE_OF_GAIN, seam_settings
+
+    monkeypatch.delenv("ROUTEPACK_TIME_LIMIT", raising=False)
+    st = seam_settings("verl_balance")
+    assert st.time_limit_is_default
+    assert st.gain_time_limit(100_000.0) == pytest.approx(min(0.5, SHARE_OF_GAIN * 0.1))
+    assert st.gain_time_limit(1e9) == 0.5
+    assert seam_settings("verl_balance", time_limit=0.1).gain_time_limit(10.0) == 0.1
+
+
+def test_redundant_experts_reach_the_workers_through_verls_dispatch():
+    """install_balance_batch(redundant_experts=N) plans replicas; each mini-batch's Placement rides
+    in meta_info to every rank's chunk (verl's to_tensordict + chunk_tensordict, as _update_actor
+    and the dispatch send it) and the record says N."""
+    from verl import DataProto
+    from verl.utils import tensordict_utils as tu
+
+    from routepack_opt.core.placement import Placement
+
+    rng = np.random.default_rng(5)
+    lens = [int(x) for x in np.clip(rng.lognormal(5.0, 0.7, 16), 8, 300)]
+    cls, t = _installed(mini=8, D=2, max_token_len=1000, num_experts=8, ep_size=2, redundant_experts=2,
+                        max_sweeps=5, time_limit=None)
+    data = DataProto(batch=make_batch(lens, max(lens)), non_tensor_batch={"uid": np.arange(16)})
+    metrics = {}
+    t._balance_batch(data, metrics)
+    assert metrics["routepack/balance/redundant_experts"] == 2.0
+    pls = rp_verl.placements_from_batch(data)
+    assert len(pls) == 2 and all(isinstance(p, Placement) and p.phy2log.shape == (2, 10) for p in pls)
+    for chunk in tu.chunk_tensordict(data.to_tensordict(), 2):
+        got = rp_verl.placements_from_batch(chunk)
+        assert [p.phy2log.tolist() for p in got] == [p.phy2log.tolist() for p in pls]
+    with pytest.raises(InputError, match="redundant_experts needs num_experts"):
+        rp_verl.install_balance_batch(type("U", (_FakeTrainer,), {}), max_token_len=1000, redundant_experts=2)
+
+
+@pytest.mark.parametrize("mode", [True, "deferred"])
+def test_overlap_mode_plans_behind_the_log_prob_passes(mode):
+    """overlap=True: _balance_batch reorders by the quick plan at once and returns ("deferred":
+    leaves the order); the first _update_actor waits for the background plan, applies it and
+    records what the step waited for, not the planning time."""
+    from verl import DataProto
+
+    calls = []
+
+    class Tr(_FakeTrainer):
+        def _update_actor(self, batch):
+            calls.append(batch.batch["routepack_micro_batch"].clone())
+            return batch
+
+    rng = np.random.default_rng(6)
+    lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.9, 32), 16, 900)]
+    Tr.__name__ = "Tr"
+    rp_verl.install_balance_batch(Tr, max_token_len=1000, max_sweeps=5, time_limit=None, overlap=mode)
+    t = Tr(mini=8)
+    data = DataProto(batch=make_batch(lens, max(lens), routes=False), non_tensor_batch={"uid": np.arange(32)})
+    metrics = {}
+    t._balance_batch(data, metrics)
+    assert "routepack_micro_batch" not in data.batch.keys()
+    assert any(k.startswith("global_seqlen/") for k in metrics) == (mode is True)
+    if mode == "deferred":
+        assert data.non_tensor_batch["uid"].tolist() == list(range(32))
+    rp_verl.pop_records()
+    t._update_actor(data)
+    (rec,) = rp_verl.pop_records()
+    assert len(calls) == 1 and not rec.on_critical_path and any(k.startswith("global_seqlen/") for k in metrics)
+    assert metrics["routepack/balance/wait_ms"] >= 0 and rec.added_s <= rec.planning_s
+    order = data.non_tensor_batch["uid"].tolist()
+    assert sorted(order) == list(range(32))
+    assert all(data.batch["attention_mask"][j].sum().item() == lens[i] for j, i in enumerate(order))
+    t._update_actor(data)  # nothing pending: passes through
+    assert len(calls) == 2 and rp_verl.pop_records() == []
+    with pytest.raises(InputError, match="overlap: expected"):
+        rp_verl.install_balance_batch(type("U", (_FakeTrainer,), {}), max_token_len=1000, overlap="later")
