@@ -69,7 +69,9 @@ _TABU_FIRST_S = 0.5  # the first, short tabu run straight from FFD/BFD
 # Column generation: share of the time limit for the LP bound(s) and for the LP-guided packing,
 # and the largest pricing it is run for: DP cells (0/1 items × capacity, ~1 ns each) and
 # distinct sizes (the master's rows; production windows have thousands and close before).
-_CG_BOUND_SHARE, _CG_PACK_SHARE = 0.4, 0.35
+_CG_BOUND_SHARE, _CG_PACK_SHARE = 0.4, 0.45
+_MBS_MAX_LP_S, _TABU_MAX_LP_S = 1.5, 1.0  # MBS' and the tabu search when an LP is at hand
+_EXACT_MIN_S = 0.25  # the exact model is not started with less time left (its build alone overruns)
 _CG_MAX_CELLS, _CG_MAX_TYPES = 25_000_000, 600
 
 
@@ -224,8 +226,10 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
             return cert(r_lo, "optimal", r_lo, "colgen", f"{lb_name}={lb_bins} bins, {ub_name}={ub_bins} bins",
                         pack_N)
     # MBS' restarts: cheap and usually enough when the bound is tight.
+    # (with an LP at hand MBS' and the tabu search get less: the LP-guided search follows)
+    mbs_max, tabu_max = (_MBS_MAX_S, _TABU_MAX_S) if lp is None else (_MBS_MAX_LP_S, _TABU_MAX_LP_S)
     mbs_N, mbs_bins = minimum_bin_slack(sizes_N, C, restarts=200, target=K, node_limit=_mbs_nodes(N),
-                                        time_limit=max(0.01, min(_MBS_MAX_S, _MBS_SHARE * time_limit,
+                                        time_limit=max(0.01, min(mbs_max, _MBS_SHARE * time_limit,
                                                                  time_limit - elapsed())))
     if mbs_bins < ub_bins:
         pack_N, ub_bins, ub_name = mbs_N, mbs_bins, "MBS'"
@@ -233,7 +237,7 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
         return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, MBS'={ub_bins} bins", pack_N)
     # Overflow tabu search on exactly K bins again, from the MBS' packing.
     ts_N = fixed_bins_search(sizes_N, C, K, start=pack_N, seed=1,
-                             time_limit=max(0.01, min(_TABU_MAX_S, _TABU_SHARE * time_limit, time_limit - elapsed())))
+                             time_limit=max(0.01, min(tabu_max, _TABU_SHARE * time_limit, time_limit - elapsed())))
     if ts_N is not None:
         pack_N, ub_bins, ub_name = ts_N, int(np.unique(ts_N).size), "tabu search"
         return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, tabu search={ub_bins} bins", pack_N)
@@ -256,7 +260,7 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     used = "bounds"
     while True:
         left = time_limit - elapsed()
-        if left <= 0.05:
+        if left <= _EXACT_MIN_S:
             break
         res = solve_bin_packing(sizes_N, C, max_bins=K, method=method, time_limit=left,
                                 lower_bound_hint=lb_bins, hint=pack_N, decision=True,
