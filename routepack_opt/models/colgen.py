@@ -43,6 +43,7 @@ SCALE = 1 << 30  # duals are rounded down to multiples of 1/SCALE before the exa
 _EPS = 1e-9
 _ALPHA = 0.7  # Wentges smoothing weight of the stability centre
 _TOP = 8  # columns per pricing on large capacities
+_DIVE_STOP_AT_CEILING = False  # the dive re-solves each residual LP to optimality (better x to round)
 
 
 def types_of(sizes_N: np.ndarray):
@@ -316,7 +317,7 @@ def _dive(w_M, b_M, C, K, columns, deadline, width: int = 3, max_nodes: int = 10
         live = np.flatnonzero(r_M > 0)
         k_left = K - len(fixed)
         lp = gilmore_gomory(w_M[live], r_M[live], C, columns=[a[live] for a in cols], time_limit=left,
-                            dual_cuts=False, max_bins=k_left)
+                            dual_cuts=False, max_bins=k_left, stop_at_ceiling=_DIVE_STOP_AT_CEILING)
         ok = lp.x_P.size > 0 and np.isfinite(lp.lp_value) and lp.bound <= k_left and \
             int(np.ceil(lp.lp_value - 1e-6)) <= k_left
         min_load = int((w_M * r_M).sum()) - (k_left - 1) * C
