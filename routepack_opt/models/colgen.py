@@ -44,6 +44,7 @@ _EPS = 1e-9
 _ALPHA = 0.7  # Wentges smoothing weight of the stability centre
 _TOP = 8  # columns per pricing on large capacities
 _DIVE_STOP_AT_CEILING = False  # the dive re-solves each residual LP to optimality (better x to round)
+_DIVE_SHARE = 0.7  # of lp_pack's time: the dive; the master IP and the CP-SAT residual share the rest
 
 
 def types_of(sizes_N: np.ndarray):
@@ -400,8 +401,8 @@ def lp_pack(w_M, b_M, C: int, K: int, lp: LPBound, *, time_limit: float = 5.0):
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     cols = list(lp.cols_PM)
-    # 1. diving with backtracking, half the time
-    bins, r_M, fixed = _dive(w_M, b_M, C, K, cols, t0 + 0.5 * time_limit)
+    # 1. diving with backtracking
+    bins, r_M, fixed = _dive(w_M, b_M, C, K, cols, t0 + _DIVE_SHARE * time_limit)
     if bins is not None:
         return bins, "LP diving"
     # 2. price-and-branch on the columns generated
