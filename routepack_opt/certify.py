@@ -10,7 +10,14 @@ K ≥ the bin lower bound, so the certifier escalates and stops as soon as that 
 1. bounds: L1, Martello–Toth L2, Fekete–Schepers DFF bounds vs. FFD/BFD, then a short overflow
    tabu search on exactly K bins, MBS' with seeded restarts and the tabu search again from MBS'
    (``method="bounds"``: a lower bound met by a heuristic packing);
-2. an exact model (``auto``: arc-flow MILP in Pyomo/HiGHS when its graph is small, else
+2. the Gilmore–Gomory LP bound by column generation (:mod:`routepack_opt.models.colgen`;
+   certified by integer duals and an exact knapsack, :func:`routepack_opt.core.bounds.dual_bound`),
+   which may raise K, then a second bound on K itself (only patterns wasting at most K bins'
+   slack) and an LP-guided search for a packing into K bins (diving with backtracking, the
+   restricted master as an integer program, CP-SAT on the residual); ``method="colgen"``.
+   Skipped when one pricing DP would exceed ``_CG_MAX_CELLS`` cells or the sizes
+   ``_CG_MAX_TYPES`` distinct values (production windows, where the heuristics above close);
+3. an exact model (``auto``: arc-flow MILP in Pyomo/HiGHS when its graph is small, else
    CP-SAT) on the decision; if it proves K bins impossible, the next valid R is tried.
 
 If the time limit runs out first, the result is the best known R (from the best packing) with
@@ -34,12 +41,20 @@ import time
 
 import numpy as np
 
-from routepack_opt.core.bounds import bin_lower_bound, check_sizes, is_packing, lower_bound_l1, lower_bound_l2
+from routepack_opt.core.bounds import (
+    bin_lower_bound,
+    check_sizes,
+    dual_bound,
+    is_packing,
+    lower_bound_l1,
+    lower_bound_l2,
+)
 from routepack_opt.core.errors import BinPackUndecided, InfeasibleError, InputError
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.heuristics.binpack import best_packing, fixed_bins_search, minimum_bin_slack
 from routepack_opt.heuristics.equal_counts import equal_count_layout
+from routepack_opt.models import colgen
 from routepack_opt.models.binpack import solve_bin_packing
 from routepack_opt.models.equal_counts import decide_equal_counts
 
@@ -51,6 +66,13 @@ _MBS_SHARE, _MBS_MAX_S = 0.4, 4.0
 # ... and the overflow tabu search on exactly K bins after them.
 _TABU_SHARE, _TABU_MAX_S = 0.2, 2.0
 _TABU_FIRST_S = 0.5  # the first, short tabu run straight from FFD/BFD
+# Column generation: share of the time limit for the LP bound(s) and for the LP-guided packing,
+# and the largest pricing it is run for: DP cells (0/1 items × capacity, ~1 ns each) and
+# distinct sizes (the master's rows; production windows have thousands and close before).
+_CG_BOUND_SHARE, _CG_PACK_SHARE = 0.4, 0.45
+_MBS_MAX_LP_S, _TABU_MAX_LP_S = 1.5, 1.0  # MBS' and the tabu search when an LP is at hand
+_EXACT_MIN_S = 0.25  # the exact model is not started with less time left (its build alone overruns)
+_CG_MAX_CELLS, _CG_MAX_TYPES = 25_000_000, 600
 
 
 def _mbs_nodes(n: int) -> int:
@@ -155,6 +177,8 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     pack_N, ub_bins, ub_name = best_packing(sizes_N, C)
 
     def cert(rows, status, lb_rows, how, detail, packing):
+        if how == "bounds" and lb_name.startswith("LP"):  # the bound came from column generation
+            how = "colgen"
         return Certificate(rows=int(rows), status=status, lower_bound=int(lb_rows), method=how,
                            seconds=elapsed(), bins_lower_bound=int(lb_bins),
                            bins_upper_bound=int(ub_bins), detail=detail, packing_N=packing)
@@ -187,19 +211,43 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     if ts_N is not None:
         pack_N, ub_bins, ub_name = ts_N, int(np.unique(ts_N).size), "tabu search"
         return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, tabu search={ub_bins} bins", pack_N)
+    # The Gilmore–Gomory LP bound by column generation: it may rule K out.
+    lp = None
+    lp_res = _lp_bound(sizes_N, C, K, pack_N, ub_bins, time_limit, elapsed)
+    if lp_res is not None:
+        lp_lb, lp_name, lp = lp_res
+        if lp_lb > lb_bins:
+            lb_bins, lb_name = lp_lb, lp_name
+            r_lo = _next_valid(-(-lb_bins // D), topology)
+            if r_lo > r_max:
+                no_rows(lb_bins)
+            K = r_lo * D
+        if ub_bins <= K:
+            return cert(r_lo, "optimal", r_lo, "colgen", f"{lb_name}={lb_bins} bins, {ub_name}={ub_bins} bins",
+                        pack_N)
     # MBS' restarts: cheap and usually enough when the bound is tight.
+    # (with an LP at hand MBS' and the tabu search get less: the LP-guided search follows)
+    mbs_max, tabu_max = (_MBS_MAX_S, _TABU_MAX_S) if lp is None else (_MBS_MAX_LP_S, _TABU_MAX_LP_S)
     mbs_N, mbs_bins = minimum_bin_slack(sizes_N, C, restarts=200, target=K, node_limit=_mbs_nodes(N),
-                                        time_limit=min(_MBS_MAX_S, _MBS_SHARE * time_limit))
+                                        time_limit=max(0.01, min(mbs_max, _MBS_SHARE * time_limit,
+                                                                 time_limit - elapsed())))
     if mbs_bins < ub_bins:
         pack_N, ub_bins, ub_name = mbs_N, mbs_bins, "MBS'"
     if ub_bins <= K:
         return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, MBS'={ub_bins} bins", pack_N)
     # Overflow tabu search on exactly K bins again, from the MBS' packing.
     ts_N = fixed_bins_search(sizes_N, C, K, start=pack_N, seed=1,
-                             time_limit=min(_TABU_MAX_S, _TABU_SHARE * time_limit))
+                             time_limit=max(0.01, min(tabu_max, _TABU_SHARE * time_limit, time_limit - elapsed())))
     if ts_N is not None:
         pack_N, ub_bins, ub_name = ts_N, int(np.unique(ts_N).size), "tabu search"
         return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, tabu search={ub_bins} bins", pack_N)
+    # An LP-guided packing into K bins (the columns of the LP above).
+    if lp is not None:
+        lp_N = _lp_packing(sizes_N, C, K, lp, time_limit, elapsed)
+        if lp_N is not None:
+            pack_N, ub_bins, ub_name = lp_N, int(np.unique(lp_N).size), "LP-guided search"
+            return cert(r_lo, "optimal", r_lo, "colgen", f"{lb_name}={lb_bins} bins, {ub_name}={ub_bins} bins",
+                        pack_N)
     # K is still open. With D > 1 slots a row is D bins, so the rows between r_lo and the best
     # packing's leave the tabu search D bins of slack each: it often fills one of them when K
     # itself stays undecided (N = 32,768, D = 32: 363 rows in 0.7 s, against FFD's 364 and
@@ -212,7 +260,7 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     used = "bounds"
     while True:
         left = time_limit - elapsed()
-        if left <= 0.05:
+        if left <= _EXACT_MIN_S:
             break
         res = solve_bin_packing(sizes_N, C, max_bins=K, method=method, time_limit=left,
                                 lower_bound_hint=lb_bins, hint=pack_N, decision=True,
@@ -248,6 +296,58 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
             f"valid cells and no proof rules them out (lower bound {lb_bins} bins)")
     return cert(r_ub, "feasible", r_lo, used,
                 f"undecided in {time_limit:g}s: {lb_name} ≥ {lb_bins} bins, {ub_name}={ub_bins} bins", pack_N)
+
+
+def _lp_bound(sizes_N, C: int, K: int, pack_N, ub_bins: int, time_limit: float, elapsed):
+    """Column generation on the decision "K bins?" (the module docstring, step 2): None when
+    skipped, else (a lower bound on bins, its name, the LP for the packing step). The bound is
+    the LP's ⌈Σ b u / U⌉, re-derived from its integer duals by :func:`dual_bound`; if it leaves K
+    open and K bins have less than one bin of slack, the LP over the patterns that waste at most
+    that slack may prove K + 1."""
+    w_M, b_M, type_N = colgen.types_of(sizes_N)
+    if colgen.pricing_cost(w_M, b_M, C) > _CG_MAX_CELLS or w_M.size > _CG_MAX_TYPES:
+        return None
+    budget = _CG_BOUND_SHARE * time_limit
+    left = min(budget, time_limit - elapsed())
+    if left <= 0.05:
+        return None
+    counts_MB = np.zeros((w_M.size, ub_bins), dtype=np.int64)
+    _, compact = np.unique(pack_N, return_inverse=True)
+    np.add.at(counts_MB, (type_N, compact), 1)
+    lp = colgen.gilmore_gomory(w_M, b_M, C, columns=list(counts_MB.T), time_limit=left, target=K + 1)
+    lb, name = 0, "LP"
+    if lp.U > 0:
+        lb = dual_bound(sizes_N, C, w_M, lp.u_M)[0]
+        name = "LP (column generation)"
+    K_lp = max(K, lb)
+    if K_lp >= ub_bins:  # the bound meets the packing we have
+        return lb, name, lp
+    if int(sizes_N.sum()) > (K_lp - 1) * C:
+        left = min(0.5 * budget, time_limit - elapsed())
+        if left > 0.05:
+            lpk = colgen.gilmore_gomory(w_M, b_M, C, columns=list(lp.cols_PM), time_limit=left, max_bins=K_lp,
+                                        stop_at_ceiling=False)
+            if lpk.bound > K_lp:
+                proved = dual_bound(sizes_N, C, w_M, lpk.u_M, max_bins=K_lp)[0] if lpk.U > 0 else lpk.bound
+                if proved > K_lp:  # K_lp bins are impossible
+                    return K_lp + 1, f"LP on {K_lp} bins (column generation)", lp
+    return lb, name, lp
+
+
+def _lp_packing(sizes_N, C: int, K: int, lp, time_limit: float, elapsed):
+    """The LP-guided search (:func:`colgen.lp_pack`) for a packing into ≤ K bins, checked; or None."""
+    left = min(_CG_PACK_SHARE * time_limit, time_limit - elapsed())
+    if left <= 0.05:
+        return None
+    w_M, b_M, type_N = colgen.types_of(sizes_N)
+    bins, _how = colgen.lp_pack(w_M, b_M, C, K, lp, time_limit=left)
+    if bins is None:
+        return None
+    bin_N = colgen.assignment(bins, type_N)
+    if not is_packing(sizes_N, C, bin_N, K):
+        return None
+    _, bin_N = np.unique(bin_N, return_inverse=True)
+    return bin_N.astype(np.int64)
 
 
 def _fewer_rows(sizes_N, C, topology: Topology, r_lo: int, pack_N, ub_bins: int, ub_name: str,
