@@ -51,9 +51,10 @@ from pathlib import Path
 
 import numpy as np
 
+from routepack_opt.core import inputs
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.io import atomic_write_text
+from routepack_opt.core.io import atomic_write_bytes, atomic_write_text
 from routepack_opt.core.topology import Topology
 from routepack_opt.params import PlannerParams
 
@@ -135,8 +136,7 @@ def predicted_fill(path, cfg: ReportConfig) -> float:
     if cfg.format != "window":
         return 0.0
     try:
-        with np.load(path, allow_pickle=False) as data:
-            lengths = np.asarray(data["lengths"], dtype=np.int64)
+        lengths = np.asarray(inputs.read_npz(path, "window", ["lengths"], ["lengths"])["lengths"], dtype=np.int64)
     except Exception:
         return 0.0
     topo = cfg.topology
@@ -174,6 +174,8 @@ def load_step_window(path, cfg: ReportConfig):
 
 def check_dirs(run_dir, out_dir) -> Path:
     """Refuse an OUT_DIR that is RUN_DIR, an existing file, or in a missing directory."""
+    if str(out_dir) in ("", "-"):  # '' would be the current directory; '-' is no directory
+        raise InputError(f"-o {str(out_dir)!r}: give the report's directory (a name, not '' or '-')")
     out = Path(out_dir)
     run = Path(run_dir)
     if out.exists() and not out.is_dir():
@@ -381,9 +383,9 @@ def read_steps(path) -> tuple[list[dict], bool]:
     cut by a kill (no newline, or not JSON) and was left out. A bad line before the last one is
     an InputError (the file was edited or is not ours)."""
     p = Path(path)
-    if not p.exists():
+    if not os.path.lexists(p):
         return [], False
-    data = p.read_bytes()
+    data = inputs.read_bytes(p, "steps file", limit=1 << 34)  # a directory, FIFO, huge file: refused
     lines = data.split(b"\n")
     tail = lines.pop()  # after the last newline: b"" when the file ends cleanly
     torn = bool(tail.strip())
@@ -398,8 +400,10 @@ def read_steps(path) -> tuple[list[dict], bool]:
                 torn = True
                 break
             raise InputError(f"{p}: line {k + 1} is not a JSON object; move the file away to start over") from None
-        if not isinstance(rec, dict) or "window" not in rec:
-            raise InputError(f"{p}: line {k + 1} is not a step record; move the file away to start over")
+        try:  # the one schema check of a line, before any work (api: core/inputs.py)
+            inputs.check_step_record(rec, f"line {k + 1}")
+        except InputError as exc:
+            raise InputError(f"{inputs.display_name(p)}: {exc}; move the file away to start over") from None
         out.append(rec)
     return out, torn
 
@@ -407,9 +411,9 @@ def read_steps(path) -> tuple[list[dict], bool]:
 def _trim_torn_tail(path) -> None:
     """Cut a torn last line (everything after the last complete, parseable line)."""
     p = Path(path)
-    if not p.exists():
+    if not os.path.lexists(p):
         return
-    data = p.read_bytes()
+    data = inputs.read_bytes(p, "steps file", limit=1 << 34)
     keep = len(data)
     if not data.endswith(b"\n"):
         keep = data.rfind(b"\n") + 1
@@ -442,11 +446,14 @@ def prepare_out_dir(out_dir, cfg: ReportConfig) -> None:
         raise InputError(f"{out}: not writable")
     fp = json.loads(_dumps(cfg.fingerprint()))
     run = out / RUN
-    if run.exists():
+    if os.path.lexists(run):
         try:
-            old = json.loads(run.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-            raise InputError(f"{run}: unreadable; move OUT_DIR away to start over") from None
+            old = inputs.parse_json(inputs.read_text(run, "run.json"), str(run), "run.json")
+        except InputError as exc:
+            raise InputError(f"{exc}; move OUT_DIR away to start over") from None
+        if not isinstance(old, dict):
+            raise InputError(f"{inputs.display_name(run)}: not a JSON object of options; move OUT_DIR away to "
+                             "start over")
         if old != fp:
             diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
             raise InputError(f"{out}: holds a run made with other options ({', '.join(diff)}); use the same "
@@ -571,7 +578,7 @@ def render_report(records: list[dict], path, *, title: str = "", windows: list[s
         f"<td>{b['cap_violations']}</td><td>{b['windows_over_cap']}</td><td>{b['extra_rows']}</td>"
         f"<td>{b['mean_gap']:.4f}</td></tr>" for n, b in sorted(s["baselines"].items()))
     steps_html = "".join(
-        f"<tr><td>{esc(r['window'])}</td>" + (
+        f"<tr><td>{esc(inputs.display_name(r['window']))}</td>" + (
             f"<td colspan=6 class=err>{esc(r['error'])}</td>" if "error" in r else
             f"<td>{r['rows']}</td><td>{r['makespan'] / 1e3:,.2f}</td><td>{r['lower_bound'] / 1e3:,.2f}</td>"
             f"<td>{r['gap']:.4f}</td><td>{esc(str(r['best_baseline']))}</td><td>{_fmt_pct(r['saving'])}</td>")
@@ -586,7 +593,7 @@ def render_report(records: list[dict], path, *, title: str = "", windows: list[s
 <style>body{{font-family:sans-serif;margin:1.5em;max-width:1100px}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}td:first-child{{text-align:left}}
 .err{{color:#b00;text-align:left}}img{{max-width:100%}}</style></head><body>
-<h1>RoutePack replay report</h1><p>{esc(title)}</p>{summary}
+<h1>RoutePack replay report</h1><p>{esc(inputs.display_name(title))}</p>{summary}
 <p>Saving = (best cap-keeping baseline − RoutePack) / best, every layout scored by RoutePack's one evaluator.
 Baselines: each framework's own packer at the rows it picks, under identity or EPLB placement
 (cap violations: micro-batches over the token cap; extra rows: rows − R*).</p>
@@ -597,5 +604,5 @@ Baselines: each framework's own packer at the rows it picks, under identity or E
 <th>best baseline</th><th>saving</th></tr>{steps_html}</table></body></html>
 """
     path = Path(path)
-    atomic_write_text(path, doc)
+    atomic_write_bytes(path, doc.encode("utf-8", "backslashreplace"))  # any name's bytes: still UTF-8
     return path
