@@ -96,7 +96,7 @@ def _check_time_limit(value, where: str) -> float | None:
         return None
     if isinstance(value, str):
         text = value.strip().lower()
-        if text in ("none", "off", "inf", "unlimited"):
+        if text in ("none", "off"):  # "inf" is refused, as --time-limit inf is
             return None
         try:
             value = float(text)
