@@ -395,7 +395,7 @@ def read_steps(path) -> tuple[list[dict], bool]:
             continue
         try:
             rec = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             if k == len(lines) - 1 and not tail:
                 torn = True
                 break
@@ -421,7 +421,7 @@ def _trim_torn_tail(path) -> None:
         last = data[:-1].rfind(b"\n") + 1
         try:
             json.loads(data[last:])
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             keep = last
     if keep != len(data):
         with open(p, "r+b") as fh:

@@ -121,6 +121,10 @@ def _np(x, what: str) -> np.ndarray:
         else:
             kind = "token counts" if what.startswith(("lengths", "total_lengths")) else "expert ids"
             raise InputError(f"{what}: expected integer {kind}, got dtype {arr.dtype}")
+    if arr.dtype == np.uint64:  # uint64 with int64 arithmetic is float64 in numpy: made int64 here
+        if arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+            raise InputError(f"{what}: values beyond the int64 range")
+        arr = arr.astype(np.int64)
     return arr
 
 
