@@ -92,7 +92,7 @@ def good_files(d: Path) -> dict[str, Path]:
     files["plan_rep"] = d / "p_rep.json"
     save_cost(PRESETS[COST].cost, d / "c.toml")
     files["cost"] = d / "c.toml"
-    (d / "cfg.toml").write_text("[anneal]\nmax_sweeps = 3\n[certify]\ntime_limit = 1.0\n")
+    (d / "cfg.toml").write_text("[anneal]\npopulation = 4\n[certify]\ntime_limit = 1.0\n")
     files["config"] = d / "cfg.toml"
     np.savez(d / "r.npz", routes=routes, lengths=lengths)
     files["routes_npz"] = d / "r.npz"
@@ -313,7 +313,6 @@ def mutate(src: Path, dst_dir: Path, kind: str, seed: int) -> Path:
                 infos = [i for i in z.infolist() if i.filename.startswith(target)] or z.infolist()[:1]
             info = infos[0]
             off = info.header_offset
-            cd = raw.rfind(b"PK\x01\x02" + b"", 0)
             central = [m for m in _find_all(raw, b"PK\x01\x02")]
             cen = next((c for c in central if raw[c + 46:c + 46 + len(info.filename)] == info.filename.encode()), None)
             if kind == "member_method":
@@ -331,7 +330,6 @@ def mutate(src: Path, dst_dir: Path, kind: str, seed: int) -> Path:
                 k = data_start + rng.randrange(max(1, info.compress_size))
                 if k < len(raw):
                     raw[k] ^= 0xFF
-            del cd
         dst.write_bytes(bytes(raw))
         return dst
     elif kind in JSON_MUTATIONS and src.suffix in (".json", ".jsonl"):
@@ -464,7 +462,6 @@ def reader_cases(files: dict[str, Path]):
             return run_api(lambda: call(path, work))
         return read
 
-    from routepack_opt.core.cost import resolve_cost
     from routepack_opt.core.plan import load_plan
     from routepack_opt.params import PlannerParams
     from routepack_opt.report_run import read_steps

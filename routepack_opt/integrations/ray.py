@@ -188,6 +188,13 @@ def _init_keeping_signals(ray, **kwargs) -> None:
 
     old_term = signal.getsignal(signal.SIGTERM)
     old_int = signal.getsignal(signal.SIGINT)
+    # Ray's own switch (RAY_DISABLE_FAILURE_SIGNAL_HANDLER, read when ray is imported): the driver's
+    # core worker installs no C++ handler that turns a SIGTERM during the init into a stack dump
+    # and SIGABRT
+    with contextlib.suppress(Exception):
+        import ray._private.ray_constants as ray_constants
+
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     try:
         ray.init(**kwargs)
     except SystemExit as exc:  # Ray's handler: sys.exit(SIGTERM)
