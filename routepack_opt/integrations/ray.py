@@ -79,7 +79,11 @@ def ray_cluster(workers: int | None = None, address: str | None = None) -> Itera
             _init_keeping_signals(ray, num_cpus=workers, include_dashboard=False, logging_level="ERROR",
                                   log_to_driver=False)
         except BaseException:
-            guard.stop()
+            with _signals_deferred():
+                with contextlib.suppress(Exception):
+                    if ray.is_initialized():
+                        ray.shutdown()
+                guard.stop()
             raise
         started = True
     else:
@@ -180,24 +184,36 @@ class _Reaper:
 
 
 def _init_keeping_signals(ray, **kwargs) -> None:
-    """``ray.init`` without Ray's SIGTERM handling: ray.init sets a handler that exits 15 in
-    silence and its core worker one that dumps a C++ stack; ours (SIGTERM as SIGINT: a clean
-    ``error: interrupted``, state kept) is put back, and a SIGTERM during the init itself is an
-    interrupt too."""
+    """``ray.init`` without Ray's signal handling, and never cut in the middle: ray.init sets a
+    SIGTERM handler that exits 15 in silence, and its core worker a C++ one that dumps a stack and
+    aborts; an init interrupted half way leaves a driver that crashes at exit. So a SIGINT or
+    SIGTERM during the init is held (recorded) until the init is done, then raised as
+    KeyboardInterrupt (``error: interrupted``, exit 130; the caller shuts Ray down); our handlers
+    (SIGTERM as SIGINT) are put back. Off the main thread, plain ``ray.init``."""
     import signal
+    import threading
 
-    old_term = signal.getsignal(signal.SIGTERM)
-    old_int = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread():
+        ray.init(**kwargs)
+        return
     # Ray's own switch (RAY_DISABLE_FAILURE_SIGNAL_HANDLER, read when ray is imported): the driver's
-    # core worker installs no C++ handler that turns a SIGTERM during the init into a stack dump
-    # and SIGABRT
+    # core worker installs no C++ failure handler on SIGTERM
     with contextlib.suppress(Exception):
         import ray._private.ray_constants as ray_constants
 
         ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    held: list[int] = []
+    old_term = signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
+    old_int = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    utils = None
+    with contextlib.suppress(Exception):  # ray.init's own SIGTERM handler (sys.exit(15)): not set
+        import ray._private.utils as utils
+
+        old_setter = utils.set_sigterm_handler
+        utils.set_sigterm_handler = lambda handler: None
     try:
         ray.init(**kwargs)
-    except SystemExit as exc:  # Ray's handler: sys.exit(SIGTERM)
+    except SystemExit as exc:  # Ray's handler after all: sys.exit(SIGTERM)
         if exc.code == signal.SIGTERM:
             raise KeyboardInterrupt from None
         raise
@@ -209,11 +225,12 @@ def _init_keeping_signals(ray, **kwargs) -> None:
         raise InputError(f"Ray could not start a local cluster ({exc.__class__.__name__}: "
                          f"{' '.join(str(exc).split())[:200]}); is memory short?") from None
     finally:
-        with contextlib.suppress(ValueError, TypeError):  # off the main thread: nothing was changed
-            if old_term is not None:
-                signal.signal(signal.SIGTERM, old_term)
-            if old_int is not None:
-                signal.signal(signal.SIGINT, old_int)
+        if utils is not None:
+            utils.set_sigterm_handler = old_setter
+        signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
+        signal.signal(signal.SIGINT, old_int if old_int is not None else signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
