@@ -4,6 +4,7 @@ cluster, then, once the raylet is up,
 - ``sigterm``: SIGTERM to the command: exit 130 or 143, one ``error: interrupted`` line, no C++ dump,
   ``steps.jsonl`` lines kept (a rerun resumes), no Ray process left;
 - ``sigterm-init``: SIGTERM while ``ray.init`` runs (as soon as the GCS is up): the same;
+- ``sigterm-mid``: SIGTERM after the first ``steps.jsonl`` line: the same, the lines kept;
 - ``sigint``: SIGINT, the same;
 - ``kill9``: SIGKILL to the command: no Ray process (GCS, raylet, DashboardAgent,
   RuntimeEnvAgent, workers) left 20 s later;
@@ -72,7 +73,7 @@ def run_dir(d: Path, n: int = 4) -> Path:
     return run
 
 
-def case(name: str, run: Path, out: Path) -> dict:
+def case(name: str, run: Path, out: Path, rerun: bool = True) -> dict:
     cmd = rp("replay-report", run, "-o", out, *T, "--max-sweeps", 2, "--workers", 2)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -82,12 +83,12 @@ def case(name: str, run: Path, out: Path) -> dict:
 
     if name == "sigterm-init":
         up = _wait_for(has("gcs_server"), 60, 0.02)
-    elif name == "raylet":  # mid-run: after the first line, with windows still to go
+    elif name in ("raylet", "sigterm-mid"):  # mid-run: after the first line, with windows still to go
         up = _wait_for(lambda: (out / "steps.jsonl").exists() and (out / "steps.jsonl").stat().st_size > 0, 120)
     else:
         up = _wait_for(has("ray::"), 90)  # a worker: raylet and agents are up
     alive_before = owned(proc.pid)
-    if name in ("sigterm", "sigterm-init"):
+    if name in ("sigterm", "sigterm-init", "sigterm-mid"):
         proc.send_signal(signal.SIGTERM)
     elif name == "sigint":
         proc.send_signal(signal.SIGINT)
@@ -113,10 +114,14 @@ def case(name: str, run: Path, out: Path) -> dict:
         except OSError:
             pass
     lines = (out / "steps.jsonl").read_text().count("\n") if (out / "steps.jsonl").exists() else 0
+    resumed = None
+    if rerun and name in ("sigterm-mid", "raylet") and not hang:  # the rerun plans only what is missing
+        again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        resumed = {"rc": again.returncode, "line": again.stdout.splitlines()[0] if again.stdout else again.stderr}
     err = [x for x in stderr.splitlines() if x.strip()]
     return {"case": name, "ray_up": up, "ray_processes_before": len(alive_before), "rc": proc.returncode,
             "hang": hang, "stderr_lines": len(err), "stderr": err[:3], "dump": "SIGTERM received" in stderr
-            or "***" in stderr, "steps_lines_kept": lines, "left_after_20s": len(left) if not gone else 0,
+            or "***" in stderr, "steps_lines_kept": lines, "rerun": resumed, "left_after_20s": len(left) if not gone else 0,
             "left": [c[:100] for _, c in left][:5], "wall_s": round(wall, 1)}
 
 
@@ -127,7 +132,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         run = run_dir(Path(tmp), 8)
-        for name in ("sigterm", "sigterm-init", "sigint", "kill9", "raylet"):
+        for name in ("sigterm", "sigterm-init", "sigterm-mid", "sigint", "kill9", "raylet"):
             if only and only != name:
                 continue
             rows.append(case(name, run, Path(tmp) / f"out_{name}"))
