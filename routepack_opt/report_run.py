@@ -113,10 +113,10 @@ def list_windows(run_dir, fmt: str = "window") -> list[Path]:
     ``step_10``): ``*.npz`` for our format, else the files ``import-replay`` reads. Hidden files
     (a writer's temporaries) are skipped."""
     d = Path(run_dir)
-    if not d.exists():
-        raise InputError(f"{d}: no such directory")
-    if not d.is_dir():
-        raise InputError(f"{d}: not a directory; give the directory that holds one window per step")
+    try:
+        inputs.check_dir(d, "RUN_DIR")  # a name over 255 bytes, a loop: one line
+    except InputError as exc:
+        raise InputError(f"{exc}; give the directory that holds one window per step") from None
     suffixes = (".npz",) if fmt == "window" else _REPLAY_SUFFIXES
     files = [p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")
              and p.suffix.lower() in suffixes]
@@ -178,8 +178,9 @@ def check_dirs(run_dir, out_dir) -> Path:
         raise InputError(f"-o {str(out_dir)!r}: give the report's directory (a name, not '' or '-')")
     out = Path(out_dir)
     run = Path(run_dir)
-    if out.exists() and not out.is_dir():
+    if os.path.exists(out) and not os.path.isdir(out):
         raise InputError(f"{out}: exists and is not a directory; -o takes the report's directory")
+    inputs.check_dir(out, "-o", must_exist=False)  # a name over 255 bytes, a symlink loop: one line
     if out.exists() and run.exists() and os.path.samefile(out, run):
         raise InputError(f"{out}: is RUN_DIR; write the report to another directory")
     parent = out.parent if str(out.parent) else Path(".")

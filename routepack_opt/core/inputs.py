@@ -44,7 +44,7 @@ try:
 except ImportError:  # pragma: no cover
     resource = None  # type: ignore[assignment]
 
-__all__ = ["check_input", "open_input", "read_bytes", "read_text", "load_document", "NpzArchive",
+__all__ = ["check_input", "check_dir", "open_input", "read_bytes", "read_text", "load_document", "NpzArchive",
            "read_npz", "check_npy_file", "SafetensorsFile", "tensor_to_numpy", "display_name",
            "available_memory", "check_dtype", "check_step_record", "int_matrix", "is_int",
            "parse_json", "check_memory", "read_npy", "NAME_MAX", "PATH_MAX", "INT_MAX"]
@@ -133,6 +133,23 @@ def check_input(path, what: str = "input file") -> Path:
     except OSError as exc:
         raise _os_error(text, exc, what) from None
     _refuse_mode(text, st.st_mode, what)
+    return Path(text)
+
+
+def check_dir(path, what: str = "directory", must_exist: bool = True) -> Path:
+    """``Path(path)`` when it names a directory (or, ``must_exist=False``, nothing yet), else an
+    InputError naming it (a file, a FIFO, a name over 255 bytes, a symlink loop, ...)."""
+    text = _check_name(path, what)
+    try:
+        st = os.stat(text)
+    except FileNotFoundError:
+        if must_exist:
+            raise InputError(f"{_shown(text)}: no such directory ({what})") from None
+        return Path(text)
+    except OSError as exc:
+        raise _os_error(text, exc, what) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{_shown(text)}: not a directory ({what})")
     return Path(text)
 
 
