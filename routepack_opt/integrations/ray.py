@@ -211,6 +211,11 @@ def _init_keeping_signals(ray, **kwargs) -> None:
 
         old_setter = utils.set_sigterm_handler
         utils.set_sigterm_handler = lambda handler: None
+    from routepack_opt.core.inputs import display_name
+
+    if utils is not None:  # Ray stores our command line as UTF-8: a non-UTF-8 file name in it failed
+        old_entry = utils.get_entrypoint_name
+        utils.get_entrypoint_name = lambda: display_name(old_entry())
     try:
         ray.init(**kwargs)
     except SystemExit as exc:  # Ray's handler after all: sys.exit(SIGTERM)
@@ -223,9 +228,10 @@ def _init_keeping_signals(ray, **kwargs) -> None:
         if "address" in kwargs:
             raise
         raise InputError(f"Ray could not start a local cluster ({exc.__class__.__name__}: "
-                         f"{' '.join(str(exc).split())[:200]}); is memory short?") from None
+                         f"{' '.join(str(exc).split())[:200]})") from None
     finally:
         if utils is not None:
+            utils.get_entrypoint_name = old_entry
             utils.set_sigterm_handler = old_setter
         signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
         signal.signal(signal.SIGINT, old_int if old_int is not None else signal.default_int_handler)
