@@ -282,6 +282,25 @@ def mutate(src: Path, dst_dir: Path, kind: str, seed: int) -> Path:
         data = b""
     elif kind == "duplicate":
         data = data + data
+    elif kind == "dtype" and src.suffix in (".pt", ".safetensors"):
+        import torch
+
+        r = torch.from_numpy(np.load(src.with_name("r.npy")))
+        ln = torch.from_numpy(np.load(src.with_name("len.npy")))
+        choice = rng.choice(["bfloat16", "float8_e4m3fn", "float8_e5m2", "float16", "bool", "complex64",
+                             "uint8", "sparse", "int8", "float64"])
+        if choice == "sparse":
+            t = r.to_sparse()
+        else:
+            t = r.to(getattr(torch, choice))
+        if src.suffix == ".pt":
+            torch.save({"routes": t, "lengths": ln}, dst)
+        else:
+            from safetensors.torch import save_file
+
+            save_file({"routes": t if choice not in ("sparse", "complex64") else r.to(torch.bool),
+                       "lengths": ln}, str(dst))
+        return dst
     elif kind in ARRAY_MUTATIONS and src.suffix == ".npy":
         arr = np.load(src)
         if kind == "dtype":
@@ -505,6 +524,8 @@ def reader_cases(files: dict[str, Path]):
 def mutations_for(fmt: str) -> tuple[str, ...]:
     if fmt in ("window", "routes_npz", "routes_npy", "lengths"):
         extra = ARRAY_MUTATIONS
+    elif fmt in ("routes_pt", "routes_st"):
+        extra = ("dtype",)
     elif fmt in ("plan", "steps", "run_json"):
         extra = JSON_MUTATIONS
     else:

@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["check_input", "check_dir", "open_input", "read_bytes", "read_text", "load_document", "NpzArchive",
            "read_npz", "check_npy_file", "SafetensorsFile", "tensor_to_numpy", "display_name",
-           "available_memory", "check_dtype", "check_step_record", "int_matrix", "is_int",
+           "available_memory", "check_dtype", "check_step_record", "check_tensors", "int_matrix", "is_int",
            "parse_json", "check_memory", "read_npy", "NAME_MAX", "PATH_MAX", "INT_MAX"]
 
 NAME_MAX = 255
@@ -615,24 +615,46 @@ class SafetensorsFile:
         return _StSlice(self, key)
 
 
+_TORCH_SMALL_FLOATS = ("torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2", "torch.float8_e4m3fnuz",
+                       "torch.float8_e5m2fnuz", "torch.float8_e8m0fnu")
+
+
 # --- torch tensors -------------------------------------------------------------------------------
+def check_tensors(obj, where: str, depth: int = 0) -> None:
+    """Refuse, right after a ``.pt`` is loaded, the tensors no reader can slice: sparse or
+    quantized ones (in the object, its lists, tuples and dicts, a few levels deep)."""
+    if depth > 4:
+        return
+    if hasattr(obj, "layout") and hasattr(obj, "detach"):
+        if str(obj.layout) != "torch.strided":
+            raise InputError(f"{where}: holds a sparse tensor ({obj.layout}); save it dense (tensor.to_dense())")
+        if getattr(obj, "is_quantized", False):
+            raise InputError(f"{where}: holds a quantized tensor; save integer expert ids")
+        return
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        items = list(obj)
+    else:
+        return
+    for item in items[:100000]:
+        check_tensors(item, where, depth + 1)
+
+
 def tensor_to_numpy(x, what: str) -> np.ndarray:
     """A CPU numpy array of the torch tensor ``x``: bf16 and float8 converted exactly to float32
     (every value of theirs is a float32 value), complex/bool kept for the caller's dtype check,
     sparse or quantized tensors refused."""
-    import torch  # only reached with a tensor in hand
-
-    if x.layout != torch.strided:
+    # duck-typed: core imports no torch (a tensor in hand has what we need as methods)
+    if str(x.layout) != "torch.strided":
         raise InputError(f"{what}: a sparse tensor ({x.layout}); save it dense (tensor.to_dense())")
-    if x.is_quantized:
+    if getattr(x, "is_quantized", False):
         raise InputError(f"{what}: a quantized tensor; save integer expert ids or counts")
     x = x.detach()
     if x.device.type != "cpu":
         x = x.cpu()
-    small_floats = {torch.bfloat16, *(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2",
-                    "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n))}
-    if x.dtype in small_floats:
-        x = x.to(torch.float32)
+    if str(x.dtype) in _TORCH_SMALL_FLOATS:  # every value of theirs is a float32 value
+        x = x.float()
     if x.is_complex():
         raise InputError(f"{what}: complex tensor ({x.dtype}); expected integers")
     try:

@@ -293,8 +293,11 @@ class Plan:
         if (not isinstance(cells, list) or len(cells) != rows
                 or not all(isinstance(r, list) and len(r) == topo.dp for r in cells)
                 or not all(isinstance(c, list) for r in cells for c in r)
-                or not all(is_int(i) and 0 <= i <= INT_MAX for r in cells for c in r for i in c)):
+                or not all(is_int(i) for r in cells for c in r for i in c)):
             raise InputError(f"plan: cells must be {rows} rows × {topo.dp} slots of integer sample-id lists")
+        bad = next((i for r in cells for c in r for i in c if not 0 <= i <= INT_MAX), None)
+        if bad is not None:
+            raise InputError(f"plan: sample id {bad} is outside 0..{INT_MAX}")
         placement = int_matrix(d["placement"], "plan: placement")  # no floats, strings or booleans
         replicas = None
         if "phy2log" in d:

@@ -640,7 +640,9 @@ def _load_file(path: Path):
         if suf == ".safetensors":
             return _SafetensorsMembers(inputs.SafetensorsFile(path))
         if suf in (".pt", ".pth"):
-            return _load_pt(path)
+            loaded = _load_pt(path)
+            inputs.check_tensors(loaded, str(path))  # sparse / quantized: refused before any slicing
+            return loaded
     except InputError:
         raise
     except ImportError as exc:
