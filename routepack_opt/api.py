@@ -194,8 +194,14 @@ def checked_window(lengths, counts, routes, num_experts, opts: PlanOptions) -> W
     within ``max_tokens``, enough samples for R·D nonempty cells (and N/D with
     ``equal_samples_per_slot``). Raises InputError."""
     window = window_from(lengths, counts, routes, num_experts)
-    topo = opts.topology()
-    topo.check_experts(window.num_experts)
+    # the replica rules as the planner applies them: E + N divisible by ep, at most one replica
+    # of an expert per rank, the replicas' bytes within max_replica_bytes
+    topo = pipeline.with_replicas(opts.topology(), window.num_experts, opts.cost_model(), None,
+                                  opts.max_replica_bytes)
+    if topo.redundant_experts:
+        from routepack_opt.heuristics.placement.replicate import _check as check_replica_slots
+
+        check_replica_slots(np.zeros((1, window.num_experts)), topo.ep, window.num_experts + topo.redundant_experts)
     topo.check_samples(window.num_samples)
     check_current_placement(opts.current_placement, window)
     if not isinstance(opts.placement, str):
@@ -243,7 +249,7 @@ def plan_micro_batches(lengths, counts=None, *, routes=None, num_experts: int | 
     per-sample ``counts`` [N, L, E] or per-token ``routes`` [T, L, k] with ``num_experts``. Numba
     kernels are compiled (or loaded from the cache) before ``time_limit`` starts counting."""
     opts = PlanOptions.of(options)
-    return _plan(window_from(lengths, counts, routes, num_experts), opts)
+    return _plan(checked_window(lengths, counts, routes, num_experts, opts), opts)  # as submit() checks
 
 
 # ---------------------------------------------------------------------------------------------

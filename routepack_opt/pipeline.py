@@ -262,6 +262,9 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     (``plan.replicas``), the search packs against the surrogate rank loads and the evaluator
     scores the exact even-local split. ``max_replica_bytes``: the most expert state (bytes,
     ``cost.expert_bytes`` per slot) the replicas may add to one rank; more is an ``InputError``."""
+    for name, value, cls in (("window", window, Window), ("topology", topology, Topology), ("cost", cost, CostModel)):
+        if not isinstance(value, cls):
+            raise InputError(f"solve: {name} must be a {cls.__name__}, got {type(value).__name__} {value!r:.40}")
     objective = check_objective(objective)
     topology = with_replicas(topology, window.num_experts, cost, redundant_experts, max_replica_bytes)
     if not isinstance(params, PlannerParams):

@@ -51,9 +51,10 @@ from pathlib import Path
 
 import numpy as np
 
+from routepack_opt.core import inputs
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.io import atomic_write_text
+from routepack_opt.core.io import atomic_write_bytes, atomic_write_text
 from routepack_opt.core.topology import Topology
 from routepack_opt.params import PlannerParams
 
@@ -122,10 +123,10 @@ def list_windows(run_dir, fmt: str = "window") -> list[Path]:
     ``step_10``): ``*.npz`` for our format, else the files ``import-replay`` reads. Hidden files
     (a writer's temporaries) are skipped."""
     d = Path(run_dir)
-    if not d.exists():
-        raise InputError(f"{d}: no such directory")
-    if not d.is_dir():
-        raise InputError(f"{d}: not a directory; give the directory that holds one window per step")
+    try:
+        inputs.check_dir(d, "RUN_DIR")  # a name over 255 bytes, a loop: one line
+    except InputError as exc:
+        raise InputError(f"{exc}; give the directory that holds one window per step") from None
     suffixes = (".npz",) if fmt == "window" else _REPLAY_SUFFIXES
     files = [p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")
              and p.suffix.lower() in suffixes]
@@ -145,8 +146,7 @@ def predicted_fill(path, cfg: ReportConfig) -> float:
     if cfg.format != "window":
         return 0.0
     try:
-        with np.load(path, allow_pickle=False) as data:
-            lengths = np.asarray(data["lengths"], dtype=np.int64)
+        lengths = np.asarray(inputs.read_npz(path, "window", ["lengths"], ["lengths"])["lengths"], dtype=np.int64)
     except Exception:
         return 0.0
     topo = cfg.topology
@@ -184,10 +184,13 @@ def load_step_window(path, cfg: ReportConfig):
 
 def check_dirs(run_dir, out_dir) -> Path:
     """Refuse an OUT_DIR that is RUN_DIR, an existing file, or in a missing directory."""
+    if str(out_dir) in ("", "-"):  # '' would be the current directory; '-' is no directory
+        raise InputError(f"-o {str(out_dir)!r}: give the report's directory (a name, not '' or '-')")
     out = Path(out_dir)
     run = Path(run_dir)
-    if out.exists() and not out.is_dir():
+    if os.path.exists(out) and not os.path.isdir(out):
         raise InputError(f"{out}: exists and is not a directory; -o takes the report's directory")
+    inputs.check_dir(out, "-o", must_exist=False)  # a name over 255 bytes, a symlink loop: one line
     if out.exists() and run.exists() and os.path.samefile(out, run):
         raise InputError(f"{out}: is RUN_DIR; write the report to another directory")
     parent = out.parent if str(out.parent) else Path(".")
@@ -402,9 +405,9 @@ def read_steps(path) -> tuple[list[dict], bool]:
     cut by a kill (no newline, or not JSON) and was left out. A bad line before the last one is
     an InputError (the file was edited or is not ours)."""
     p = Path(path)
-    if not p.exists():
+    if not os.path.lexists(p):
         return [], False
-    data = p.read_bytes()
+    data = inputs.read_bytes(p, "steps file", limit=1 << 34)  # a directory, FIFO, huge file: refused
     lines = data.split(b"\n")
     tail = lines.pop()  # after the last newline: b"" when the file ends cleanly
     torn = bool(tail.strip())
@@ -414,13 +417,15 @@ def read_steps(path) -> tuple[list[dict], bool]:
             continue
         try:
             rec = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             if k == len(lines) - 1 and not tail:
                 torn = True
                 break
             raise InputError(f"{p}: line {k + 1} is not a JSON object; move the file away to start over") from None
-        if not isinstance(rec, dict) or "window" not in rec:
-            raise InputError(f"{p}: line {k + 1} is not a step record; move the file away to start over")
+        try:  # the one schema check of a line, before any work (api: core/inputs.py)
+            inputs.check_step_record(rec, f"line {k + 1}")
+        except InputError as exc:
+            raise InputError(f"{inputs.display_name(p)}: {exc}; move the file away to start over") from None
         out.append(rec)
     return out, torn
 
@@ -428,9 +433,9 @@ def read_steps(path) -> tuple[list[dict], bool]:
 def _trim_torn_tail(path) -> None:
     """Cut a torn last line (everything after the last complete, parseable line)."""
     p = Path(path)
-    if not p.exists():
+    if not os.path.lexists(p):
         return
-    data = p.read_bytes()
+    data = inputs.read_bytes(p, "steps file", limit=1 << 34)
     keep = len(data)
     if not data.endswith(b"\n"):
         keep = data.rfind(b"\n") + 1
@@ -438,7 +443,7 @@ def _trim_torn_tail(path) -> None:
         last = data[:-1].rfind(b"\n") + 1
         try:
             json.loads(data[last:])
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             keep = last
     if keep != len(data):
         with open(p, "r+b") as fh:
@@ -463,11 +468,14 @@ def prepare_out_dir(out_dir, cfg: ReportConfig) -> None:
         raise InputError(f"{out}: not writable")
     fp = json.loads(_dumps(cfg.fingerprint()))
     run = out / RUN
-    if run.exists():
+    if os.path.lexists(run):
         try:
-            old = json.loads(run.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-            raise InputError(f"{run}: unreadable; move OUT_DIR away to start over") from None
+            old = inputs.parse_json(inputs.read_text(run, "run.json"), str(run), "run.json")
+        except InputError as exc:
+            raise InputError(f"{exc}; move OUT_DIR away to start over") from None
+        if not isinstance(old, dict):
+            raise InputError(f"{inputs.display_name(run)}: not a JSON object of options; move OUT_DIR away to "
+                             "start over")
         if old != fp:
             diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
             raise InputError(f"{out}: holds a run made with other options ({', '.join(diff)}); use the same "
@@ -654,7 +662,7 @@ def render_report(records: list[dict], path, *, title: str = "", windows: list[s
         f"<td>{b['cap_violations']}</td><td>{b['windows_over_cap']}</td><td>{b['extra_rows']}</td>"
         f"<td>{b['mean_gap']:.4f}</td></tr>" for n, b in sorted(s["baselines"].items()))
     steps_html = "".join(
-        f"<tr><td>{esc(r['window'])}</td>" + (
+        f"<tr><td>{esc(inputs.display_name(r['window']))}</td>" + (
             f"<td colspan=6 class=err>{esc(r['error'])}</td>" if "error" in r else
             f"<td>{r['rows']}</td><td>{r['makespan'] / 1e3:,.2f}</td><td>{r['lower_bound'] / 1e3:,.2f}</td>"
             f"<td>{r['gap']:.4f}</td><td>{esc(str(r['best_baseline']))}</td><td>{_fmt_pct(r['saving'])}</td>")
@@ -669,7 +677,7 @@ def render_report(records: list[dict], path, *, title: str = "", windows: list[s
 <style>body{{font-family:sans-serif;margin:1.5em;max-width:1100px}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}td:first-child{{text-align:left}}
 .err{{color:#b00;text-align:left}}img{{max-width:100%}}.headline{{font-size:20px}}</style></head><body>
-<h1>RoutePack replay report</h1>{_headline_html(recs, options)}<p>{esc(title)}</p>{summary}
+<h1>RoutePack replay report</h1>{_headline_html(recs, options)}<p>{esc(inputs.display_name(title))}</p>{summary}
 {_options_html(options)}
 <p>Saving = (best cap-keeping baseline − RoutePack) / best, every layout scored by RoutePack's one evaluator.
 Baselines: each framework's own packer at the rows it picks, under identity or EPLB placement
@@ -681,7 +689,7 @@ Baselines: each framework's own packer at the rows it picks, under identity or E
 <th>best baseline</th><th>saving</th></tr>{steps_html}</table></body></html>
 """
     path = Path(path)
-    atomic_write_text(path, doc)
+    atomic_write_bytes(path, doc.encode("utf-8", "backslashreplace"))  # any name's bytes: still UTF-8
     return path
 
 

@@ -14,6 +14,7 @@ import importlib
 import os
 import signal
 import sys
+import warnings
 
 from routepack_opt.core.errors import InputError
 
@@ -36,6 +37,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="routepack", description="Plan MoE RL optimizer steps: expert placement "
                      "+ attention-aware packing from routing replay.")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show Python warnings (numpy, torch, ...) on standard error; hidden otherwise")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:
@@ -51,8 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     old_term = _on_sigterm_interrupt()
+    verbose = bool(os.environ.get("ROUTEPACK_DEBUG")) or bool(argv) and argv[0] in ("-v", "--verbose")
     try:
-        return _main(argv)
+        with warnings.catch_warnings():
+            if not verbose:  # a warning is no error: stderr holds the one error: line, or nothing
+                warnings.simplefilter("ignore")
+            return _main(argv)
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)

@@ -4,10 +4,36 @@ training without them."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
+import time
 
 from routepack_opt.cli.common import add_json, emit, nonneg_int, positive_float, positive_int
 from routepack_opt.core.errors import InputError
+
+MAX_STEPS = 1000
+MAX_WORLD = 256
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """A TimeoutError in the main thread after ``seconds`` (SIGALRM; nothing where signals cannot
+    be set: off the main thread the distributed part's own timeout still holds)."""
+    def fire(signum, frame):
+        raise TimeoutError("verify-runtime: --timeout")
+
+    try:
+        old = signal.signal(signal.SIGALRM, fire)
+    except ValueError:
+        yield
+        return
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def register(sub) -> None:
@@ -18,9 +44,11 @@ def register(sub) -> None:
                    help="gloo processes = DP slots of the distributed check (1: single process only; default 4)")
     p.add_argument("--ep", type=positive_int, default=None,
                    help="EP size P (default 2, or 1 when the world size is odd)")
-    p.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (re-placement after the first)")
+    p.add_argument("--steps", type=positive_int, default=3,
+                   help=f"optimizer steps (re-placement after the first; at most {MAX_STEPS})")
     p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--timeout", type=positive_float, default=180.0, help="seconds allowed for the distributed run")
+    p.add_argument("--timeout", type=positive_float, default=180.0,
+                   help="seconds allowed for the whole command (default 180)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu (gloo; default) or cuda (nccl, one GPU per rank)")
     p.add_argument("--redundant-experts", type=nonneg_int, default=0, metavar="N",
@@ -34,9 +62,14 @@ def register(sub) -> None:
 
 
 def run(args) -> None:
+    t0 = time.monotonic()
     from routepack_opt.runtime.verify import VerifyConfig, verify_runtime
 
     ep = args.ep if args.ep is not None else (2 if args.world_size % 2 == 0 else 1)
+    if args.steps > MAX_STEPS:  # each step trains the model once per run: hours at 10^5
+        raise InputError(f"--steps {args.steps}: at most {MAX_STEPS} (the check needs 2)")
+    if args.world_size > MAX_WORLD:
+        raise InputError(f"--world-size {args.world_size}: at most {MAX_WORLD} processes")
     if args.steps < 2:
         raise InputError(f"--steps must be ≥ 2 (re-placement happens after step 1), got {args.steps}")
     if args.timeout <= 0:
@@ -49,9 +82,11 @@ def run(args) -> None:
                               device=args.device, dp=args.world_size, ep=ep,
                               redundant=args.redundant_experts)
     try:
-        rep = verify_runtime(cfg, world_size=args.world_size, ep=ep)
+        # --timeout covers the whole command, not just the processes
+        with _deadline(max(0.01, args.timeout - (time.monotonic() - t0))):
+            rep = verify_runtime(cfg, world_size=args.world_size, ep=ep)
     except TimeoutError:  # the user's budget, not our failure: say so and how to fix it
-        raise InputError(f"the distributed run did not finish within --timeout {args.timeout:g} s "
+        raise InputError(f"verify-runtime did not finish within --timeout {args.timeout:g} s "
                          f"({args.world_size} processes, each starting torch and a process group); "
                          "give it more time (default 180)") from None
     if args.redundant_experts:

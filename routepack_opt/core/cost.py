@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 
 from routepack_opt.core.errors import InputError, load_document
@@ -352,6 +353,9 @@ def resolve_cost(name_or_path: str) -> CostModel:
     """A preset name or a TOML path → :class:`CostModel`."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path].cost
-    if Path(name_or_path).suffix == ".toml" or Path(name_or_path).exists():
+    if not isinstance(name_or_path, (str, os.PathLike)) or isinstance(name_or_path, bool):
+        raise InputError(f"cost: expected a preset name, a TOML path or a CostModel, got "
+                         f"{type(name_or_path).__name__} {name_or_path!r:.60}")
+    if str(name_or_path).endswith(".toml") or os.path.lexists(name_or_path):  # lexists never raises
         return load_cost(name_or_path)
     raise InputError(f"--cost: '{name_or_path}' is neither a preset ({', '.join(PRESETS)}) nor a TOML file")

@@ -223,20 +223,13 @@ class Placement:
 
     @classmethod
     def from_json(cls, d: dict, ep: int, num_experts: int | None = None) -> Placement:
-        raw = d.get("phy2log")
-        if (not isinstance(raw, list) or not all(isinstance(r, list) for r in raw)
-                or not all(isinstance(x, int) and not isinstance(x, bool) for r in raw for x in r)):
-            raise InputError("plan: phy2log must be L lists of S integers")
-        if len({len(r) for r in raw}) > 1:
-            raise InputError("plan: phy2log rows must all have S entries")
-        p2l = np.asarray(raw, dtype=np.int64).reshape(len(raw), -1)
+        from routepack_opt.core.inputs import int_matrix  # the one schema check of plan JSON
+
+        p2l = int_matrix(d.get("phy2log"), "plan: phy2log")
         cnt_raw = d.get("logcnt")
-        if not isinstance(cnt_raw, list):
+        if cnt_raw is None:
             raise InputError("plan: a plan with phy2log needs logcnt (L lists of E integers)")
-        try:
-            cnt = np.asarray(cnt_raw, dtype=np.int64)
-        except (TypeError, ValueError, OverflowError):
-            raise InputError("plan: logcnt must be L lists of E integers") from None
+        cnt = int_matrix(cnt_raw, "plan: logcnt", lo=1, hi=p2l.shape[1], rows=p2l.shape[0])
         E = num_experts if num_experts is not None else (cnt.shape[1] if cnt.ndim == 2 else -1)
         pl = cls(p2l, ep, E, rule=d.get("replica_rule", REPLICA_RULE))
         if cnt.shape != pl.logcnt.shape or not np.array_equal(cnt, pl.logcnt):

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from routepack_opt.core.errors import InputError, load_document
+from routepack_opt.core.inputs import INT_MAX, check_memory, int_matrix, is_int
 from routepack_opt.core.io import atomic_write_text
 from routepack_opt.core.layout import Layout, check_rows
 from routepack_opt.core.objective import Objective, check_objective
@@ -292,18 +293,12 @@ class Plan:
         if (not isinstance(cells, list) or len(cells) != rows
                 or not all(isinstance(r, list) and len(r) == topo.dp for r in cells)
                 or not all(isinstance(c, list) for r in cells for c in r)
-                or not all(isinstance(i, int) and not isinstance(i, bool) for r in cells for c in r for i in c)):
+                or not all(is_int(i) for r in cells for c in r for i in c)):
             raise InputError(f"plan: cells must be {rows} rows × {topo.dp} slots of integer sample-id lists")
-        raw_pl = d["placement"]
-        if (not isinstance(raw_pl, list) or not all(isinstance(r, list) for r in raw_pl)
-                or not all(isinstance(x, int) and not isinstance(x, bool) for r in raw_pl for x in r)):
-            raise InputError("plan: placement must be L lists of E integers (no floats, strings or booleans)")
-        try:
-            placement = np.asarray(raw_pl, dtype=np.int64)
-        except (TypeError, ValueError, OverflowError):
-            raise InputError("plan: placement must be L lists of E integers") from None
-        if placement.ndim != 2:
-            raise InputError("plan: placement must be L lists of E integers")
+        bad = next((i for r in cells for c in r for i in c if not 0 <= i <= INT_MAX), None)
+        if bad is not None:
+            raise InputError(f"plan: sample id {bad} is outside 0..{INT_MAX}")
+        placement = int_matrix(d["placement"], "plan: placement")  # no floats, strings or booleans
         replicas = None
         if "phy2log" in d:
             replicas = Placement.from_json(d, topo.ep)
@@ -317,6 +312,7 @@ class Plan:
         # Without the window's N, a plan holds samples 0..n-1, n the number of ids it lists: the
         # arrays are sized by that count, never by the largest id (id 10^8 would cost 1.6 GB).
         n = num_samples if num_samples is not None else sum(len(c) for r in cells for c in r)
+        check_num_samples(n)
         row_N, slot_N = assignment_from_cells(cells, n)
         objective = d.get("objective", Objective.MAX_SUM)  # checked by __post_init__
         info = d.get("info", {})
@@ -351,5 +347,17 @@ def dumps_strict(obj, **kw) -> str:
                          "input makes the score overflow; use finite, realistic coefficients") from None
 
 
+def check_num_samples(n) -> int:
+    """``num_samples`` of a plan: an integer in 0..2^31-1 whose per-sample arrays fit in memory."""
+    if not is_int(n) and not isinstance(n, np.integer) or isinstance(n, (bool, np.bool_)):
+        raise InputError(f"num_samples: expected an integer, got {type(n).__name__} {n!r:.40}")
+    if not 0 <= int(n) <= INT_MAX:
+        raise InputError(f"num_samples: {n} is out of range 0..{INT_MAX}")
+    check_memory(16 * int(n), f"num_samples={n}")
+    return int(n)
+
+
 def load_plan(path: str | Path, num_samples: int | None = None) -> Plan:
+    if num_samples is not None:
+        num_samples = check_num_samples(num_samples)
     return load_document(path, "plan", "json", lambda d: Plan.from_json(d, num_samples=num_samples))

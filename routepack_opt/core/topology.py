@@ -89,8 +89,11 @@ class Topology:
             sos = tuple(int(s) for s in raw)
             if len(sos) != self.dp:
                 raise InputError(f"topology: shard_of_slot has {len(sos)} entries for dp={self.dp}")
-            sizes = np.bincount(np.asarray(sos, dtype=np.int64).clip(min=0), minlength=G)
-            if min(sos) < 0 or max(sos) >= G or (sizes != self.ep).any():
+            if min(sos) < 0 or max(sos) >= G:  # before any array is sized by them (2^31, 2^64)
+                raise InputError(f"topology: shard_of_slot must name shards 0..{G - 1}, got "
+                                 f"{min(sos) if min(sos) < 0 else max(sos)}")
+            sizes = np.bincount(np.asarray(sos, dtype=np.int64), minlength=G)
+            if (sizes != self.ep).any():
                 raise InputError(
                     f"topology: shard_of_slot must name shards 0..{G - 1}, each exactly ep={self.ep} "
                     f"times; got sizes {sizes.tolist()}"

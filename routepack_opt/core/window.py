@@ -14,12 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-try:
-    import resource  # POSIX only
-except ImportError:  # pragma: no cover
-    resource = None
-
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.inputs import NpzArchive, available_memory
 from routepack_opt.core.io import atomic_open
 
 __all__ = ["Window", "load_window", "save_window", "write_window_npz", "counts_dtype",
@@ -248,52 +244,6 @@ def _few(values, k: int = 5) -> str:
 WINDOW_COPY_BYTES = 4
 
 
-def available_memory() -> int | None:
-    """Bytes this process can still allocate, by the tightest of: the address-space limit
-    (``RLIMIT_AS``) less what is mapped, the cgroup's limit less its usage, and the machine's
-    ``MemAvailable``; None when none of them can be read."""
-    limits = []
-    try:
-        if resource is None:
-            raise OSError("no resource module")
-        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-        if soft != resource.RLIM_INFINITY:
-            with open("/proc/self/statm") as fh:
-                mapped = int(fh.read().split()[0]) * resource.getpagesize()
-            limits.append(soft - mapped)
-    except (ImportError, OSError, ValueError):
-        pass
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),):
-        try:
-            with open(limit_file) as fh:
-                raw = fh.read().strip()
-            if raw != "max":
-                with open(usage_file) as fh:
-                    limits.append(int(raw) - int(fh.read().strip()))
-        except (OSError, ValueError):
-            pass
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    limits.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError):
-        pass
-    return max(0, min(limits)) if limits else None
-
-
-def _npz_member_shape(data, key: str) -> tuple[tuple[int, ...], np.dtype] | None:
-    """Shape and dtype of an ``.npz`` member from its ``.npy`` header, without reading the data."""
-    try:
-        with data.zip.open(f"{key}.npy") as fh:
-            version = np.lib.format.read_magic(fh)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, dtype = read(fh)
-        return tuple(shape), np.dtype(dtype)
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile, AttributeError):
-        return None
-
-
 def check_window_memory(shape_NLE: tuple[int, ...], stored: np.dtype, path: str = "window") -> None:
     """Raise an :class:`InputError` up front when a window of ``shape_NLE`` (stored as
     ``stored``) cannot be loaded in the memory left, instead of dying in the middle."""
@@ -312,33 +262,23 @@ def check_window_memory(shape_NLE: tuple[int, ...], stored: np.dtype, path: str 
 
 def load_window(path: str | Path) -> Window:
     """Read a window ``.npz`` (docs/formats.md): ``lengths``, ``counts``, optional ``top_k``,
-    ``group_ids``, ``step``; other arrays are ignored. The memory it needs is checked against
-    what is available before the counts are read (:func:`check_window_memory`)."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    try:
-        data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise InputError(f"{path}: a single array (.npy), not an .npz window with "
-                             "'lengths' and 'counts'")
-        with data:
-            keys = set(data.files)
-            for key in ("lengths", "counts"):
-                if key not in keys:
-                    raise InputError(f"{path}: missing array '{key}' (has {sorted(keys) or 'none'})")
-            head = _npz_member_shape(data, "counts")
-            if head is not None:
-                check_window_memory(head[0], head[1], str(path))
-            arrays = {k: data[k] for k in ("lengths", "counts", "top_k", "group_ids", "step") if k in keys}
-    except InputError:
-        raise
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-        raise InputError(f"{path}: not a readable .npz window ({exc.__class__.__name__}: {exc})") from None
+    ``group_ids``, ``step``; other arrays are ignored. Read through the input boundary
+    (:class:`~routepack_opt.core.inputs.NpzArchive`): a special file, a damaged archive or a bad
+    member header is refused before any data is read, and the memory the window needs is checked
+    against what is available before the counts are read (:func:`check_window_memory`)."""
+    with NpzArchive(path, "window") as arc:
+        heads = arc.headers
+        for key in ("lengths", "counts"):
+            if key not in heads:
+                raise InputError(f"{arc.where}: missing array '{key}' (has {sorted(heads) or 'none'})"
+                                 + ("; a single array (.npy) is not a window" if not heads else ""))
+        check_window_memory(heads["counts"][0], heads["counts"][2], arc.where)
+        arrays = {k: arc.read(k) for k in ("lengths", "counts", "top_k", "group_ids", "step") if k in heads}
+        where = arc.where
     top_k = arrays.get("top_k")
     if top_k is not None:
         if np.ndim(top_k) != 0:
-            raise InputError(f"{path}: top_k must be a scalar")
+            raise InputError(f"{where}: top_k must be a scalar")
         top_k = top_k.item()
     step = arrays.get("step")
     try:
@@ -347,7 +287,7 @@ def load_window(path: str | Path) -> Window:
         return Window(arrays["lengths"], arrays["counts"], top_k=top_k,
                       group_ids=arrays.get("group_ids"), step=step, copy=False)
     except InputError as exc:
-        raise InputError(f"{path}: {exc}") from None
+        raise InputError(f"{where}: {exc}") from None
 
 
 def counts_dtype(max_count: int) -> np.dtype:

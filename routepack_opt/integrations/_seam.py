@@ -114,7 +114,7 @@ def _check_time_limit(value, where: str) -> float | None:
         return None
     if isinstance(value, str):
         text = value.strip().lower()
-        if text in ("none", "off", "inf", "unlimited"):
+        if text in ("none", "off"):  # "inf" is refused, as --time-limit inf is
             return None
         try:
             value = float(text)
@@ -142,6 +142,9 @@ def _check_threads(value, where: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InputError(f"{where}: expected a positive integer or None, got {value!r}")
+    cpus = os.cpu_count() or 1
+    if value > cpus:  # numba runs at most one thread per CPU (NUMBA_NUM_THREADS)
+        raise InputError(f"{where}: {value} threads, but this machine has {cpus} CPUs; give at most {cpus} or 'all'")
     return value
 
 

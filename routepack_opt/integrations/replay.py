@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from routepack_opt.core import inputs
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.io import check_output_path
 from routepack_opt.core.window import Window, available_memory, save_window
@@ -105,7 +106,7 @@ def _brief(exc: BaseException, limit: int = 100) -> str:
 def _np(x, what: str) -> np.ndarray:
     """A numpy view of an array-like or a (CPU) torch tensor, without copying where possible."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):
-        x = x.detach().cpu().numpy()
+        x = inputs.tensor_to_numpy(x, what)  # bf16/fp8 exactly as float32; sparse refused
     try:
         arr = np.asarray(x)
     except Exception as exc:  # ragged nested lists
@@ -127,6 +128,10 @@ def _np(x, what: str) -> np.ndarray:
         else:
             kind = "token counts" if what.startswith(("lengths", "total_lengths")) else "expert ids"
             raise InputError(f"{what}: expected integer {kind}, got dtype {arr.dtype}")
+    if arr.dtype == np.uint64:  # uint64 with int64 arithmetic is float64 in numpy: made int64 here
+        if arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+            raise InputError(f"{what}: values beyond the int64 range")
+        arr = arr.astype(np.int64)
     return arr
 
 
@@ -805,12 +810,18 @@ class _NpzMembers(Mapping):
 
 
 def _npz_member(data, path: Path, key: str):
-    with data.zip.open(f"{key}.npy") as fh:
-        return _read_npy(fh, f"{path}[{key}]")
+    try:
+        with data.zip.open(f"{key}.npy") as fh:
+            return _read_npy(fh, f"{path}[{key}]")
+    except InputError:
+        raise
+    except inputs.READ_ERRORS as exc:  # bad deflate data, CRC, truncation
+        raise InputError(f"{path}[{key}]: damaged member ({_brief(exc, 60)})") from None
 
 
 def _load_npz(path: Path):
-    data = np.load(path, allow_pickle=False)
+    # every member's zip entry and .npy header checked, and its data decompressed once, first
+    data = inputs.NpzArchive(path, "routes file", allow_object=True)
     names = data.files
     positional = sorted((n for n in names if re.fullmatch(r"arr_\d+", n)), key=lambda n: int(n[4:]))
     if positional and len(positional) == len(names):
@@ -846,22 +857,21 @@ def _load_pt(path: Path):
 
 def _load_file(path: Path):
     """The routes container in a file: an array, a tensor, a per-sample sequence or a mapping."""
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, not a routes file")
+    inputs.check_input(path, "routes file")  # a FIFO, device or directory: refused, never opened
     suf = path.suffix.lower()
     try:
         if suf == ".npy":
-            with open(path, "rb") as fh:
+            inputs.check_npy_file(path, "routes file", allow_object=True)
+            with inputs.open_input(path, "routes file") as fh:
                 return _read_npy(fh, str(path), mmap_path=path)
         if suf == ".npz":
             return _load_npz(path)
         if suf == ".safetensors":
-            fh = _deps.safe_open()(str(path), framework="np")
-            return _SafetensorsMembers(fh)
+            return _SafetensorsMembers(inputs.SafetensorsFile(path))
         if suf in (".pt", ".pth"):
-            return _load_pt(path)
+            loaded = _load_pt(path)
+            inputs.check_tensors(loaded, str(path))  # sparse / quantized: refused before any slicing
+            return loaded
     except InputError:
         raise
     except ImportError as exc:
@@ -931,10 +941,10 @@ def _unpack(loaded, format: str, where: str, lengths, attention_mask):
 def _lengths_arg(lengths):
     if isinstance(lengths, (str, Path)):
         p = Path(lengths)
-        if not p.is_file():
-            raise InputError(f"{p}: no such file" if not p.exists() else f"{p}: not a file")
         try:
-            return np.load(p, allow_pickle=False)
+            return inputs.read_npy(p, "lengths file")
+        except InputError:
+            raise
         except Exception as exc:
             raise InputError(f"{p}: not a readable .npy lengths vector ({_brief(exc, 60)})") from None
     return lengths

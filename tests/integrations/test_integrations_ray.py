@@ -98,14 +98,14 @@ def test_steps_jsonl_ignores_and_cuts_a_torn_last_line(tmp_path):
     from routepack_opt.report_run import _trim_torn_tail
 
     p = tmp_path / "steps.jsonl"
-    append_step(p, {"window": "a", "x": 1})
-    append_step(p, {"window": "b", "x": 2})
+    append_step(p, {"window": "a", "error": "1"})
+    append_step(p, {"window": "b", "error": "2"})
     with open(p, "ab") as fh:
-        fh.write(b'{"window": "c", "x"')
+        fh.write(b'{"window": "c", "error"')
     recs, torn = read_steps(p)
     assert [r["window"] for r in recs] == ["a", "b"] and torn
     _trim_torn_tail(p)
-    append_step(p, {"window": "c", "x": 3})
+    append_step(p, {"window": "c", "error": "3"})
     recs, torn = read_steps(p)
     assert [r["window"] for r in recs] == ["a", "b", "c"] and not torn
     p.write_bytes(p.read_bytes().replace(b'"b"', b'"b'))

@@ -1,0 +1,558 @@
+"""Hostile-input fuzzing, shared by the property tests (tests/test_fuzz_inputs.py, short profile)
+and the sweeps in experiments/ (long profile, hostile_sweep_r4.py).
+
+:func:`good_files` writes one good file of every format the package reads; :func:`mutate` turns
+one into a hostile variant (truncation, bit flips, spliced bytes, dtype and shape changes in the
+array headers, JSON values of the wrong type or range, special files, odd names);
+:func:`run_case` runs a reader on it in-process under a timeout and classifies the outcome:
+
+- ``ok``: exit 0 (or the API call returned) and, for a command with an output, a readable output;
+- ``clean2``: exit 2 with exactly one ``error:`` line on stderr (an ``InputError`` for the API);
+- ``exit1``: an internal failure; ``traceback``: any other exception escaped or a traceback was
+  printed; ``hang``: the timeout fired; ``noise``: stderr held more than the one line (warnings);
+- ``changed``: an input file, or the old output of a failed run, is not as it was (data loss);
+  ``leftover``: a temporary file was left beside the output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import random
+import signal
+import socket
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from routepack_opt.core.errors import InputError
+
+N, L, E, K = 16, 2, 8, 2
+COST = "olmoe-1b-7b"
+TOPO = ["--dp", "2", "--ep", "2", "--capacity", "1024"]
+
+
+class Hang(BaseException):
+    """The case's timeout fired (a BaseException: no ``except Exception`` of ours swallows it)."""
+
+
+def _window_arrays(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(20, 200, N).astype(np.int64)
+    counts = np.zeros((N, L, E), dtype=np.int32)
+    routes = []
+    for i in range(N):
+        r = np.stack([np.stack([rng.choice(E, K, replace=False) for _ in range(L)]) for _ in range(lengths[i])])
+        routes.append(r)
+        for l in range(L):
+            counts[i, l] = np.bincount(r[:, l, :].ravel(), minlength=E)
+    return lengths, counts, np.concatenate(routes).astype(np.int64)
+
+
+def _report_config():
+    from routepack_opt.core.cost import resolve_cost
+    from routepack_opt.core.topology import Topology
+    from routepack_opt.report_run import ReportConfig
+
+    return ReportConfig(topology=Topology(dp=2, ep=2, capacity=1024), cost=resolve_cost(COST))
+
+
+def good_files(d: Path) -> dict[str, Path]:
+    """One good file per format: window .npz, plan .json, cost and config .toml, routes
+    .npz/.npy/.pt/.safetensors (+ lengths .npy), run.json and steps.jsonl."""
+    from routepack_opt.core.cost import PRESETS, save_cost
+    from routepack_opt.core.layout import Layout
+    from routepack_opt.core.plan import Plan
+    from routepack_opt.core.topology import Topology
+    from routepack_opt.core.window import Window, save_window
+
+    d.mkdir(parents=True, exist_ok=True)
+    lengths, counts, routes = _window_arrays()
+    files = {}
+    save_window(Window(lengths, counts, top_k=K), d / "w.npz")
+    files["window"] = d / "w.npz"
+    topo = Topology(dp=2, ep=2, capacity=1024)
+    order = np.argsort(-lengths)
+    row = np.zeros(N, dtype=np.int64)
+    slot = np.zeros(N, dtype=np.int64)
+    row[order] = (np.arange(N) // 2) % 2
+    slot[order] = np.arange(N) % 2
+    plan = Plan.from_layout(topo, np.tile(np.arange(E), (L, 1)), Layout(row, slot, 2), "max-sum")
+    plan.save(d / "p.json")
+    files["plan"] = d / "p.json"
+    rep = json.loads((d / "p.json").read_text())
+    rep["topology"]["redundant_experts"] = 2
+    rep["phy2log"] = [list(range(E)) + [0, 1] for _ in range(L)]
+    rep["logcnt"] = [[2, 2] + [1] * (E - 2) for _ in range(L)]
+    (d / "p_rep.json").write_text(json.dumps(rep))
+    files["plan_rep"] = d / "p_rep.json"
+    save_cost(PRESETS[COST].cost, d / "c.toml")
+    files["cost"] = d / "c.toml"
+    (d / "cfg.toml").write_text("[anneal]\npopulation = 4\n[certify]\ntime_limit = 1.0\n")
+    files["config"] = d / "cfg.toml"
+    np.savez(d / "r.npz", routes=routes, lengths=lengths)
+    files["routes_npz"] = d / "r.npz"
+    np.save(d / "r.npy", routes)
+    np.save(d / "len.npy", lengths)
+    files["routes_npy"] = d / "r.npy"
+    files["lengths"] = d / "len.npy"
+    try:
+        import torch
+
+        torch.save({"routes": torch.from_numpy(routes), "lengths": torch.from_numpy(lengths)}, d / "r.pt")
+        files["routes_pt"] = d / "r.pt"
+    except ImportError:
+        pass
+    try:
+        from safetensors.numpy import save_file
+
+        save_file({"routes": routes, "lengths": lengths}, str(d / "r.safetensors"))
+        files["routes_st"] = d / "r.safetensors"
+    except ImportError:
+        pass
+    rec = {"window": "step_0.npz", "step": 0, "rows": 2, "makespan": 10.0, "lower_bound": 9.0, "gap": 1.1,
+           "saving": 0.1, "rows_saved": 0, "best_baseline": "a/identity",
+           "baselines": {"a/identity": {"makespan": 11.0, "saving": 0.1, "gap": 1.2, "cap_violations": 0,
+                                        "extra_rows": 0, "rows": 2}, "b/eplb": {"error": "x"}},
+           "ep_imbalance": {"routepack": 0.1, "identity": 0.2, "eplb": 0.15},
+           "time_split": {"attention": 1.0, "experts": 2.0, "overhead": 0.5}}
+    (d / "steps.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps({"window": "step_1.npz", "error": "e"}) + "\n")
+    files["steps"] = d / "steps.jsonl"
+    (d / "run.json").write_text(json.dumps(_report_config().fingerprint(), sort_keys=True) + "\n")
+    files["run_json"] = d / "run.json"
+    return files
+
+
+# --- mutations ---------------------------------------------------------------------------------
+BYTE_MUTATIONS = ("truncate", "flip", "splice", "zero_tail", "empty", "duplicate")
+ARRAY_MUTATIONS = ("dtype", "shape", "member_method", "member_encrypted", "member_crc", "member_missing")
+JSON_MUTATIONS = ("json_type", "json_range", "json_drop", "json_wrap", "json_nan", "json_deep")
+SPECIAL = ("fifo", "dir", "dangling", "loop", "devzero", "socket", "long_name", "nonutf8_name", "noperm")
+BAD_DTYPES = ("?", "c8", "<U3", "M8[s]", "V8", "f2", "u8", ">i4", "i1", "O", "f8")
+
+
+def _npy_bytes(arr) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.asanyarray(arr), allow_pickle=True)
+    return buf.getvalue()
+
+
+def _rewrite_npz(src: Path, dst: Path, fn) -> None:
+    """Copy the .npz with ``fn(name, bytes, info) -> (bytes, info) | None`` applied to its members."""
+    with zipfile.ZipFile(src) as zin:
+        items = [(i, zin.read(i)) for i in zin.infolist()]
+    with zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info, data in items:
+            out = fn(info.filename, data, info)
+            if out is None:
+                continue
+            zout.writestr(out[1], out[0])
+
+
+def _with_dtype(arr: np.ndarray, dt: str):
+    if dt == "O":
+        return np.array([np.asarray(x) for x in arr.reshape(arr.shape[0], -1)] + [None], dtype=object)
+    if dt == "<U3":
+        return arr.astype(str).astype("<U3")
+    if dt == "M8[s]":
+        return arr.astype("M8[s]")
+    if dt == "V8":
+        return np.frombuffer(np.ascontiguousarray(arr, dtype=np.int64).tobytes(), dtype="V8")
+    with np.errstate(all="ignore"):
+        return arr.astype(dt)
+
+
+def _header_shape(data: bytes, rng: random.Random) -> bytes:
+    """An .npy with its header's shape replaced (negative, huge, wrong rank, overflowing)."""
+    new = rng.choice(["(-1, 2, 2)", "(2**70,)", "(4611686018427387904, 8)", "()", "(1, 2, 3, 4)",
+                      "(0,)", "(99999999, 99999999)", "('a',)", "(1.5,)", "(-9223372036854775808,)"])
+    head_end = data.index(b"\n") + 1
+    head = data[:head_end]
+    start = head.index(b"'shape': ") + len(b"'shape': ")
+    stop = head.index(b"), ", start) + 1
+    body = head[:start] + new.encode() + head[stop:]
+    # keep numpy's padding rule: the header length field is rewritten, data follows
+    text = body[10:] if data[6:8] == b"\x01\x00" else body[12:]
+    text = text.rstrip(b"\n").rstrip(b" ")
+    pad = (64 - (len(text) + 11) % 64) % 64
+    text = text + b" " * pad + b"\n"
+    if data[6:8] == b"\x01\x00":
+        if len(text) >= 65536:
+            return data
+        return data[:8] + len(text).to_bytes(2, "little") + text + data[head_end:]
+    return data[:8] + len(text).to_bytes(4, "little") + text + data[head_end:]
+
+
+def _json_mutate(obj, rng: random.Random, kind: str):
+    """A copy of ``obj`` with one integer (or list, or key) replaced per ``kind``."""
+    paths = []
+
+    def walk(x, p):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, p + [k])
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                walk(v, p + [i])
+        if p:
+            paths.append((p, x))
+
+    walk(obj, [])
+    obj = json.loads(json.dumps(obj))
+    if kind == "json_wrap":
+        return [obj]
+    if kind == "json_deep":
+        return "__DEEP__"
+    if not paths:
+        return obj
+    p, old = rng.choice(paths)
+    parent = obj
+    for k in p[:-1]:
+        parent = parent[k]
+    if kind == "json_drop" and isinstance(parent, dict):
+        parent.pop(p[-1])
+        return obj
+    if kind == "json_type":
+        new = rng.choice(["1", 1.5, True, None, [], {}, 1.0, "x", [[1]]])
+    elif kind == "json_range":
+        new = rng.choice([-1, 2**31, 2**63, 2**64, -2**63, 10**30, 0, 7])
+    else:  # json_nan: written below as a bare NaN token
+        new = "__NAN__"
+    parent[p[-1]] = new
+    return obj
+
+
+def mutate(src: Path, dst_dir: Path, kind: str, seed: int) -> Path:
+    """A hostile variant of ``src`` in ``dst_dir`` (its name depends on ``kind``)."""
+    rng = random.Random(seed)
+    data = src.read_bytes()
+    name = src.name
+    dst = dst_dir / name
+    if kind == "long_name":
+        dst = dst_dir / ("x" * 300 + src.suffix)
+        return dst  # never created: the name itself is the hostile input
+    if kind == "nonutf8_name":
+        dst = Path(os.fsdecode(os.fsencode(str(dst_dir)) + b"/\xff\xfe-" + os.fsencode(name)))
+        dst.write_bytes(data)
+        return dst
+    if kind == "fifo":
+        os.mkfifo(dst)
+        return dst
+    if kind == "dir":
+        dst.mkdir()
+        return dst
+    if kind == "dangling":
+        dst.symlink_to(dst_dir / "missing-target")
+        return dst
+    if kind == "loop":
+        dst.symlink_to(dst)
+        return dst
+    if kind == "devzero":
+        dst.symlink_to("/dev/zero")
+        return dst
+    if kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        with contextlib.suppress(OSError):
+            s.bind(str(dst))
+        s.close()
+        return dst
+    if kind == "noperm":
+        dst.write_bytes(data)
+        dst.chmod(0)
+        return dst
+    if kind == "truncate":
+        data = data[:rng.randrange(0, max(1, len(data)))]
+    elif kind == "flip":
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 8)):
+            i = rng.randrange(len(b))
+            b[i] ^= 1 << rng.randrange(8)
+        data = bytes(b)
+    elif kind == "splice":
+        i = rng.randrange(len(data) + 1)
+        data = data[:i] + bytes(rng.randrange(256) for _ in range(rng.randint(1, 64))) + data[i:]
+    elif kind == "zero_tail":
+        i = rng.randrange(len(data))
+        data = data[:i] + b"\0" * (len(data) - i)
+    elif kind == "empty":
+        data = b""
+    elif kind == "duplicate":
+        data = data + data
+    elif kind == "dtype" and src.suffix in (".pt", ".safetensors"):
+        import torch
+
+        r = torch.from_numpy(np.load(src.with_name("r.npy")))
+        ln = torch.from_numpy(np.load(src.with_name("len.npy")))
+        choice = rng.choice(["bfloat16", "float8_e4m3fn", "float8_e5m2", "float16", "bool", "complex64",
+                             "uint8", "sparse", "int8", "float64"])
+        if choice == "sparse":
+            t = r.to_sparse()
+        else:
+            t = r.to(getattr(torch, choice))
+        if src.suffix == ".pt":
+            torch.save({"routes": t, "lengths": ln}, dst)
+        else:
+            from safetensors.torch import save_file
+
+            save_file({"routes": t if choice not in ("sparse", "complex64") else r.to(torch.bool),
+                       "lengths": ln}, str(dst))
+        return dst
+    elif kind in ARRAY_MUTATIONS and src.suffix == ".npy":
+        arr = np.load(src)
+        if kind == "dtype":
+            data = _npy_bytes(_with_dtype(arr, rng.choice(BAD_DTYPES)))
+        elif kind == "shape":
+            data = _header_shape(data, rng)
+        else:
+            data = data[:rng.randrange(len(data))]
+    elif kind in ARRAY_MUTATIONS and src.suffix == ".npz":
+        target = rng.choice(["counts", "lengths", "routes", "top_k"])
+
+        def fn(member, raw, info):
+            if not member.startswith(target):
+                return raw, info
+            if kind == "member_missing":
+                return None
+            if kind == "dtype":
+                arr = np.load(io.BytesIO(raw))
+                return _npy_bytes(_with_dtype(np.atleast_1d(arr), rng.choice(BAD_DTYPES))), info
+            if kind == "shape":
+                return _header_shape(raw, rng), info
+            return raw, info
+
+        _rewrite_npz(src, dst, fn)
+        raw = bytearray(dst.read_bytes())
+        if kind in ("member_method", "member_encrypted", "member_crc"):
+            # patch the local and central headers of the first member of ``target``
+            with zipfile.ZipFile(dst) as z:
+                infos = [i for i in z.infolist() if i.filename.startswith(target)] or z.infolist()[:1]
+            info = infos[0]
+            off = info.header_offset
+            central = [m for m in _find_all(raw, b"PK\x01\x02")]
+            cen = next((c for c in central if raw[c + 46:c + 46 + len(info.filename)] == info.filename.encode()), None)
+            if kind == "member_method":
+                m = rng.choice([99, 12, 14, 93, 1])
+                raw[off + 8:off + 10] = m.to_bytes(2, "little")
+                if cen is not None:
+                    raw[cen + 10:cen + 12] = m.to_bytes(2, "little")
+            elif kind == "member_encrypted":
+                raw[off + 6] |= 1
+                if cen is not None:
+                    raw[cen + 8] |= 1
+            else:
+                data_start = off + 30 + int.from_bytes(raw[off + 26:off + 28], "little") + \
+                    int.from_bytes(raw[off + 28:off + 30], "little")
+                k = data_start + rng.randrange(max(1, info.compress_size))
+                if k < len(raw):
+                    raw[k] ^= 0xFF
+        dst.write_bytes(bytes(raw))
+        return dst
+    elif kind in JSON_MUTATIONS and src.suffix in (".json", ".jsonl"):
+        lines = data.decode().splitlines() if src.suffix == ".jsonl" else [data.decode()]
+        k = rng.randrange(len(lines))
+        new = json.dumps(_json_mutate(json.loads(lines[k]), rng, kind))
+        new = new.replace('"__DEEP__"', "[" * rng.choice([50, 5000, 100000]) + "1" + "]" * 3)
+        lines[k] = new.replace('"__NAN__"', rng.choice(["NaN", "Infinity", "-Infinity"]))
+        data = ("\n".join(lines) + "\n").encode()
+    else:  # a mutation that does not apply to the format: a bit flip
+        return mutate(src, dst_dir, "flip", seed)
+    dst.write_bytes(data)
+    return dst
+
+
+def _find_all(buf, sub):
+    i = buf.find(sub)
+    while i >= 0:
+        yield i
+        i = buf.find(sub, i + 1)
+
+
+# --- running ------------------------------------------------------------------------------------
+def _digest(p: Path) -> str | None:
+    try:
+        if p.is_symlink() or not p.is_file():
+            return None
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def snapshot(d: Path) -> dict[str, str | None]:
+    return {n: _digest(d / n) for n in sorted(os.listdir(d))}
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    def fire(signum, frame):
+        raise Hang
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def run_cli(argv: list[str], timeout: float = 20.0) -> tuple[str, int | None, str]:
+    """``routepack ARGV`` in-process: (outcome, exit code, stderr)."""
+    import warnings
+
+    from routepack_opt.cli import main
+
+    err, out = io.StringIO(), io.StringIO()
+    try:
+        with time_limit(timeout), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out), \
+                warnings.catch_warnings():
+            warnings.simplefilter("default")  # a warning the CLI lets through is seen
+            code = main(argv)
+    except Hang:
+        return "hang", None, err.getvalue()
+    except BaseException as exc:  # noqa: BLE001 - any escape is the finding
+        return "traceback", None, f"{exc.__class__.__name__}: {exc}"
+    text = err.getvalue()
+    lines = [x for x in text.splitlines() if x.strip()]
+    if "Traceback" in text:
+        return "traceback", code, text
+    if code == 1:
+        return "exit1", code, text
+    if code == 2:
+        if len(lines) == 1 and lines[0].startswith("error: "):
+            return "clean2", code, text
+        return "noise", code, text
+    if code == 0:
+        return ("ok" if not lines else "noise"), code, text
+    return "traceback", code, text
+
+
+def run_api(fn, timeout: float = 20.0) -> tuple[str, str]:
+    """``fn()`` in-process: ``ok``, ``clean2`` (an InputError), ``traceback`` (anything else), ``hang``."""
+    import warnings
+
+    try:
+        with time_limit(timeout), warnings.catch_warnings():
+            warnings.simplefilter("error")  # the API may warn only where asked
+            fn()
+    except Hang:
+        return "hang", ""
+    except InputError as exc:
+        msg = str(exc)
+        return ("clean2" if msg and "\n" not in msg else "noise"), msg
+    except BaseException as exc:  # noqa: BLE001
+        return "traceback", f"{exc.__class__.__name__}: {exc}"
+    return "ok", ""
+
+
+def leftovers(d: Path) -> list[str]:
+    return [n for n in os.listdir(d) if n.startswith(".") and n.endswith(".tmp")]
+
+
+def reader_cases(files: dict[str, Path]):
+    """(format, good file, how to read it) — ``read(path, workdir) -> (outcome, detail)``: the
+    package's readers of each format, through the CLI where a cheap command reads it."""
+    w, p = str(files["window"]), str(files["plan"])
+
+    def cli(*args):
+        def read(path, work):
+            out = work / "out.npz"
+            if not out.exists():
+                out.write_bytes(b"old output\n")
+            old = _digest(out)
+            argv = [a.replace("{P}", str(path)).replace("{O}", str(out)) for a in args]
+            outcome, code, err = run_cli(argv)
+            if outcome != "ok" and _digest(out) != old:
+                return "changed", f"output changed on {outcome}"
+            if outcome == "ok" and "{O}" in args:
+                from routepack_opt.core.window import load_window
+                try:
+                    load_window(out)
+                except InputError as exc:
+                    return "wrong", f"output unreadable: {exc}"
+            return outcome, err
+        return read
+
+    def api(call):
+        def read(path, work):
+            return run_api(lambda: call(path, work))
+        return read
+
+    from routepack_opt.core.plan import load_plan
+    from routepack_opt.params import PlannerParams
+    from routepack_opt.report_run import read_steps
+
+    def steps(path, work):
+        read_steps(path)
+
+    def run_json(path, work):
+        from routepack_opt.report_run import prepare_out_dir
+        out = work / "rep"
+        out.mkdir(exist_ok=True)
+        target = out / "run.json"
+        if target.exists() or target.is_symlink():
+            target.unlink()
+        if os.path.lexists(path):
+            os.link(path, target, follow_symlinks=False) if not Path(path).is_dir() else target.mkdir()
+        prepare_out_dir(out, _report_config())
+
+    rt = ["import-replay", "{P}", "--num-experts", str(E), "-o", "{O}"]
+    cases = [
+        ("window", files["window"], cli("stats", "{P}")),
+        ("window", files["window"], cli("evaluate", "{P}", p, "--cost", COST)),
+        ("plan", files["plan"], cli("evaluate", w, "{P}", "--cost", COST)),
+        ("plan", files["plan_rep"], api(lambda q, _: load_plan(q, num_samples=N))),
+        ("cost", files["cost"], cli("evaluate", w, p, "--cost", "{P}")),
+        ("config", files["config"], api(lambda q, _: PlannerParams.from_toml(q))),
+        ("routes_npz", files["routes_npz"], cli(*rt)),
+        ("routes_npy", files["routes_npy"], cli(*rt, "--lengths", str(files["lengths"]))),
+        ("lengths", files["lengths"], cli("import-replay", str(files["routes_npy"]), "--num-experts", str(E),
+                                          "--lengths", "{P}", "-o", "{O}")),
+        ("steps", files["steps"], api(steps)),
+        ("run_json", files["run_json"], api(run_json)),
+    ]
+    if "routes_pt" in files:
+        cases.append(("routes_pt", files["routes_pt"], cli(*rt)))
+    if "routes_st" in files:
+        cases.append(("routes_st", files["routes_st"], cli(*rt)))
+    return cases
+
+
+def mutations_for(fmt: str) -> tuple[str, ...]:
+    if fmt in ("window", "routes_npz", "routes_npy", "lengths"):
+        extra = ARRAY_MUTATIONS
+    elif fmt in ("routes_pt", "routes_st"):
+        extra = ("dtype",)
+    elif fmt in ("plan", "steps", "run_json"):
+        extra = JSON_MUTATIONS
+    else:
+        extra = ()
+    return BYTE_MUTATIONS + extra + SPECIAL
+
+
+def one_case(case, kind: str, seed: int, work: Path) -> tuple[str, str]:
+    """Mutate ``case``'s good file into ``work`` (fresh, empty) and read it: (outcome, detail),
+    with ``changed`` when an input (the good files, the mutated file) changed and ``leftover``
+    when a temporary file stayed."""
+    fmt, good, read = case
+    before_good = _digest(good)
+    path = mutate(good, work, kind, seed)
+    before = snapshot(work)
+    try:
+        outcome, detail = read(path, work)
+    finally:
+        with contextlib.suppress(OSError):
+            if kind == "noperm":
+                Path(path).chmod(0o644)
+    after = snapshot(work)
+    if _digest(good) != before_good:
+        return "changed", "the good input changed"
+    for n, h in before.items():
+        if n != "out.npz" and h is not None and after.get(n) != h:
+            return "changed", f"{n} changed"
+    if leftovers(work):
+        return "leftover", ", ".join(leftovers(work))
+    return outcome, detail
