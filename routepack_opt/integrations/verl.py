@@ -1049,11 +1049,14 @@ def _apply_pending_before(method, max_token_len: int, red: int):
             else:
                 sp = box["plan"]
                 t_apply = time.perf_counter()
-                _apply_step(batch, pend["metrics"] if pend["mode"] == "deferred" else {}, pend["prefix"], sp, lens_now,
-                            pend["dp"], max_token_len)
-                # what the step waited for: _balance_batch (quick plan and its reorder, which
-                # stands for verl's own), the wait, the second reorder
-                added = pend["start_s"] - pend["reorder_s"] + wait_s + (time.perf_counter() - t_apply)
+                deferred = pend["mode"] == "deferred"
+                reorder_s = _apply_step(batch, pend["metrics"] if deferred else {}, pend["prefix"], sp, lens_now,
+                                        pend["dp"], max_token_len)
+                # what the step waited for beyond verl's own call: _balance_batch, the wait and the
+                # apply, less the one reorder that stands for verl's own (the quick plan's when
+                # "balanced", whose second reorder is extra; the update's when "deferred")
+                added = (pend["start_s"] + wait_s + (time.perf_counter() - t_apply)
+                         - (reorder_s if deferred else pend["reorder_s"]))
                 _record_step(pend["metrics"], sp, pend["started"], t_apply, N, red, sp.quick, added_s=added,
                              on_critical_path=False)
                 pend["metrics"]["routepack/balance/wait_ms"] = 1e3 * wait_s
