@@ -738,17 +738,20 @@ def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, 
         else:
             placement = _ONE_EXPERT
         ev = Evaluator(sub, topo, settings.cost)
-        ev_theirs = Evaluator(sub, topo_theirs, settings.cost)
+        ev_theirs = Evaluator(sub, topo_theirs, settings.cost) if red else ev
         from routepack_opt.heuristics.frameworks import verl_layout
 
         vrow, vslot, vrows = verl_layout(sub.lengths, topo_theirs)
-        identity = np.tile(np.arange(sub.num_experts, dtype=np.int64), (sub.num_layers, 1))
-        theirs = ev_theirs.score(identity, vrow, vslot, vrows, settings.objective).makespan
         cands = [Layout(vrow, vslot, vrows)]
         q = _quick_layout(sub.lengths, topo)
         if q is not None:
             cands.append(q)
         scored = [(ev.evaluate_layout(placement, lay, settings.objective), lay) for lay in cands]
+        if use_routes:  # verl leaves the experts where they are: its layout under the identity
+            identity = np.tile(np.arange(sub.num_experts, dtype=np.int64), (sub.num_layers, 1))
+            theirs = ev_theirs.score(identity, vrow, vslot, vrows, settings.objective).makespan
+        else:  # one expert: the identity is the placement scored above
+            theirs = scored[0][0].score.makespan
         e, lay = min(scored, key=lambda t: t[0].score.key)
         mini.append(dict(sub=sub, idx=idx, ev=ev, placement=placement, layout=lay, ours=e.score.makespan,
                          lb=e.lower_bound, theirs=theirs, rows_theirs=vrows))
@@ -1049,11 +1052,14 @@ def _apply_pending_before(method, max_token_len: int, red: int):
             else:
                 sp = box["plan"]
                 t_apply = time.perf_counter()
-                _apply_step(batch, pend["metrics"] if pend["mode"] == "deferred" else {}, pend["prefix"], sp, lens_now,
-                            pend["dp"], max_token_len)
-                # what the step waited for: _balance_batch (quick plan and its reorder, which
-                # stands for verl's own), the wait, the second reorder
-                added = pend["start_s"] - pend["reorder_s"] + wait_s + (time.perf_counter() - t_apply)
+                deferred = pend["mode"] == "deferred"
+                reorder_s = _apply_step(batch, pend["metrics"] if deferred else {}, pend["prefix"], sp, lens_now,
+                                        pend["dp"], max_token_len)
+                # what the step waited for beyond verl's own call: _balance_batch, the wait and the
+                # apply, less the one reorder that stands for verl's own (the quick plan's when
+                # "balanced", whose second reorder is extra; the update's when "deferred")
+                added = (pend["start_s"] + wait_s + (time.perf_counter() - t_apply)
+                         - (reorder_s if deferred else pend["reorder_s"]))
                 _record_step(pend["metrics"], sp, pend["started"], t_apply, N, red, sp.quick, added_s=added,
                              on_critical_path=False)
                 pend["metrics"]["routepack/balance/wait_ms"] = 1e3 * wait_s
