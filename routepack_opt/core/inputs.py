@@ -94,6 +94,8 @@ def display_name(name) -> str:
 
 
 def _os_error(path, exc: OSError, what: str) -> InputError:
+    if exc.errno == errno.ENOENT:
+        return InputError(f"{_shown(path)}: no such {what}")
     reason = _ERRNO_TEXT.get(exc.errno or 0) or (exc.strerror or str(exc))
     return InputError(f"{_shown(path)}: {reason} ({what})")
 
