@@ -94,6 +94,8 @@ def display_name(name) -> str:
 
 
 def _os_error(path, exc: OSError, what: str) -> InputError:
+    if exc.errno == errno.ENOENT:
+        return InputError(f"{_shown(path)}: no such {what}")
     reason = _ERRNO_TEXT.get(exc.errno or 0) or (exc.strerror or str(exc))
     return InputError(f"{_shown(path)}: {reason} ({what})")
 
@@ -374,6 +376,7 @@ class NpzArchive:
             except (zipfile.BadZipFile, *READ_ERRORS) as exc:
                 raise InputError(f"{self.where}: not a readable .npz archive ({_brief(exc)})") from None
             self.headers: dict[str, tuple[tuple[int, ...], bool, np.dtype, int]] = {}
+            self.damaged: dict[str, str] = {}
             for info in self.zip.infolist():
                 self._check_entry(info, allow_object)
             if check_crc:
@@ -401,8 +404,10 @@ class NpzArchive:
         except READ_ERRORS as exc:
             raise InputError(f"{where}: not a readable .npy member ({_brief(exc)})") from None
         if not dtype.hasobject and info.file_size != offset + nbytes:
-            raise InputError(f"{where}: the header says {shape} {dtype.str} ({nbytes:,} bytes) but the member "
-                             f"holds {max(0, info.file_size - offset):,} bytes of data (truncated or altered)")
+            # raised when the member is read: a caller may first refuse the shape for its memory
+            self.damaged[name[:-4]] = (f"{where}: the header says {shape} {dtype.str} ({nbytes:,} bytes) but the "
+                                       f"member holds {max(0, info.file_size - offset):,} bytes of data "
+                                       "(truncated or altered)")
         self.headers[name[:-4]] = (shape, fortran, dtype, nbytes)
 
     def _check_crc(self) -> None:
@@ -423,6 +428,8 @@ class NpzArchive:
         """Member ``key`` as an array; its size checked against the memory left first."""
         where = where or f"{self.where}[{display_name(key)}]"
         shape, fortran, dtype, nbytes = self.headers[key]
+        if key in self.damaged:
+            raise InputError(self.damaged[key])
         if dtype.hasobject:
             raise InputError(f"{where}: an object array; save numeric arrays")
         check_memory(nbytes, where)

@@ -822,6 +822,8 @@ def _npz_member(data, path: Path, key: str):
 def _load_npz(path: Path):
     # every member's zip entry and .npy header checked, and its data decompressed once, first
     data = inputs.NpzArchive(path, "routes file", allow_object=True)
+    if data.damaged:  # a member whose header's size is not what it holds
+        raise InputError(next(iter(data.damaged.values())))
     names = data.files
     positional = sorted((n for n in names if re.fullmatch(r"arr_\d+", n)), key=lambda n: int(n[4:]))
     if positional and len(positional) == len(names):

@@ -75,7 +75,7 @@ def _bad_cases(files):
         "plan not json": (files / "w.npz", _text(files, "q8.json", "{"), cost, "JSON"),
         "empty cell": (files / "w.npz", _mutate_plan(files, lambda d: (d["cells"][0][1].extend(d["cells"][0][0]), d["cells"][0][0].clear()), "q9.json"), cost, "empty cells"),
         "unknown preset": (files / "w.npz", files / "p.json", "no-such-model", "neither a preset"),
-        "plan is a directory": (files / "w.npz", _dir(files, "q10.json"), cost, "cannot read"),
+        "plan is a directory": (files / "w.npz", _dir(files, "q10.json"), cost, "is a directory"),
         "missing plan": (files / "w.npz", files / "nope.json", cost, "no such plan file"),
     }
     data = (files / "w.npz").read_bytes()
