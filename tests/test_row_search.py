@@ -17,7 +17,16 @@ from routepack_opt.core.timing import Timings
 from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement
 from routepack_opt.params import PlannerParams, RowParams
-from routepack_opt.pipeline import _baseline_check, _Clock, _Context, _Result, framework_layouts, row_candidates, solve
+from routepack_opt.pipeline import (
+    _baseline_check,
+    _best_baseline,
+    _Clock,
+    _Context,
+    _Result,
+    framework_layouts,
+    row_candidates,
+    solve,
+)
 
 # attention mostly quadratic, cheap micro-batches: R* = 9 leaves no slack, 10 rows pay
 COST = CostModel(stages=(Stage("full_attn", alpha=0.02, beta=4e-4),), gamma=0.01, row_overhead=0.5)
@@ -121,13 +130,13 @@ def test_baseline_check_takes_a_better_baseline_and_says_why():
     row, slot = random_layout(WINDOW.num_samples, 16, 4, np.random.default_rng(0))
     bad = Layout(row, slot, 16)
     key = ctx.ev.score_layout(pl, bad, "max-sum").key
-    res, note = _baseline_check(ctx, _Result(pl, "lpt", bad, 16, key, {}), 9)
+    res, note = _baseline_check(ctx, _Result(pl, "lpt", bad, 16, key, {}), *_best_baseline(ctx, pl, None, 9), 9)
     assert note["taken"] and note["best"] in note["reason"] and res.key < key and res.layout is not bad
     assert res.key == ctx.ev.score_layout(res.pl, res.layout, "max-sum").key
     fixed = _ctx(WINDOW, TOPO, "max-sum", placement="identity")
     idp = identity_placement(3, 8)
     res, note = _baseline_check(fixed, _Result(idp, "identity", bad, 16, fixed.ev.score_layout(idp, bad, "max-sum").key,
-                                               {}), 9)
+                                               {}), *_best_baseline(fixed, idp, None, 9), 9)
     assert note["taken"] and res.pl is idp and note["best"].endswith("/plan")
 
 
