@@ -152,3 +152,27 @@ def test_api_runs_the_plans_count():
     assert mb.plan.rows == 9
     with pytest.raises(InputError, match="max_micro_batches"):
         plan_micro_batches(lengths, WINDOW.counts, dp_size=4, ep_size=2, max_tokens=1000, max_micro_batches=0)
+
+
+def test_plan_cli_names_r_star_the_chosen_rows_and_why(run_cli, tmp_path):
+    """routepack plan: the text names R*, the chosen R and why; --max-rows bounds the choice;
+    --rows forces the count (no search); --max-rows 0 is one error line, exit 2."""
+    from routepack_opt.core.cost import save_cost
+    from routepack_opt.core.window import save_window
+
+    save_window(WINDOW, tmp_path / "w.npz")
+    save_cost(COST, tmp_path / "c.toml")
+    args = [tmp_path / "w.npz", "--dp", 4, "--ep", 2, "--capacity", 1000, "--cost", tmp_path / "c.toml",
+            "--max-sweeps", 8]
+    code, out, err = run_cli("plan", *args)
+    assert code == 0, err
+    assert "rows: chose 10 of R*=9..13" in out and "rows beat R* = 9" in out
+    code, out, err = run_cli("plan", *args, "--max-rows", 9, "--json")
+    assert code == 0, err
+    import json
+    res = json.loads(out)
+    assert res["rows"] == 9 and res["row_search"]["r_max"] == 9
+    code, out, err = run_cli("plan", *args, "--rows", 11, "--json")
+    assert code == 0 and json.loads(out)["rows"] == 11 and json.loads(out)["row_search"] is None
+    code, out, err = run_cli("plan", *args, "--max-rows", 0)
+    assert code == 2 and err.startswith("error:") and "--max-rows" in err
