@@ -17,7 +17,16 @@ from routepack_opt.core.timing import Timings
 from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement
 from routepack_opt.params import PlannerParams, RowParams
-from routepack_opt.pipeline import _baseline_check, _Clock, _Context, _Result, framework_layouts, row_candidates, solve
+from routepack_opt.pipeline import (
+    _baseline_check,
+    _best_baseline,
+    _Clock,
+    _Context,
+    _Result,
+    framework_layouts,
+    row_candidates,
+    solve,
+)
 
 # attention mostly quadratic, cheap micro-batches: R* = 9 leaves no slack, 10 rows pay
 COST = CostModel(stages=(Stage("full_attn", alpha=0.02, beta=4e-4),), gamma=0.01, row_overhead=0.5)
@@ -121,13 +130,13 @@ def test_baseline_check_takes_a_better_baseline_and_says_why():
     row, slot = random_layout(WINDOW.num_samples, 16, 4, np.random.default_rng(0))
     bad = Layout(row, slot, 16)
     key = ctx.ev.score_layout(pl, bad, "max-sum").key
-    res, note = _baseline_check(ctx, _Result(pl, "lpt", bad, 16, key, {}), 9)
+    res, note = _baseline_check(ctx, _Result(pl, "lpt", bad, 16, key, {}), *_best_baseline(ctx, pl, None, 9), 9)
     assert note["taken"] and note["best"] in note["reason"] and res.key < key and res.layout is not bad
     assert res.key == ctx.ev.score_layout(res.pl, res.layout, "max-sum").key
     fixed = _ctx(WINDOW, TOPO, "max-sum", placement="identity")
     idp = identity_placement(3, 8)
     res, note = _baseline_check(fixed, _Result(idp, "identity", bad, 16, fixed.ev.score_layout(idp, bad, "max-sum").key,
-                                               {}), 9)
+                                               {}), *_best_baseline(fixed, idp, None, 9), 9)
     assert note["taken"] and res.pl is idp and note["best"].endswith("/plan")
 
 
@@ -143,3 +152,27 @@ def test_api_runs_the_plans_count():
     assert mb.plan.rows == 9
     with pytest.raises(InputError, match="max_micro_batches"):
         plan_micro_batches(lengths, WINDOW.counts, dp_size=4, ep_size=2, max_tokens=1000, max_micro_batches=0)
+
+
+def test_plan_cli_names_r_star_the_chosen_rows_and_why(run_cli, tmp_path):
+    """routepack plan: the text names R*, the chosen R and why; --max-rows bounds the choice;
+    --rows forces the count (no search); --max-rows 0 is one error line, exit 2."""
+    from routepack_opt.core.cost import save_cost
+    from routepack_opt.core.window import save_window
+
+    save_window(WINDOW, tmp_path / "w.npz")
+    save_cost(COST, tmp_path / "c.toml")
+    args = [tmp_path / "w.npz", "--dp", 4, "--ep", 2, "--capacity", 1000, "--cost", tmp_path / "c.toml",
+            "--max-sweeps", 8]
+    code, out, err = run_cli("plan", *args)
+    assert code == 0, err
+    assert "rows: chose 10 of R*=9..13" in out and "rows beat R* = 9" in out
+    code, out, err = run_cli("plan", *args, "--max-rows", 9, "--json")
+    assert code == 0, err
+    import json
+    res = json.loads(out)
+    assert res["rows"] == 9 and res["row_search"]["r_max"] == 9
+    code, out, err = run_cli("plan", *args, "--rows", 11, "--json")
+    assert code == 0 and json.loads(out)["rows"] == 11 and json.loads(out)["row_search"] is None
+    code, out, err = run_cli("plan", *args, "--max-rows", 0)
+    assert code == 2 and err.startswith("error:") and "--max-rows" in err
