@@ -48,6 +48,7 @@ import functools
 import importlib
 import pickle
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -563,6 +564,7 @@ def _run_rows(X_RLK, start_N, stop_N, keep, dense, E: int, acc: _Accumulator, *,
 def _run_list(seq, first: np.ndarray, keep, dense, E: int, acc: _Accumulator, pad_LK) -> np.ndarray | None:
     """The compiled pass over a per-sample sequence, ``_LIST_CHUNK`` samples at a time (a lazy
     sequence is read a chunk at a time); the rows of each sample, or None (fall back)."""
+    from numba.core.errors import NumbaTypeSafetyWarning
     from numba.typed import List
     N, (La, K), dt = len(seq), first.shape[1:], first.dtype
     rows_N = np.zeros(N, dtype=np.int64)
@@ -574,7 +576,9 @@ def _run_list(seq, first: np.ndarray, keep, dense, E: int, acc: _Accumulator, pa
             if r is None or r.ndim != 3 or r.shape[1:] != (La, K) or r.dtype != dt:
                 return None
             rows_N[i] = r.shape[0]
-            chunk.append(r)
+            with warnings.catch_warnings():  # a read-only sample in a list typed writable: only read
+                warnings.simplefilter("ignore", NumbaTypeSafetyWarning)
+                chunk.append(r)
         n = len(chunk)
         err_N = np.zeros(n, dtype=np.int64)
         max_N = np.full(n, -1, dtype=np.int64)
