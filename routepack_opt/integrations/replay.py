@@ -48,6 +48,7 @@ import functools
 import importlib
 import pickle
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -520,6 +521,23 @@ def _kernels():
     return _replay_kernels
 
 
+class _threads_for:
+    """numba threads for a pass over ``n`` samples: at most one per 4 samples (a parallel region
+    over one sample, the rollout hook's case, costs a second thread's wait and no speed)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __enter__(self):
+        import numba
+        self.prev = numba.get_num_threads()
+        numba.set_num_threads(max(1, min(self.prev, self.n // 4)))
+
+    def __exit__(self, *exc):
+        import numba
+        numba.set_num_threads(self.prev)
+
+
 def _i64(values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
@@ -535,12 +553,13 @@ def _run_rows(X_RLK, start_N, stop_N, keep, dense, E: int, acc: _Accumulator, *,
     err_N = np.zeros(N, dtype=np.int64)
     imp_N = np.zeros(N, dtype=np.int64)
     max_N = np.full(N, -1, dtype=np.int64)
-    _kernels().count_rows(X_RLK, _i64(start_N), _i64(stop_N),
-                          np.zeros(0, np.uint8) if mask_R is None else mask_R,
-                          np.full(N, -1, np.int64) if last_N is None else _i64(last_N),
-                          _i64(keep), _i64(dense), np.int64(E), bool(verl),
-                          _no_pad(X_RLK.shape[2]) if pad_LK is None else pad_LK,
-                          acc.counts_NLE, err_N, imp_N, max_N)
+    with _threads_for(N):
+        _kernels().count_rows(X_RLK, _i64(start_N), _i64(stop_N),
+                              np.zeros(0, np.uint8) if mask_R is None else mask_R,
+                              np.full(N, -1, np.int64) if last_N is None else _i64(last_N),
+                              _i64(keep), _i64(dense), np.int64(E), bool(verl),
+                              _no_pad(X_RLK.shape[2]) if pad_LK is None else pad_LK,
+                              acc.counts_NLE, err_N, imp_N, max_N)
     if err_N.any():
         return False, 0
     acc.max_id = int(max_N.max())
@@ -550,6 +569,7 @@ def _run_rows(X_RLK, start_N, stop_N, keep, dense, E: int, acc: _Accumulator, *,
 def _run_list(seq, first: np.ndarray, keep, dense, E: int, acc: _Accumulator, pad_LK) -> np.ndarray | None:
     """The compiled pass over a per-sample sequence, ``_LIST_CHUNK`` samples at a time (a lazy
     sequence is read a chunk at a time); the rows of each sample, or None (fall back)."""
+    from numba.core.errors import NumbaTypeSafetyWarning
     from numba.typed import List
     N, (La, K), dt = len(seq), first.shape[1:], first.dtype
     rows_N = np.zeros(N, dtype=np.int64)
@@ -561,11 +581,14 @@ def _run_list(seq, first: np.ndarray, keep, dense, E: int, acc: _Accumulator, pa
             if r is None or r.ndim != 3 or r.shape[1:] != (La, K) or r.dtype != dt:
                 return None
             rows_N[i] = r.shape[0]
-            chunk.append(r)
+            with warnings.catch_warnings():  # a read-only sample in a list typed writable: only read
+                warnings.simplefilter("ignore", NumbaTypeSafetyWarning)
+                chunk.append(r)
         n = len(chunk)
         err_N = np.zeros(n, dtype=np.int64)
         max_N = np.full(n, -1, dtype=np.int64)
-        kern.count_list(chunk, keep_L, dense_D, np.int64(E), pad_LK, acc.counts_NLE[c0:c0 + n], err_N, max_N)
+        with _threads_for(n):
+            kern.count_list(chunk, keep_L, dense_D, np.int64(E), pad_LK, acc.counts_NLE[c0:c0 + n], err_N, max_N)
         if err_N.any():
             return None
         acc.max_id = max(acc.max_id, int(max_N.max()))

@@ -141,3 +141,11 @@ def test_unsupported_inputs_take_the_reference_path(rng):
     assert rp._fast_verl(R.astype(np.uint64), m, E, None, None) is None
     np.testing.assert_array_equal(import_replay(strided, format="verl", num_experts=E, attention_mask=m).window.counts,
                                   import_replay(R, format="verl", num_experts=E, attention_mask=m).window.counts)
+
+
+def test_read_only_samples_in_a_list(rng, recwarn):
+    """Read-only samples (an .npz member, np.frombuffer) mixed with writable ones: same counts, no warning."""
+    samples = [_routes(rng, int(T)) for T in (4, 6, 3)]
+    samples[1].setflags(write=False)
+    _same(rp._fast_routes(samples, None, E, None, None), rp._from_routes(samples, None, E, None, None))
+    assert not [w for w in recwarn if "unsafe cast" in str(w.message)]
