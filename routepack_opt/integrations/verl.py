@@ -103,6 +103,7 @@ from routepack_opt.integrations._seam import (
     warn_once,
 )
 from routepack_opt.integrations.replay import import_replay
+from routepack_opt.integrations.rollout_hook import COUNTS_KEY, counts_from_non_tensor, window_from_counts
 from routepack_opt.pipeline import baseline_layouts
 
 logger = logging.getLogger("routepack_opt.integrations")
@@ -532,7 +533,12 @@ class GlobalBalance:
         return self.plan.replicas
 
 
-def _global_window(lens_N, batch, num_experts, moe_layer_freq):
+def _global_window(lens_N, batch, num_experts, moe_layer_freq, counts_NLE=None):
+    if num_experts is not None and counts_NLE is not None:  # the rollout hook's counts: no routes to read
+        w = window_from_counts(counts_NLE, lens_N)
+        if w.num_experts != int(num_experts):
+            raise InputError(f"{COUNTS_KEY}: counts of {w.num_experts} experts, num_experts={num_experts}")
+        return w
     if num_experts is None or batch is None or "routed_experts" not in batch.keys():
         return length_only_window(lens_N)
 
@@ -685,7 +691,8 @@ def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, 
               settings: SeamSettings, num_experts: int | None = None, ep_size: int = 1, moe_layer_freq=None,
               num_batches_divided_by: int | None = None, min_num_micro_batch: int | None = None,
               redundant_experts: int = 0, t0: float | None = None, apply_reserve_s: float = 0.0,
-              import_rate_s: float | None = None, skip_import_over_us: float | None = None) -> StepPlan:
+              import_rate_s: float | None = None, skip_import_over_us: float | None = None,
+              counts_NLE=None) -> StepPlan:
     """The driver's plan of one step under one budget (``settings``; the clock starts at ``t0``):
     the route import (once, for the whole batch), then per mini-batch verl's own layout and
     RoutePack's quick one (both scored by the evaluator), then the search with the rest of the
@@ -700,21 +707,25 @@ def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, 
     ``max_sweeps`` set: a fixed search effort, for plans that are the same on every run). With
     ``import_rate_s`` (seconds per routed_experts entry, measured on an earlier step) and
     ``skip_import_over_us``, a route import predicted to cost more than that is skipped and the
-    step planned on lengths (recorded in ``quick``)."""
+    step planned on lengths (recorded in ``quick``). ``counts_NLE`` (the rollout hook's per-sample
+    ``[L, E]`` counts, :func:`~routepack_opt.integrations.rollout_hook.counts_from_non_tensor`)
+    replaces the route import: the window is built from them, no routes are read."""
     t0 = time.perf_counter() if t0 is None else t0
     red = _redundant(redundant_experts)
     N, D, cap = int(lens_N.size), int(dp_size), int(max_token_len)
-    use_routes = num_experts is not None and "routed_experts" in batch_td.keys()
+    has_counts = num_experts is not None and counts_NLE is not None
+    use_routes = has_counts or (num_experts is not None and "routed_experts" in batch_td.keys())
     if red and not use_routes:
         raise InputError("redundant_experts needs routed_experts and num_experts: replicas follow the experts' loads")
     skip = None
-    if use_routes and skip_import_over_us is not None and import_rate_s is not None:
+    if use_routes and not has_counts and skip_import_over_us is not None and import_rate_s is not None:
         numel = int(np.prod(batch_td["routed_experts"].shape))
         if import_rate_s * numel * 1e6 > skip_import_over_us:
             skip = (f"route import: predicted {import_rate_s * numel * 1e3:.0f} ms, over its share of the "
                     f"predicted gain ({skip_import_over_us / 1e3:.0f} ms); planned on lengths")
             use_routes, ep, red = False, 1, 0
-    window = _global_window(lens_N, batch_td if use_routes else None, num_experts, moe_layer_freq)
+    window = _global_window(lens_N, batch_td if use_routes else None, num_experts, moe_layer_freq,
+                            counts_NLE if use_routes else None)
     import_s = time.perf_counter() - t0
     t_plan = time.perf_counter()
     rule = dict(capacity=cap, min_rows=int(min_num_micro_batch or 1), row_multiple=int(num_batches_divided_by or 1),
@@ -792,7 +803,8 @@ def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, 
     return StepPlan(plans, float(sum(m["ours"] for m in mini)), float(sum(m["theirs"] for m in mini)),
                     int(sum(m["rows"] for m in mini)), int(sum(m["rows_theirs"] for m in mini)), placements,
                     quick, import_s, time.perf_counter() - t_plan, budget, gain_us,
-                    import_s / max(1, int(np.prod(batch_td["routed_experts"].shape))) if use_routes else None)
+                    import_s / max(1, int(np.prod(batch_td["routed_experts"].shape)))
+                    if use_routes and not has_counts else None)
 
 
 # where the driver's replicated placements ride to the workers (DataProto.meta_info: verl's
@@ -916,7 +928,7 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
             with settings.planner_threads():
                 sp = plan_step(batch.batch, lens_N, dp_size, size, settings=settings, t0=t0,
                                apply_reserve_s=state["apply_s"], import_rate_s=state["rate"],
-                               skip_import_over_us=skip_over, **opts)
+                               skip_import_over_us=skip_over, counts_NLE=_hook_counts(batch), **opts)
             if sp.gain_us is not None:
                 state["gain"], state["rate"] = sp.gain_us, sp.import_rate_s
         except Exception as exc:  # never break the trainer: verl's own balance
@@ -941,13 +953,14 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
         else:  # "deferred": the batch stays in its order until the update
             reorder_s, lens_now = 0.0, lens_N
         td = batch.batch  # the background plan is of this order
+        counts = _hook_counts(batch)  # reordered with the batch
         box: dict = {}
 
         def work():
             try:
                 with settings.planner_threads():
                     box["plan"] = plan_step(td, lens_now, dp_size, size, settings=settings,
-                                            apply_reserve_s=0.0, **opts)
+                                            apply_reserve_s=0.0, counts_NLE=counts, **opts)
             except Exception as exc:  # applied as verl's quick order at the update
                 box["error"] = exc
 
@@ -968,6 +981,13 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
                 "none" if settings.time_limit is None else f"{settings.time_limit:g} s",
                 ", planned behind the log-prob passes" if overlap else "")
     return original
+
+
+def _hook_counts(batch):
+    """The rollout hook's per-sample counts (``non_tensor_batch[COUNTS_KEY]``,
+    :func:`~routepack_opt.integrations.rollout_hook.install_verl_agent_loop_counts`), or None."""
+    ntb = getattr(batch, "non_tensor_batch", None)
+    return None if ntb is None else counts_from_non_tensor(ntb)
 
 
 def _parts(plans: list, dp_size: int) -> list:

@@ -806,3 +806,43 @@ def test_overlap_mode_plans_behind_the_log_prob_passes(mode):
     assert len(calls) == 2 and rp_verl.pop_records() == []
     with pytest.raises(InputError, match="overlap: expected"):
         rp_verl.install_balance_batch(type("U", (_FakeTrainer,), {}), max_token_len=1000, overlap="later")
+
+
+def test_balance_plans_from_the_rollout_hooks_counts_without_routes():
+    """A batch carrying the rollout hook's per-sample counts (non_tensor_batch[COUNTS_KEY]) and no
+    routed_experts is planned on those counts: the same plan as from the routes (import_ms is only
+    the stack), and no route is read; counts of the wrong expert count fall back to verl's own."""
+    from verl import DataProto
+
+    from routepack_opt.integrations.replay import import_replay
+    from routepack_opt.integrations.rollout_hook import COUNTS_KEY
+
+    rng = np.random.default_rng(6)
+    lens = [int(x) for x in np.clip(rng.lognormal(5.0, 0.7, 16), 8, 300)]
+    td = make_batch(lens, max(lens))
+    counts = import_replay(td["routed_experts"], format="verl", num_experts=8,
+                           attention_mask=td["attention_mask"]).window.counts
+    kw = dict(mini=8, D=2, max_token_len=1000, num_experts=8, ep_size=2, max_sweeps=5, time_limit=None)
+    orders = []
+    for with_routes in (True, False):
+        cls, t = _installed(**kw)
+        batch = td.clone()
+        ntb = {"uid": np.arange(16)}
+        if not with_routes:
+            del batch["routed_experts"]
+            col = np.empty(16, dtype=object)
+            col[:] = [counts[i] for i in range(16)]
+            ntb[COUNTS_KEY] = col
+        data = DataProto(batch=batch, non_tensor_batch=ntb)
+        t._balance_batch(data, {})
+        orders.append((data.non_tensor_batch["uid"].tolist(), data.batch["routepack_micro_batch"].tolist()))
+    assert orders[0] == orders[1]
+    # counts of another expert count: the plan fails, verl's own _balance_batch runs
+    cls, t = _installed(**{**kw, "num_experts": 16})
+    batch = td.clone()
+    del batch["routed_experts"]
+    col = np.empty(16, dtype=object)
+    col[:] = [counts[i] for i in range(16)]
+    data = DataProto(batch=batch, non_tensor_batch={"uid": np.arange(16), COUNTS_KEY: col})
+    t._balance_batch(data, {})
+    assert t.calls == [False]
