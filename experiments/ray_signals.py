@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -118,7 +119,9 @@ def case(name: str, run: Path, out: Path, rerun: bool = True) -> dict:
     if rerun and name in ("sigterm-mid", "raylet") and not hang:  # the rerun plans only what is missing
         again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         resumed = {"rc": again.returncode, "line": again.stdout.splitlines()[0] if again.stdout else again.stderr}
-    err = [x for x in stderr.splitlines() if x.strip()]
+    # replay-report's progress lines (``replay-report: k/N windows ...``, stderr without a TTY) are
+    # not errors: what is left must be the one error: line
+    err = [x for x in stderr.splitlines() if x.strip() and not re.match(r"replay-report: \d+/\d+ windows", x)]
     return {"case": name, "ray_up": up, "ray_processes_before": len(alive_before), "rc": proc.returncode,
             "hang": hang, "stderr_lines": len(err), "stderr": err[:3], "dump": "SIGTERM received" in stderr
             or "***" in stderr, "steps_lines_kept": lines, "rerun": resumed, "left_after_20s": len(left) if not gone else 0,
