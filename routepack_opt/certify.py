@@ -55,7 +55,7 @@ from routepack_opt.core.window import Window
 from routepack_opt.heuristics.binpack import best_packing, fixed_bins_search, minimum_bin_slack
 from routepack_opt.heuristics.equal_counts import equal_count_layout
 from routepack_opt.models import colgen
-from routepack_opt.models.binpack import solve_bin_packing
+from routepack_opt.models.binpack import arcflow_graph, solve_bin_packing
 from routepack_opt.models.equal_counts import decide_equal_counts
 
 __all__ = ["Certificate", "certify_rows", "pack_into_bins", "spread_to_nonempty", "BinPackUndecided"]
@@ -71,6 +71,8 @@ _TABU_FIRST_S = 0.5  # the first, short tabu run straight from FFD/BFD
 # distinct sizes (the master's rows; production windows have thousands and close before).
 _CG_BOUND_SHARE, _CG_PACK_SHARE = 0.4, 0.45
 _MBS_MAX_LP_S, _TABU_MAX_LP_S = 1.5, 1.0  # MBS' and the tabu search when an LP is at hand
+# The exact model straight after the LP bound when the arc-flow graph on K has at most this many arcs.
+_SMALL_ARCFLOW_ARCS, _SMALL_ARCFLOW_MAX_CELLS = 10_000, 5_000_000
 _EXACT_MIN_S = 0.25  # the exact model is not started with less time left (its build alone overruns)
 _CG_MAX_CELLS, _CG_MAX_TYPES = 25_000_000, 600
 
@@ -211,9 +213,12 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     if ts_N is not None:
         pack_N, ub_bins, ub_name = ts_N, int(np.unique(ts_N).size), "tabu search"
         return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, tabu search={ub_bins} bins", pack_N)
+    # A small arc-flow graph on K (little slack: e.g. triplets filling every bin exactly) goes
+    # straight to the exact model (its LP is the Gilmore–Gomory LP), which then decides quickly.
+    small_exact = method in ("auto", "arcflow") and _arcflow_arcs(sizes_N, C, K) <= _SMALL_ARCFLOW_ARCS
     # The Gilmore–Gomory LP bound by column generation: it may rule K out.
     lp = None
-    lp_res = _lp_bound(sizes_N, C, K, pack_N, ub_bins, time_limit, elapsed)
+    lp_res = None if small_exact else _lp_bound(sizes_N, C, K, pack_N, ub_bins, time_limit, elapsed)
     if lp_res is not None:
         lp_lb, lp_name, lp = lp_res
         if lp_lb > lb_bins:
@@ -228,6 +233,8 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     # MBS' restarts: cheap and usually enough when the bound is tight.
     # (with an LP at hand MBS' and the tabu search get less: the LP-guided search follows)
     mbs_max, tabu_max = (_MBS_MAX_S, _TABU_MAX_S) if lp is None else (_MBS_MAX_LP_S, _TABU_MAX_LP_S)
+    if small_exact:
+        mbs_max, tabu_max = 0.1, 0.1
     mbs_N, mbs_bins = minimum_bin_slack(sizes_N, C, restarts=200, target=K, node_limit=_mbs_nodes(N),
                                         time_limit=max(0.01, min(mbs_max, _MBS_SHARE * time_limit,
                                                                  time_limit - elapsed())))
@@ -242,7 +249,7 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
         pack_N, ub_bins, ub_name = ts_N, int(np.unique(ts_N).size), "tabu search"
         return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, tabu search={ub_bins} bins", pack_N)
     # An LP-guided packing into K bins (the columns of the LP above).
-    if lp is not None:
+    if lp is not None and not small_exact:
         lp_N = _lp_packing(sizes_N, C, K, lp, time_limit, elapsed)
         if lp_N is not None:
             pack_N, ub_bins, ub_name = lp_N, int(np.unique(lp_N).size), "LP-guided search"
@@ -296,6 +303,13 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
             f"valid cells and no proof rules them out (lower bound {lb_bins} bins)")
     return cert(r_ub, "feasible", r_lo, used,
                 f"undecided in {time_limit:g}s: {lb_name} ≥ {lb_bins} bins, {ub_name}={ub_bins} bins", pack_N)
+
+
+def _arcflow_arcs(sizes_N, C: int, K: int) -> int:
+    """Item arcs of the reduced arc-flow graph on K bins (``models.binpack.arcflow_graph``)."""
+    if K * C - int(sizes_N.sum()) >= C or np.unique(sizes_N).size * C > _SMALL_ARCFLOW_MAX_CELLS:
+        return 1 << 62  # no slack pruning, or a graph too costly to build just to measure it
+    return int(arcflow_graph(sizes_N, C, K)["tail_A"].size)
 
 
 def _lp_bound(sizes_N, C: int, K: int, pack_N, ub_bins: int, time_limit: float, elapsed):
