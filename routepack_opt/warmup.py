@@ -59,7 +59,7 @@ from numba.core import config as numba_config
 from numba.core.dispatcher import Dispatcher
 
 from routepack_opt.certify import certify_rows, pack_into_bins
-from routepack_opt.core.bounds import lower_bound_l1
+from routepack_opt.core.bounds import knapsack_max, knapsack_top, lower_bound_l1
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.objective import Objective
@@ -100,7 +100,8 @@ GROUPS = {
     # rank, or ≥ 2^30 tokens per rank); compiled before the annealer's clock when a window needs
     # them (anneal.warm_storage), so only ``routepack warmup`` does them ahead of time
     "storage": _ANNEAL,
-    "exact": ("routepack_opt.models.binpack", "routepack_opt.models.layout_blocks"),
+    # exact models and the certifier's column generation (its knapsack pricing)
+    "exact": ("routepack_opt.models.binpack", "routepack_opt.models.layout_blocks", "routepack_opt.core._knapsack"),
 }
 
 _lock = threading.RLock()
@@ -337,6 +338,11 @@ def _warm_exact() -> None:
     sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
     exact_binpack.arcflow_graph(sizes, 64)
     exact_binpack.arcflow_graph(sizes, 64, max_bins=7)
+    w_M, b_M = np.array([35, 30, 20], dtype=np.int64), np.array([2, 3, 1], dtype=np.int64)
+    for C in (64, 5000):  # the dense DP and (large capacities) the sparse Pareto DP
+        knapsack_max(w_M, b_M, w_M, C)
+        knapsack_max(w_M, b_M, w_M, C, min_load=40)
+        knapsack_top(w_M, b_M, w_M, C, 4)
     _warm_blocks()
 
 
