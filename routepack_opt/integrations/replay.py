@@ -60,7 +60,7 @@ from routepack_opt.core.io import check_output_path
 from routepack_opt.core.window import Window, available_memory, save_window
 from routepack_opt.integrations import _deps
 
-__all__ = ["ReplayImport", "import_replay", "window_from_replay", "FORMATS", "moe_layers",
+__all__ = ["ReplayImport", "import_replay", "warm_import", "window_from_replay", "FORMATS", "moe_layers",
            "slime_pad_routes", "save_window_atomic", "MAX_EXPERTS"]
 
 FORMATS = ("slime", "verl", "routes")
@@ -1018,6 +1018,24 @@ def import_replay(source, *, format: str = "routes", num_experts: int, lengths=N
     # copy=False: the window takes the counts built for it (one [N, L, E] array in memory, not two)
     window = Window(acc.lengths_N, acc.counts_NLE, top_k=acc.K, group_ids=group_ids, step=step, copy=False)
     return ReplayImport(window, format, keep, dropped, imputed, pad, acc.max_id, skipped, tuple(notes))
+
+
+def warm_import(source, *, format: str, num_experts: int, attention_mask=None, lengths=None,
+                moe_layer_freq=None) -> None:
+    """Compile (or load from numba's cache) the import's pass for ``source``'s dtype and layout by
+    importing its first sample only, so that a seam's clock (and the import rate it measures to
+    predict the next import) holds no compilation. Bad routes are left for the real call to
+    report: any error here is ignored."""
+    try:
+        first = source[:1]
+        kw: dict = dict(format=format, num_experts=num_experts, moe_layer_freq=moe_layer_freq)
+        if attention_mask is not None:
+            kw["attention_mask"] = attention_mask[:1]
+        if lengths is not None:
+            kw["lengths"] = list(lengths)[:1]
+        import_replay(first, **kw)
+    except Exception:  # noqa: BLE001 - the real import raises the message
+        pass
 
 
 def window_from_replay(source, **kwargs) -> Window:

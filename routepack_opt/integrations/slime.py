@@ -101,7 +101,7 @@ from routepack_opt.integrations._seam import (
     seam_settings,
     warn_once,
 )
-from routepack_opt.integrations.replay import import_replay
+from routepack_opt.integrations.replay import import_replay, warm_import
 
 __all__ = ["build_dp_schedule", "plan_dp_schedule", "SlimeSchedule", "install", "last_records"]
 
@@ -369,6 +369,10 @@ def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout
     from routepack_opt.warmup import warm
 
     warm()  # numba's kernels compiled or loaded once per process, before any step's clock starts
+    if routed_experts is not None and num_experts is not None and len(routed_experts):
+        # the import's pass for these routes' dtype, off the clock (and off the measured import rate)
+        warm_import([routed_experts[0]], format="slime", num_experts=num_experts, lengths=[int(total_lengths[0])],
+                    moe_layer_freq=moe_layer_freq)
     t_call = time.perf_counter()
     dp_size, cp_size, vpp_size, mb_group = _cfg(train_parallel_config)
     dynamic = bool(getattr(args, "use_dynamic_batch_size", False))

