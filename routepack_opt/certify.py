@@ -192,18 +192,19 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
             f"{topology.row_multiple}) give at most {r_max * D} ≤ N={N} cells"
         )
 
-    r_lo = _next_valid(-(-lb_bins // D), topology)
-    if r_lo > r_max:
-        no_rows(lb_bins)
-    K = r_lo * D
+    def rows_for(lb):
+        """The least valid row count for ``lb`` bins (InputError when none is) and its cells."""
+        r = _next_valid(-(-lb // D), topology)
+        if r > r_max:
+            no_rows(lb)
+        return r, r * D
+
+    r_lo, K = rows_for(lb_bins)
     if ub_bins > K:
         full_lb, full_name = bin_lower_bound(sizes_N, C)
         if full_lb > lb_bins:
             lb_bins, lb_name = full_lb, full_name
-            r_lo = _next_valid(-(-lb_bins // D), topology)
-            if r_lo > r_max:
-                no_rows(lb_bins)
-            K = r_lo * D
+            r_lo, K = rows_for(lb_bins)
     if ub_bins <= K:
         return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, {ub_name}={ub_bins} bins", pack_N)
     # A short overflow tabu search on exactly K bins from FFD/BFD: milliseconds on production
@@ -223,10 +224,7 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
         lp_lb, lp_name, lp = lp_res
         if lp_lb > lb_bins:
             lb_bins, lb_name = lp_lb, lp_name
-            r_lo = _next_valid(-(-lb_bins // D), topology)
-            if r_lo > r_max:
-                no_rows(lb_bins)
-            K = r_lo * D
+            r_lo, K = rows_for(lb_bins)
         if ub_bins <= K:
             return cert(r_lo, "optimal", r_lo, "colgen", f"{lb_name}={lb_bins} bins, {ub_name}={ub_bins} bins",
                         pack_N)
