@@ -28,7 +28,7 @@ from routepack_opt.core.timing import Timings
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.heuristics.anneal import anneal
-from routepack_opt.heuristics.anneal.config import MAX_SEEDS
+from routepack_opt.heuristics.anneal.config import MAX_SEEDS, check_sweep_budget
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.joint import anneal_packer, joint_search
 from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
@@ -271,6 +271,9 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
         raise InputError(f"params must be a PlannerParams, got {type(params).__name__}")
     if max_rows is not None:
         max_rows = check_rows(max_rows, "max_rows")
+    if max_sweeps is not None:
+        max_sweeps = check_sweep_budget(max_sweeps, window.num_samples)
+    check_sweep_budget(params.anneal.sweeps, window.num_samples, "anneal.sweeps")
     current_placement = check_current_placement(current_placement, window)
     warmup = Timings()
     with warmup.stage("warmup"):

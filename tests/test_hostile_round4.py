@@ -236,6 +236,20 @@ def test_verify_runtime_steps_bounded():
     _one_error(*fs.run_cli(["verify-runtime", "--steps", str(2**62), "--timeout", "20"]), "--steps")
 
 
+def test_sweep_budget_bounded(files):
+    """--max-sweeps 2**62 without a time limit (it ran without end) is one error line naming the
+    most sweeps the window takes; the API's solve() refuses it the same way, before any work."""
+    _one_error(*fs.run_cli(["plan", str(files["window"]), *fs.TOPO, "--cost", fs.COST, "--max-sweeps", str(2**62)],
+                           timeout=60), "max_sweeps")
+    from routepack_opt.core.cost import resolve_cost
+    from routepack_opt.core.topology import Topology
+    from routepack_opt.core.window import load_window
+
+    w = load_window(files["window"])
+    with pytest.raises(InputError, match="at most"):
+        solve(w, Topology(dp=2, ep=2, capacity=1024), resolve_cost(fs.COST), max_sweeps=2**62)
+
+
 def test_warnings_hidden_unless_verbose(files, monkeypatch):
     """A warning raised inside a command (numpy's RuntimeWarning) is dropped, unless -v."""
     import warnings

@@ -11,7 +11,7 @@ import numpy as np
 from routepack_opt.core.errors import InputError, load_document
 from routepack_opt.core.window import available_memory
 
-__all__ = ["AnnealConfig", "AnnealResult"]
+__all__ = ["AnnealConfig", "AnnealResult", "check_sweep_budget"]
 
 
 # Declared domain of the sizes (checked when a config is built or read; defaults 16, 24, 2048).
@@ -20,6 +20,9 @@ __all__ = ["AnnealConfig", "AnnealResult"]
 MAX_SIZES = {"population": 4096, "temperatures": 4096, "calibration_moves": 1 << 22,
              "chunk_sweeps": 1 << 10, "swap_window": 1 << 20, "window_bytes": 1 << 40}
 MAX_WALK_SWEEPS = 1e4
+# The most proposals one replica may be asked for (sweeps × N): about an hour of search on one
+# core at ~100 ns a proposal and 16 replicas; past it a sweep budget is refused, not run unbounded.
+MAX_PROPOSALS = 1 << 31
 MAX_SEEDS = 8  # seed layouts of a search: the caller's (KK, FFD, ...) and the greedy
 MIN_REPLICA_BYTES = 256  # the fixed part of one replica's state (aggregates, stream, counters)
 
@@ -171,3 +174,15 @@ class AnnealResult:
     @property
     def makespan(self) -> float:
         return self.score[0]
+
+
+def check_sweep_budget(sweeps, num_samples: int, name: str = "max_sweeps") -> int:
+    """``sweeps`` (a positive integer) within :data:`MAX_PROPOSALS` proposals per replica for a
+    window of ``num_samples`` samples; an :class:`InputError` naming the most that is taken."""
+    if isinstance(sweeps, bool) or not isinstance(sweeps, (int, np.integer)) or sweeps < 1:
+        raise InputError(f"{name} must be a positive integer, got {sweeps!r}")
+    most = max(1, MAX_PROPOSALS // max(1, int(num_samples)))
+    if sweeps > most:
+        raise InputError(f"{name} = {int(sweeps):,} is out of range for {num_samples:,} samples (at most {most:,} "
+                         f"sweeps: {MAX_PROPOSALS:,} proposals per replica); use a time limit for longer searches")
+    return int(sweeps)
