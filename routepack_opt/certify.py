@@ -281,10 +281,7 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
             break
         # K bins proved impossible: next valid R.
         lb_bins, lb_name = max(lb_bins, K + 1, res.lower_bound), f"{res.method} proof"
-        r_lo = _next_valid(-(-lb_bins // D), topology)
-        if r_lo > r_max:
-            no_rows(lb_bins)
-        K = r_lo * D
+        r_lo, K = rows_for(lb_bins)
         if ub_bins > K:  # the tabu search again, on the new K
             ts_N = fixed_bins_search(sizes_N, C, K, start=pack_N, seed=1,
                                      time_limit=min(_TABU_MAX_S, _TABU_SHARE * time_limit))
