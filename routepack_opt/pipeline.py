@@ -598,7 +598,7 @@ def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_swe
         m_star = None if at_star is None else at_star[1][0]
     if not why:
         if res.R == r_star:
-            why = ("R* is the only candidate (R_max = R*: max_rows, or N/D rows)" if len(cands) == 1 else "R* scored best"
+            why = ("R* is the only candidate (R_max = R*: max_rows or N/D)" if len(cands) == 1 else "R* scored best"
                    + ("" if len(screened) > 1 else " (every other count pruned by its bound)"))
         else:
             why = (f"{res.R} rows beat R* = {r_star}: makespan {res.key[0]:,.1f} vs {m_star:,.1f} µs"
