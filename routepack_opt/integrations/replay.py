@@ -1020,13 +1020,22 @@ def import_replay(source, *, format: str = "routes", num_experts: int, lengths=N
     return ReplayImport(window, format, keep, dropped, imputed, pad, acc.max_id, skipped, tuple(notes))
 
 
+_WARMED: set = set()  # warm_import's kinds done in this process
+
+
 def warm_import(source, *, format: str, num_experts: int, attention_mask=None, lengths=None,
                 moe_layer_freq=None) -> None:
     """Compile (or load from numba's cache) the import's pass for ``source``'s dtype and layout by
     importing its first sample only, so that a seam's clock (and the import rate it measures to
     predict the next import) holds no compilation. Bad routes are left for the real call to
-    report: any error here is ignored."""
+    report: any error here is ignored. Once per process for each (format, container, id dtype,
+    rank): a seam calls it every step, and only the first of a kind compiles anything."""
     try:
+        x = source[0] if _is_sequence(source) else source
+        key = (format, _is_sequence(source), str(getattr(x, "dtype", type(x).__name__)), getattr(x, "ndim", None))
+        if key in _WARMED:
+            return
+        _WARMED.add(key)
         first = source[:1]
         kw: dict = dict(format=format, num_experts=num_experts, moe_layer_freq=moe_layer_freq)
         if attention_mask is not None:

@@ -149,3 +149,21 @@ def test_read_only_samples_in_a_list(rng, recwarn):
     samples[1].setflags(write=False)
     _same(rp._fast_routes(samples, None, E, None, None), rp._from_routes(samples, None, E, None, None))
     assert not [w for w in recwarn if "unsafe cast" in str(w.message)]
+
+
+def test_warm_import_runs_once_per_kind(monkeypatch):
+    """A seam warms the import every step: only the first call of a (format, container, dtype,
+    rank) imports anything; another dtype imports again."""
+    import numpy as np
+
+    from routepack_opt.integrations import replay
+
+    calls = []
+    monkeypatch.setattr(replay, "_WARMED", set())
+    monkeypatch.setattr(replay, "import_replay", lambda src, **kw: calls.append(kw["format"]))
+    routes = [np.zeros((5, 2, 2), dtype=np.int32) + np.array([0, 1], dtype=np.int32)]
+    for _ in range(3):
+        replay.warm_import(routes, format="slime", num_experts=4, lengths=[6])
+    assert calls == ["slime"]
+    replay.warm_import([r.astype(np.int16) for r in routes], format="slime", num_experts=4, lengths=[6])
+    assert calls == ["slime", "slime"]
