@@ -111,3 +111,43 @@ def test_row_search_plans_equal_the_golden_record():
             assert got["score"][field] == pytest.approx(want["score"][field], rel=1e-12), (key, field)
         assert got["makespan_r_star"] == pytest.approx(want["makespan_r_star"], rel=1e-12), key
     assert any(g["chosen"] > g["r_star"] for g in golden.values())  # the record covers a count above R*
+
+
+# replica windows (issue 40: the redesign keeps these plans bit-identical): one spare slot per
+# rank, the replica search (lpt) and the joint search over replicated placements
+GOLDEN_REPLICAS = Path(__file__).parent / "golden" / "replicas.json"
+REPLICA_CASES = [
+    ("w64-d4-p2-r2", dict(num_samples=64, num_layers=3, num_experts=8, top_k=2, max_len=400, seed=21, skew=1.6),
+     dict(dp=4, ep=2, capacity=1200), 2),
+    ("w96-d8-p4-r4", dict(num_samples=96, num_layers=2, num_experts=16, top_k=4, max_len=300, min_len=20, seed=22,
+                          skew=1.4), dict(dp=8, ep=4, capacity=900), 4),
+]
+REPLICA_KEYS = ("rows", "placement", "cells", "objective", "score", "lower_bound", "phy2log", "logcnt")
+
+
+def _replica_plans():
+    out = {}
+    for name, wargs, targs, redundant in REPLICA_CASES:
+        window = random_window(**wargs)
+        topo = Topology(**targs)
+        for objective in ("max-sum", "sum-max"):
+            for placement in ("lpt", "joint"):
+                p = solve(window, topo, COST, objective=objective, placement=placement, max_sweeps=8, seed=5,
+                          redundant_experts=redundant)
+                d = json.loads(json.dumps(p.to_json()))
+                out[f"{name}/{objective}/{placement}"] = {k: d.get(k) for k in REPLICA_KEYS}
+    return out
+
+
+def test_replica_plans_equal_the_golden_record():
+    """Plans with replicated experts (placement with its replica slots, cells, rows, scores) for
+    fixed windows, both objectives, lpt and joint, seed 5 and 8 sweeps equal the committed record
+    exactly (scores included: bit-identical floats)."""
+    plans = _replica_plans()
+    if os.environ.get("ROUTEPACK_REGEN_GOLDEN"):
+        GOLDEN_REPLICAS.write_text(json.dumps(plans, indent=1, sort_keys=True) + "\n")
+    golden = json.loads(GOLDEN_REPLICAS.read_text())
+    assert sorted(plans) == sorted(golden)
+    for key, want in golden.items():
+        assert plans[key] == want, key
+    assert all(g["phy2log"] for g in golden.values())  # every record carries replica slots
