@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-import routepack_opt.integrations.replay as rp  # noqa: E402
+import routepack_opt.replay.importer as rp  # noqa: E402  (import_replay and the compiled pass it tries first)
 from routepack_opt.integrations import rollout_hook as hook  # noqa: E402
 
 OUT = ROOT / "experiments/results/bench_replay_import/bench_replay_import.json"

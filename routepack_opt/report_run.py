@@ -170,12 +170,12 @@ def schedule(items: list[tuple[str, int]], cfg: ReportConfig) -> list[tuple[str,
 
 def load_step_window(path, cfg: ReportConfig):
     """One step's window: :func:`~routepack_opt.core.window.load_window`, or
-    :func:`~routepack_opt.integrations.replay.import_replay` for the replay formats."""
+    :func:`~routepack_opt.replay.import_replay` for the replay formats."""
     if cfg.format == "window":
         from routepack_opt.core.window import load_window
 
         return load_window(path)
-    from routepack_opt.integrations.replay import import_replay
+    from routepack_opt.replay import import_replay
 
     assert cfg.num_experts is not None  # checked by ReportConfig
     return import_replay(str(path), format=cfg.format, num_experts=cfg.num_experts,

@@ -101,7 +101,7 @@ from routepack_opt.integrations._seam import (
     seam_settings,
     warn_once,
 )
-from routepack_opt.integrations.replay import import_replay, warm_import
+from routepack_opt.replay import import_replay, warm_import
 
 __all__ = ["build_dp_schedule", "plan_dp_schedule", "SlimeSchedule", "install", "last_records"]
 

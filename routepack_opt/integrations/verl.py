@@ -102,8 +102,9 @@ from routepack_opt.integrations._seam import (
     seam_settings,
     warn_once,
 )
-from routepack_opt.integrations.replay import import_replay, warm_import
-from routepack_opt.integrations.rollout_hook import COUNTS_KEY, counts_from_non_tensor, window_from_counts
+from routepack_opt.replay import import_replay, warm_import
+from routepack_opt.integrations.rollout_hook import COUNTS_KEY, counts_from_non_tensor
+from routepack_opt.replay.sample_counts import window_from_counts
 from routepack_opt.pipeline import baseline_layouts
 
 logger = logging.getLogger("routepack_opt.integrations")

@@ -3,10 +3,10 @@
 Legend: N samples, R rows (token positions) of the routes array, La recorded layers, L kept (MoE)
 layers, K router top-k, E experts.
 
-One pass over each sample's valid rows does everything :mod:`routepack_opt.integrations.replay`
-used to do in several numpy passes: ids in ``0..E-1``, no expert picked twice by one token at
-one layer (a per-sample "seen" stamp per expert: one load and one store per id, no sort), dense
-layers that must stay all-zero (slime's detection), verl's unrouted rows (verl #7075: a
+One pass over each sample's valid rows does everything the reference path
+(:mod:`routepack_opt.replay.reference`) does in several numpy passes: ids in ``0..E-1``, no
+expert picked twice by one token at one layer (a per-sample "seen" stamp per expert: one load
+and one store per id, no sort), dense layers that must stay all-zero (slime's detection), verl's unrouted rows (verl #7075: a
 zero-filled row inside the mask; at top-1 only the last position's zero id) imputed from the
 nearest earlier routed token at that layer, else the next one, and the counts. Samples run in
 parallel (``prange``); each writes only its own ``counts[i]``, so no reduction is needed.
