@@ -95,23 +95,26 @@ from routepack_opt.integrations._common import as_cost, length_only_window, plan
 from routepack_opt.integrations._seam import (
     SHARE_OF_GAIN,
     UNSET,
+    CallBudget,
     FrameworkAssertionError,
     Recorder,
     SeamRecord,
     SeamSettings,
+    import_skip,
     seam_settings,
     warn_once,
 )
-from routepack_opt.replay import import_replay, warm_import
 from routepack_opt.integrations.rollout_hook import COUNTS_KEY, counts_from_non_tensor
-from routepack_opt.replay.sample_counts import window_from_counts
 from routepack_opt.pipeline import baseline_layouts
+from routepack_opt.replay import import_replay, warm_import
+from routepack_opt.replay.sample_counts import window_from_counts
 
 logger = logging.getLogger("routepack_opt.integrations")
 
 __all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths", "UnsupportedBatch",
            "balance_batch_partitions", "balance_batch", "GlobalBalance", "last_record", "pop_records",
            "verl_own", "install_balance_batch", "plan_columns", "PLAN_COLUMNS", "plan_step", "StepPlan",
+           "BalanceOptions", "StepBudget",
            "placements_from_batch", "PLACEMENTS_KEY"]
 
 
@@ -324,93 +327,139 @@ def rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_div
         if threads is not UNSET:
             kw["threads"] = threads
         settings = seam_settings("verl", cost=cost, objective=objective, max_sweeps=max_sweeps, seed=seed, **kw)
+    call = _Call(batch, max_token_len, dp_group, num_batches_divided_by, same_micro_num_in_dp, min_num_micro_batch,
+                 use_dynamic_bsz_balance, force_group_size, settings, compare, on_record, t0)
     with settings.planner_threads():
-        return _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micro_num_in_dp,
-                          min_num_micro_batch, use_dynamic_bsz_balance, force_group_size, settings, compare,
-                          on_record, t0)
+        return _rearrange(call)
 
 
-def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micro_num_in_dp, min_num_micro_batch,
-               use_dynamic_bsz_balance, force_group_size, settings: SeamSettings, compare: bool, on_record,
-               t0: float):
-    cap = int(max_token_len)
-    g = int(force_group_size)
-    unsupported: UnsupportedBatch | None = None
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One :func:`rearrange_micro_batches` call: verl's arguments, the planner's settings, the
+    record's callback and the call's start on ``time.perf_counter``'s clock."""
+
+    batch: Any
+    max_token_len: Any
+    dp_group: Any
+    num_batches_divided_by: Any
+    same_micro_num_in_dp: bool
+    min_num_micro_batch: Any
+    use_dynamic_bsz_balance: bool
+    force_group_size: Any
+    settings: SeamSettings
+    compare: bool
+    on_record: Any
+    t0: float
+
+    @property
+    def cap(self) -> int:
+        return int(self.max_token_len)
+
+    @property
+    def g(self) -> int:
+        return int(self.force_group_size)
+
+
+def _read_items(call: _Call) -> tuple[np.ndarray, np.ndarray, UnsupportedBatch | None]:
+    """(lengths per sample, lengths per item (a forced group of ``g`` samples), why the batch is
+    unsupported or None); verl's own asserts raised here, before any collective, as verl does."""
+    cap, g = call.cap, call.g
     try:
-        lens_N, padded = batch_lengths(batch)
+        lens_N, padded = batch_lengths(call.batch)
     except UnsupportedBatch as exc:
-        unsupported, lens_N, padded = exc, np.zeros(0, dtype=np.int64), 0
-    # verl's own asserts, raised before any collective as verl does
-    if unsupported is None:
-        if cap < padded:
-            raise FrameworkAssertionError("max_token_len must be greater than the sequence length. Got "
-                                          f"max_token_len={cap} and max_seq_len={padded}")
-        N = int(lens_N.shape[0])
-        if g < 1 or N % g:
-            raise FrameworkAssertionError(f"Batch size {N} must be divisible by force_group_size {g}")
-        if N == 0:
-            unsupported = UnsupportedBatch("empty", "the batch has no samples")
-        elif (lens_N < 1).any():
-            unsupported = UnsupportedBatch("empty-sample", "a sample has no tokens (attention_mask all zero)")
-    item_len = lens_N.reshape(-1, g).sum(axis=1) if unsupported is None else lens_N
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), exc
+    if cap < padded:
+        raise FrameworkAssertionError("max_token_len must be greater than the sequence length. Got "
+                                      f"max_token_len={cap} and max_seq_len={padded}")
+    N = int(lens_N.shape[0])
+    if g < 1 or N % g:
+        raise FrameworkAssertionError(f"Batch size {N} must be divisible by force_group_size {g}")
+    unsupported = None
+    if N == 0:
+        unsupported = UnsupportedBatch("empty", "the batch has no samples")
+    elif (lens_N < 1).any():
+        unsupported = UnsupportedBatch("empty-sample", "a sample has no tokens (attention_mask all zero)")
+    return lens_N, lens_N.reshape(-1, g).sum(axis=1) if unsupported is None else lens_N, unsupported
+
+
+def _rearrange(call: _Call):
+    cap = call.cap
+    lens_N, item_len, unsupported = _read_items(call)
     num_items = int(item_len.shape[0])
-    rows_min, multiple = int(min_num_micro_batch or 1), int(num_batches_divided_by or 1)
+    rows_min, multiple = int(call.min_num_micro_batch or 1), int(call.num_batches_divided_by or 1)
     driver_row, cause, why_not = (None, None, "") if unsupported is not None else _driver_rows(
-        batch, lens_N, g, cap, rows_min, multiple)
+        call.batch, lens_N, call.g, cap, rows_min, multiple)
     lookup_rows = int(driver_row.max()) + 1 if driver_row is not None else 0
-    import_s = time.perf_counter() - t0  # reading the batch: lengths and the driver's columns
+    import_s = time.perf_counter() - call.t0  # reading the batch: lengths and the driver's columns
     # Agree on the fatal constraints, on falling back and on using the driver's plan first (one
     # all-reduce), so that no rank raises, leaves or skips a collective its peers run (as verl).
-    sync = same_micro_num_in_dp and dp_group is not None
+    sync = call.same_micro_num_in_dp and call.dp_group is not None
     longest, neg_items, bad, no_lookup, lookup_max, neg_lookup_min = _dist_reduce(
         [int(item_len.max()) if num_items else 0, -num_items, int(unsupported is not None),
-         int(driver_row is None), lookup_rows, -lookup_rows], "MAX", dp_group if sync else None)
+         int(driver_row is None), lookup_rows, -lookup_rows], "MAX", call.dp_group if sync else None)
     use_driver = not bad and not no_lookup and lookup_max == -neg_lookup_min
-    if cause == "other-batch":
-        logger.debug("routepack verl: driver plan not used (%s)", why_not)
-    elif cause is not None:
-        warn_once("verl", cause, f"{why_not}; planning on the rank")
-    elif driver_row is not None and not use_driver:
-        warn_once("verl", "driver-plan-peer", "another DP rank cannot use the driver's plan (or its micro-batch "
-                  "count differs); planning on the rank")
+    _warn_driver_plan(cause, why_not, driver_row is not None and not use_driver)
     if bad:
-        why = unsupported if unsupported is not None else UnsupportedBatch(
-            "peer", "another DP rank's batch is unsupported")
-        warn_once("verl", why.cause, f"{why}; using verl's own rearrange_micro_batches")
-        out = verl_own()(batch, max_token_len, dp_group=dp_group, num_batches_divided_by=num_batches_divided_by,
-                         same_micro_num_in_dp=same_micro_num_in_dp, min_num_micro_batch=min_num_micro_batch,
-                         use_dynamic_bsz_balance=use_dynamic_bsz_balance, force_group_size=force_group_size)
-        planning = time.perf_counter() - t0
-        _RECORDS.add(SeamRecord("verl", len(out[1]), len(out[1]), None, None, planning, planning,
-                                samples=int(lens_N.shape[0]), fallback=str(why)), on_record)
-        return out
+        return _verl_fallback(call, unsupported, lens_N)
     if longest > cap:
         raise InputError("A forced group exceeds max_token_len and cannot be split. "
                          f"Got max_group_token_len={longest} and max_token_len={cap}.")
     topo = Topology(dp=1, ep=1, capacity=cap, min_rows=rows_min, row_multiple=multiple)
     window = length_only_window(item_len)
+    ev = Evaluator(window, topo, call.settings.cost)
     if use_driver:
         assert driver_row is not None
         lay = Layout(driver_row, np.zeros_like(driver_row), lookup_rows)
-        return _finish(batch, lens_N, item_len, g, Evaluator(window, topo, settings.cost), lay, settings,
-                       use_dynamic_bsz_balance, compare, on_record, t0, None, "driver", import_s)
-    tl = settings.time_limit
+        return _finish(call, lens_N, item_len, ev, lay, None, "driver", import_s)
+    lay, fallback = _plan_layout(call, item_len, window, ev, sync, -neg_items)
+    return _finish(call, lens_N, item_len, ev, lay, fallback, "plan", import_s)
+
+
+def _warn_driver_plan(cause: str | None, why_not: str, peer_refused: bool) -> None:
+    """Say once why the driver's plan columns were not used (a different batch: at debug level)."""
+    if cause == "other-batch":
+        logger.debug("routepack verl: driver plan not used (%s)", why_not)
+    elif cause is not None:
+        warn_once("verl", cause, f"{why_not}; planning on the rank")
+    elif peer_refused:
+        warn_once("verl", "driver-plan-peer", "another DP rank cannot use the driver's plan (or its micro-batch "
+                  "count differs); planning on the rank")
+
+
+def _verl_fallback(call: _Call, unsupported: UnsupportedBatch | None, lens_N: np.ndarray):
+    """verl's own function on a batch some rank cannot plan (every rank agreed), recorded."""
+    why = unsupported if unsupported is not None else UnsupportedBatch(
+        "peer", "another DP rank's batch is unsupported")
+    warn_once("verl", why.cause, f"{why}; using verl's own rearrange_micro_batches")
+    out = verl_own()(call.batch, call.max_token_len, dp_group=call.dp_group,
+                     num_batches_divided_by=call.num_batches_divided_by,
+                     same_micro_num_in_dp=call.same_micro_num_in_dp, min_num_micro_batch=call.min_num_micro_batch,
+                     use_dynamic_bsz_balance=call.use_dynamic_bsz_balance, force_group_size=call.force_group_size)
+    planning = time.perf_counter() - call.t0
+    _RECORDS.add(SeamRecord("verl", len(out[1]), len(out[1]), None, None, planning, planning,
+                            samples=int(lens_N.shape[0]), fallback=str(why)), call.on_record)
+    return out
+
+
+def _plan_layout(call: _Call, item_len, window, ev: Evaluator, sync: bool, min_items: int):
+    """The rank's own layout: the certified count (agreed MAX over the ranks), then the best
+    length-only baseline at that count. Returns (layout, fallback or None)."""
+    settings, tl, topo = call.settings, call.settings.time_limit, ev.topology
     fallback = None
     try:
         cert = certify_rows(window, topo, time_limit=10.0 if tl is None else max(0.01, 0.3 * tl))
         rows = int(cert.rows)
     except Exception as exc:  # keep to the collectives: a count every rank can still agree on
-        cert, rows = None, _fallback_rows(item_len, cap, topo)
+        cert, rows = None, _fallback_rows(item_len, call.cap, topo)
         fallback = f"certifying the count failed ({exc.__class__.__name__}: {exc}); first-fit count"
         warn_once("verl", "certify", fallback)
     if sync:
-        rows = _dist_reduce([rows], "MAX", dp_group)[0]
-    if rows > -neg_items:
+        rows = _dist_reduce([rows], "MAX", call.dp_group)[0]
+    if rows > min_items:
         raise InputError("Cannot satisfy max_token_len while keeping forced groups atomic and using the same "
                          "micro-batch count across DP ranks. "
-                         f"Requested {rows} non-empty micro-batches, but a rank has only {-neg_items} forced groups.")
-    left = 1.0 if tl is None else max(0.01, tl - (time.perf_counter() - t0))
-    ev = Evaluator(window, topo, settings.cost)
+                         f"Requested {rows} non-empty micro-batches, but a rank has only {min_items} forced groups.")
+    left = 1.0 if tl is None else max(0.01, tl - (time.perf_counter() - call.t0))
     try:
         # One slot, one EP rank, length-only: Σ_r J[r] = Σ_i (Σ_s α_s·len_i + β_s·len_i² + γ·len_i)
         # + R·row_overhead for every layout of R rows (docs/model.md), under both objectives, so
@@ -418,20 +467,18 @@ def _rearrange(batch, max_token_len, dp_group, num_batches_divided_by, same_micr
         # (the peak micro-batch) differ. The best length-only baseline at R is taken as it is.
         seeds = baseline_layouts(window, topo, rows, time_limit=left,
                                  packing=cert.packing_N if (cert is not None and int(cert.rows) == rows) else None)
-        lay = min(seeds.values(), key=lambda s_: ev.score_layout(_ONE_EXPERT, s_, settings.objective).key)
+        return min(seeds.values(), key=lambda s_: ev.score_layout(_ONE_EXPERT, s_, settings.objective).key), fallback
     except Exception as exc:  # after the sync: keep the agreed count with any packing that fits
         fallback = f"packing failed ({exc.__class__.__name__}: {exc}); first-fit at the agreed count"
         warn_once("verl", "plan", fallback)
-        lay = _first_fit_layout(item_len, cap, rows)
-    return _finish(batch, lens_N, item_len, g, ev, lay, settings, use_dynamic_bsz_balance, compare, on_record, t0,
-                   fallback, "plan", import_s)
+        return _first_fit_layout(item_len, call.cap, rows), fallback
 
 
-def _finish(batch, lens_N, item_len, g: int, ev: Evaluator, lay: Layout, settings: SeamSettings,
-            use_dynamic_bsz_balance: bool, compare: bool, on_record, t0: float, fallback: str | None, source: str,
+def _finish(call: _Call, lens_N, item_len, ev: Evaluator, lay: Layout, fallback: str | None, source: str,
             import_s: float = 0.0):
     """verl's return value from a layout of the call's items: index lists (groups expanded), in
     verl's pipeline-bubble order, the micro-batch TensorDicts and the call's record."""
+    settings, g, t0 = call.settings, call.g, call.t0
     rows = int(lay.rows)
     num_items = int(item_len.shape[0])
     topo = ev.topology
@@ -441,26 +488,26 @@ def _finish(batch, lens_N, item_len, g: int, ev: Evaluator, lay: Layout, setting
     parts = [[j for it in cells[r] for j in range(it * g, it * g + g)] for r in range(rows)]
     J_R = ev.costs(_ONE_EXPERT, lay.row, lay.slot, rows)[:, 0]
     ours_us = float(ev.score_layout(_ONE_EXPERT, lay, settings.objective).makespan)
-    if use_dynamic_bsz_balance and source != "driver":
+    if call.use_dynamic_bsz_balance and source != "driver":
         # the driver's rows come in the order it chose for the whole group (GlobalBalance.row_order):
         # row r of every rank runs together, so a rank must not reorder them by its own costs
         parts = [parts[r] for r in _bubble_order(J_R, [p[0] for p in parts])]
     planning = time.perf_counter() - t0
     rows_theirs = theirs_us = theirs_s = None
-    if compare:
+    if call.compare:
         rows_theirs, theirs_s = _verl_reference(item_len, int(topo.capacity), topo.min_rows, topo.row_multiple)
         # layout-independent at a given count (above): verl's time is ours with its count
         theirs_us = ours_us + (rows_theirs - rows) * settings.cost.row_overhead
     t_apply = time.perf_counter()
     tu = _deps.verl_tensordict_utils()
-    micro_batches = [tu.index_select_tensor_dict(batch, p) for p in parts]
+    micro_batches = [tu.index_select_tensor_dict(call.batch, p) for p in parts]
     now = time.perf_counter()
     # planning_s: up to the plan (verl's own function also cuts the micro-batches); the split:
     # reading the batch, planning (verl's reference count included), cutting the micro-batches
     _RECORDS.add(SeamRecord("verl", rows, rows_theirs, ours_us, theirs_us, planning, theirs_s,
                             samples=int(lens_N.shape[0]), fallback=fallback, source=source, import_s=import_s,
                             plan_s=t_apply - t0 - import_s, apply_s=now - t_apply,
-                            budget_s=settings.time_limit), on_record)
+                            budget_s=settings.time_limit), call.on_record)
     return micro_batches, parts
 
 
@@ -688,16 +735,43 @@ def _quick_layout(len_N: np.ndarray, topo: Topology) -> Layout | None:
     return None
 
 
-def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, *, max_token_len: int,
-              settings: SeamSettings, num_experts: int | None = None, ep_size: int = 1, moe_layer_freq=None,
-              num_batches_divided_by: int | None = None, min_num_micro_batch: int | None = None,
-              redundant_experts: int = 0, t0: float | None = None, apply_reserve_s: float = 0.0,
-              import_rate_s: float | None = None, skip_import_over_us: float | None = None,
-              counts_NLE=None) -> StepPlan:
-    """The driver's plan of one step under one budget (``settings``; the clock starts at ``t0``):
-    the route import (once, for the whole batch), then per mini-batch verl's own layout and
-    RoutePack's quick one (both scored by the evaluator), then the search with the rest of the
-    budget split evenly over the mini-batches left (less ``apply_reserve_s`` for the reorder).
+@dataclasses.dataclass(frozen=True)
+class BalanceOptions:
+    """The rules of the driver's plan: the workers' token cap (``max_token_len``) and row rules
+    (``num_batches_divided_by``, ``min_num_micro_batch``), and the experts: with
+    ``num_experts``, the joint cost from the batch's ``routed_experts`` (or the rollout hook's
+    counts) over ``ep_size`` EP ranks, ``redundant_experts`` extra slots per MoE layer."""
+
+    max_token_len: int
+    num_experts: int | None = None
+    ep_size: int = 1
+    moe_layer_freq: Any = None
+    num_batches_divided_by: int | None = None
+    min_num_micro_batch: int | None = None
+    redundant_experts: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBudget:
+    """What a step's budget knows before the plan: its start (``t0`` on ``time.perf_counter``'s
+    clock; None: when :func:`plan_step` is called), the seconds kept for applying the plan
+    (``apply_reserve_s``), and the route import's rate measured on an earlier step
+    (``import_rate_s``, seconds per ``routed_experts`` entry) with its ceiling
+    (``skip_import_over_us``): an import predicted over it is skipped."""
+
+    t0: float | None = None
+    apply_reserve_s: float = 0.0
+    import_rate_s: float | None = None
+    skip_import_over_us: float | None = None
+
+
+def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, *, options: BalanceOptions,
+              settings: SeamSettings, budget: StepBudget = StepBudget(), counts_NLE=None) -> StepPlan:
+    """The driver's plan of one step under one budget (``settings``; the clock starts at
+    ``budget.t0``): the route import (once, for the whole batch), then per mini-batch verl's own
+    layout and RoutePack's quick one (both scored by the evaluator), then the search with the rest
+    of the budget split evenly over the mini-batches left (less ``budget.apply_reserve_s`` for the
+    reorder).
 
     The default budget (``time_limit_is_default``) is ``min(DEFAULT_TIME_LIMIT["verl_balance"],
     SHARE_OF_GAIN × predicted gain)``, the gain being verl's layout − the lower bound of ours
@@ -706,82 +780,115 @@ def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, 
     placement) when its share of the budget is under 20 ms, or, with the default budget, when its
     headroom (quick − lower bound) cannot cover its share; ``StepPlan.quick`` says why (never with
     ``max_sweeps`` set: a fixed search effort, for plans that are the same on every run). With
-    ``import_rate_s`` (seconds per routed_experts entry, measured on an earlier step) and
-    ``skip_import_over_us``, a route import predicted to cost more than that is skipped and the
-    step planned on lengths (recorded in ``quick``). ``counts_NLE`` (the rollout hook's per-sample
-    ``[L, E]`` counts, :func:`~routepack_opt.integrations.rollout_hook.counts_from_non_tensor`)
-    replaces the route import: the window is built from them, no routes are read."""
-    t0 = time.perf_counter() if t0 is None else t0
-    red = _redundant(redundant_experts)
-    N, D, cap = int(lens_N.size), int(dp_size), int(max_token_len)
+    ``budget.import_rate_s`` and ``budget.skip_import_over_us``, a route import predicted to cost
+    more than that is skipped and the step planned on lengths (recorded in ``quick``).
+    ``counts_NLE`` (the rollout hook's per-sample ``[L, E]`` counts,
+    :func:`~routepack_opt.integrations.rollout_hook.counts_from_non_tensor`) replaces the route
+    import: the window is built from them, no routes are read."""
+    t0 = time.perf_counter() if budget.t0 is None else budget.t0
+    N, D, cap = int(lens_N.size), int(dp_size), int(options.max_token_len)
+    window, use_routes, from_routes, red, skip = _step_window(batch_td, lens_N, options, budget, counts_NLE)
+    import_s = time.perf_counter() - t0
+    t_plan = time.perf_counter()
+    rule = dict(capacity=cap, min_rows=int(options.min_num_micro_batch or 1),
+                row_multiple=int(options.num_batches_divided_by or 1), equal_samples_per_slot=True)
+    ep = int(options.ep_size) if use_routes else 1
+    topo = Topology(dp=D, ep=ep, redundant_experts=red, **rule)
+    topo_theirs = Topology(dp=D, ep=ep, **rule)
+    topo.check_samples(mini_batch_size)
+    mini = [_quick_mini_batch(window, np.arange(k * mini_batch_size, (k + 1) * mini_batch_size), topo, topo_theirs,
+                              settings, use_routes) for k in range(N // mini_batch_size)]
+    gain_us = sum(max(0.0, m["theirs"] - m["lb"]) for m in mini)
+    spend = CallBudget(settings, t0, settings.call_budget(gain_us=gain_us))
+    plans, placements, why = _search_mini_batches(mini, topo, settings, spend, budget.apply_reserve_s, import_s)
+    gain_us = sum(max(0.0, m["theirs"] - m["lb"]) for m in mini) if use_routes else None
+    return StepPlan(plans, float(sum(m["ours"] for m in mini)), float(sum(m["theirs"] for m in mini)),
+                    int(sum(m["rows"] for m in mini)), int(sum(m["rows_theirs"] for m in mini)), placements,
+                    skip or why, import_s, time.perf_counter() - t_plan, spend.total_s, gain_us,
+                    import_s / max(1, int(np.prod(batch_td["routed_experts"].shape))) if from_routes else None)
+
+
+def _step_window(batch_td, lens_N, options: BalanceOptions, budget: StepBudget, counts_NLE):
+    """The step's window: from the rollout hook's counts, the batch's routes, or its lengths
+    alone (no experts, or a route import predicted over ``budget.skip_import_over_us``). Returns
+    (window, experts used, routes imported, redundant experts, why the import was skipped)."""
+    red = _redundant(options.redundant_experts)
+    num_experts = options.num_experts
     has_counts = num_experts is not None and counts_NLE is not None
     use_routes = has_counts or (num_experts is not None and "routed_experts" in batch_td.keys())
     if red and not use_routes:
         raise InputError("redundant_experts needs routed_experts and num_experts: replicas follow the experts' loads")
     skip = None
-    if use_routes and not has_counts and skip_import_over_us is not None and import_rate_s is not None:
+    if use_routes and not has_counts and budget.skip_import_over_us is not None and budget.import_rate_s is not None:
         numel = int(np.prod(batch_td["routed_experts"].shape))
-        if import_rate_s * numel * 1e6 > skip_import_over_us:
-            skip = (f"route import: predicted {import_rate_s * numel * 1e3:.0f} ms, over its share of the "
-                    f"predicted gain ({skip_import_over_us / 1e3:.0f} ms); planned on lengths")
-            use_routes, ep, red = False, 1, 0
-    window = _global_window(lens_N, batch_td if use_routes else None, num_experts, moe_layer_freq,
+        skip = import_skip(budget.import_rate_s * numel, budget.skip_import_over_us / 1e6,
+                           "its share of the predicted gain")
+        if skip is not None:
+            use_routes, red = False, 0
+    window = _global_window(lens_N, batch_td if use_routes else None, num_experts, options.moe_layer_freq,
                             counts_NLE if use_routes else None)
-    import_s = time.perf_counter() - t0
-    t_plan = time.perf_counter()
-    rule = dict(capacity=cap, min_rows=int(min_num_micro_batch or 1), row_multiple=int(num_batches_divided_by or 1),
-                equal_samples_per_slot=True)
-    ep = int(ep_size) if use_routes else 1
-    if red and not use_routes:
-        red = 0
-    topo = Topology(dp=D, ep=ep, redundant_experts=red, **rule)
-    topo_theirs = Topology(dp=D, ep=ep, **rule)
-    topo.check_samples(mini_batch_size)
-    K = N // mini_batch_size
-    mini = []
-    for k in range(K):
-        idx = np.arange(k * mini_batch_size, (k + 1) * mini_batch_size)
-        sub = window.subset(idx)
-        load_LE = sub.expert_loads()
-        if red:
-            placement = replicated_placement(load_LE, ep, sub.num_experts + red)
-        elif use_routes:
-            placement = lpt_placement(load_LE, ep)
-        else:
-            placement = _ONE_EXPERT
-        ev = Evaluator(sub, topo, settings.cost)
-        ev_theirs = Evaluator(sub, topo_theirs, settings.cost) if red else ev
-        from routepack_opt.heuristics.frameworks import verl_layout
+    return window, use_routes, use_routes and not has_counts, red, skip
 
-        vrow, vslot, vrows = verl_layout(sub.lengths, topo_theirs)
-        cands = [Layout(vrow, vslot, vrows)]
-        q = _quick_layout(sub.lengths, topo)
-        if q is not None:
-            cands.append(q)
-        scored = [(ev.evaluate_layout(placement, lay, settings.objective), lay) for lay in cands]
-        if use_routes:  # verl leaves the experts where they are: its layout under the identity
-            identity = np.tile(np.arange(sub.num_experts, dtype=np.int64), (sub.num_layers, 1))
-            theirs = ev_theirs.score(identity, vrow, vslot, vrows, settings.objective).makespan
-        else:  # one expert: the identity is the placement scored above
-            theirs = scored[0][0].score.makespan
-        e, lay = min(scored, key=lambda t: t[0].score.key)
-        mini.append(dict(sub=sub, idx=idx, ev=ev, placement=placement, layout=lay, ours=e.score.makespan,
-                         lb=e.lower_bound, theirs=theirs, rows_theirs=vrows))
-    gain_us = sum(max(0.0, m["theirs"] - m["lb"]) for m in mini)
-    budget = settings.gain_time_limit(gain_us)
-    deadline = None if budget is None else t0 + budget
-    quick: str | None = skip
+
+def _quick_mini_batch(window, idx: np.ndarray, topo: Topology, topo_theirs: Topology, settings: SeamSettings,
+                      use_routes: bool) -> dict:
+    """Mini-batch ``idx``'s quick plan: the better of verl's own layout and RoutePack's
+    count-limited greedy, under RoutePack's expert placement (replicated LPT, LPT, or one expert
+    without routes), scored by the evaluator with its lower bound; and verl's own time (its layout
+    under the identity placement, without replicas)."""
+    from routepack_opt.heuristics.frameworks import verl_layout
+
+    sub = window.subset(idx)
+    load_LE = sub.expert_loads()
+    red, ep = topo.redundant_experts, topo.ep
+    if red:
+        placement = replicated_placement(load_LE, ep, sub.num_experts + red)
+    elif use_routes:
+        placement = lpt_placement(load_LE, ep)
+    else:
+        placement = _ONE_EXPERT
+    ev = Evaluator(sub, topo, settings.cost)
+    ev_theirs = Evaluator(sub, topo_theirs, settings.cost) if red else ev
+    vrow, vslot, vrows = verl_layout(sub.lengths, topo_theirs)
+    cands = [Layout(vrow, vslot, vrows)]
+    q = _quick_layout(sub.lengths, topo)
+    if q is not None:
+        cands.append(q)
+    scored = [(ev.evaluate_layout(placement, lay, settings.objective), lay) for lay in cands]
+    if use_routes:  # verl leaves the experts where they are: its layout under the identity
+        identity = np.tile(np.arange(sub.num_experts, dtype=np.int64), (sub.num_layers, 1))
+        theirs = ev_theirs.score(identity, vrow, vslot, vrows, settings.objective).makespan
+    else:  # one expert: the identity is the placement scored above
+        theirs = scored[0][0].score.makespan
+    e, lay = min(scored, key=lambda t: t[0].score.key)
+    return dict(sub=sub, idx=idx, ev=ev, placement=placement, layout=lay, ours=e.score.makespan,
+                lb=e.lower_bound, theirs=theirs, rows_theirs=vrows)
+
+
+def _quick_reason(settings: SeamSettings, spend: CallBudget, left: float | None, headroom_s: float,
+                  import_s: float) -> str | None:
+    """Why a mini-batch keeps its quick plan: its share of the budget is under _MIN_SEARCH_S, or
+    (default budget) the search could save less than that share; None: search."""
+    short = spend.short(left, _MIN_SEARCH_S)
+    if short is not None:
+        return f"{short} for this mini-batch (of {spend.total_s:.3f} s per step, import {import_s * 1e3:.0f} ms)"
+    if settings.time_limit_is_default and left is not None and headroom_s < left and settings.max_sweeps is None:
+        return (f"predicted saving: the search could save at most {headroom_s * 1e3:.1f} ms over the quick "
+                f"path, under its {left * 1e3:.0f} ms")
+    return None
+
+
+def _search_mini_batches(mini: list[dict], topo: Topology, settings: SeamSettings, spend: CallBudget,
+                         reserve_s: float, import_s: float) -> tuple[list, list, str | None]:
+    """Each mini-batch's search with its share of what is left (its quick plan stands where the
+    search cannot pay or fails). Returns (run orders ``plans[k][d]``, replicated placements, why
+    the first mini-batch that kept its quick plan did)."""
+    D, K = topo.dp, len(mini)
+    quick: str | None = None
     plans, placements = [], []
     for k, m in enumerate(mini):
-        left = None if deadline is None else (deadline - time.perf_counter() - apply_reserve_s) / (K - k)
-        headroom_s = max(0.0, m["ours"] - m["lb"]) / 1e6
-        why = None
-        if left is not None and left < _MIN_SEARCH_S and settings.max_sweeps is None:
-            why = (f"budget: {max(left, 0.0) * 1e3:.0f} ms left for this mini-batch (of {budget:.3f} s per step, "
-                   f"import {import_s * 1e3:.0f} ms)")
-        elif settings.time_limit_is_default and left is not None and headroom_s < left and settings.max_sweeps is None:
-            why = (f"predicted saving: the search could save at most {headroom_s * 1e3:.1f} ms over the quick "
-                   f"path, under its {left * 1e3:.0f} ms")
+        left = spend.left(reserve_s, K - k)
+        why = _quick_reason(settings, spend, left, max(0.0, m["ours"] - m["lb"]) / 1e6, import_s)
         ev, placement, lay = m["ev"], m["placement"], m["layout"]
         if why is None:
             try:
@@ -798,14 +905,9 @@ def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, 
         if why is not None:
             quick = quick or why
         plans.append(_run_order(ev, placement, lay, D, int(m["idx"][0])))
-        placements.append(placement if red else None)
+        placements.append(placement if topo.redundant_experts else None)
         m["rows"] = int(lay.rows)
-    gain_us = sum(max(0.0, m["theirs"] - m["lb"]) for m in mini) if use_routes else None
-    return StepPlan(plans, float(sum(m["ours"] for m in mini)), float(sum(m["theirs"] for m in mini)),
-                    int(sum(m["rows"] for m in mini)), int(sum(m["rows_theirs"] for m in mini)), placements,
-                    quick, import_s, time.perf_counter() - t_plan, budget, gain_us,
-                    import_s / max(1, int(np.prod(batch_td["routed_experts"].shape)))
-                    if use_routes and not has_counts else None)
+    return plans, placements, quick
 
 
 # where the driver's replicated placements ride to the workers (DataProto.meta_info: verl's
@@ -889,69 +991,112 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
         raise InputError("redundant_experts needs num_experts: replicas follow the experts' loads")
     if overlap not in (False, True, "balanced", "deferred"):
         raise InputError(f"overlap: expected False, True, 'balanced' or 'deferred', got {overlap!r}")
-    mode = "balanced" if overlap is True else overlap
-    settings = seam_settings("verl_balance", **settings_options)
-    original = trainer_cls._balance_batch
-    state: dict = {"apply_s": 0.0, "rate": None, "gain": None, "step": 0}
-    opts = dict(max_token_len=max_token_len, num_experts=num_experts, ep_size=ep_size, moe_layer_freq=moe_layer_freq,
-                num_batches_divided_by=num_batches_divided_by, min_num_micro_batch=min_num_micro_batch,
-                redundant_experts=red)
+    options = BalanceOptions(max_token_len, num_experts, ep_size, moe_layer_freq, num_batches_divided_by,
+                             min_num_micro_batch, red)
+    hook = _BalanceHook(trainer_cls._balance_batch, seam_settings("verl_balance", **settings_options), options,
+                        mini_batch_size, overlap)
 
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
-        if getattr(self, "use_prefix_grouper", False) and "uid" in batch.non_tensor_batch:
+        return hook.balance(self, batch, metrics, logging_prefix, keep_minibatch)
+
+    _balance_batch.__routepack__ = True  # type: ignore[attr-defined]
+    trainer_cls._balance_batch = _balance_batch
+    if overlap:
+        for name in ("_update_critic", "_update_actor"):
+            if hasattr(trainer_cls, name):
+                setattr(trainer_cls, name, _apply_pending_before(getattr(trainer_cls, name), max_token_len, red))
+    logger.info("routepack verl: %s._balance_batch replaced (objective %s, budget %s per step%s)",
+                getattr(trainer_cls, "__name__", trainer_cls), hook.settings.objective,
+                "none" if hook.settings.time_limit is None else f"{hook.settings.time_limit:g} s",
+                ", planned behind the log-prob passes" if overlap else "")
+    return hook.original
+
+
+class _BalanceHook:
+    """One :func:`install_balance_batch`: its settings and options, the trainer's own method, and
+    what a step leaves the next (the apply time reserved in its budget, the route import's rate
+    and the predicted gain, the step count)."""
+
+    def __init__(self, original, settings: SeamSettings, options: BalanceOptions, mini_batch_size, overlap):
+        self.original, self.settings, self.options = original, settings, options
+        self.mini_batch_size, self.overlap = mini_batch_size, overlap
+        self.mode = "balanced" if overlap is True else overlap
+        self.state: dict = {"apply_s": 0.0, "rate": None, "gain": None, "step": 0}
+
+    def own(self, trainer, batch, metrics, logging_prefix, keep_minibatch):
+        """verl's own ``_balance_batch``."""
+        return self.original(trainer, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+
+    def balance(self, trainer, batch, metrics, logging_prefix, keep_minibatch):
+        """The replaced ``_balance_batch``: plan the step, apply it, record it (verl's own on
+        ``use_prefix_grouper`` and on any planning error)."""
+        if getattr(trainer, "use_prefix_grouper", False) and "uid" in batch.non_tensor_batch:
             warn_once("verl", "prefix-grouper", "use_prefix_grouper keeps a uid's samples on one rank, which "
                       "RoutePack's balance does not model: verl's own _balance_batch runs")
-            return original(self, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
-        from routepack_opt.warmup import warm
-
-        warm()  # numba's kernels compiled or loaded once per process, before the step's clock starts
-        if num_experts is not None and "routed_experts" in batch.batch.keys():  # the import's pass, off the clock
-            warm_import(batch.batch["routed_experts"], format="verl", num_experts=num_experts,
-                        attention_mask=batch.batch["attention_mask"], moe_layer_freq=moe_layer_freq)
+            return self.own(trainer, batch, metrics, logging_prefix, keep_minibatch)
+        self._warm(batch)
         t0 = time.perf_counter()
         try:
-            dp_size = self._get_dp_size(self.actor_rollout_wg, "actor")
-            mask = batch.batch["attention_mask"]
-            N = int(mask.shape[0])
-            lens_N = mask.reshape(N, -1).sum(-1).cpu().numpy().astype(np.int64)
-            if (lens_N < 1).any():
-                raise InputError("a sample has no tokens (attention_mask all zero)")
-            size = _planned_mini_batch(self.config, N, keep_minibatch, mini_batch_size)
-            if overlap:
-                return _start_overlap(self, batch, metrics, logging_prefix, lens_N, dp_size, size, t0)
-            # default budget: skip a route import predicted to cost more than its share of the
-            # gain the last imported step predicted (re-measured every 8th step)
-            state["step"] += 1
-            # a set budget: skip a route import predicted to overrun the whole budget
-            skip_over = None
-            if settings.max_sweeps is None and state["step"] % 8:
-                if settings.time_limit_is_default and state["gain"] is not None:
-                    skip_over = SHARE_OF_GAIN * state["gain"]
-                elif not settings.time_limit_is_default and settings.time_limit is not None:
-                    skip_over = 1e6 * settings.time_limit
-            with settings.planner_threads():
-                sp = plan_step(batch.batch, lens_N, dp_size, size, settings=settings, t0=t0,
-                               apply_reserve_s=state["apply_s"], import_rate_s=state["rate"],
-                               skip_import_over_us=skip_over, counts_NLE=_hook_counts(batch), **opts)
-            if sp.gain_us is not None:
-                state["gain"], state["rate"] = sp.gain_us, sp.import_rate_s
+            dp_size = trainer._get_dp_size(trainer.actor_rollout_wg, "actor")
+            lens_N = _mask_lengths(batch)
+            size = _planned_mini_batch(trainer.config, int(lens_N.size), keep_minibatch, self.mini_batch_size)
+            if self.overlap:
+                return self._start_overlap(trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0)
+            sp = self._plan(batch, lens_N, dp_size, size, t0)
         except Exception as exc:  # never break the trainer: verl's own balance
             warn_once("verl", "balance", f"balance_batch planning failed ({exc.__class__.__name__}: {exc}); "
                       "verl's own _balance_batch runs")
-            return original(self, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+            return self.own(trainer, batch, metrics, logging_prefix, keep_minibatch)
         t_apply = time.perf_counter()
-        reorder_s = _apply_step(batch, metrics, logging_prefix, sp, lens_N, dp_size, max_token_len)
-        state["apply_s"] = time.perf_counter() - t_apply - reorder_s  # reserved in the next step's budget
+        reorder_s = _apply_step(batch, metrics, logging_prefix, sp, lens_N, dp_size, self.options.max_token_len)
+        self.state["apply_s"] = time.perf_counter() - t_apply - reorder_s  # reserved in the next step's budget
         # added over verl's own call: all of ours but the reorder, which verl's call makes as well
         # (its KK partition counted as free, so the net saving is a lower bound)
-        _record_step(metrics, sp, t0, t_apply, N, red, sp.quick, added_s=time.perf_counter() - t0 - reorder_s)
+        _record_step(metrics, sp, t0, t_apply, int(lens_N.size), self.options.redundant_experts, sp.quick,
+                     added_s=time.perf_counter() - t0 - reorder_s)
 
-    def _start_overlap(self, batch, metrics, logging_prefix, lens_N, dp_size, size, t0):
+    def _warm(self, batch) -> None:
+        """numba's kernels and the import's pass compiled or loaded, before the step's clock starts."""
+        from routepack_opt.warmup import warm
+
+        warm()
+        num_experts = self.options.num_experts
+        if num_experts is not None and "routed_experts" in batch.batch.keys():
+            warm_import(batch.batch["routed_experts"], format="verl", num_experts=num_experts,
+                        attention_mask=batch.batch["attention_mask"], moe_layer_freq=self.options.moe_layer_freq)
+
+    def _skip_import_over_us(self) -> float | None:
+        """The route import's ceiling this step (re-measured every 8th step; never with
+        ``max_sweeps``): the default budget's share of the gain the last imported step predicted,
+        or the whole of a set budget."""
+        settings, state = self.settings, self.state
+        state["step"] += 1
+        if settings.max_sweeps is not None or not state["step"] % 8:
+            return None
+        if settings.time_limit_is_default and state["gain"] is not None:
+            return SHARE_OF_GAIN * state["gain"]
+        if not settings.time_limit_is_default and settings.time_limit is not None:
+            return 1e6 * settings.time_limit
+        return None
+
+    def _plan(self, batch, lens_N, dp_size: int, size: int, t0: float) -> StepPlan:
+        state = self.state
+        budget = StepBudget(t0, state["apply_s"], state["rate"], self._skip_import_over_us())
+        with self.settings.planner_threads():
+            sp = plan_step(batch.batch, lens_N, dp_size, size, options=self.options, settings=self.settings,
+                           budget=budget, counts_NLE=_hook_counts(batch))
+        if sp.gain_us is not None:
+            state["gain"], state["rate"] = sp.gain_us, sp.import_rate_s
+        return sp
+
+    def _start_overlap(self, trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0):
+        """The overlap modes: the quick order now (``"balanced"``) or none (``"deferred"``), the
+        full plan in a background thread, applied before the step's first update."""
         import threading
 
-        if mode == "balanced":
-            quick = _quick_step(lens_N, dp_size, size, max_token_len, opts)
-            reorder_s = _apply_step(batch, metrics, logging_prefix, quick, lens_N, dp_size, max_token_len,
+        if self.mode == "balanced":
+            quick = _quick_step(lens_N, dp_size, size, self.options)
+            reorder_s = _apply_step(batch, metrics, logging_prefix, quick, lens_N, dp_size, self.options.max_token_len,
                                     columns=False)
             lens_now = lens_N[[j for part in _parts(quick.plans, dp_size) for j in part]]
         else:  # "deferred": the batch stays in its order until the update
@@ -962,29 +1107,26 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
 
         def work():
             try:
-                with settings.planner_threads():
-                    box["plan"] = plan_step(td, lens_now, dp_size, size, settings=settings,
-                                            apply_reserve_s=0.0, counts_NLE=counts, **opts)
+                with self.settings.planner_threads():
+                    box["plan"] = plan_step(td, lens_now, dp_size, size, options=self.options, settings=self.settings,
+                                            counts_NLE=counts)
             except Exception as exc:  # applied as verl's quick order at the update
                 box["error"] = exc
 
         th = threading.Thread(target=work, name="routepack-balance", daemon=True)
         th.start()
-        self._routepack_pending = dict(thread=th, box=box, lens=lens_now, metrics=metrics, prefix=logging_prefix,
-                                       dp=dp_size, started=t0, start_s=time.perf_counter() - t0,
-                                       reorder_s=reorder_s, mode=mode)
+        trainer._routepack_pending = dict(thread=th, box=box, lens=lens_now, metrics=metrics, prefix=logging_prefix,
+                                          dp=dp_size, started=t0, start_s=time.perf_counter() - t0,
+                                          reorder_s=reorder_s, mode=self.mode)
 
-    _balance_batch.__routepack__ = True  # type: ignore[attr-defined]
-    trainer_cls._balance_batch = _balance_batch
-    if overlap:
-        for name in ("_update_critic", "_update_actor"):
-            if hasattr(trainer_cls, name):
-                setattr(trainer_cls, name, _apply_pending_before(getattr(trainer_cls, name), max_token_len, red))
-    logger.info("routepack verl: %s._balance_batch replaced (objective %s, budget %s per step%s)",
-                getattr(trainer_cls, "__name__", trainer_cls), settings.objective,
-                "none" if settings.time_limit is None else f"{settings.time_limit:g} s",
-                ", planned behind the log-prob passes" if overlap else "")
-    return original
+
+def _mask_lengths(batch) -> np.ndarray:
+    """Tokens per sample of a ``DataProto`` (its ``attention_mask``); a sample without any is an error."""
+    mask = batch.batch["attention_mask"]
+    lens_N = mask.reshape(int(mask.shape[0]), -1).sum(-1).cpu().numpy().astype(np.int64)
+    if (lens_N < 1).any():
+        raise InputError("a sample has no tokens (attention_mask all zero)")
+    return lens_N
 
 
 def _hook_counts(batch):
@@ -1034,11 +1176,12 @@ def _record_step(metrics, sp: StepPlan, t0: float, t_apply: float, N: int, red: 
     return rec
 
 
-def _quick_step(lens_N, dp_size: int, size: int, max_token_len: int, opts: dict) -> StepPlan:
+def _quick_step(lens_N, dp_size: int, size: int, options: BalanceOptions) -> StepPlan:
     """The quick length-only plan of the overlap mode's first reorder (no routes, no search)."""
     t = time.perf_counter()
-    topo = Topology(dp=dp_size, ep=1, capacity=int(max_token_len), min_rows=int(opts["min_num_micro_batch"] or 1),
-                    row_multiple=int(opts["num_batches_divided_by"] or 1), equal_samples_per_slot=True)
+    topo = Topology(dp=dp_size, ep=1, capacity=int(options.max_token_len),
+                    min_rows=int(options.min_num_micro_batch or 1),
+                    row_multiple=int(options.num_batches_divided_by or 1), equal_samples_per_slot=True)
     plans = []
     for k in range(int(lens_N.size) // size):
         idx = np.arange(k * size, (k + 1) * size)
