@@ -253,6 +253,79 @@ def _judge(ev, window, topology: Topology, placement, row, slot, rows: int, R_st
             "lower_bound": e.lower_bound, "gap": e.gap}
 
 
+def _plan_window(window, cfg: ReportConfig, t: dict):
+    """R* with its certificate (seeded by a packing independent of the machine's speed where one
+    is found), then the plan, the row count searched from R*; their seconds into ``t``. Returns
+    (R*, certificate, whether the seed packing is deterministic, plan)."""
+    from routepack_opt.pipeline import certified_rows, solve
+
+    topo = cfg.topology
+    t1 = time.perf_counter()
+    c = cfg.params.certify
+    R, full = certified_rows(window, topo, None, c.time_limit, c.method)
+    packing, deterministic = _seed_packing(window.lengths, topo.capacity, R * topo.dp, full.packing_N)
+    full = dataclasses.replace(full, packing_N=packing)
+    t["certify"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    # the row count is searched from the certified R* (issue 42): rows=None with its certificate
+    plan = solve(window, topo, cfg.cost, objective=cfg.objective, placement="lpt", rows=None, params=cfg.params,
+                 time_limit=cfg.time_limit, max_sweeps=cfg.max_sweeps, seed=cfg.seed, certificate=full)
+    t["plan"] = time.perf_counter() - t1
+    return R, full, deterministic, plan
+
+
+def _baseline_placements(window, topology: Topology, load_LE) -> dict:
+    """The expert placements the baselines run under: identity and EPLB (LPT), or with
+    replicas every placement with the same replica slots as our plan."""
+    from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement
+    from routepack_opt.pipeline import resolve_placement
+
+    if topology.redundant_experts:
+        return {k: resolve_placement(window, topology, k)[0] for k in PLACEMENTS}
+    return {"identity": identity_placement(window.num_layers, window.num_experts),
+            "eplb": lpt_placement(load_LE, topology.ep)}
+
+
+def _baseline_layouts(window, topology: Topology, R: int, full) -> tuple[dict[str, tuple], dict[str, str]]:
+    """Each framework's own packing (verl's KK also at R*, from the certificate's packing):
+    (layouts ``(row, slot, rows)`` by name, errors by name)."""
+    from routepack_opt.heuristics.baselines import BASELINES
+    from routepack_opt.heuristics.frameworks import FRAMEWORK_PACKERS
+    from routepack_opt.pipeline import SharedPacker
+
+    layouts: dict[str, tuple] = {}
+    errors: dict[str, str] = {}
+    try:
+        row, slot = BASELINES["verl-kk"](window.lengths, topology, R, exact_pack=SharedPacker(
+            window.lengths, topology.capacity, full.packing_N))
+        layouts["verl-kk@R*"] = (row, slot, R)
+    except Exception as exc:
+        errors["verl-kk@R*"] = f"{exc.__class__.__name__}: {exc}"
+    for pname, fn in FRAMEWORK_PACKERS.items():
+        try:
+            layouts[pname] = fn(window.lengths, topology)
+        except Exception as exc:  # e.g. verl needing more micro-batches than a rank has samples
+            errors[pname] = f"{exc.__class__.__name__}: {exc}"
+    return layouts, errors
+
+
+def _judge_baselines(ev, window, placements: dict, layouts: dict, errors: dict, R: int, objective: str,
+                     ours: float) -> dict[str, dict]:
+    """Every ``packer/placement`` baseline scored by the evaluator (or its packer's error), with
+    its saving against our makespan ``ours``."""
+    baselines: dict[str, dict] = {}
+    for plname, pl in placements.items():
+        for pname, (row, slot, rows) in layouts.items():
+            baselines[f"{pname}/{plname}"] = _judge(ev, window, ev.topology, pl, row, slot, rows, R, objective)
+    for pname, msg in errors.items():
+        for plname in placements:
+            baselines[f"{pname}/{plname}"] = {"error": msg}
+    for b in baselines.values():
+        if "makespan" in b:
+            b["saving"] = (b["makespan"] - ours) / b["makespan"]
+    return baselines
+
+
 def analyze_window(path, cfg: ReportConfig, step: int | None = None) -> dict:
     """The report's line for one window (module docstring). Never raises: a window that cannot
     be read or planned gives ``{"window", "step", "error"}``."""
@@ -271,10 +344,7 @@ def analyze_window(path, cfg: ReportConfig, step: int | None = None) -> dict:
 def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
     from routepack_opt.compare import plan_metrics
     from routepack_opt.core.evaluate import Evaluator
-    from routepack_opt.heuristics.baselines import BASELINES
-    from routepack_opt.heuristics.frameworks import FRAMEWORK_PACKERS
-    from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, rank_load_cv
-    from routepack_opt.pipeline import SharedPacker, certified_rows, resolve_placement, solve
+    from routepack_opt.heuristics.placement.lpt import rank_load_cv
     from routepack_opt.warmup import warm
 
     topo, cost, obj = cfg.topology, cfg.cost, cfg.objective
@@ -283,50 +353,15 @@ def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
     topo.check_experts(window.num_experts)
     t["load"] = time.perf_counter() - t0
     warm()  # numba kernels loaded (once per worker process) before the clock of the planning starts
-    t1 = time.perf_counter()
-    c = cfg.params.certify
-    R, full = certified_rows(window, topo, None, c.time_limit, c.method)
-    packing, deterministic = _seed_packing(window.lengths, topo.capacity, R * topo.dp, full.packing_N)
-    full = dataclasses.replace(full, packing_N=packing)
-    t["certify"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    # the row count is searched from the certified R* (issue 42): rows=None with its certificate
-    plan = solve(window, topo, cost, objective=obj, placement="lpt", rows=None, params=cfg.params,
-                 time_limit=cfg.time_limit, max_sweeps=cfg.max_sweeps, seed=cfg.seed, certificate=full)
-    t["plan"] = time.perf_counter() - t1
+    R, full, deterministic, plan = _plan_window(window, cfg, t)
     t1 = time.perf_counter()
     ev = Evaluator(window, topo, cost)
     m = plan_metrics(ev, plan, obj, t["plan"])
     load_LE = window.expert_loads()
-    if topo.redundant_experts:  # every placement with the same replica slots as our plan
-        placements = {k: resolve_placement(window, topo, k)[0] for k in PLACEMENTS}
-    else:
-        placements = {"identity": identity_placement(window.num_layers, window.num_experts),
-                      "eplb": lpt_placement(load_LE, topo.ep)}
-    layouts: dict[str, tuple] = {}
-    errors: dict[str, str] = {}
-    try:
-        row, slot = BASELINES["verl-kk"](window.lengths, topo, R, exact_pack=SharedPacker(
-            window.lengths, topo.capacity, full.packing_N))
-        layouts["verl-kk@R*"] = (row, slot, R)
-    except Exception as exc:
-        errors["verl-kk@R*"] = f"{exc.__class__.__name__}: {exc}"
-    for pname, fn in FRAMEWORK_PACKERS.items():
-        try:
-            layouts[pname] = fn(window.lengths, topo)
-        except Exception as exc:  # e.g. verl needing more micro-batches than a rank has samples
-            errors[pname] = f"{exc.__class__.__name__}: {exc}"
-    baselines: dict[str, dict] = {}
-    for plname, pl in placements.items():
-        for pname, (row, slot, rows) in layouts.items():
-            baselines[f"{pname}/{plname}"] = _judge(ev, window, topo, pl, row, slot, rows, R, obj)
-    for pname, msg in errors.items():
-        for plname in placements:
-            baselines[f"{pname}/{plname}"] = {"error": msg}
+    placements = _baseline_placements(window, topo, load_LE)
+    layouts, errors = _baseline_layouts(window, topo, R, full)
     ours = m["makespan"]
-    for b in baselines.values():
-        if "makespan" in b:
-            b["saving"] = (b["makespan"] - ours) / b["makespan"]
+    baselines = _judge_baselines(ev, window, placements, layouts, errors, R, obj, ours)
     keeping = {k: b for k, b in baselines.items() if "makespan" in b and b["cap_violations"] == 0}
     best = min(keeping, key=lambda k: (keeping[k]["makespan"], k)) if keeping else None
     t["baselines"] = time.perf_counter() - t1
@@ -607,55 +642,88 @@ def render_report(records: list[dict], path, *, title: str = "", windows: list[s
     recs = sorted(records, key=lambda r: (order.get(r["window"], len(order)), _natural_key(r["window"])))
     ok = [r for r in recs if "error" not in r]
     s = summarize(recs)
-    figs = []
+    figs = _figures(plt, ok, s) if ok else []
+    path = Path(path)
+    doc = _report_html(recs, s, figs, title, options)
+    atomic_write_bytes(path, doc.encode("utf-8", "backslashreplace"))  # any name's bytes: still UTF-8
+    return path
+
+
+def _figures(plt, ok: list[dict], s: dict) -> list[tuple[str, str]]:
+    """The report's plots of the planned windows ``ok`` (summary ``s``): (title, base64 PNG)."""
     x = np.arange(len(ok))
-    if ok:
-        sav = np.array([np.nan if r.get("saving") is None else 100 * r["saving"] for r in ok])
-        fig, ax = plt.subplots(figsize=(10, 3.2))
-        ax.plot(x, sav, lw=1.2, color="tab:blue")
-        ax.axhline(0, color="k", lw=0.6)
-        ax.set(xlabel="step (window, in name order)", ylabel="saving %",
-               title="Saving per step over the best cap-keeping baseline")
-        figs.append(("Saving per step", _png(fig)))
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.hist(sav[np.isfinite(sav)], bins=min(40, max(5, len(ok) // 5)), color="tab:blue")
-        ax.set(xlabel="saving %", ylabel="windows", title="Distribution of the saving")
-        figs.append(("Distribution of the saving", _png(fig)))
-        packers = sorted({k.split("/")[0] for r in ok for k in r["baselines"]})
-        fig, ax = plt.subplots(figsize=(10, 3.2))
-        _rows_bars(ax, x, packers, ok)
-        figs.append(("Rows saved", _png(fig)))
-        names = sorted(s["baselines"])
-        fig, ax = plt.subplots(figsize=(10, 3.4))
-        vals = [s["baselines"][n]["cap_violations"] for n in names]
-        ax.bar(range(len(names)), vals, color="tab:red")
-        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-        ax.set(ylabel="micro-batches over the cap", title="Baselines' cap violations (all windows)")
-        for k, v in enumerate(vals):
-            ax.text(k, v, str(v), ha="center", va="bottom", fontsize=8)
-        figs.append(("Cap violations", _png(fig)))
-        fig, axs = plt.subplots(1, 2, figsize=(10, 3.2), sharey=True)
-        for ax, key, label in ((axs[0], "time_split", "RoutePack plan"),
-                               (axs[1], "time_split_best_baseline", "best cap-keeping baseline")):
-            rs = [r for r in ok if key in r]
-            xs = np.arange(len(rs))
-            a = np.array([r[key]["attention"] for r in rs]) / 1e3
-            e = np.array([r[key]["experts"] for r in rs]) / 1e3
-            o = np.array([r[key]["overhead"] for r in rs]) / 1e3
-            ax.stackplot(xs, a, e, o, labels=["attention", "experts", "overhead"],
-                         colors=["tab:orange", "tab:green", "tab:gray"])
-            ax.set(xlabel="step", title=f"Critical path: {label}")
-        axs[0].set_ylabel("ms")
-        axs[0].legend(fontsize=8, loc="lower left")
-        figs.append(("Where the time goes (attention vs experts)", _png(fig)))
-        fig, axs = plt.subplots(1, 2, figsize=(10, 3.2))
-        axs[0].plot(x, [r["gap"] for r in ok], lw=1)
-        axs[0].set(xlabel="step", ylabel="makespan / LB", title="Gap to the lower bound (RoutePack)")
-        for k in ("identity", "eplb", "routepack"):
-            axs[1].plot(x, [r["ep_imbalance"][k] for r in ok], lw=1, label=k)
-        axs[1].set(xlabel="step", ylabel="CV of EP-rank loads", title="EP-rank imbalance")
-        axs[1].legend(fontsize=8)
-        figs.append(("Gap and EP-rank imbalance", _png(fig)))
+    figs = _saving_figures(plt, x, ok)
+    packers = sorted({k.split("/")[0] for r in ok for k in r["baselines"]})
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    _rows_bars(ax, x, packers, ok)
+    figs.append(("Rows saved", _png(fig)))
+    figs.append(("Cap violations", _cap_violations_figure(plt, s)))
+    figs.append(("Where the time goes (attention vs experts)", _time_split_figure(plt, ok)))
+    figs.append(("Gap and EP-rank imbalance", _gap_figure(plt, x, ok)))
+    return figs
+
+
+def _saving_figures(plt, x, ok: list[dict]) -> list[tuple[str, str]]:
+    """The saving per step and its distribution."""
+    sav = np.array([np.nan if r.get("saving") is None else 100 * r["saving"] for r in ok])
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    ax.plot(x, sav, lw=1.2, color="tab:blue")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set(xlabel="step (window, in name order)", ylabel="saving %",
+           title="Saving per step over the best cap-keeping baseline")
+    figs = [("Saving per step", _png(fig))]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.hist(sav[np.isfinite(sav)], bins=min(40, max(5, len(ok) // 5)), color="tab:blue")
+    ax.set(xlabel="saving %", ylabel="windows", title="Distribution of the saving")
+    figs.append(("Distribution of the saving", _png(fig)))
+    return figs
+
+
+def _cap_violations_figure(plt, s: dict) -> str:
+    """Each baseline's micro-batches over the cap, over all windows."""
+    names = sorted(s["baselines"])
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    vals = [s["baselines"][n]["cap_violations"] for n in names]
+    ax.bar(range(len(names)), vals, color="tab:red")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel="micro-batches over the cap", title="Baselines' cap violations (all windows)")
+    for k, v in enumerate(vals):
+        ax.text(k, v, str(v), ha="center", va="bottom", fontsize=8)
+    return _png(fig)
+
+
+def _time_split_figure(plt, ok: list[dict]) -> str:
+    """Attention / experts / overhead on the critical path: the plan's and the best baseline's."""
+    fig, axs = plt.subplots(1, 2, figsize=(10, 3.2), sharey=True)
+    for ax, key, label in ((axs[0], "time_split", "RoutePack plan"),
+                           (axs[1], "time_split_best_baseline", "best cap-keeping baseline")):
+        rs = [r for r in ok if key in r]
+        xs = np.arange(len(rs))
+        a = np.array([r[key]["attention"] for r in rs]) / 1e3
+        e = np.array([r[key]["experts"] for r in rs]) / 1e3
+        o = np.array([r[key]["overhead"] for r in rs]) / 1e3
+        ax.stackplot(xs, a, e, o, labels=["attention", "experts", "overhead"],
+                     colors=["tab:orange", "tab:green", "tab:gray"])
+        ax.set(xlabel="step", title=f"Critical path: {label}")
+    axs[0].set_ylabel("ms")
+    axs[0].legend(fontsize=8, loc="lower left")
+    return _png(fig)
+
+
+def _gap_figure(plt, x, ok: list[dict]) -> str:
+    """The plan's gap to the lower bound and the EP-rank imbalance of each placement."""
+    fig, axs = plt.subplots(1, 2, figsize=(10, 3.2))
+    axs[0].plot(x, [r["gap"] for r in ok], lw=1)
+    axs[0].set(xlabel="step", ylabel="makespan / LB", title="Gap to the lower bound (RoutePack)")
+    for k in ("identity", "eplb", "routepack"):
+        axs[1].plot(x, [r["ep_imbalance"][k] for r in ok], lw=1, label=k)
+    axs[1].set(xlabel="step", ylabel="CV of EP-rank loads", title="EP-rank imbalance")
+    axs[1].legend(fontsize=8)
+    return _png(fig)
+
+
+def _report_html(recs: list[dict], s: dict, figs: list[tuple[str, str]], title: str, options: dict | None) -> str:
+    """The report's page: headline, options, the baselines' table, the plots, the steps' table."""
     esc = html.escape
     rows_html = "".join(
         f"<tr><td>{esc(n)}</td><td>{b['windows']}</td><td>{_fmt_pct(b['mean_saving'])}</td>"
@@ -673,7 +741,7 @@ def render_report(records: list[dict], path, *, title: str = "", windows: list[s
                f"rows saved in all: <b>{s['rows_saved']}</b>; mean gap to the lower bound "
                f"{'–' if s['mean_gap'] is None else format(s['mean_gap'], '.4f')}.</p>")
     imgs = "".join(f"<h2>{esc(t)}</h2><img alt='{esc(t)}' src='data:image/png;base64,{b}'>" for t, b in figs)
-    doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>RoutePack replay report</title>
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>RoutePack replay report</title>
 <style>body{{font-family:sans-serif;margin:1.5em;max-width:1100px}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}td:first-child{{text-align:left}}
 .err{{color:#b00;text-align:left}}img{{max-width:100%}}.headline{{font-size:20px}}</style></head><body>
@@ -688,9 +756,6 @@ Baselines: each framework's own packer at the rows it picks, under identity or E
 <h2>Steps</h2><table><tr><th>window</th><th>rows R*</th><th>makespan ms</th><th>LB ms</th><th>gap</th>
 <th>best baseline</th><th>saving</th></tr>{steps_html}</table></body></html>
 """
-    path = Path(path)
-    atomic_write_bytes(path, doc.encode("utf-8", "backslashreplace"))  # any name's bytes: still UTF-8
-    return path
 
 
 def _rows_bars(ax, x, packers: list[str], ok: list[dict]) -> None:

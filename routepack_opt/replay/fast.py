@@ -73,20 +73,19 @@ def _run_rows(X_RLK, start_N, stop_N, keep, dense, E: int, acc: _Accumulator, *,
               verl: bool = False, pad_LK=None):
     """The compiled pass over row ranges of one array; (ok, imputed tokens)."""
     N = start_N.shape[0]
-    err_N = np.zeros(N, dtype=np.int64)
-    imp_N = np.zeros(N, dtype=np.int64)
-    max_N = np.full(N, -1, dtype=np.int64)
+    # per sample: (first row, one past the last, last position in the mask); (error, imputed, max id)
+    bounds_N3 = np.stack([_i64(start_N), _i64(stop_N), np.full(N, -1, np.int64) if last_N is None else _i64(last_N)],
+                         axis=1)
+    stats_N3 = np.zeros((N, 3), dtype=np.int64)
+    stats_N3[:, 2] = -1
     with _threads_for(N):
-        _kernels().count_rows(X_RLK, _i64(start_N), _i64(stop_N),
-                              np.zeros(0, np.uint8) if mask_R is None else mask_R,
-                              np.full(N, -1, np.int64) if last_N is None else _i64(last_N),
+        _kernels().count_rows(X_RLK, bounds_N3, np.zeros(0, np.uint8) if mask_R is None else mask_R,
                               _i64(keep), _i64(dense), np.int64(E), bool(verl),
-                              _no_pad(X_RLK.shape[2]) if pad_LK is None else pad_LK,
-                              acc.counts_NLE, err_N, imp_N, max_N)
-    if err_N.any():
+                              _no_pad(X_RLK.shape[2]) if pad_LK is None else pad_LK, acc.counts_NLE, stats_N3)
+    if stats_N3[:, 0].any():
         return False, 0
-    acc.max_id = int(max_N.max())
-    return True, int(imp_N.sum())
+    acc.max_id = int(stats_N3[:, 2].max())
+    return True, int(stats_N3[:, 1].sum())
 
 
 def _run_list(seq, first: np.ndarray, keep, dense, E: int, acc: _Accumulator, pad_LK) -> np.ndarray | None:
