@@ -236,6 +236,7 @@ def bench_balance(args) -> dict:
     from verl import DataProto
 
     from routepack_opt.integrations import verl as rp_verl
+    from routepack_opt.integrations import verl_balance as rp_balance  # where plan_step reads the window
 
     N, L, K, E, D, CAP = 1024, 48, 8, 128, 8, 16384
     lens = gen_lengths(N, args.seed)
@@ -268,7 +269,7 @@ def bench_balance(args) -> dict:
             non[hook.COUNTS_KEY] = col
         return DataProto.from_dict(tensors=tensors, non_tensors=non or None)
 
-    original = rp_verl._global_window
+    original = rp_balance._global_window
 
     def from_counts(lens_N, td, num_experts, moe_layer_freq):  # the seam reading the hook's counts
         return hook.window_from_counts(from_counts.counts, lens_N, top_k=K)
@@ -280,11 +281,11 @@ def bench_balance(args) -> dict:
             data = batch(name.endswith("routes"), name.endswith("counts"))
             if name == "ours_counts":
                 from_counts.counts = hook.counts_from_non_tensor(data.non_tensor_batch)
-                rp_verl._global_window = from_counts
+                rp_balance._global_window = from_counts
             t0 = time.perf_counter()
             (Own if name.startswith("verl_own") else Ours)()._balance_batch(data, {})
             dt = time.perf_counter() - t0
-            rp_verl._global_window = original
+            rp_balance._global_window = original
             del data
             if c:
                 out[name].append(dt)

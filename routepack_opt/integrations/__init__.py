@@ -7,7 +7,8 @@ of them installed. These modules import the rest of the package, never the other
 - :mod:`.replay`   — re-exports :mod:`routepack_opt.replay` (routes as the frameworks record them →
   a :class:`~routepack_opt.core.window.Window`; the readers sit below the seams)
 - :mod:`.slime`    — drop-in for ``slime.utils.dp_schedule.build_dp_schedule``
-- :mod:`.verl`     — drop-in for ``verl.utils.seqlen_balancing.rearrange_micro_batches``
+- :mod:`.verl`     — drop-in for ``verl.utils.seqlen_balancing.rearrange_micro_batches`` (the driver's
+  global-batch plan in :mod:`.verl_balance`, the ``RayPPOTrainer`` hook in :mod:`.verl_trainer`)
 - :mod:`.megatron` — logical→physical expert placement for Megatron-Core ``MoELayer``
 - :mod:`.ray`      — ``RayPlanner`` (the planner in a Ray actor) and ``replay-report``'s parallel runs
 

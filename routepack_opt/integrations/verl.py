@@ -69,12 +69,15 @@ Each call yields a :class:`~routepack_opt.integrations._seam.SeamRecord` (:func:
 count on the same lengths (verl's rule with RoutePack's compiled KK, on lengths only), the
 planning time and the net saving. ``metrics.update(rp_verl.last_record().metrics())`` puts it in
 verl's step metrics.
+
+Modules: this one is the rank's side (and the public names of all three); the driver's plan is
+:mod:`.verl_balance` (:func:`balance_batch_partitions`, :func:`balance_batch`, :func:`plan_step`)
+and the trainer hook :mod:`.verl_trainer` (:func:`install_balance_batch`), both re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import time
 from typing import Any
@@ -91,23 +94,36 @@ from routepack_opt.heuristics.cells import kk_partition
 from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
 from routepack_opt.heuristics.placement.replicate import replicated_placement
 from routepack_opt.integrations import _deps, _verl_env
-from routepack_opt.integrations._common import as_cost, length_only_window, plan_cells
+from routepack_opt.integrations._common import length_only_window
 from routepack_opt.integrations._seam import (
-    SHARE_OF_GAIN,
     UNSET,
-    CallBudget,
     FrameworkAssertionError,
-    Recorder,
     SeamRecord,
     SeamSettings,
-    import_skip,
     seam_settings,
     warn_once,
 )
-from routepack_opt.integrations.rollout_hook import COUNTS_KEY, counts_from_non_tensor
+from routepack_opt.integrations._verl_common import (
+    _ONE_EXPERT,
+    _RECORDS,
+    PLACEMENTS_KEY,
+    PLAN_COLUMNS,
+    _bubble_order,
+    _redundant,
+    plan_columns,
+)
+from routepack_opt.integrations.verl_balance import (  # the driver side, re-exported
+    BalanceOptions,
+    GlobalBalance,
+    StepBudget,
+    StepPlan,
+    balance_batch,
+    balance_batch_partitions,
+    plan_step,
+)
+from routepack_opt.integrations.verl_trainer import install_balance_batch  # the trainer hook, re-exported
 from routepack_opt.pipeline import baseline_layouts
-from routepack_opt.replay import import_replay, warm_import
-from routepack_opt.replay.sample_counts import window_from_counts
+from routepack_opt.replay import import_replay
 
 logger = logging.getLogger("routepack_opt.integrations")
 
@@ -118,7 +134,6 @@ __all__ = ["rearrange_micro_batches", "expert_map_from_batch", "batch_lengths", 
            "placements_from_batch", "PLACEMENTS_KEY"]
 
 
-_RECORDS = Recorder()
 
 
 def last_record() -> SeamRecord | None:
@@ -202,7 +217,6 @@ def _verl_reference(item_len: np.ndarray, cap: int, rows_min: int, multiple: int
     return k, time.perf_counter() - t0
 
 
-_ONE_EXPERT = np.zeros((1, 1), dtype=np.int64)  # the placement of a length-only window
 
 
 def _first_fit_layout(item_len, cap: int, rows: int) -> Layout:
@@ -234,35 +248,6 @@ def _fallback_rows(item_len, cap: int, topo: Topology) -> int:
             tot.append(int(x))
     r = max(len(tot), topo.min_rows)
     return -(-r // topo.row_multiple) * topo.row_multiple
-
-
-# The driver's plan, written by balance_batch / install_balance_batch into the batch as int64 [N]
-# columns: verl's dispatch chunks them by rank, its mini-batch iterator and index_select index them
-# with their samples, so every worker call sees its own samples' entries.
-PLAN_COLUMNS = ("routepack_plan", "routepack_micro_batch", "routepack_micro_batch_size", "routepack_max_token_len")
-_PLAN_IDS = itertools.count(1)
-
-
-def plan_columns(plans: list, num_samples: int, max_token_len: int) -> dict[str, np.ndarray]:
-    """The columns that carry a driver plan to the ranks. ``plans[k][d]`` is rank d's list of
-    micro-batches (sample indices of the batch) in the plan of mini-batch k, in the order the
-    ranks run them (:meth:`GlobalBalance.run_order`: the same row on every rank). Per sample: the id of
-    its mini-batch's plan (a new one per plan in this process), its micro-batch's number within
-    its rank, that micro-batch's sample count (so a rank can check it got the micro-batch whole)
-    and the token cap it was planned for. Raises :class:`InputError` when a sample is in no
-    micro-batch."""
-    plan_N = np.full(num_samples, -1, dtype=np.int64)
-    mb_N = np.full(num_samples, -1, dtype=np.int64)
-    size_N = np.zeros(num_samples, dtype=np.int64)
-    for rank_mbs in plans:
-        pid = next(_PLAN_IDS)
-        for mbs in rank_mbs:
-            for r, mb in enumerate(mbs):
-                ids = np.asarray(list(mb), dtype=np.int64)
-                plan_N[ids], mb_N[ids], size_N[ids] = pid, r, ids.size
-    if (mb_N < 0).any():
-        raise InputError(f"plan_columns: sample {int(np.flatnonzero(mb_N < 0)[0])} is in no micro-batch")
-    return dict(zip(PLAN_COLUMNS, (plan_N, mb_N, size_N, np.full(num_samples, int(max_token_len), dtype=np.int64))))
 
 
 def _driver_rows(batch, lens_N, g: int, cap: int, topo_min: int, multiple: int):
@@ -511,19 +496,6 @@ def _finish(call: _Call, lens_N, item_len, ev: Evaluator, lay: Layout, fallback:
     return micro_batches, parts
 
 
-def _bubble_order(cost_R, key_R) -> list[int]:
-    """verl's pipeline-bubble order of micro-batches: heaviest in the middle, lighter ones at both
-    ends (ties by ``key_R``)."""
-    order = sorted(range(len(cost_R)), key=lambda r: (cost_R[r], key_R[r]), reverse=True)
-    return order[::2][::-1] + order[1::2]
-
-
-def _redundant(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise InputError(f"redundant_experts: expected an integer ≥ 0, got {value!r}")
-    return int(value)
-
-
 def expert_map_from_batch(batch, num_experts: int, ep_size: int, *, dp_group=None,
                           moe_layer_freq=None, refine: bool = True, redundant_experts: int = 0):
     """LPT logical→physical map ``[L, E]`` (Graham 1969, then swap refinement) from the batch's
@@ -551,368 +523,6 @@ def expert_map_from_batch(batch, num_experts: int, ep_size: int, *, dp_group=Non
     return swap_refine(load_LE, pl, ep_size) if refine else pl
 
 
-@dataclasses.dataclass(frozen=True)
-class GlobalBalance:
-    """A global-batch plan with N / dp_size samples per rank. ``partitions[d]``: rank d's sample
-    indices, micro-batch by micro-batch (what ``_balance_batch`` concatenates); ``micro_batches[d][r]``:
-    rank d's r-th micro-batch (global indices); ``plan``: the RoutePack plan (slot d = rank d).
-    ``replicas``: with ``redundant_experts > 0``, the plan's replicated
-    :class:`~routepack_opt.core.placement.Placement` (None without replicas). ``row_order``: the
-    order the ranks run the rows in, verl's pipeline-bubble order (``use_dynamic_bsz_balance``) on
-    each row's cost over the whole group (the evaluator's ``J[r, g]``, max over shards), the same
-    on every rank, so row r of every rank still runs together; :meth:`run_order` lists them so."""
-
-    partitions: list
-    micro_batches: list
-    plan: Any
-    row_order: tuple = ()
-
-    def run_order(self) -> list:
-        """``[d][j]``: rank d's micro-batches in :attr:`row_order` (what the plan columns number)."""
-        order = self.row_order or tuple(range(self.num_micro_batches))
-        return [[mbs[r] for r in order] for mbs in self.micro_batches]
-
-    @property
-    def num_micro_batches(self) -> int:
-        return int(self.plan.rows)
-
-    @property
-    def replicas(self) -> Placement | None:
-        return self.plan.replicas
-
-
-def _global_window(lens_N, batch, num_experts, moe_layer_freq, counts_NLE=None):
-    if num_experts is not None and counts_NLE is not None:  # the rollout hook's counts: no routes to read
-        w = window_from_counts(counts_NLE, lens_N)
-        if w.num_experts != int(num_experts):
-            raise InputError(f"{COUNTS_KEY}: counts of {w.num_experts} experts, num_experts={num_experts}")
-        return w
-    if num_experts is None or batch is None or "routed_experts" not in batch.keys():
-        return length_only_window(lens_N)
-
-    w = import_replay(batch["routed_experts"], format="verl", num_experts=num_experts,
-                      attention_mask=batch["attention_mask"], moe_layer_freq=moe_layer_freq).window
-    if not np.array_equal(w.lengths, lens_N):
-        raise InputError("routed_experts and attention_mask disagree on the sample lengths")
-    return w
-
-
-def balance_batch_partitions(batch, dp_size: int, *, max_token_len: int, num_experts: int | None = None,
-                             ep_size: int = 1, moe_layer_freq=None, num_batches_divided_by=None,
-                             min_num_micro_batch=None, cost="qwen3-30b-a3b", objective: str = "max-sum",
-                             time_limit: float | None = None, max_sweeps: int | None = None,
-                             seed: int = 0, redundant_experts: int = 0) -> GlobalBalance:
-    """Plan the whole global batch (a TensorDict with ``attention_mask`` and optionally
-    ``routed_experts`` [B, S, layers, top_k]) over ``dp_size`` ranks with equal sample counts,
-    every micro-batch ≤ ``max_token_len`` tokens. Raises :class:`InputError` when B % dp_size != 0
-    (as verl asserts) or a sample is longer than the cap. ``redundant_experts=N > 0`` (with
-    ``routed_experts`` and ``num_experts``): plan with N extra expert slots per MoE layer, hot
-    experts replicated; :attr:`GlobalBalance.replicas` is then the plan's ``Placement``."""
-    red = _redundant(redundant_experts)
-    mask = batch["attention_mask"]
-    lens_N = mask.reshape(mask.shape[0], -1).sum(-1).cpu().numpy().astype(np.int64)
-    if (lens_N < 1).any():
-        raise InputError("a sample has no tokens (attention_mask all zero)")
-    D = int(dp_size)
-    use_routes = num_experts is not None and "routed_experts" in batch.keys()
-    if red and not use_routes:
-        raise InputError("redundant_experts needs routed_experts and num_experts: replicas follow the experts' loads")
-    topo = Topology(dp=D, ep=int(ep_size) if use_routes else 1, capacity=int(max_token_len),
-                    min_rows=int(min_num_micro_batch or 1), row_multiple=int(num_batches_divided_by or 1),
-                    equal_samples_per_slot=True, redundant_experts=red)
-    topo.check_samples(lens_N.size)
-    window = _global_window(lens_N, batch, num_experts, moe_layer_freq)
-    pc = plan_cells(window, topo, cost, objective=objective, time_limit=time_limit,
-                    max_sweeps=max_sweeps, seed=seed)
-    mbs = [[list(pc.cells[r][d]) for r in range(pc.rows)] for d in range(D)]
-    parts = [[i for mb in mbs[d] for i in mb] for d in range(D)]
-    p = pc.plan
-    J_RG = Evaluator(window, p.topology, as_cost(cost)).costs(p.replicas if p.replicas is not None else p.placement,
-                                                              p.row, p.slot, p.rows)
-    order = _bubble_order(J_RG.max(axis=1), [min(min(c) for c in pc.cells[r]) for r in range(pc.rows)])
-    return GlobalBalance(parts, mbs, p, tuple(order))
-
-
-def balance_batch(batch, dp_size: int, metrics: dict | None = None, *, max_token_len: int,
-                  logging_prefix: str = "global_seqlen", **options) -> GlobalBalance:
-    """verl's ``_balance_batch`` on a ``DataProto``: plan (:func:`balance_batch_partitions`,
-    ``options`` passed on), write the plan's columns (:func:`plan_columns`, which the ranks'
-    :func:`rearrange_micro_batches` looks up), reorder the batch in place so that the dispatch's
-    equal chunks are the planned ranks, and add verl's balance metrics to ``metrics``."""
-    torch = _deps.torch()
-    log_seqlen_unbalance = _deps.verl_log_seqlen_unbalance()
-
-    gb = balance_batch_partitions(batch.batch, dp_size, max_token_len=max_token_len, **options)
-    n = int(batch.batch["attention_mask"].shape[0])
-    for key, col in plan_columns([gb.run_order()], n, max_token_len).items():
-        batch.batch[key] = torch.from_numpy(col)
-    batch.reorder(torch.tensor([j for part in gb.partitions for j in part]))
-    if metrics is not None:
-        mask = batch.batch["attention_mask"]
-        # the batch is reordered now: rank d holds positions d·m .. d·m + m − 1
-        m = mask.shape[0] // dp_size
-        lens_now = mask.reshape(mask.shape[0], -1).sum(-1).tolist()
-        metrics.update(log_seqlen_unbalance(seqlen_list=lens_now,
-                                            partitions=[list(range(d * m, d * m + m)) for d in range(dp_size)],
-                                            prefix=logging_prefix))
-    return gb
-
-
-def _planned_mini_batch(config, N: int, keep_minibatch: bool, explicit: int | None) -> int:
-    """Samples per planned mini-batch: ``explicit`` when given; with ``keep_minibatch`` verl's
-    own (``actor.ppo_mini_batch_size``, as its branch reads it); else the one the actor's update
-    iterates (``ppo_mini_batch_size × rollout.n``, verl 0.9.1's ``_update_actor``), or the whole
-    batch when the config has none or it does not divide the batch."""
-    if explicit is not None:
-        size = int(explicit)
-    else:
-        arr = config.actor_rollout_ref
-        mini = arr.actor.get("ppo_mini_batch_size")
-        if mini is None:
-            return N
-        n = 1 if keep_minibatch else int((arr.get("rollout") or {}).get("n", 1) or 1)
-        size = int(mini) * n
-        if not keep_minibatch and (size < 1 or N % size):
-            return N
-    if size < 1 or N % size:
-        raise InputError(f"batch of {N} is not a multiple of the mini-batch of {size} samples")
-    return size
-
-
-_MIN_SEARCH_S = 0.02  # a mini-batch's share of the budget below this takes the quick path
-
-
-@dataclasses.dataclass
-class StepPlan:
-    """One step's driver plan (:func:`plan_step`): ``plans[k][d]``, rank d's micro-batches of
-    mini-batch k in run order (global sample indices); predicted times (µs, the evaluator) of
-    ours and of verl's own path, summed over the mini-batches; the micro-batches one rank runs
-    over the step, ours (``rows``) and verl's (``rows_theirs``: verl 0.9.1's token-balanced DP
-    split and its per-rank count, agreed MAX over the ranks); ``placements[k]``: mini-batch k's
-    replicated :class:`~routepack_opt.core.placement.Placement` (None without replicas);
-    ``quick``: why some mini-batch took the quick path (None: all searched); the wall-time split."""
-
-    plans: list
-    ours_us: float
-    theirs_us: float
-    rows: int
-    rows_theirs: int
-    placements: list
-    quick: str | None
-    import_s: float
-    plan_s: float
-    budget_s: float | None
-    gain_us: float | None = None  # predicted gain with routes (verl's layout − our lower bound)
-    import_rate_s: float | None = None  # the route import's seconds per routed_experts entry
-
-
-def _run_order(ev: Evaluator, placement, lay: Layout, D: int, offset: int) -> list:
-    """``[d][j]``: rank d's micro-batches (global indices) in verl's pipeline-bubble order of the
-    rows' group-wide cost (:attr:`GlobalBalance.row_order`)."""
-    J_RG = ev.costs(placement, lay.row, lay.slot, lay.rows)
-    cell = lay.row * D + lay.slot
-    order_N = np.argsort(cell, kind="stable")
-    bounds = np.searchsorted(cell[order_N], np.arange(lay.rows * D + 1))
-    cells = [[(offset + order_N[bounds[r * D + d]:bounds[r * D + d + 1]]).tolist() for d in range(D)]
-             for r in range(lay.rows)]
-    order = _bubble_order(J_RG.max(axis=1), [min(min(c) for c in cells[r]) for r in range(lay.rows)])
-    return [[cells[r][d] for r in order] for d in range(D)]
-
-
-def _quick_layout(len_N: np.ndarray, topo: Topology) -> Layout | None:
-    """RoutePack's cap-keeping greedy at equal sample counts: count-limited first-fit decreasing
-    at the fewest rows it fills (numpy, no search)."""
-    from routepack_opt.heuristics.equal_counts import count_fit_decreasing
-
-    D, C, m = topo.dp, topo.capacity, topo.row_multiple
-    R = max(topo.min_rows, -(-int(len_N.sum()) // (D * C)))
-    R = -(-R // m) * m
-    while R * D <= len_N.size:
-        got = count_fit_decreasing(len_N, R, D, C)
-        if got is not None:
-            return Layout(got[0], got[1], R)
-        R += m
-    return None
-
-
-@dataclasses.dataclass(frozen=True)
-class BalanceOptions:
-    """The rules of the driver's plan: the workers' token cap (``max_token_len``) and row rules
-    (``num_batches_divided_by``, ``min_num_micro_batch``), and the experts: with
-    ``num_experts``, the joint cost from the batch's ``routed_experts`` (or the rollout hook's
-    counts) over ``ep_size`` EP ranks, ``redundant_experts`` extra slots per MoE layer."""
-
-    max_token_len: int
-    num_experts: int | None = None
-    ep_size: int = 1
-    moe_layer_freq: Any = None
-    num_batches_divided_by: int | None = None
-    min_num_micro_batch: int | None = None
-    redundant_experts: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class StepBudget:
-    """What a step's budget knows before the plan: its start (``t0`` on ``time.perf_counter``'s
-    clock; None: when :func:`plan_step` is called), the seconds kept for applying the plan
-    (``apply_reserve_s``), and the route import's rate measured on an earlier step
-    (``import_rate_s``, seconds per ``routed_experts`` entry) with its ceiling
-    (``skip_import_over_us``): an import predicted over it is skipped."""
-
-    t0: float | None = None
-    apply_reserve_s: float = 0.0
-    import_rate_s: float | None = None
-    skip_import_over_us: float | None = None
-
-
-def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, *, options: BalanceOptions,
-              settings: SeamSettings, budget: StepBudget = StepBudget(), counts_NLE=None) -> StepPlan:
-    """The driver's plan of one step under one budget (``settings``; the clock starts at
-    ``budget.t0``): the route import (once, for the whole batch), then per mini-batch verl's own
-    layout and RoutePack's quick one (both scored by the evaluator), then the search with the rest
-    of the budget split evenly over the mini-batches left (less ``budget.apply_reserve_s`` for the
-    reorder).
-
-    The default budget (``time_limit_is_default``) is ``min(DEFAULT_TIME_LIMIT["verl_balance"],
-    SHARE_OF_GAIN × predicted gain)``, the gain being verl's layout − the lower bound of ours
-    summed over the mini-batches. A mini-batch takes the quick path (the better of RoutePack's
-    count-limited greedy and verl's own layout, both keeping the cap, with RoutePack's expert
-    placement) when its share of the budget is under 20 ms, or, with the default budget, when its
-    headroom (quick − lower bound) cannot cover its share; ``StepPlan.quick`` says why (never with
-    ``max_sweeps`` set: a fixed search effort, for plans that are the same on every run). With
-    ``budget.import_rate_s`` and ``budget.skip_import_over_us``, a route import predicted to cost
-    more than that is skipped and the step planned on lengths (recorded in ``quick``).
-    ``counts_NLE`` (the rollout hook's per-sample ``[L, E]`` counts,
-    :func:`~routepack_opt.integrations.rollout_hook.counts_from_non_tensor`) replaces the route
-    import: the window is built from them, no routes are read."""
-    t0 = time.perf_counter() if budget.t0 is None else budget.t0
-    N, D, cap = int(lens_N.size), int(dp_size), int(options.max_token_len)
-    window, use_routes, from_routes, red, skip = _step_window(batch_td, lens_N, options, budget, counts_NLE)
-    import_s = time.perf_counter() - t0
-    t_plan = time.perf_counter()
-    rule = dict(capacity=cap, min_rows=int(options.min_num_micro_batch or 1),
-                row_multiple=int(options.num_batches_divided_by or 1), equal_samples_per_slot=True)
-    ep = int(options.ep_size) if use_routes else 1
-    topo = Topology(dp=D, ep=ep, redundant_experts=red, **rule)
-    topo_theirs = Topology(dp=D, ep=ep, **rule)
-    topo.check_samples(mini_batch_size)
-    mini = [_quick_mini_batch(window, np.arange(k * mini_batch_size, (k + 1) * mini_batch_size), topo, topo_theirs,
-                              settings, use_routes) for k in range(N // mini_batch_size)]
-    gain_us = sum(max(0.0, m["theirs"] - m["lb"]) for m in mini)
-    spend = CallBudget(settings, t0, settings.call_budget(gain_us=gain_us))
-    plans, placements, why = _search_mini_batches(mini, topo, settings, spend, budget.apply_reserve_s, import_s)
-    gain_us = sum(max(0.0, m["theirs"] - m["lb"]) for m in mini) if use_routes else None
-    return StepPlan(plans, float(sum(m["ours"] for m in mini)), float(sum(m["theirs"] for m in mini)),
-                    int(sum(m["rows"] for m in mini)), int(sum(m["rows_theirs"] for m in mini)), placements,
-                    skip or why, import_s, time.perf_counter() - t_plan, spend.total_s, gain_us,
-                    import_s / max(1, int(np.prod(batch_td["routed_experts"].shape))) if from_routes else None)
-
-
-def _step_window(batch_td, lens_N, options: BalanceOptions, budget: StepBudget, counts_NLE):
-    """The step's window: from the rollout hook's counts, the batch's routes, or its lengths
-    alone (no experts, or a route import predicted over ``budget.skip_import_over_us``). Returns
-    (window, experts used, routes imported, redundant experts, why the import was skipped)."""
-    red = _redundant(options.redundant_experts)
-    num_experts = options.num_experts
-    has_counts = num_experts is not None and counts_NLE is not None
-    use_routes = has_counts or (num_experts is not None and "routed_experts" in batch_td.keys())
-    if red and not use_routes:
-        raise InputError("redundant_experts needs routed_experts and num_experts: replicas follow the experts' loads")
-    skip = None
-    if use_routes and not has_counts and budget.skip_import_over_us is not None and budget.import_rate_s is not None:
-        numel = int(np.prod(batch_td["routed_experts"].shape))
-        skip = import_skip(budget.import_rate_s * numel, budget.skip_import_over_us / 1e6,
-                           "its share of the predicted gain")
-        if skip is not None:
-            use_routes, red = False, 0
-    window = _global_window(lens_N, batch_td if use_routes else None, num_experts, options.moe_layer_freq,
-                            counts_NLE if use_routes else None)
-    return window, use_routes, use_routes and not has_counts, red, skip
-
-
-def _quick_mini_batch(window, idx: np.ndarray, topo: Topology, topo_theirs: Topology, settings: SeamSettings,
-                      use_routes: bool) -> dict:
-    """Mini-batch ``idx``'s quick plan: the better of verl's own layout and RoutePack's
-    count-limited greedy, under RoutePack's expert placement (replicated LPT, LPT, or one expert
-    without routes), scored by the evaluator with its lower bound; and verl's own time (its layout
-    under the identity placement, without replicas)."""
-    from routepack_opt.heuristics.frameworks import verl_layout
-
-    sub = window.subset(idx)
-    load_LE = sub.expert_loads()
-    red, ep = topo.redundant_experts, topo.ep
-    if red:
-        placement = replicated_placement(load_LE, ep, sub.num_experts + red)
-    elif use_routes:
-        placement = lpt_placement(load_LE, ep)
-    else:
-        placement = _ONE_EXPERT
-    ev = Evaluator(sub, topo, settings.cost)
-    ev_theirs = Evaluator(sub, topo_theirs, settings.cost) if red else ev
-    vrow, vslot, vrows = verl_layout(sub.lengths, topo_theirs)
-    cands = [Layout(vrow, vslot, vrows)]
-    q = _quick_layout(sub.lengths, topo)
-    if q is not None:
-        cands.append(q)
-    scored = [(ev.evaluate_layout(placement, lay, settings.objective), lay) for lay in cands]
-    if use_routes:  # verl leaves the experts where they are: its layout under the identity
-        identity = np.tile(np.arange(sub.num_experts, dtype=np.int64), (sub.num_layers, 1))
-        theirs = ev_theirs.score(identity, vrow, vslot, vrows, settings.objective).makespan
-    else:  # one expert: the identity is the placement scored above
-        theirs = scored[0][0].score.makespan
-    e, lay = min(scored, key=lambda t: t[0].score.key)
-    return dict(sub=sub, idx=idx, ev=ev, placement=placement, layout=lay, ours=e.score.makespan,
-                lb=e.lower_bound, theirs=theirs, rows_theirs=vrows)
-
-
-def _quick_reason(settings: SeamSettings, spend: CallBudget, left: float | None, headroom_s: float,
-                  import_s: float) -> str | None:
-    """Why a mini-batch keeps its quick plan: its share of the budget is under _MIN_SEARCH_S, or
-    (default budget) the search could save less than that share; None: search."""
-    short = spend.short(left, _MIN_SEARCH_S)
-    if short is not None:
-        return f"{short} for this mini-batch (of {spend.total_s:.3f} s per step, import {import_s * 1e3:.0f} ms)"
-    if settings.time_limit_is_default and left is not None and headroom_s < left and settings.max_sweeps is None:
-        return (f"predicted saving: the search could save at most {headroom_s * 1e3:.1f} ms over the quick "
-                f"path, under its {left * 1e3:.0f} ms")
-    return None
-
-
-def _search_mini_batches(mini: list[dict], topo: Topology, settings: SeamSettings, spend: CallBudget,
-                         reserve_s: float, import_s: float) -> tuple[list, list, str | None]:
-    """Each mini-batch's search with its share of what is left (its quick plan stands where the
-    search cannot pay or fails). Returns (run orders ``plans[k][d]``, replicated placements, why
-    the first mini-batch that kept its quick plan did)."""
-    D, K = topo.dp, len(mini)
-    quick: str | None = None
-    plans, placements = [], []
-    for k, m in enumerate(mini):
-        left = spend.left(reserve_s, K - k)
-        why = _quick_reason(settings, spend, left, max(0.0, m["ours"] - m["lb"]) / 1e6, import_s)
-        ev, placement, lay = m["ev"], m["placement"], m["layout"]
-        if why is None:
-            try:
-                pc = plan_cells(m["sub"], topo, settings.cost, objective=settings.objective,
-                                time_limit=max(left, 1e-3) if left is not None else None,
-                                max_sweeps=settings.max_sweeps, seed=settings.seed)
-                if pc.plan.score["makespan"] <= m["ours"]:
-                    p = pc.plan
-                    placement = p.replicas if p.replicas is not None else p.placement
-                    lay = Layout(p.row, p.slot, p.rows)
-                    m["ours"] = float(p.score["makespan"])
-            except Exception as exc:  # the quick path's layout stands
-                why = f"search failed ({exc.__class__.__name__}: {exc})"
-        if why is not None:
-            quick = quick or why
-        plans.append(_run_order(ev, placement, lay, D, int(m["idx"][0])))
-        placements.append(placement if topo.redundant_experts else None)
-        m["rows"] = int(lay.rows)
-    return plans, placements, quick
-
-
-# where the driver's replicated placements ride to the workers (DataProto.meta_info: verl's
-# dispatch hands every rank's chunk the batch's meta_info)
-PLACEMENTS_KEY = "routepack_placements"
 
 
 def placements_from_batch(data) -> list:
@@ -933,308 +543,6 @@ def placements_from_batch(data) -> list:
         raise InputError(f"{PLACEMENTS_KEY}: expected Placement objects, got "
                          f"{sorted({type(p).__name__ for p in raw})}")
     return raw
-
-
-def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int | None = None,
-                          ep_size: int = 1, moe_layer_freq=None, mini_batch_size: int | None = None,
-                          num_batches_divided_by: int | None = None, min_num_micro_batch: int | None = None,
-                          redundant_experts: int = 0, overlap: bool | str = False, **settings_options):
-    """Replace ``trainer_cls._balance_batch`` (verl's ``RayPPOTrainer``) by a driver-side plan of
-    the whole global batch (equal sample counts per rank, every micro-batch ≤ ``max_token_len``,
-    joint cost with ``routed_experts`` when ``num_experts`` is given); returns the method it
-    replaced. Settings (``cost``, ``objective``, ``time_limit``, ``max_sweeps``, ``seed``,
-    ``threads``) are checked here (keyword > ``ROUTEPACK_*`` > default).
-
-    One budget per step: ``time_limit`` bounds the whole call (lengths, route import, every
-    mini-batch's plan, reorder, plan columns, record; :func:`plan_step`). The default budget is
-    sized from the step's predicted gain, at most ``DEFAULT_TIME_LIMIT["verl_balance"]``; when a
-    mini-batch's predicted saving cannot cover its share, it takes the quick path, and the record
-    says so (``routepack/balance/quick``).
-
-    The plan is made per mini-batch, the unit each rank packs: rank d's chunk is its share of
-    mini-batch 0, then of mini-batch 1, ..., so the actor's iterator (consecutive
-    ``ppo_mini_batch_size × rollout.n / dp_size`` samples per rank, ``actor.shuffle`` off) cuts
-    exactly the planned shares. ``mini_batch_size`` (samples of the global batch) overrides it;
-    ``keep_minibatch=True`` uses verl's own size for that branch (``actor.ppo_mini_batch_size``).
-    The plan reaches the ranks as the int64 columns :data:`PLAN_COLUMNS` (:func:`plan_columns`),
-    which :func:`rearrange_micro_batches` looks up instead of planning when they are whole; give
-    ``max_token_len`` = the workers' cap (``ppo_max_token_len_per_gpu × sp_size``) and the
-    workers' ``num_batches_divided_by`` / ``min_num_micro_batch`` for that.
-
-    ``redundant_experts=N`` (with ``num_experts``): every mini-batch is planned with N extra
-    expert slots per MoE layer; its replicated ``Placement`` goes to the workers in the batch's
-    ``meta_info[PLACEMENTS_KEY]`` (verl's dispatch gives every rank the batch's meta_info; read it
-    with :func:`placements_from_batch`) and the record carries ``redundant_experts``.
-
-    ``overlap=True`` (``"balanced"``) hides the plan behind the step's other work:
-    ``_balance_batch`` applies RoutePack's quick length-only plan at once (so the log-prob passes
-    still get balanced ranks) and starts the full plan in a background thread; the first
-    ``_update_critic`` / ``_update_actor`` of the step waits for it and applies it (one more
-    reorder). ``overlap="deferred"``: no reorder in ``_balance_batch`` (the log-prob passes see the
-    rollout order, verl's DP token balance off for them), the plan's one reorder at the update. Between them verl
-    computes the reward, the old / reference log-probs and the values, on the workers, while the
-    driver waits on Ray. The record's ``added_ms`` is then only what the step waited for.
-
-    verl's other branches are kept: with ``use_prefix_grouper`` (samples of one uid kept on one
-    rank), and on any planning error, verl's own method runs (one warning per cause). The step's
-    :class:`SeamRecord` goes into ``metrics`` as ``routepack/balance/...``, next to verl's
-    ``global_seqlen`` balance metrics: ``rows`` is the micro-batches one rank runs over the step
-    (summed over mini-batches), ``rows_theirs`` verl's own path's, ``import_ms`` / ``plan_ms`` /
-    ``apply_ms`` the wall time's split, ``net_saving_ms`` the predicted saving less the whole
-    time the call added over verl's own (``added_ms``: our wall time less the reorder, which verl's
-    call makes as well; verl's partitioning counted as free, so the net is a lower bound)."""
-    if not hasattr(trainer_cls, "_balance_batch"):
-        raise InputError(f"install_balance_batch: {getattr(trainer_cls, '__name__', trainer_cls)!r} has no "
-                         "_balance_batch to replace (pass verl.trainer.ppo.ray_trainer.RayPPOTrainer)")
-    red = _redundant(redundant_experts)
-    if red and num_experts is None:
-        raise InputError("redundant_experts needs num_experts: replicas follow the experts' loads")
-    if overlap not in (False, True, "balanced", "deferred"):
-        raise InputError(f"overlap: expected False, True, 'balanced' or 'deferred', got {overlap!r}")
-    options = BalanceOptions(max_token_len, num_experts, ep_size, moe_layer_freq, num_batches_divided_by,
-                             min_num_micro_batch, red)
-    hook = _BalanceHook(trainer_cls._balance_batch, seam_settings("verl_balance", **settings_options), options,
-                        mini_batch_size, overlap)
-
-    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
-        return hook.balance(self, batch, metrics, logging_prefix, keep_minibatch)
-
-    _balance_batch.__routepack__ = True  # type: ignore[attr-defined]
-    trainer_cls._balance_batch = _balance_batch
-    if overlap:
-        for name in ("_update_critic", "_update_actor"):
-            if hasattr(trainer_cls, name):
-                setattr(trainer_cls, name, _apply_pending_before(getattr(trainer_cls, name), max_token_len, red))
-    logger.info("routepack verl: %s._balance_batch replaced (objective %s, budget %s per step%s)",
-                getattr(trainer_cls, "__name__", trainer_cls), hook.settings.objective,
-                "none" if hook.settings.time_limit is None else f"{hook.settings.time_limit:g} s",
-                ", planned behind the log-prob passes" if overlap else "")
-    return hook.original
-
-
-class _BalanceHook:
-    """One :func:`install_balance_batch`: its settings and options, the trainer's own method, and
-    what a step leaves the next (the apply time reserved in its budget, the route import's rate
-    and the predicted gain, the step count)."""
-
-    def __init__(self, original, settings: SeamSettings, options: BalanceOptions, mini_batch_size, overlap):
-        self.original, self.settings, self.options = original, settings, options
-        self.mini_batch_size, self.overlap = mini_batch_size, overlap
-        self.mode = "balanced" if overlap is True else overlap
-        self.state: dict = {"apply_s": 0.0, "rate": None, "gain": None, "step": 0}
-
-    def own(self, trainer, batch, metrics, logging_prefix, keep_minibatch):
-        """verl's own ``_balance_batch``."""
-        return self.original(trainer, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
-
-    def balance(self, trainer, batch, metrics, logging_prefix, keep_minibatch):
-        """The replaced ``_balance_batch``: plan the step, apply it, record it (verl's own on
-        ``use_prefix_grouper`` and on any planning error)."""
-        if getattr(trainer, "use_prefix_grouper", False) and "uid" in batch.non_tensor_batch:
-            warn_once("verl", "prefix-grouper", "use_prefix_grouper keeps a uid's samples on one rank, which "
-                      "RoutePack's balance does not model: verl's own _balance_batch runs")
-            return self.own(trainer, batch, metrics, logging_prefix, keep_minibatch)
-        self._warm(batch)
-        t0 = time.perf_counter()
-        try:
-            dp_size = trainer._get_dp_size(trainer.actor_rollout_wg, "actor")
-            lens_N = _mask_lengths(batch)
-            size = _planned_mini_batch(trainer.config, int(lens_N.size), keep_minibatch, self.mini_batch_size)
-            if self.overlap:
-                return self._start_overlap(trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0)
-            sp = self._plan(batch, lens_N, dp_size, size, t0)
-        except Exception as exc:  # never break the trainer: verl's own balance
-            warn_once("verl", "balance", f"balance_batch planning failed ({exc.__class__.__name__}: {exc}); "
-                      "verl's own _balance_batch runs")
-            return self.own(trainer, batch, metrics, logging_prefix, keep_minibatch)
-        t_apply = time.perf_counter()
-        reorder_s = _apply_step(batch, metrics, logging_prefix, sp, lens_N, dp_size, self.options.max_token_len)
-        self.state["apply_s"] = time.perf_counter() - t_apply - reorder_s  # reserved in the next step's budget
-        # added over verl's own call: all of ours but the reorder, which verl's call makes as well
-        # (its KK partition counted as free, so the net saving is a lower bound)
-        _record_step(metrics, sp, t0, t_apply, int(lens_N.size), self.options.redundant_experts, sp.quick,
-                     added_s=time.perf_counter() - t0 - reorder_s)
-
-    def _warm(self, batch) -> None:
-        """numba's kernels and the import's pass compiled or loaded, before the step's clock starts."""
-        from routepack_opt.warmup import warm
-
-        warm()
-        num_experts = self.options.num_experts
-        if num_experts is not None and "routed_experts" in batch.batch.keys():
-            warm_import(batch.batch["routed_experts"], format="verl", num_experts=num_experts,
-                        attention_mask=batch.batch["attention_mask"], moe_layer_freq=self.options.moe_layer_freq)
-
-    def _skip_import_over_us(self) -> float | None:
-        """The route import's ceiling this step (re-measured every 8th step; never with
-        ``max_sweeps``): the default budget's share of the gain the last imported step predicted,
-        or the whole of a set budget."""
-        settings, state = self.settings, self.state
-        state["step"] += 1
-        if settings.max_sweeps is not None or not state["step"] % 8:
-            return None
-        if settings.time_limit_is_default and state["gain"] is not None:
-            return SHARE_OF_GAIN * state["gain"]
-        if not settings.time_limit_is_default and settings.time_limit is not None:
-            return 1e6 * settings.time_limit
-        return None
-
-    def _plan(self, batch, lens_N, dp_size: int, size: int, t0: float) -> StepPlan:
-        state = self.state
-        budget = StepBudget(t0, state["apply_s"], state["rate"], self._skip_import_over_us())
-        with self.settings.planner_threads():
-            sp = plan_step(batch.batch, lens_N, dp_size, size, options=self.options, settings=self.settings,
-                           budget=budget, counts_NLE=_hook_counts(batch))
-        if sp.gain_us is not None:
-            state["gain"], state["rate"] = sp.gain_us, sp.import_rate_s
-        return sp
-
-    def _start_overlap(self, trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0):
-        """The overlap modes: the quick order now (``"balanced"``) or none (``"deferred"``), the
-        full plan in a background thread, applied before the step's first update."""
-        import threading
-
-        if self.mode == "balanced":
-            quick = _quick_step(lens_N, dp_size, size, self.options)
-            reorder_s = _apply_step(batch, metrics, logging_prefix, quick, lens_N, dp_size, self.options.max_token_len,
-                                    columns=False)
-            lens_now = lens_N[[j for part in _parts(quick.plans, dp_size) for j in part]]
-        else:  # "deferred": the batch stays in its order until the update
-            reorder_s, lens_now = 0.0, lens_N
-        td = batch.batch  # the background plan is of this order
-        counts = _hook_counts(batch)  # reordered with the batch
-        box: dict = {}
-
-        def work():
-            try:
-                with self.settings.planner_threads():
-                    box["plan"] = plan_step(td, lens_now, dp_size, size, options=self.options, settings=self.settings,
-                                            counts_NLE=counts)
-            except Exception as exc:  # applied as verl's quick order at the update
-                box["error"] = exc
-
-        th = threading.Thread(target=work, name="routepack-balance", daemon=True)
-        th.start()
-        trainer._routepack_pending = dict(thread=th, box=box, lens=lens_now, metrics=metrics, prefix=logging_prefix,
-                                          dp=dp_size, started=t0, start_s=time.perf_counter() - t0,
-                                          reorder_s=reorder_s, mode=self.mode)
-
-
-def _mask_lengths(batch) -> np.ndarray:
-    """Tokens per sample of a ``DataProto`` (its ``attention_mask``); a sample without any is an error."""
-    mask = batch.batch["attention_mask"]
-    lens_N = mask.reshape(int(mask.shape[0]), -1).sum(-1).cpu().numpy().astype(np.int64)
-    if (lens_N < 1).any():
-        raise InputError("a sample has no tokens (attention_mask all zero)")
-    return lens_N
-
-
-def _hook_counts(batch):
-    """The rollout hook's per-sample counts (``non_tensor_batch[COUNTS_KEY]``,
-    :func:`~routepack_opt.integrations.rollout_hook.install_verl_agent_loop_counts`), or None."""
-    ntb = getattr(batch, "non_tensor_batch", None)
-    return None if ntb is None else counts_from_non_tensor(ntb)
-
-
-def _parts(plans: list, dp_size: int) -> list:
-    """Rank d's chunk: its share of mini-batch 0, then of mini-batch 1, ... (micro-batch by micro-batch)."""
-    return [[i for plan in plans for mb in plan[d] for i in mb] for d in range(dp_size)]
-
-
-def _apply_step(batch, metrics, logging_prefix, sp: StepPlan, lens_N, dp_size: int, max_token_len: int,
-                columns: bool = True) -> float:
-    """Write the plan's columns and the placements, reorder the batch once, verl's balance metrics.
-    Returns the reorder's seconds (verl's own ``_balance_batch`` reorders the batch the same way)."""
-    torch = _deps.torch()
-    N = int(lens_N.size)
-    parts = _parts(sp.plans, dp_size)
-    perm = np.fromiter((j for part in parts for j in part), dtype=np.int64, count=N)
-    if columns:
-        for key, col in plan_columns(sp.plans, N, max_token_len).items():
-            batch.batch[key] = torch.from_numpy(col)
-        if any(p is not None for p in sp.placements):
-            batch.meta_info[PLACEMENTS_KEY] = list(sp.placements)
-    t = time.perf_counter()
-    batch.reorder(torch.from_numpy(perm))
-    reorder_s = time.perf_counter() - t
-    metrics.update(_deps.verl_log_seqlen_unbalance()(seqlen_list=lens_N.tolist(), partitions=parts,
-                                                     prefix=logging_prefix))
-    return reorder_s
-
-
-def _record_step(metrics, sp: StepPlan, t0: float, t_apply: float, N: int, red: int, quick,
-                 added_s: float | None = None, on_critical_path: bool = True) -> SeamRecord:
-    now = time.perf_counter()
-    wall = now - t0
-    rec = SeamRecord("verl.balance_batch", sp.rows, sp.rows_theirs, sp.ours_us, sp.theirs_us, wall,
-                     samples=N, quick=quick, import_s=sp.import_s, plan_s=sp.plan_s, apply_s=now - t_apply,
-                     budget_s=sp.budget_s, redundant_experts=red, added_s=wall if added_s is None else added_s,
-                     on_critical_path=on_critical_path)
-    metrics.update(_RECORDS.add(rec).metrics(prefix="routepack/balance"))
-    if quick:
-        logger.debug("routepack verl: quick path (%s)", quick)
-    return rec
-
-
-def _quick_step(lens_N, dp_size: int, size: int, options: BalanceOptions) -> StepPlan:
-    """The quick length-only plan of the overlap mode's first reorder (no routes, no search)."""
-    t = time.perf_counter()
-    topo = Topology(dp=dp_size, ep=1, capacity=int(options.max_token_len),
-                    min_rows=int(options.min_num_micro_batch or 1),
-                    row_multiple=int(options.num_batches_divided_by or 1), equal_samples_per_slot=True)
-    plans = []
-    for k in range(int(lens_N.size) // size):
-        idx = np.arange(k * size, (k + 1) * size)
-        lay = _quick_layout(lens_N[idx], topo)
-        if lay is None:
-            from routepack_opt.heuristics.frameworks import verl_layout
-
-            lay = Layout(*verl_layout(lens_N[idx], topo))
-        ev = Evaluator(length_only_window(lens_N[idx]), topo, DEFAULT_QUICK_COST)
-        plans.append(_run_order(ev, _ONE_EXPERT, lay, dp_size, int(idx[0])))
-    return StepPlan(plans, 0.0, 0.0, 0, 0, [], "overlap: quick order", 0.0, time.perf_counter() - t, None)
-
-
-DEFAULT_QUICK_COST = as_cost("qwen3-30b-a3b")
-
-
-def _apply_pending_before(method, max_token_len: int, red: int):
-    """``method`` (``_update_actor`` / ``_update_critic``) preceded by the overlap mode's apply."""
-
-    def wrapped(self, batch, *args, **kwargs):
-        pend = getattr(self, "_routepack_pending", None)
-        if pend is not None:
-            self._routepack_pending = None
-            t_wait = time.perf_counter()
-            pend["thread"].join()
-            wait_s = time.perf_counter() - t_wait
-            box = pend["box"]
-            mask = batch.batch["attention_mask"]
-            N = int(mask.shape[0])
-            lens_now = mask.reshape(N, -1).sum(-1).cpu().numpy().astype(np.int64)
-            if "error" in box or not np.array_equal(lens_now, pend["lens"]):
-                why = (f"{box['error'].__class__.__name__}: {box['error']}" if "error" in box
-                       else "the batch changed between _balance_batch and the update")
-                warn_once("verl", "overlap", f"the background plan is not applied ({why}); the quick order stays")
-            else:
-                sp = box["plan"]
-                t_apply = time.perf_counter()
-                deferred = pend["mode"] == "deferred"
-                reorder_s = _apply_step(batch, pend["metrics"] if deferred else {}, pend["prefix"], sp, lens_now,
-                                        pend["dp"], max_token_len)
-                # what the step waited for beyond verl's own call: _balance_batch, the wait and the
-                # apply, less the one reorder that stands for verl's own (the quick plan's when
-                # "balanced", whose second reorder is extra; the update's when "deferred")
-                added = (pend["start_s"] + wait_s + (time.perf_counter() - t_apply)
-                         - (reorder_s if deferred else pend["reorder_s"]))
-                _record_step(pend["metrics"], sp, pend["started"], t_apply, N, red, sp.quick, added_s=added,
-                             on_critical_path=False)
-                pend["metrics"]["routepack/balance/wait_ms"] = 1e3 * wait_s
-        return method(self, batch, *args, **kwargs)
-
-    wrapped.__routepack__ = True  # type: ignore[attr-defined]
-    wrapped.__wrapped__ = method  # type: ignore[attr-defined]
-    return wrapped
 
 
 # ROUTEPACK_VERL set while verl's plugins are off: say so where RoutePack is imported (the plugin
