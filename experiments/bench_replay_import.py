@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-import routepack_opt.integrations.replay as rp  # noqa: E402
+import routepack_opt.replay.importer as rp  # noqa: E402  (import_replay and the compiled pass it tries first)
 from routepack_opt.integrations import rollout_hook as hook  # noqa: E402
 
 OUT = ROOT / "experiments/results/bench_replay_import/bench_replay_import.json"
@@ -236,6 +236,7 @@ def bench_balance(args) -> dict:
     from verl import DataProto
 
     from routepack_opt.integrations import verl as rp_verl
+    from routepack_opt.integrations import verl_balance as rp_balance  # where plan_step reads the window
 
     N, L, K, E, D, CAP = 1024, 48, 8, 128, 8, 16384
     lens = gen_lengths(N, args.seed)
@@ -268,7 +269,7 @@ def bench_balance(args) -> dict:
             non[hook.COUNTS_KEY] = col
         return DataProto.from_dict(tensors=tensors, non_tensors=non or None)
 
-    original = rp_verl._global_window
+    original = rp_balance._global_window
 
     def from_counts(lens_N, td, num_experts, moe_layer_freq):  # the seam reading the hook's counts
         return hook.window_from_counts(from_counts.counts, lens_N, top_k=K)
@@ -280,11 +281,11 @@ def bench_balance(args) -> dict:
             data = batch(name.endswith("routes"), name.endswith("counts"))
             if name == "ours_counts":
                 from_counts.counts = hook.counts_from_non_tensor(data.non_tensor_batch)
-                rp_verl._global_window = from_counts
+                rp_balance._global_window = from_counts
             t0 = time.perf_counter()
             (Own if name.startswith("verl_own") else Ours)()._balance_batch(data, {})
             dt = time.perf_counter() - t0
-            rp_verl._global_window = original
+            rp_balance._global_window = original
             del data
             if c:
                 out[name].append(dt)

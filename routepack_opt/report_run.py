@@ -37,16 +37,10 @@ window is planned alone with the run's seed, and with ``max_sweeps`` (no time li
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import html
-import io
 import json
-import math
 import os
-import re
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -54,9 +48,17 @@ import numpy as np
 from routepack_opt.core import inputs
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.io import atomic_write_bytes, atomic_write_text
+from routepack_opt.core.io import atomic_write_text
 from routepack_opt.core.topology import Topology
 from routepack_opt.params import PlannerParams
+from routepack_opt.report_html import (  # summary.json and report.html, re-exported
+    SUMMARY,
+    _natural_key,
+    render_report,
+    run_summary,
+    summarize,
+    write_summary,
+)
 
 __all__ = ["ReportConfig", "list_windows", "load_step_window", "analyze_window", "append_step", "read_steps",
            "prepare_out_dir", "render_report", "summarize", "strip_timings", "check_dirs", "FORMATS",
@@ -65,7 +67,7 @@ __all__ = ["ReportConfig", "list_windows", "load_step_window", "analyze_window",
 FORMATS = ("window", "slime", "verl", "routes")
 _REPLAY_SUFFIXES = (".pt", ".pth", ".npy", ".npz", ".safetensors")
 PLACEMENTS = ("identity", "eplb")
-STEPS, REPORT, RUN, SUMMARY = "steps.jsonl", "report.html", "run.json", "summary.json"
+STEPS, REPORT, RUN = "steps.jsonl", "report.html", "run.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,10 +114,6 @@ class ReportConfig:
 # ---------------------------------------------------------------------------------------------
 # inputs
 # ---------------------------------------------------------------------------------------------
-
-
-def _natural_key(name: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def list_windows(run_dir, fmt: str = "window") -> list[Path]:
@@ -170,12 +168,12 @@ def schedule(items: list[tuple[str, int]], cfg: ReportConfig) -> list[tuple[str,
 
 def load_step_window(path, cfg: ReportConfig):
     """One step's window: :func:`~routepack_opt.core.window.load_window`, or
-    :func:`~routepack_opt.integrations.replay.import_replay` for the replay formats."""
+    :func:`~routepack_opt.replay.import_replay` for the replay formats."""
     if cfg.format == "window":
         from routepack_opt.core.window import load_window
 
         return load_window(path)
-    from routepack_opt.integrations.replay import import_replay
+    from routepack_opt.replay import import_replay
 
     assert cfg.num_experts is not None  # checked by ReportConfig
     return import_replay(str(path), format=cfg.format, num_experts=cfg.num_experts,
@@ -253,6 +251,79 @@ def _judge(ev, window, topology: Topology, placement, row, slot, rows: int, R_st
             "lower_bound": e.lower_bound, "gap": e.gap}
 
 
+def _plan_window(window, cfg: ReportConfig, t: dict):
+    """R* with its certificate (seeded by a packing independent of the machine's speed where one
+    is found), then the plan, the row count searched from R*; their seconds into ``t``. Returns
+    (R*, certificate, whether the seed packing is deterministic, plan)."""
+    from routepack_opt.pipeline import certified_rows, solve
+
+    topo = cfg.topology
+    t1 = time.perf_counter()
+    c = cfg.params.certify
+    R, full = certified_rows(window, topo, None, c.time_limit, c.method)
+    packing, deterministic = _seed_packing(window.lengths, topo.capacity, R * topo.dp, full.packing_N)
+    full = dataclasses.replace(full, packing_N=packing)
+    t["certify"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    # the row count is searched from the certified R* (issue 42): rows=None with its certificate
+    plan = solve(window, topo, cfg.cost, objective=cfg.objective, placement="lpt", rows=None, params=cfg.params,
+                 time_limit=cfg.time_limit, max_sweeps=cfg.max_sweeps, seed=cfg.seed, certificate=full)
+    t["plan"] = time.perf_counter() - t1
+    return R, full, deterministic, plan
+
+
+def _baseline_placements(window, topology: Topology, load_LE) -> dict:
+    """The expert placements the baselines run under: identity and EPLB (LPT), or with
+    replicas every placement with the same replica slots as our plan."""
+    from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement
+    from routepack_opt.pipeline import resolve_placement
+
+    if topology.redundant_experts:
+        return {k: resolve_placement(window, topology, k)[0] for k in PLACEMENTS}
+    return {"identity": identity_placement(window.num_layers, window.num_experts),
+            "eplb": lpt_placement(load_LE, topology.ep)}
+
+
+def _baseline_layouts(window, topology: Topology, R: int, full) -> tuple[dict[str, tuple], dict[str, str]]:
+    """Each framework's own packing (verl's KK also at R*, from the certificate's packing):
+    (layouts ``(row, slot, rows)`` by name, errors by name)."""
+    from routepack_opt.heuristics.baselines import BASELINES
+    from routepack_opt.heuristics.frameworks import FRAMEWORK_PACKERS
+    from routepack_opt.pipeline import SharedPacker
+
+    layouts: dict[str, tuple] = {}
+    errors: dict[str, str] = {}
+    try:
+        row, slot = BASELINES["verl-kk"](window.lengths, topology, R, exact_pack=SharedPacker(
+            window.lengths, topology.capacity, full.packing_N))
+        layouts["verl-kk@R*"] = (row, slot, R)
+    except Exception as exc:
+        errors["verl-kk@R*"] = f"{exc.__class__.__name__}: {exc}"
+    for pname, fn in FRAMEWORK_PACKERS.items():
+        try:
+            layouts[pname] = fn(window.lengths, topology)
+        except Exception as exc:  # e.g. verl needing more micro-batches than a rank has samples
+            errors[pname] = f"{exc.__class__.__name__}: {exc}"
+    return layouts, errors
+
+
+def _judge_baselines(ev, window, placements: dict, layouts: dict, errors: dict, R: int, objective: str,
+                     ours: float) -> dict[str, dict]:
+    """Every ``packer/placement`` baseline scored by the evaluator (or its packer's error), with
+    its saving against our makespan ``ours``."""
+    baselines: dict[str, dict] = {}
+    for plname, pl in placements.items():
+        for pname, (row, slot, rows) in layouts.items():
+            baselines[f"{pname}/{plname}"] = _judge(ev, window, ev.topology, pl, row, slot, rows, R, objective)
+    for pname, msg in errors.items():
+        for plname in placements:
+            baselines[f"{pname}/{plname}"] = {"error": msg}
+    for b in baselines.values():
+        if "makespan" in b:
+            b["saving"] = (b["makespan"] - ours) / b["makespan"]
+    return baselines
+
+
 def analyze_window(path, cfg: ReportConfig, step: int | None = None) -> dict:
     """The report's line for one window (module docstring). Never raises: a window that cannot
     be read or planned gives ``{"window", "step", "error"}``."""
@@ -271,10 +342,7 @@ def analyze_window(path, cfg: ReportConfig, step: int | None = None) -> dict:
 def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
     from routepack_opt.compare import plan_metrics
     from routepack_opt.core.evaluate import Evaluator
-    from routepack_opt.heuristics.baselines import BASELINES
-    from routepack_opt.heuristics.frameworks import FRAMEWORK_PACKERS
-    from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, rank_load_cv
-    from routepack_opt.pipeline import SharedPacker, certified_rows, resolve_placement, solve
+    from routepack_opt.heuristics.placement.lpt import rank_load_cv
     from routepack_opt.warmup import warm
 
     topo, cost, obj = cfg.topology, cfg.cost, cfg.objective
@@ -283,50 +351,15 @@ def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
     topo.check_experts(window.num_experts)
     t["load"] = time.perf_counter() - t0
     warm()  # numba kernels loaded (once per worker process) before the clock of the planning starts
-    t1 = time.perf_counter()
-    c = cfg.params.certify
-    R, full = certified_rows(window, topo, None, c.time_limit, c.method)
-    packing, deterministic = _seed_packing(window.lengths, topo.capacity, R * topo.dp, full.packing_N)
-    full = dataclasses.replace(full, packing_N=packing)
-    t["certify"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    # the row count is searched from the certified R* (issue 42): rows=None with its certificate
-    plan = solve(window, topo, cost, objective=obj, placement="lpt", rows=None, params=cfg.params,
-                 time_limit=cfg.time_limit, max_sweeps=cfg.max_sweeps, seed=cfg.seed, certificate=full)
-    t["plan"] = time.perf_counter() - t1
+    R, full, deterministic, plan = _plan_window(window, cfg, t)
     t1 = time.perf_counter()
     ev = Evaluator(window, topo, cost)
     m = plan_metrics(ev, plan, obj, t["plan"])
     load_LE = window.expert_loads()
-    if topo.redundant_experts:  # every placement with the same replica slots as our plan
-        placements = {k: resolve_placement(window, topo, k)[0] for k in PLACEMENTS}
-    else:
-        placements = {"identity": identity_placement(window.num_layers, window.num_experts),
-                      "eplb": lpt_placement(load_LE, topo.ep)}
-    layouts: dict[str, tuple] = {}
-    errors: dict[str, str] = {}
-    try:
-        row, slot = BASELINES["verl-kk"](window.lengths, topo, R, exact_pack=SharedPacker(
-            window.lengths, topo.capacity, full.packing_N))
-        layouts["verl-kk@R*"] = (row, slot, R)
-    except Exception as exc:
-        errors["verl-kk@R*"] = f"{exc.__class__.__name__}: {exc}"
-    for pname, fn in FRAMEWORK_PACKERS.items():
-        try:
-            layouts[pname] = fn(window.lengths, topo)
-        except Exception as exc:  # e.g. verl needing more micro-batches than a rank has samples
-            errors[pname] = f"{exc.__class__.__name__}: {exc}"
-    baselines: dict[str, dict] = {}
-    for plname, pl in placements.items():
-        for pname, (row, slot, rows) in layouts.items():
-            baselines[f"{pname}/{plname}"] = _judge(ev, window, topo, pl, row, slot, rows, R, obj)
-    for pname, msg in errors.items():
-        for plname in placements:
-            baselines[f"{pname}/{plname}"] = {"error": msg}
+    placements = _baseline_placements(window, topo, load_LE)
+    layouts, errors = _baseline_layouts(window, topo, R, full)
     ours = m["makespan"]
-    for b in baselines.values():
-        if "makespan" in b:
-            b["saving"] = (b["makespan"] - ours) / b["makespan"]
+    baselines = _judge_baselines(ev, window, placements, layouts, errors, R, obj, ours)
     keeping = {k: b for k, b in baselines.items() if "makespan" in b and b["cap_violations"] == 0}
     best = min(keeping, key=lambda k: (keeping[k]["makespan"], k)) if keeping else None
     t["baselines"] = time.perf_counter() - t1
@@ -483,228 +516,3 @@ def prepare_out_dir(out_dir, cfg: ReportConfig) -> None:
     else:
         atomic_write_text(run, json.dumps(fp, indent=1, sort_keys=True) + "\n")
     _trim_torn_tail(out / STEPS)
-
-
-# ---------------------------------------------------------------------------------------------
-# summary.json: the run's answer in seconds
-# ---------------------------------------------------------------------------------------------
-
-
-def _step_seconds(rec: dict) -> tuple[float, float]:
-    """(predicted seconds saved against the step's best cap-keeping baseline, measured planning
-    seconds: R* certification and the plan) of one step line; (0, planning) without a baseline."""
-    t = rec.get("timings", {})
-    planning = float(t.get("certify", 0.0)) + float(t.get("plan", 0.0))
-    best = rec.get("best_baseline")
-    if best is None or "error" in rec:
-        return 0.0, planning
-    b = rec["baselines"][best]
-    if b.get("cap_violations", 0):
-        raise InputError(f"{rec['window']}: best baseline {best} breaks the cap")
-    return (float(b["makespan"]) - float(rec["makespan"])) / 1e6, planning
-
-
-def run_summary(records: Iterable[dict], options: dict | None = None) -> dict:
-    """The run in seconds: ``windows``; ``seconds_saved`` (predicted, Σ over the steps of the best
-    cap-keeping baseline's makespan − ours); ``planning_seconds`` (measured: R* and the plan, per
-    window, summed); ``net_seconds_saved`` = the difference; ``options`` (every option of the
-    run); the percentages of :func:`summarize` beside them."""
-    recs = list(records)
-    saved = planning = 0.0
-    for r in recs:
-        a, b = _step_seconds(r)
-        saved += a
-        planning += b
-    s = summarize(recs)
-    return {"windows": s["windows"], "ok": s["ok"], "failed": s["failed"], "seconds_saved": saved,
-            "planning_seconds": planning, "net_seconds_saved": saved - planning,
-            "mean_saving": s["mean_saving"], "median_saving": s["median_saving"], "rows_saved": s["rows_saved"],
-            "options": dict(options or {})}
-
-
-def write_summary(out_dir, records: Iterable[dict], options: dict | None = None) -> Path:
-    """Write ``OUT_DIR/summary.json`` (:func:`run_summary`) atomically."""
-    from routepack_opt.core.plan import dumps_strict
-
-    path = Path(out_dir) / SUMMARY
-    atomic_write_text(path, dumps_strict(run_summary(records, options), indent=1, sort_keys=True) + "\n")
-    return path
-
-
-def _options_html(options: dict | None) -> str:
-    if not options:
-        return ""
-    esc = html.escape
-    cells = "".join(f"<tr><td>{esc(str(k))}</td><td>{esc(json.dumps(v, sort_keys=True, default=str))}</td></tr>"
-                    for k, v in options.items() if k != "params")
-    return f"<h2>Options</h2><table id=options><tr><th>option</th><th>value</th></tr>{cells}</table>"
-
-
-def _headline_html(records: list[dict], options: dict | None) -> str:
-    rs = run_summary(records, options)
-    red = (options or {}).get("redundant_experts")
-    return (f"<p class=headline>Net saving over the run: <b id=net-seconds>{rs['net_seconds_saved']:+,.2f} s</b> "
-            f"= {rs['seconds_saved']:,.2f} s predicted saved against each step's best cap-keeping baseline "
-            f"− {rs['planning_seconds']:,.2f} s of planning (measured), over {rs['windows']} windows"
-            + (f"; {red} redundant expert slots per layer" if red else "") + ".</p>")
-
-
-# ---------------------------------------------------------------------------------------------
-# report.html
-# ---------------------------------------------------------------------------------------------
-
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _fmt_pct(x) -> str:
-    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{100 * x:+.2f}%"
-
-
-def summarize(records: Iterable[dict]) -> dict:
-    """Aggregates shown in the report (and printed by the CLI)."""
-    ok = [r for r in records if "error" not in r]
-    sav = np.array([r["saving"] for r in ok if r.get("saving") is not None], dtype=np.float64)
-    names = sorted({k for r in ok for k in r["baselines"]})
-    per = {}
-    for n in names:
-        bs = [(r["baselines"][n], r) for r in ok if n in r["baselines"] and "makespan" in r["baselines"][n]]
-        if not bs:
-            continue
-        per[n] = {"windows": len(bs), "mean_saving": float(np.mean([b["saving"] for b, _ in bs])),
-                  "cap_violations": int(sum(b["cap_violations"] for b, _ in bs)),
-                  "windows_over_cap": int(sum(b["cap_violations"] > 0 for b, _ in bs)),
-                  "extra_rows": int(sum(b["extra_rows"] for b, _ in bs)),
-                  "mean_gap": float(np.mean([b["gap"] for b, _ in bs]))}
-    return {"windows": len(ok) + sum("error" in r for r in records), "ok": len(ok),
-            "failed": sum("error" in r for r in records),
-            "mean_saving": float(sav.mean()) if sav.size else None,
-            "median_saving": float(np.median(sav)) if sav.size else None,
-            "min_saving": float(sav.min()) if sav.size else None,
-            "max_saving": float(sav.max()) if sav.size else None,
-            "rows_saved": int(sum(r["rows_saved"] for r in ok if r.get("rows_saved") is not None)),
-            "mean_gap": float(np.mean([r["gap"] for r in ok])) if ok else None,
-            "baselines": per}
-
-
-def render_report(records: list[dict], path, *, title: str = "", windows: list[str] | None = None,
-                  options: dict | None = None) -> Path:
-    """Write the self-contained ``report.html`` (plots as base64 PNGs) for ``records``: the net
-    seconds first, then the options (``options``: :meth:`ReportConfig.options`), the plots and
-    the tables."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    order = {w: k for k, w in enumerate(windows or [])}
-    recs = sorted(records, key=lambda r: (order.get(r["window"], len(order)), _natural_key(r["window"])))
-    ok = [r for r in recs if "error" not in r]
-    s = summarize(recs)
-    figs = []
-    x = np.arange(len(ok))
-    if ok:
-        sav = np.array([np.nan if r.get("saving") is None else 100 * r["saving"] for r in ok])
-        fig, ax = plt.subplots(figsize=(10, 3.2))
-        ax.plot(x, sav, lw=1.2, color="tab:blue")
-        ax.axhline(0, color="k", lw=0.6)
-        ax.set(xlabel="step (window, in name order)", ylabel="saving %",
-               title="Saving per step over the best cap-keeping baseline")
-        figs.append(("Saving per step", _png(fig)))
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.hist(sav[np.isfinite(sav)], bins=min(40, max(5, len(ok) // 5)), color="tab:blue")
-        ax.set(xlabel="saving %", ylabel="windows", title="Distribution of the saving")
-        figs.append(("Distribution of the saving", _png(fig)))
-        packers = sorted({k.split("/")[0] for r in ok for k in r["baselines"]})
-        fig, ax = plt.subplots(figsize=(10, 3.2))
-        _rows_bars(ax, x, packers, ok)
-        figs.append(("Rows saved", _png(fig)))
-        names = sorted(s["baselines"])
-        fig, ax = plt.subplots(figsize=(10, 3.4))
-        vals = [s["baselines"][n]["cap_violations"] for n in names]
-        ax.bar(range(len(names)), vals, color="tab:red")
-        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-        ax.set(ylabel="micro-batches over the cap", title="Baselines' cap violations (all windows)")
-        for k, v in enumerate(vals):
-            ax.text(k, v, str(v), ha="center", va="bottom", fontsize=8)
-        figs.append(("Cap violations", _png(fig)))
-        fig, axs = plt.subplots(1, 2, figsize=(10, 3.2), sharey=True)
-        for ax, key, label in ((axs[0], "time_split", "RoutePack plan"),
-                               (axs[1], "time_split_best_baseline", "best cap-keeping baseline")):
-            rs = [r for r in ok if key in r]
-            xs = np.arange(len(rs))
-            a = np.array([r[key]["attention"] for r in rs]) / 1e3
-            e = np.array([r[key]["experts"] for r in rs]) / 1e3
-            o = np.array([r[key]["overhead"] for r in rs]) / 1e3
-            ax.stackplot(xs, a, e, o, labels=["attention", "experts", "overhead"],
-                         colors=["tab:orange", "tab:green", "tab:gray"])
-            ax.set(xlabel="step", title=f"Critical path: {label}")
-        axs[0].set_ylabel("ms")
-        axs[0].legend(fontsize=8, loc="lower left")
-        figs.append(("Where the time goes (attention vs experts)", _png(fig)))
-        fig, axs = plt.subplots(1, 2, figsize=(10, 3.2))
-        axs[0].plot(x, [r["gap"] for r in ok], lw=1)
-        axs[0].set(xlabel="step", ylabel="makespan / LB", title="Gap to the lower bound (RoutePack)")
-        for k in ("identity", "eplb", "routepack"):
-            axs[1].plot(x, [r["ep_imbalance"][k] for r in ok], lw=1, label=k)
-        axs[1].set(xlabel="step", ylabel="CV of EP-rank loads", title="EP-rank imbalance")
-        axs[1].legend(fontsize=8)
-        figs.append(("Gap and EP-rank imbalance", _png(fig)))
-    esc = html.escape
-    rows_html = "".join(
-        f"<tr><td>{esc(n)}</td><td>{b['windows']}</td><td>{_fmt_pct(b['mean_saving'])}</td>"
-        f"<td>{b['cap_violations']}</td><td>{b['windows_over_cap']}</td><td>{b['extra_rows']}</td>"
-        f"<td>{b['mean_gap']:.4f}</td></tr>" for n, b in sorted(s["baselines"].items()))
-    steps_html = "".join(
-        f"<tr><td>{esc(inputs.display_name(r['window']))}</td>" + (
-            f"<td colspan=6 class=err>{esc(r['error'])}</td>" if "error" in r else
-            f"<td>{r['rows']}</td><td>{r['makespan'] / 1e3:,.2f}</td><td>{r['lower_bound'] / 1e3:,.2f}</td>"
-            f"<td>{r['gap']:.4f}</td><td>{esc(str(r['best_baseline']))}</td><td>{_fmt_pct(r['saving'])}</td>")
-        + "</tr>" for r in recs)
-    summary = (f"<p>{s['windows']} windows, {s['ok']} planned, {s['failed']} failed. Saving over the best "
-               f"cap-keeping baseline: mean <b id=mean-saving>{_fmt_pct(s['mean_saving'])}</b>, median "
-               f"{_fmt_pct(s['median_saving'])}, min {_fmt_pct(s['min_saving'])}, max {_fmt_pct(s['max_saving'])}; "
-               f"rows saved in all: <b>{s['rows_saved']}</b>; mean gap to the lower bound "
-               f"{'–' if s['mean_gap'] is None else format(s['mean_gap'], '.4f')}.</p>")
-    imgs = "".join(f"<h2>{esc(t)}</h2><img alt='{esc(t)}' src='data:image/png;base64,{b}'>" for t, b in figs)
-    doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>RoutePack replay report</title>
-<style>body{{font-family:sans-serif;margin:1.5em;max-width:1100px}}table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}td:first-child{{text-align:left}}
-.err{{color:#b00;text-align:left}}img{{max-width:100%}}.headline{{font-size:20px}}</style></head><body>
-<h1>RoutePack replay report</h1>{_headline_html(recs, options)}<p>{esc(inputs.display_name(title))}</p>{summary}
-{_options_html(options)}
-<p>Saving = (best cap-keeping baseline − RoutePack) / best, every layout scored by RoutePack's one evaluator.
-Baselines: each framework's own packer at the rows it picks, under identity or EPLB placement
-(cap violations: micro-batches over the token cap; extra rows: rows − R*).</p>
-<h2>Baselines (all windows)</h2><table><tr><th>baseline</th><th>windows</th><th>mean saving vs it</th>
-<th>cap violations</th><th>windows over cap</th><th>extra rows</th><th>mean gap to LB</th></tr>{rows_html}</table>
-{imgs}
-<h2>Steps</h2><table><tr><th>window</th><th>rows R*</th><th>makespan ms</th><th>LB ms</th><th>gap</th>
-<th>best baseline</th><th>saving</th></tr>{steps_html}</table></body></html>
-"""
-    path = Path(path)
-    atomic_write_bytes(path, doc.encode("utf-8", "backslashreplace"))  # any name's bytes: still UTF-8
-    return path
-
-
-def _rows_bars(ax, x, packers: list[str], ok: list[dict]) -> None:
-    """Rows each framework uses beyond R* per step, as grouped bars (integer, mostly 0/1: a line
-    between steps would draw values that do not exist)."""
-    width = 0.8 / max(1, len(packers))
-    top = 0.0
-    for j, p in enumerate(packers):
-        key = f"{p}/identity"
-        ys = np.array([r["baselines"].get(key, {}).get("rows", np.nan) - r["rows"] for r in ok], dtype=np.float64)
-        ys = np.nan_to_num(ys)
-        top = max(top, float(ys.max(initial=0.0)))
-        ax.bar(x - 0.4 + (j + 0.5) * width, ys, width=width, label=p)
-    ax.set_ylim(top=max(1.0, top) * 1.4)  # room for the legend above the bars
-    ax.set(xlabel="step", ylabel="rows − R*", title="Rows saved: micro-batches each framework uses beyond R*")
-    ax.yaxis.get_major_locator().set_params(integer=True)
-    ax.legend(fontsize=8, ncol=3)

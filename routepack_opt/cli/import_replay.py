@@ -45,7 +45,7 @@ def _freq(value: str | None):
 
 def run(args) -> None:
     from routepack_opt.core.io import check_output_path
-    from routepack_opt.integrations.replay import import_replay, save_window_atomic
+    from routepack_opt.replay import import_replay, save_window_atomic
 
     if not args.output:
         raise InputError("-o: the output name is empty; give a file name such as w.npz")

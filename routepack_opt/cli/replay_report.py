@@ -83,7 +83,8 @@ def run(args) -> None:
                 continue
             with_replicas(cfg.topology, num_experts, cfg.cost, None, args.max_replica_bytes)
             break
-    from routepack_opt.integrations.ray import _check_reachable, run_report
+    from routepack_opt.integrations._ray_cluster import _check_reachable
+    from routepack_opt.integrations.ray import run_report
 
     if args.address is not None:
         _check_reachable(args.address)

@@ -10,14 +10,10 @@ from __future__ import annotations
 import functools
 
 from routepack_opt.core.deps import require
+from routepack_opt.replay._deps import torch  # one cached handle for the readers and the seams
 
 __all__ = ["torch", "torch_distributed", "safe_open", "verl_tensordict_utils",
            "verl_log_seqlen_unbalance", "verl_seqlen_balancing"]
-
-
-@functools.cache
-def torch():
-    return require("torch", "the trainer seams (routepack_opt.integrations)")
 
 
 @functools.cache

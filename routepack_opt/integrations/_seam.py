@@ -29,13 +29,15 @@ import logging
 import math
 import os
 import threading
+import time
 from collections import deque
 
 from routepack_opt.core.cost import CostModel, resolve_cost
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.objective import check_objective
 
-__all__ = ["FrameworkAssertionError", "SeamSettings", "seam_settings", "SeamRecord", "Recorder",
+__all__ = ["FrameworkAssertionError", "SeamSettings", "seam_settings", "SeamRecord", "Recorder", "CallBudget",
+           "import_skip",
            "warn_once", "UNSET", "DEFAULT_TIME_LIMIT", "SHARE_OF_STEP", "SHARE_OF_GAIN", "DEFAULT_THREADS",
            "DEFAULT_COST", "ENV_VARS"]
 
@@ -107,6 +109,50 @@ class SeamSettings:
         if not self.time_limit_is_default or self.time_limit is None or gain_us is None:
             return self.time_limit
         return min(self.time_limit, max(0.0, SHARE_OF_GAIN * gain_us / 1e6))
+
+    def call_budget(self, predicted_us: float | None = None, gain_us: float | None = None) -> float | None:
+        """One seam call's whole budget: :meth:`step_time_limit` of the framework layout's
+        predicted time, and with the default limit at most :meth:`gain_time_limit` of the
+        predicted gain where one is known (None: unbounded)."""
+        budget = self.step_time_limit(predicted_us)
+        if gain_us is not None and self.time_limit_is_default:
+            by_gain = self.gain_time_limit(gain_us)
+            budget = by_gain if budget is None else min(budget, by_gain)
+        return budget
+
+
+@dataclasses.dataclass(frozen=True)
+class CallBudget:
+    """One seam call's budget on ``time.perf_counter``'s clock: ``total_s`` from ``t0`` (None:
+    unbounded). Both seams spend it the same way: what is left goes to the search, and when a
+    search's share is under the seam's floor the quick path stands, unless ``max_sweeps`` asks
+    for a fixed search effort."""
+
+    settings: SeamSettings
+    t0: float
+    total_s: float | None
+
+    def left(self, reserve_s: float = 0.0, shares: int = 1) -> float | None:
+        """Seconds left for one of ``shares`` equal parts, ``reserve_s`` kept for what follows."""
+        if self.total_s is None:
+            return None
+        return (self.t0 + self.total_s - time.perf_counter() - reserve_s) / shares
+
+    def short(self, left: float | None, min_search_s: float) -> str | None:
+        """``"budget: N ms left"`` when ``left`` is under ``min_search_s`` (the quick path stands;
+        the seam adds what the budget was for), else None."""
+        if left is None or left >= min_search_s or self.settings.max_sweeps is not None:
+            return None
+        return f"budget: {max(left, 0.0) * 1e3:.0f} ms left"
+
+
+def import_skip(predicted_s: float, limit_s: float | None, over: str) -> str | None:
+    """Why a route import predicted at ``predicted_s`` is skipped (over ``limit_s``, which
+    ``over`` names; the step is then planned on lengths), else None."""
+    if limit_s is None or predicted_s <= limit_s:
+        return None
+    return (f"route import: predicted {predicted_s * 1e3:.0f} ms, over {over} ({limit_s * 1e3:.0f} ms); "
+            "planned on lengths")
 
 
 def _check_time_limit(value, where: str) -> float | None:

@@ -84,7 +84,6 @@ from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.placement import Placement
 from routepack_opt.core.topology import Topology
-from routepack_opt.heuristics.cells import kk_partition
 from routepack_opt.integrations._common import (
     clip_to_cap,
     length_only_window,
@@ -94,20 +93,22 @@ from routepack_opt.integrations._common import (
 )
 from routepack_opt.integrations._seam import (
     UNSET,
+    CallBudget,
     FrameworkAssertionError,
     Recorder,
     SeamRecord,
     SeamSettings,
+    import_skip,
     seam_settings,
     warn_once,
 )
-from routepack_opt.integrations.replay import import_replay, warm_import
+from routepack_opt.integrations._slime_layout import MULTIMODAL_SEPARATE, slime_layout, token_steps
+from routepack_opt.replay import import_replay, warm_import
 
 __all__ = ["build_dp_schedule", "plan_dp_schedule", "SlimeSchedule", "install", "last_records"]
 
 logger = logging.getLogger("routepack_opt.integrations")
 _RECORDS = Recorder()
-_MULTIMODAL_SEPARATE = ("separate", "separate_raw")
 _MIN_SEARCH_S = 0.002  # less than this left of a step's budget: the quick path
 
 
@@ -164,129 +165,130 @@ def _positive_int(name: str, v) -> int:
     return int(v)
 
 
-def _token_steps(rids: list, by_rollout: dict, lengths: list[int], budget: int, dp: int) -> list[list]:
-    """slime's token-budget steps (``args.global_batch_tokens``): from each start, the prefixes of
-    the remaining rollouts whose sample count is a positive multiple of ``dp`` are candidates;
-    the step ends at the first candidate reaching ``budget`` tokens, or at the candidate before it
-    when that one is strictly nearer the budget; without one reaching it, the step is all the rest.
-    A step whose sample count is not such a multiple ends the schedule (its rollouts are dropped)."""
-    if budget <= 0:
-        raise InputError(f"target_tokens must be positive, got {budget}")
-    n_R = np.array([len(by_rollout[r]) for r in rids], dtype=np.int64)
-    t_R = np.array([sum(lengths[i] for i in by_rollout[r]) for r in rids], dtype=np.int64)
-    steps, start, n = [], 0, len(rids)
-    while start < n:
-        cnt = np.cumsum(n_R[start:])
-        tok = np.cumsum(t_R[start:])
-        aligned = np.flatnonzero((cnt >= dp) & (cnt % dp == 0))
-        end = n  # exclusive
-        reach = aligned[tok[aligned] >= budget]
-        if reach.size:
-            c = int(reach[0])
-            before = aligned[aligned < c]
-            end = start + c + 1
-            if before.size and budget - tok[before[-1]] < tok[c] - budget:
-                end = start + int(before[-1]) + 1
-        count = int(n_R[start:end].sum())
-        if count < dp or count % dp:
-            break
-        steps.append(rids[start:end])
-        start = end
-    return steps
-
-
-def _first_fit(len_n: list[int], cap: int, mm: list[bool] | None = None, padded: bool = False) -> list[list[int]]:
-    """slime's first-fit: each sample into the first bin it fits (sum ≤ cap), else a new bin; an
-    oversize sample opens its own. With ``mm`` (multimodal flags) a bin holds one kind only, and
-    with ``padded`` a multimodal bin costs ``count · max length``."""
-    bins: list[list[int]] = []
-    tot: list[int] = []
-    peak: list[int] = []
-    kind: list[bool] = []
-    for i, x in enumerate(len_n):
-        m = bool(mm[i]) if mm is not None else False
-        for j in range(len(bins)):
-            if mm is not None and kind[j] != m:
-                continue
-            load = max(peak[j], x) * (len(bins[j]) + 1) if (m and padded) else tot[j] + x
-            if load <= cap:
-                bins[j].append(i)
-                tot[j] += x
-                peak[j] = max(peak[j], x)
-                break
-        else:
-            bins.append([i])
-            tot.append(x)
-            peak.append(x)
-            kind.append(m)
-    return bins
-
-
-def _split_to(bins: list[list[int]], target: int, len_n: list[int]) -> None:
-    """slime's alignment: split the bin with the most tokens (among those of ≥ 2 samples; ties
-    to the later bin) into two halves by LPT until there are ``target`` bins or none can split."""
-    while len(bins) < target:
-        cand = [(sum(len_n[i] for i in b), j) for j, b in enumerate(bins) if len(b) > 1]
-        if not cand:
-            return
-        _, j = max(cand)
-        halves: list[list[int]] = [[], []]
-        sums = [0, 0]
-        for i in sorted(bins[j], key=lambda i: -len_n[i]):
-            h = 0 if sums[0] <= sums[1] else 1
-            halves[h].append(i)
-            sums[h] += len_n[i]
-        bins[j] = halves[0]
-        bins.append(halves[1])
-
-
-def _deal(bins: list[list[int]], dp: int, weight_n=None) -> list[list[list[int]]]:
-    """Bins to ranks as slime does: round-robin (bin k → rank k mod dp), or with ``weight_n`` KK
-    over the bins' summed weights with equal counts; each rank's bins in index order. Returns
-    ``cells[r][d]``."""
-    K = len(bins)
-    if weight_n is None:
-        part_K = np.arange(K) % dp
-    else:
-        part_K = kk_partition([sum(weight_n[i] for i in b) for b in bins], dp, equal_size=True)
-    per_rank = [[bins[k] for k in range(K) if part_K[k] == d] for d in range(dp)]
-    R = K // dp
-    return [[list(per_rank[d][r]) for d in range(dp)] for r in range(R)]
-
-
-def _static_message(n: int, K: int, mbs: int, dp: int, group: int) -> str:
-    return (f"static path: num_mbs ({K}) is not a multiple of dp_size * mb_group ({dp * group}); got "
-            f"step_size={n}, micro_batch_size={mbs}, dp_size={dp}, mb_group={group}. Splitting static "
-            "mbs would break the fixed-size invariant; adjust the config so step_size % "
-            "(dp_size * micro_batch_size * mb_group) == 0.")
-
-
-def _slime_layout(step_len: list[int], *, dynamic: bool, cap: int, mbs: int, dp: int, group: int,
-                  weight_n=None, mm=None, mm_mode: str = "off") -> list[list[list[int]]] | None:
-    """slime's own layout of one step (``cells[r][d]``, local indices), or None where slime's
-    bin splitting cannot reach the aligned count (slime asserts there)."""
-    align = dp * group
-    n = len(step_len)
-    if dynamic:
-        use_mm = mm is not None and mm_mode in _MULTIMODAL_SEPARATE and any(mm)
-        bins = _first_fit(step_len, cap, mm if use_mm else None, padded=mm_mode == "separate")
-        target = max(-(-len(bins) // align) * align, align)
-        _split_to(bins, target, step_len)
-        if len(bins) != target:
-            return None
-    else:
-        bins = [list(range(i, min(i + mbs, n))) for i in range(0, n, mbs)]
-        if len(bins) % align:
-            raise FrameworkAssertionError(_static_message(n, len(bins), mbs, dp, group))
-    return _deal(bins, dp, weight_n)
-
-
 # the last route import's seconds per token in this process (the default budget's import check)
 _IMPORT_RATE: dict[str, float] = {}
 
 
-def _skip_import(settings: SeamSettings, routed_experts, step_len: list[int], dynamic: bool, cap: int, mbs: int,
-                 dp: int, group: int) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """One call's inputs as :func:`plan_dp_schedule` received them (checked by :func:`_read_shape`)."""
+
+    args: Any
+    train_parallel_config: dict
+    total_lengths: Any
+    global_batch_size: Any
+    rollout_indices: Any
+    routed_experts: Any
+    num_experts: int | None
+    ep_size: int | None
+    moe_layer_freq: Any
+    sample_is_multimodal: Any
+    placement: Any
+    settings: SeamSettings
+    redundant: int = 0
+    on_critical_path: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """The call's packing rules, read from slime's ``args`` and parallel config and checked."""
+
+    dp: int
+    group: int  # micro-batches per rank are a multiple of it (mb_group with VPP, else 1)
+    dynamic: bool
+    cap: int  # a micro-batch's token cap (the static path has none: all the call's tokens)
+    mbs: int  # samples per micro-batch on the static path (0: dynamic)
+    mm_mode: str
+    lengths: list[int]
+    rollout_indices: list
+    token_budget: int | None  # args.global_batch_tokens (token-budget steps), else None
+    global_batch_size: int | None
+    num_experts: int | None
+    ep: int
+
+
+def _packing_rules(args, cp_size: int, lengths: list[int]) -> tuple[bool, int, int]:
+    """(dynamic, cap, micro_batch_size) of slime's two paths, with slime's assertions."""
+    dynamic = bool(getattr(args, "use_dynamic_batch_size", False))
+    if dynamic:
+        if getattr(args, "max_tokens_per_gpu", None) is None:
+            raise FrameworkAssertionError("args.max_tokens_per_gpu is required with use_dynamic_batch_size")
+        margin = getattr(args, "packing_safety_margin", None)
+        margin = 1.0 if margin is None else margin
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin > 0:
+            raise InputError(f"args.packing_safety_margin must be a positive number, got {margin!r}")
+        return True, max(1, int(int(args.max_tokens_per_gpu) * cp_size * margin)), 0
+    mbs = getattr(args, "micro_batch_size", None)
+    if mbs is None:
+        raise FrameworkAssertionError("args.micro_batch_size is required without use_dynamic_batch_size")
+    return False, sum(lengths), _positive_int("args.micro_batch_size", mbs)  # the static path has no token cap
+
+
+def _expert_args(req: _Request, n: int) -> tuple[int | None, int]:
+    """(num_experts, ep) for the routes; (given num_experts, 1) without them."""
+    if req.routed_experts is None:
+        return req.num_experts, 1
+    if len(req.routed_experts) != n:
+        raise InputError(f"routed_experts: {len(req.routed_experts)} samples for {n} lengths")
+    num_experts = req.num_experts if req.num_experts is not None else getattr(req.args, "num_experts", None)
+    if num_experts is None:
+        raise InputError("routed_experts needs num_experts (or args.num_experts)")
+    ep_size = req.ep_size if req.ep_size is not None else (getattr(req.args, "expert_model_parallel_size", None) or 1)
+    return num_experts, int(ep_size)
+
+
+def _read_shape(req: _Request) -> _Shape:
+    """The call's inputs checked in slime's order (its assertions with its messages)."""
+    dp_size, cp_size, vpp_size, mb_group = _cfg(req.train_parallel_config)
+    lengths = [int(x) for x in req.total_lengths]
+    rollout_indices = list(req.rollout_indices)
+    if len(rollout_indices) != len(lengths):
+        raise InputError(f"rollout_indices: {len(rollout_indices)} entries for {len(lengths)} samples")
+    if any(n < 1 for n in lengths):
+        raise InputError("total_lengths: every sample needs at least 1 token")
+    mm = req.sample_is_multimodal
+    if mm is not None and len(mm) != len(lengths):
+        raise FrameworkAssertionError(f"sample_is_multimodal length {len(mm)} does not match "
+                                      f"total_lengths length {len(lengths)}")
+    mm_mode = str(getattr(req.args, "multimodal_aware_packing", "off") or "off")
+    dynamic, cap, mbs = _packing_rules(req.args, cp_size, lengths)
+    token_budget = getattr(req.args, "global_batch_tokens", None)
+    global_batch_size = req.global_batch_size
+    if token_budget is None:
+        global_batch_size = _positive_int("global_batch_size", global_batch_size)
+    elif isinstance(token_budget, bool) or not isinstance(token_budget, (int, np.integer)):
+        raise InputError(f"args.global_batch_tokens must be an integer number of tokens, got {token_budget!r}")
+    num_experts, ep = _expert_args(req, len(lengths))
+    return _Shape(dp_size, mb_group if vpp_size > 1 else 1, dynamic, cap, mbs, mm_mode, lengths, rollout_indices,
+                  None if token_budget is None else int(token_budget), global_batch_size, num_experts, ep)
+
+
+def _steps(shape: _Shape) -> tuple[list[list], dict[Any, list[int]], list[int]]:
+    """(steps of rollout ids, each rollout's samples, the samples of trailing rollouts dropped):
+    a rollout's samples together, in first-occurrence order."""
+    by_rollout: dict[Any, list[int]] = {}
+    for pos, rid in enumerate(shape.rollout_indices):
+        by_rollout.setdefault(rid, []).append(pos)
+    rids = list(by_rollout)
+    if shape.token_budget is not None:
+        steps = token_steps(rids, by_rollout, shape.lengths, shape.token_budget, shape.dp)
+        if not steps:
+            raise FrameworkAssertionError(
+                f"num_rollouts ({len(rids)}) cannot form a token-based global batch with dp_size "
+                f"{shape.dp} and global_batch_tokens {shape.token_budget}")
+    else:
+        gbs = shape.global_batch_size
+        num_steps = len(rids) // gbs
+        if num_steps < 1:
+            raise FrameworkAssertionError(f"num_rollouts ({len(rids)}) < global_batch_size ({gbs}); "
+                                          "need at least one rollout per step.")
+        steps = [rids[s * gbs:(s + 1) * gbs] for s in range(num_steps)]
+    kept = {rid for step in steps for rid in step}
+    dropped = [pos for rid in rids if rid not in kept for pos in by_rollout[rid]]
+    return steps, by_rollout, dropped
+
+
+def _skip_import(settings: SeamSettings, routed_experts, step_len: list[int], shape: _Shape) -> str | None:
     """Why this step's route import is skipped (predicted, from the last import's rate, to cost
     more than the step's whole budget: the set one, or the default one, so planning could not pay
     for it), else None. The step is then planned on lengths. Never with ``max_sweeps`` set."""
@@ -295,23 +297,18 @@ def _skip_import(settings: SeamSettings, routed_experts, step_len: list[int], dy
         return None  # max_sweeps: a fixed search effort asked for, the routes always used
     predicted = rate * sum(step_len)
     if not settings.time_limit_is_default:  # a set budget: skip an import predicted to overrun it
-        if predicted <= settings.time_limit:
-            return None
-        return (f"route import: predicted {predicted * 1e3:.0f} ms, over the step's budget "
-                f"({settings.time_limit * 1e3:.0f} ms); planned on lengths")
+        return import_skip(predicted, settings.time_limit, "the step's budget")
     try:
-        theirs = _slime_layout(step_len, dynamic=dynamic, cap=cap, mbs=mbs, dp=dp, group=group)
+        theirs = slime_layout(step_len, dynamic=shape.dynamic, cap=shape.cap, mbs=shape.mbs, dp=shape.dp,
+                              group=shape.group)
     except InputError:
         return None
     if theirs is None:
         return None
-    lw, _ = clip_to_cap(length_only_window(step_len), cap)
-    budget = settings.step_time_limit(score_cells(lw, Topology(dp=dp, ep=1, capacity=cap, row_multiple=group),
-                                                  settings.cost, theirs, settings.objective))
-    if budget is None or predicted <= budget:
-        return None
-    return (f"route import: predicted {predicted * 1e3:.0f} ms, over the step's budget ({budget * 1e3:.0f} ms); "
-            "planned on lengths")
+    lw, _ = clip_to_cap(length_only_window(step_len), shape.cap)
+    topo = Topology(dp=shape.dp, ep=1, capacity=shape.cap, row_multiple=shape.group)
+    return import_skip(predicted, settings.step_time_limit(score_cells(lw, topo, settings.cost, theirs,
+                                                                       settings.objective)), "the step's budget")
 
 
 def _sample_cost(window, cost) -> np.ndarray:
@@ -357,212 +354,204 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
         if threads is not UNSET:
             kw["threads"] = threads
         settings = seam_settings("slime", cost=cost, objective=objective, max_sweeps=max_sweeps, seed=seed, **kw)
+    req = _Request(args, train_parallel_config, total_lengths, global_batch_size, rollout_indices, routed_experts,
+                   num_experts, ep_size, moe_layer_freq, sample_is_multimodal, placement, settings,
+                   int(redundant_experts), bool(on_critical_path))
     with settings.planner_threads():
-        return _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout_indices,
-                     routed_experts, num_experts, ep_size, moe_layer_freq, sample_is_multimodal, placement,
-                     settings, on_record, int(redundant_experts), bool(on_critical_path))
+        return _plan(req, on_record)
 
 
-def _plan(args, train_parallel_config, total_lengths, global_batch_size, rollout_indices, routed_experts,
-          num_experts, ep_size, moe_layer_freq, sample_is_multimodal, placement, settings: SeamSettings,
-          on_record, redundant: int = 0, on_critical_path: bool = True) -> SlimeSchedule:
+@dataclasses.dataclass
+class _Step:
+    """One step as it is planned: its samples, the window read for it, slime's layout and its
+    score, the cells chosen and why (the seam's record is built from these)."""
+
+    index: int
+    idx: list[int]  # the step's samples (positions in the call)
+    lengths: list[int]
+    t0: float
+    skip: str | None = None  # why the route import was skipped (the step planned on lengths)
+    window: Any = None
+    import_s: float = 0.0
+    ep: int = 1
+    redundant: int = 0
+    mm: list[bool] | None = None
+    weight_n: Any = None
+    theirs: list | None = None  # slime's own layout, cells[r][d]
+    theirs_us: float | None = None
+    theirs_s: float = 0.0
+    plan_window: Any = None
+    clipped: Any = ()
+    topo: Topology | None = None
+    topo_theirs: Topology | None = None  # slime's: no replicas
+    cells: list | None = None
+    pc: Any = None
+    fallback: str | None = None
+    quick: str | None = None
+    budget: float | None = None
+
+
+def _plan(req: _Request, on_record) -> SlimeSchedule:
     from routepack_opt.warmup import warm
 
     warm()  # numba's kernels compiled or loaded once per process, before any step's clock starts
-    if routed_experts is not None and num_experts is not None and len(routed_experts):
+    if req.routed_experts is not None and req.num_experts is not None and len(req.routed_experts):
         # the import's pass for these routes' dtype, off the clock (and off the measured import rate)
-        warm_import([routed_experts[0]], format="slime", num_experts=num_experts, lengths=[int(total_lengths[0])],
-                    moe_layer_freq=moe_layer_freq)
+        warm_import([req.routed_experts[0]], format="slime", num_experts=req.num_experts,
+                    lengths=[int(req.total_lengths[0])], moe_layer_freq=req.moe_layer_freq)
     t_call = time.perf_counter()
-    dp_size, cp_size, vpp_size, mb_group = _cfg(train_parallel_config)
-    dynamic = bool(getattr(args, "use_dynamic_batch_size", False))
-    lengths = [int(x) for x in total_lengths]
-    rollout_indices = list(rollout_indices)
-    if len(rollout_indices) != len(lengths):
-        raise InputError(f"rollout_indices: {len(rollout_indices)} entries for {len(lengths)} samples")
-    if any(n < 1 for n in lengths):
-        raise InputError("total_lengths: every sample needs at least 1 token")
-    if sample_is_multimodal is not None and len(sample_is_multimodal) != len(lengths):
-        raise FrameworkAssertionError(f"sample_is_multimodal length {len(sample_is_multimodal)} does not match "
-                                      f"total_lengths length {len(lengths)}")
-    mm_mode = str(getattr(args, "multimodal_aware_packing", "off") or "off")
-    if dynamic:
-        if getattr(args, "max_tokens_per_gpu", None) is None:
-            raise FrameworkAssertionError("args.max_tokens_per_gpu is required with use_dynamic_batch_size")
-        margin = getattr(args, "packing_safety_margin", None)
-        margin = 1.0 if margin is None else margin
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin > 0:
-            raise InputError(f"args.packing_safety_margin must be a positive number, got {margin!r}")
-        cap = max(1, int(int(args.max_tokens_per_gpu) * cp_size * margin))
-        mbs = 0
-    else:
-        mbs = getattr(args, "micro_batch_size", None)
-        if mbs is None:
-            raise FrameworkAssertionError("args.micro_batch_size is required without use_dynamic_batch_size")
-        mbs = _positive_int("args.micro_batch_size", mbs)
-        cap = sum(lengths)  # the static path has no token cap
-    budget = getattr(args, "global_batch_tokens", None)
-    if budget is None:
-        global_batch_size = _positive_int("global_batch_size", global_batch_size)
-    elif isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
-        raise InputError(f"args.global_batch_tokens must be an integer number of tokens, got {budget!r}")
-    if routed_experts is not None:
-        if len(routed_experts) != len(lengths):
-            raise InputError(f"routed_experts: {len(routed_experts)} samples for {len(lengths)} lengths")
-        num_experts = num_experts if num_experts is not None else getattr(args, "num_experts", None)
-        if num_experts is None:
-            raise InputError("routed_experts needs num_experts (or args.num_experts)")
-        ep = int(ep_size if ep_size is not None else (getattr(args, "expert_model_parallel_size", None) or 1))
-    else:
-        ep = 1
-
-    # Steps of rollouts, a rollout's samples together (first-occurrence order).
-    by_rollout: dict[Any, list[int]] = {}
-    for pos, rid in enumerate(rollout_indices):
-        by_rollout.setdefault(rid, []).append(pos)
-    rids = list(by_rollout)
-    if budget is not None:
-        steps = _token_steps(rids, by_rollout, lengths, int(budget), dp_size)
-        if not steps:
-            raise FrameworkAssertionError(
-                f"num_rollouts ({len(rids)}) cannot form a token-based global batch with dp_size "
-                f"{dp_size} and global_batch_tokens {budget}")
-    else:
-        num_steps = len(rids) // global_batch_size
-        if num_steps < 1:
-            raise FrameworkAssertionError(f"num_rollouts ({len(rids)}) < global_batch_size ({global_batch_size}); "
-                                          "need at least one rollout per step.")
-        steps = [rids[s * global_batch_size:(s + 1) * global_batch_size] for s in range(num_steps)]
-    kept = {rid for step in steps for rid in step}
-    dropped = [pos for rid in rids if rid not in kept for pos in by_rollout[rid]]
-
-    group = mb_group if vpp_size > 1 else 1
-    partitions: list[list[int]] = [[] for _ in range(dp_size)]
-    mbi: list[list[list[int]]] = [[] for _ in range(dp_size)]
-    nmb: list[int] = []
-    gbs: list[int] = []
-    maps: list[np.ndarray | None] = []
-    placements: list[Placement | None] = []
-    reports: list[dict] = []
-    records: list[SeamRecord] = []
+    shape = _read_shape(req)
+    steps, by_rollout, dropped = _steps(shape)
+    out = SlimeSchedule([[] for _ in range(shape.dp)], [[] for _ in range(shape.dp)], [], [], [], [], dropped)
     for s, step_rids in enumerate(steps):
-        t0 = time.perf_counter()
-        budget = None
-        idx = [pos for rid in step_rids for pos in by_rollout[rid]]
-        if len(idx) < dp_size:
-            raise FrameworkAssertionError(f"step {s}: {len(idx)} samples < dp_size {dp_size}; each step needs "
-                                          "at least one sample per rank.")
-        step_len = [lengths[i] for i in idx]
-        skip = _skip_import(settings, routed_experts, step_len, dynamic, cap, mbs, dp_size, group)
-        step_ep, step_red = (ep, redundant) if skip is None else (1, 0)
-        quick = skip
-        if routed_experts is not None and skip is None:
-            t_imp = time.perf_counter()
-            window = import_replay([routed_experts[i] for i in idx], format="slime",
-                                   num_experts=num_experts, lengths=step_len,
-                                   moe_layer_freq=moe_layer_freq).window
-            _IMPORT_RATE["s_per_token"] = (time.perf_counter() - t_imp) / max(1, sum(step_len))
-        else:
-            window = length_only_window(step_len)
-        import_s = time.perf_counter() - t0
-        step_mm = None if sample_is_multimodal is None else [bool(sample_is_multimodal[i]) for i in idx]
-        weight_n = _sample_cost(window, settings.cost) if getattr(args, "balance_data", False) else None
-        # slime's own layout of the step (raises slime's assertion on a static count that does not divide)
-        t_ref = time.perf_counter()
-        theirs = _slime_layout(step_len, dynamic=dynamic, cap=cap, mbs=mbs, dp=dp_size, group=group,
-                               weight_n=weight_n, mm=step_mm, mm_mode=mm_mode)
-        theirs_s = time.perf_counter() - t_ref
-        plan_window, clipped = clip_to_cap(window, cap)
-        topo = Topology(dp=dp_size, ep=step_ep, capacity=cap, row_multiple=group, redundant_experts=step_red)
-        topo_theirs = Topology(dp=dp_size, ep=step_ep, capacity=cap, row_multiple=group)  # slime: no replicas
-        if step_red:
-            topo.check_experts(window.num_experts)
-        t_ref = time.perf_counter()
-        theirs_us = None if theirs is None else score_cells(plan_window, topo_theirs, settings.cost, theirs,
-                                                            settings.objective)
-        theirs_s += time.perf_counter() - t_ref
-        fallback = None
-        if dynamic and step_mm is not None and mm_mode in _MULTIMODAL_SEPARATE and any(step_mm):
-            fallback = (f"multimodal_aware_packing={mm_mode!r} with multimodal samples: slime's own "
-                        "layout (RoutePack does not model the padded multimodal cost)")
-            warn_once("slime", "multimodal", fallback)
-            if theirs is None:
-                raise FrameworkAssertionError(f"dynamic path: could not split step {s}'s {len(idx)} samples "
-                                              f"into a multiple of {dp_size * group} micro-batches")
-            cells, pc = theirs, None
-        elif not dynamic and mbs == 1 and dp_size == 1:
-            cells, pc = theirs, None  # one sample per micro-batch on one rank: nothing to decide
-        else:
-            # one budget per step, from the step's start: import, slime's layout and its score,
-            # the search; what is left goes to the search, and under _MIN_SEARCH_S the quick path
-            # (slime's own layout) stands, unless max_sweeps asks for a fixed search effort
-            budget = settings.step_time_limit(theirs_us)
-            if settings.time_limit_is_default and theirs is not None and theirs_us is not None:
-                # and at most SHARE_OF_GAIN of what the step can gain over slime's layout (to the
-                # placement-free lower bound at slime's count)
-                lb = Evaluator(plan_window, topo_theirs, settings.cost).placement_free_lower_bound(len(theirs))
-                gain_budget = settings.gain_time_limit(max(0.0, theirs_us - lb))
-                budget = gain_budget if budget is None else min(budget, gain_budget)
-            left = None if budget is None else budget - (time.perf_counter() - t0)
-            opts = dict(objective=settings.objective, placement=placement,
-                        time_limit=None if left is None else max(left, 1e-3),
-                        max_sweeps=settings.max_sweeps, seed=settings.seed)
-            if left is not None and left < _MIN_SEARCH_S and theirs is not None and settings.max_sweeps is None:
-                quick = (f"budget: {max(left, 0.0) * 1e3:.0f} ms left of {budget:.3f} s for the step "
-                         f"(import {import_s * 1e3:.0f} ms); slime's own layout")
-        if quick is not None and quick.startswith("budget"):
-            cells, pc = theirs, None
-        elif not (dynamic and step_mm is not None and mm_mode in _MULTIMODAL_SEPARATE and any(step_mm)) \
-                and not (not dynamic and mbs == 1 and dp_size == 1):
-            try:
-                if dynamic:
-                    pc = plan_cells(plan_window, topo, settings.cost, **opts)
-                else:
-                    seeds = [theirs]
-                    if weight_n is None:
-                        seeds.append(_slime_layout(step_len, dynamic=False, cap=cap, mbs=mbs, dp=dp_size,
-                                                   group=group, weight_n=_sample_cost(window, settings.cost)))
-                    pc = plan_fixed_cells(plan_window, topo, settings.cost, seeds, **opts)
-                cells = pc.cells
-            except InfeasibleError as exc:
-                raise FrameworkAssertionError(f"dynamic path: step {s} has {len(idx)} samples, too few for "
-                                              f"a multiple of {dp_size * group} micro-batches ({exc})") from None
-            except Exception as exc:  # never break slime: its own layout for this step
-                if theirs is None:
-                    raise
-                fallback = f"planning failed ({exc.__class__.__name__}: {exc}); slime's own layout"
-                warn_once("slime", "plan", fallback)
-                cells, pc = theirs, None
-        t_apply = time.perf_counter()
-        rows = len(cells)
-        for d in range(dp_size):
-            for r in range(rows):
-                cell = cells[r][d]
-                start = len(partitions[d])
-                partitions[d].extend(idx[i] for i in cell)
-                mbi[d].append(list(range(start, start + len(cell))))
-        nmb.append(rows)
-        gbs.append(len(step_rids))
-        maps.append(pc.logical_to_physical.copy() if (pc is not None and routed_experts is not None
-                                                      and skip is None) else None)
-        placements.append(pc.plan.replicas if (pc is not None and step_red) else None)
-        rep = dict(pc.report) if pc is not None else {"fallback": fallback or "slime's layout"}
-        rep["oversize_samples"] = [idx[i] for i in clipped]
-        reports.append(rep)
-        ours_us = (float(pc.plan.score["makespan"]) if pc is not None
-                   else score_cells(plan_window, topo_theirs, settings.cost, cells, settings.objective))
-        now = time.perf_counter()
-        # slime's own layout is timed inside the step (theirs_s) and left out of ours, as before
-        planning_s = now - t0 - theirs_s
-        rec = SeamRecord("slime", rows, None if theirs is None else len(theirs), ours_us, theirs_us,
-                         planning_s, theirs_s, samples=len(idx), fallback=fallback, step=s,
-                         on_critical_path=on_critical_path, import_s=import_s,
-                         plan_s=t_apply - t0 - import_s - theirs_s, apply_s=now - t_apply, budget_s=budget,
-                         quick=quick, redundant_experts=step_red)
-        records.append(_RECORDS.add(rec, on_record))
-    _LAST_CALL[:] = records
+        st = _Step(s, [pos for rid in step_rids for pos in by_rollout[rid]], [], time.perf_counter())
+        if len(st.idx) < shape.dp:
+            raise FrameworkAssertionError(f"step {s}: {len(st.idx)} samples < dp_size {shape.dp}; each step "
+                                          "needs at least one sample per rank.")
+        st.lengths = [shape.lengths[i] for i in st.idx]
+        _read_step(req, shape, st)
+        _score_theirs(req, shape, st)
+        _choose_cells(req, shape, st)
+        out.records.append(_RECORDS.add(_add_step(out, req, shape, st, len(step_rids)), on_record))
+    _LAST_CALL[:] = out.records
     logger.debug("routepack slime: %d steps planned in %.3f s", len(steps), time.perf_counter() - t_call)
-    return SlimeSchedule(partitions, mbi, nmb, gbs, maps, reports, dropped, records, placements)
+    return out
+
+
+def _read_step(req: _Request, shape: _Shape, st: _Step) -> None:
+    """The step's window: its routes imported (the import's rate kept for the next step's
+    check), or its lengths alone where there are none or the import is skipped."""
+    st.skip = _skip_import(req.settings, req.routed_experts, st.lengths, shape)
+    st.ep, st.redundant = (shape.ep, req.redundant) if st.skip is None else (1, 0)
+    st.quick = st.skip
+    if req.routed_experts is not None and st.skip is None:
+        t_imp = time.perf_counter()
+        st.window = import_replay([req.routed_experts[i] for i in st.idx], format="slime",
+                                  num_experts=shape.num_experts, lengths=st.lengths,
+                                  moe_layer_freq=req.moe_layer_freq).window
+        _IMPORT_RATE["s_per_token"] = (time.perf_counter() - t_imp) / max(1, sum(st.lengths))
+    else:
+        st.window = length_only_window(st.lengths)
+    st.import_s = time.perf_counter() - st.t0
+    mm = req.sample_is_multimodal
+    st.mm = None if mm is None else [bool(mm[i]) for i in st.idx]
+    st.weight_n = _sample_cost(st.window, req.settings.cost) if getattr(req.args, "balance_data", False) else None
+
+
+def _score_theirs(req: _Request, shape: _Shape, st: _Step) -> None:
+    """slime's own layout of the step (raises slime's assertion on a static count that does not
+    divide) and its score by the evaluator, timed (``theirs_s``, left out of our planning time)."""
+    t_ref = time.perf_counter()
+    st.theirs = slime_layout(st.lengths, dynamic=shape.dynamic, cap=shape.cap, mbs=shape.mbs, dp=shape.dp,
+                             group=shape.group, weight_n=st.weight_n, mm=st.mm, mm_mode=shape.mm_mode)
+    st.theirs_s = time.perf_counter() - t_ref
+    st.plan_window, st.clipped = clip_to_cap(st.window, shape.cap)
+    st.topo = Topology(dp=shape.dp, ep=st.ep, capacity=shape.cap, row_multiple=shape.group,
+                       redundant_experts=st.redundant)
+    st.topo_theirs = Topology(dp=shape.dp, ep=st.ep, capacity=shape.cap, row_multiple=shape.group)
+    if st.redundant:
+        st.topo.check_experts(st.window.num_experts)
+    t_ref = time.perf_counter()
+    st.theirs_us = None if st.theirs is None else score_cells(st.plan_window, st.topo_theirs, req.settings.cost,
+                                                              st.theirs, req.settings.objective)
+    st.theirs_s += time.perf_counter() - t_ref
+
+
+def _choose_cells(req: _Request, shape: _Shape, st: _Step) -> None:
+    """Ours, or slime's own layout where ours does not apply (multimodal samples packed apart,
+    one sample per micro-batch on one rank), the budget is spent, or the search fails."""
+    if shape.dynamic and st.mm is not None and shape.mm_mode in MULTIMODAL_SEPARATE and any(st.mm):
+        st.fallback = (f"multimodal_aware_packing={shape.mm_mode!r} with multimodal samples: slime's own "
+                       "layout (RoutePack does not model the padded multimodal cost)")
+        warn_once("slime", "multimodal", st.fallback)
+        if st.theirs is None:
+            raise FrameworkAssertionError(f"dynamic path: could not split step {st.index}'s {len(st.idx)} samples "
+                                          f"into a multiple of {shape.dp * shape.group} micro-batches")
+        st.cells = st.theirs
+    elif not shape.dynamic and shape.mbs == 1 and shape.dp == 1:
+        st.cells = st.theirs  # one sample per micro-batch on one rank: nothing to decide
+    else:
+        left = _spend_budget(req.settings, st)
+        if st.quick is not None and st.quick.startswith("budget"):
+            st.cells = st.theirs
+        else:
+            _search(req, shape, st, None if left is None else max(left, 1e-3))
+
+
+def _spend_budget(settings: SeamSettings, st: _Step) -> float | None:
+    """One budget per step, from the step's start (import, slime's layout and its score, the
+    search): with the default limit at most SHARE_OF_GAIN of what the step can gain over slime's
+    layout (to the placement-free lower bound at slime's count). Returns what is left for the
+    search; under _MIN_SEARCH_S slime's own layout stands (``quick``)."""
+    gain_us = None
+    if settings.time_limit_is_default and st.theirs is not None and st.theirs_us is not None:
+        lb = Evaluator(st.plan_window, st.topo_theirs, settings.cost).placement_free_lower_bound(len(st.theirs))
+        gain_us = max(0.0, st.theirs_us - lb)
+    budget = CallBudget(settings, st.t0, settings.call_budget(st.theirs_us, gain_us))
+    st.budget = budget.total_s
+    left = budget.left()
+    short = budget.short(left, _MIN_SEARCH_S)
+    if short is not None and st.theirs is not None:
+        st.quick = f"{short} of {st.budget:.3f} s for the step (import {st.import_s * 1e3:.0f} ms); slime's own layout"
+    return left
+
+
+def _search(req: _Request, shape: _Shape, st: _Step, time_limit: float | None) -> None:
+    """RoutePack's plan of the step: certified rows and the joint search on the dynamic path; on
+    the static one, swaps from slime's layout (and a KK-balanced one) that keep every count."""
+    settings = req.settings
+    opts = dict(objective=settings.objective, placement=req.placement, time_limit=time_limit,
+                max_sweeps=settings.max_sweeps, seed=settings.seed)
+    try:
+        if shape.dynamic:
+            st.pc = plan_cells(st.plan_window, st.topo, settings.cost, **opts)
+        else:
+            seeds = [st.theirs]
+            if st.weight_n is None:
+                seeds.append(slime_layout(st.lengths, dynamic=False, cap=shape.cap, mbs=shape.mbs, dp=shape.dp,
+                                          group=shape.group, weight_n=_sample_cost(st.window, settings.cost)))
+            st.pc = plan_fixed_cells(st.plan_window, st.topo, settings.cost, seeds, **opts)
+        st.cells = st.pc.cells
+    except InfeasibleError as exc:
+        raise FrameworkAssertionError(f"dynamic path: step {st.index} has {len(st.idx)} samples, too few for "
+                                      f"a multiple of {shape.dp * shape.group} micro-batches ({exc})") from None
+    except Exception as exc:  # never break slime: its own layout for this step
+        if st.theirs is None:
+            raise
+        st.fallback = f"planning failed ({exc.__class__.__name__}: {exc}); slime's own layout"
+        warn_once("slime", "plan", st.fallback)
+        st.cells, st.pc = st.theirs, None
+
+
+def _add_step(out: SlimeSchedule, req: _Request, shape: _Shape, st: _Step, num_rollouts: int) -> SeamRecord:
+    """The step's cells into slime's four lists (rank d's samples, micro-batch by micro-batch),
+    its expert map, placement and report; returns its record."""
+    t_apply = time.perf_counter()
+    cells, pc = st.cells, st.pc
+    rows = len(cells)
+    for d in range(shape.dp):
+        for r in range(rows):
+            cell = cells[r][d]
+            start = len(out.partitions[d])
+            out.partitions[d].extend(st.idx[i] for i in cell)
+            out.micro_batch_indices[d].append(list(range(start, start + len(cell))))
+    out.num_microbatches.append(rows)
+    out.global_batch_sizes.append(num_rollouts)
+    out.logical_to_physical.append(pc.logical_to_physical.copy() if (pc is not None and req.routed_experts is not None
+                                                                     and st.skip is None) else None)
+    out.placements.append(pc.plan.replicas if (pc is not None and st.redundant) else None)
+    rep = dict(pc.report) if pc is not None else {"fallback": st.fallback or "slime's layout"}
+    rep["oversize_samples"] = [st.idx[i] for i in st.clipped]
+    out.reports.append(rep)
+    ours_us = (float(pc.plan.score["makespan"]) if pc is not None
+               else score_cells(st.plan_window, st.topo_theirs, req.settings.cost, cells, req.settings.objective))
+    now = time.perf_counter()
+    # slime's own layout is timed inside the step (theirs_s) and left out of ours
+    return SeamRecord("slime", rows, None if st.theirs is None else len(st.theirs), ours_us, st.theirs_us,
+                      now - st.t0 - st.theirs_s, st.theirs_s, samples=len(st.idx), fallback=st.fallback,
+                      step=st.index, on_critical_path=req.on_critical_path, import_s=st.import_s,
+                      plan_s=t_apply - st.t0 - st.import_s - st.theirs_s, apply_s=now - t_apply,
+                      budget_s=st.budget, quick=st.quick, redundant_experts=st.redundant)
 
 
 def build_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, global_batch_size: int,

@@ -1,4 +1,5 @@
-"""Routing-replay import (routepack_opt.integrations.replay) and `routepack import-replay`."""
+"""Routing-replay import (routepack_opt.replay, re-exported as routepack_opt.integrations.replay) and
+`routepack import-replay`."""
 
 import json
 from pathlib import Path
@@ -515,7 +516,7 @@ def test_cli_import_replay_prints_notes(run_cli, rng, tmp_path, monkeypatch):
 
 def test_counts_larger_than_memory_refused_before_allocating(rng, monkeypatch):
     """num_experts whose counts [N, L, E] exceed the memory available: one short InputError, nothing allocated."""
-    import routepack_opt.integrations.replay as replay
+    import routepack_opt.replay.routes as replay
 
     monkeypatch.setattr(replay, "available_memory", lambda: 2**30)
     samples, _ = _slime_step(rng)

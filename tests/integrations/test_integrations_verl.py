@@ -457,7 +457,7 @@ def test_balance_with_redundant_experts_carries_a_placement_megatron_takes():
     from routepack_opt.core.evaluate import replica_block_W
     from routepack_opt.core.placement import Placement
     from routepack_opt.integrations import megatron as rp_mg
-    from routepack_opt.integrations.verl import _global_window
+    from routepack_opt.integrations.verl_balance import _global_window
 
     rng = np.random.default_rng(7)
     D, ep, E, La, red, cap = 4, 4, 8, 2, 4, 4096

@@ -1,4 +1,5 @@
-"""The rollout-side hook (integrations/rollout_hook.py): per-sample counts equal the import's."""
+"""The rollout-side hook (integrations/rollout_hook.py over replay/sample_counts.py): per-sample counts
+equal the import's."""
 
 import asyncio
 import types
@@ -9,6 +10,7 @@ import pytest
 from routepack_opt.core.errors import InputError
 from routepack_opt.integrations import rollout_hook as hook
 from routepack_opt.integrations.replay import import_replay
+from routepack_opt.replay import sample_counts as sample_counts_mod
 
 torch = pytest.importorskip("torch")
 E, La, K = 16, 4, 3
@@ -41,7 +43,7 @@ def test_verl_sample_counts_equal_import(rng, as_torch, k):
         assert (torch.is_tensor(c) if as_torch else isinstance(c, np.ndarray))
         np.testing.assert_array_equal(np.asarray(c), ref.counts[i])
         if as_torch:  # the accelerator's path (torch ops), run here on the CPU
-            g = hook._torch_counts(r, E, "verl", torch.from_numpy(m[i]), [1, 1, 0, 1], True)
+            g = sample_counts_mod._torch_counts(r, E, "verl", torch.from_numpy(m[i]), [1, 1, 0, 1], True)
             np.testing.assert_array_equal(g.numpy(), ref.counts[i])
     assert c.dtype in (torch.int32, np.int32)
 
@@ -56,7 +58,7 @@ def test_slime_and_routes_sample_counts_equal_import(rng, as_torch):
     per = [hook.sample_counts(conv(s), E, format="slime") for s in samples]
     np.testing.assert_array_equal(np.stack([np.asarray(c) for c in per]), ref.counts)
     if as_torch:  # the accelerator's path (torch ops), run here on the CPU
-        gpu_path = [hook._torch_counts(conv(s), E, "slime", None, None, True).numpy() for s in samples]
+        gpu_path = [sample_counts_mod._torch_counts(conv(s), E, "slime", None, None, True).numpy() for s in samples]
         np.testing.assert_array_equal(np.stack(gpu_path), ref.counts)
     w = hook.window_from_counts(per, ref.lengths, top_k=K)
     np.testing.assert_array_equal(w.counts, ref.counts)
@@ -74,15 +76,15 @@ def test_torch_hook_refuses_bad_routes(rng):
     with pytest.raises(InputError, match=r"sample 0 token 1 layer 0 has expert id 20, outside 0\.\.15"):
         hook.sample_counts(big, E)
     with pytest.raises(InputError, match="outside 0..15"):
-        hook._torch_counts(r + E, E, "routes", None, None, True)
+        sample_counts_mod._torch_counts(r + E, E, "routes", None, None, True)
     bad = r.clone()
     bad[2, 1, 1] = bad[2, 1, 0]
     with pytest.raises(InputError, match="token 2 picks the same expert twice at layer 1"):
-        hook._torch_counts(bad, E, "routes", None, None, True)
+        sample_counts_mod._torch_counts(bad, E, "routes", None, None, True)
     z = r.clone()
     z[:, 3] = 0
     with pytest.raises(InputError, match="no routed token"):
-        hook._torch_counts(z, E, "verl", torch.ones(5), None, True)
+        sample_counts_mod._torch_counts(z, E, "verl", torch.ones(5), None, True)
     with pytest.raises(InputError, match="no routed token at layer 3"):
         hook.sample_counts(z, E, format="verl", attention_mask=torch.ones(5))
     with pytest.raises(InputError, match="format must be"):
