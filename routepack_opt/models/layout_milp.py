@@ -70,21 +70,42 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
     pyo = _solvers.pyomo()
     clock = BuildClock(deadline)
     topo = inst.topology
-    N, R, D, G, P = inst.num_samples, inst.rows, topo.dp, topo.num_shards, topo.ep
+    R, D, G, P = inst.rows, topo.dp, topo.num_shards, topo.ep
     lb = inst.lower_bound() - inst.constant()
     unit = lb / 1000.0 if lb > 0 else 1.0
     coef_SN = inst.coef_SN / unit
     gamma = inst.cost.gamma / unit
-    lengths = inst.window.lengths.tolist()
     cells_RGP = [[[r * D + int(inst.slots_GP[g, j]) for j in range(P)] for g in range(G)]
                  for r in range(R)]
 
     m = pyo.ConcreteModel(name="layout")
+    _add_assignment(m, inst)
+    clock.check()
+    stages = _add_attention(m, inst, coef_SN, cells_RGP, clock)
+    if experts is not None:
+        layers = experts(m, inst, cells_RGP, clock) if gamma > 0 else []
+    else:
+        layers = _fixed_experts(m, inst, cells_RGP, clock, gamma)
+    _add_objectives(m, inst, stages, layers, gamma)
+    m.symmetry = pyo.ConstraintList()
+    if symmetry:
+        _add_symmetry_breaking(m, inst, slot_symmetry, clock)
+    m._unit = unit
+    m._stages, m._layers, m._cells_RGP = stages, layers, cells_RGP
+    m._coef_SN, m._gamma = coef_SN, gamma
+    return m, unit
+
+
+def _add_assignment(m, inst: LayoutInstance) -> None:
+    """The cell binaries ``x[i, c]`` and the rules every layout keeps."""
+    pyo = _solvers.pyomo()
+    topo = inst.topology
+    N, R, D = inst.num_samples, inst.rows, topo.dp
+    lengths = inst.window.lengths.tolist()
     m.I = pyo.RangeSet(0, N - 1)
     m.Cc = pyo.RangeSet(0, R * D - 1)
     m.x = pyo.Var(m.I, m.Cc, domain=pyo.Binary)
     x = m.x
-
     # Coverage: every sample sits in exactly one cell.
     m.coverage = pyo.Constraint(m.I, rule=lambda m, i: sum(x[i, c] for c in m.Cc) == 1)
     # Capacity: the tokens of a cell stay within the micro-batch cap.
@@ -96,9 +117,14 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
     if topo.equal_samples_per_slot:
         m.equal_counts = pyo.Constraint(
             range(D), rule=lambda m, d: sum(x[i, r * D + d] for i in m.I for r in range(R)) == N // D)
-    clock.check()
 
-    # Attention: A[s,r,g] ≥ each cell's stage cost in shard g, row r.
+
+def _add_attention(m, inst: LayoutInstance, coef_SN, cells_RGP, clock: BuildClock) -> list[int]:
+    """Attention: ``A[s,r,g]`` ≥ each cell's stage cost in shard g, row r (with the single-sample
+    cuts). Returns the stages with a nonzero cost."""
+    pyo = _solvers.pyomo()
+    N, R, G = inst.num_samples, len(cells_RGP), len(cells_RGP[0])
+    x = m.x
     stages = [s for s in range(coef_SN.shape[0]) if coef_SN[s].any()]
     m.A = pyo.Var(stages, range(R), range(G), domain=pyo.NonNegativeReals)
     m.attention = pyo.ConstraintList()
@@ -113,11 +139,14 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
                 if len(cells) > 1:  # single-sample cuts: valid, not implied by the LP relaxation
                     for i in range(N):
                         m.attention.add(m.A[s, r, g] >= cs[i] * sum(x[i, c] for c in cells))
+    return stages
 
-    if experts is not None:
-        layers = experts(m, inst, cells_RGP, clock) if gamma > 0 else []
-    else:
-        layers = _fixed_experts(m, inst, cells_RGP, clock, gamma)
+
+def _add_objectives(m, inst: LayoutInstance, stages, layers, gamma: float) -> None:
+    """The block costs ``J[r,g]``, the makespan under the objective (``obj``, active) and ``Σ J``
+    (``total``, the lexicographic second stage, inactive)."""
+    pyo = _solvers.pyomo()
+    R, G = inst.rows, inst.topology.num_shards
 
     def J(r, g):
         return (sum(m.A[s, r, g] for s in stages) + gamma * sum(m.M[r, g, l] for l in layers))
@@ -136,25 +165,22 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
                             sense=pyo.minimize)
     m.total.deactivate()
 
-    # Symmetry breaking: min-index ordering of interchangeable units.
-    m.symmetry = pyo.ConstraintList()
-    if symmetry:
-        order = inst.order_N.tolist()
-        for units in symmetry_groups(topo, R, inst.objective, slot_symmetry):
-            for j in range(1, len(units)):
-                cur, prev = units[j], units[j - 1]
-                for n, i in enumerate(order):
-                    if n % 16 == 0:
-                        clock.check()
-                    lhs = sum(x[i, c] for c in cur)
-                    if n == 0:
-                        m.symmetry.add(lhs <= 0)
-                    else:
-                        m.symmetry.add(lhs <= sum(x[k, c] for c in prev for k in order[:n]))
-    m._unit = unit
-    m._stages, m._layers, m._cells_RGP = stages, layers, cells_RGP
-    m._coef_SN, m._gamma = coef_SN, gamma
-    return m, unit
+
+def _add_symmetry_breaking(m, inst: LayoutInstance, slot_symmetry: bool, clock: BuildClock) -> None:
+    """Min-index ordering of interchangeable units (:func:`symmetry_groups`)."""
+    x = m.x
+    order = inst.order_N.tolist()
+    for units in symmetry_groups(inst.topology, inst.rows, inst.objective, slot_symmetry):
+        for j in range(1, len(units)):
+            cur, prev = units[j], units[j - 1]
+            for n, i in enumerate(order):
+                if n % 16 == 0:
+                    clock.check()
+                lhs = sum(x[i, c] for c in cur)
+                if n == 0:
+                    m.symmetry.add(lhs <= 0)
+                else:
+                    m.symmetry.add(lhs <= sum(x[k, c] for c in prev for k in order[:n]))
 
 
 def _fixed_experts(m, inst: LayoutInstance, cells_RGP, clock: BuildClock, gamma: float) -> list[int]:
