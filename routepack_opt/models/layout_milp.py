@@ -291,21 +291,12 @@ def solve_milp(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
     opt = _highs(max(0.01, time_limit - build_s), threads, presolve)
     with _solvers.quiet_appsi_highs():
         res = opt.solve(m)
-    tc = res.termination_condition
-    info = {"stage1_status": str(tc.name), "model_unit_us": unit, "build_seconds": build_s,
+    info = {"stage1_status": str(res.termination_condition.name), "model_unit_us": unit, "build_seconds": build_s,
             "num_binaries": inst.num_samples * inst.num_cells, "symmetry_breaking": symmetry}
-    if tc in (TerminationCondition.infeasible, TerminationCondition.infeasibleOrUnbounded):
-        return _result(inst, "infeasible", None, float("inf"), t0, None, lexicographic, info)
-    found = res.best_feasible_objective is not None
-    bound = _bound(inst, unit, res.best_objective_bound)
-    if not found:
-        return _result(inst, "unknown", None, bound, t0, None, lexicographic, info)
-    res.solution_loader.load_vars()
-    optimal = tc == TerminationCondition.optimal
-    makespan_model, claimed, consistent = _claimed(res, m, inst, unit, info)
-    if not consistent:
-        optimal = False
-        bound = inst.lower_bound()
+    status, bound, makespan_model, claimed = read_answer(res, m, inst, unit, info)
+    if status in ("infeasible", "unknown"):
+        return _result(inst, status, None, bound, t0, None, lexicographic, info)
+    optimal = status == "optimal"
     layout = _layout(m, inst)
     if lexicographic:
         remaining = max(time_limit - (time.perf_counter() - t0), 0.1 * time_limit)
@@ -327,6 +318,26 @@ def solve_milp(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
     info["solver_makespan"] = claimed
     return _result(inst, "optimal" if optimal else "feasible", layout, bound, t0, claimed,
                    lexicographic, info)
+
+
+def read_answer(res, m, inst, unit: float, info: dict) -> tuple[str, float, float | None, float | None]:
+    """HiGHS's answer to a layout model ``m``: (status, proved bound in µs, the model's makespan
+    in model units, the claimed makespan in µs). "infeasible" and "unknown" (no solution) carry no
+    makespan; otherwise the solution is loaded into ``m`` and the status is "optimal" or
+    "feasible" — "feasible", with the docs/model.md bound, also when HiGHS's objective disagrees
+    with its own solution (module docstring)."""
+    _, TerminationCondition = _solvers.appsi_highs()
+    tc = res.termination_condition
+    if tc in (TerminationCondition.infeasible, TerminationCondition.infeasibleOrUnbounded):
+        return "infeasible", float("inf"), None, None
+    bound = _bound(inst, unit, res.best_objective_bound)
+    if res.best_feasible_objective is None:
+        return "unknown", bound, None, None
+    res.solution_loader.load_vars()
+    makespan_model, claimed, consistent = _claimed(res, m, inst, unit, info)
+    if not consistent:
+        return "feasible", inst.lower_bound(), makespan_model, claimed
+    return ("optimal" if tc == TerminationCondition.optimal else "feasible"), bound, makespan_model, claimed
 
 
 def _claimed(res, m, inst, unit: float, info: dict) -> tuple[float, float, bool]:

@@ -26,7 +26,7 @@ import numpy as np
 
 from routepack_opt.models import _solvers
 from routepack_opt.models.layout_common import BuildClock, BuildTimeout, prefeasibility
-from routepack_opt.models.layout_milp import BUILD_SHARE, _bound, _claimed, _highs, _layout, build_milp
+from routepack_opt.models.layout_milp import BUILD_SHARE, _highs, _layout, build_milp, read_answer
 from routepack_opt.models.layout_replicas import ReplicaLayoutInstance, ReplicaLayoutResult, replica_result
 
 __all__ = ["solve_replica_milp", "build_replica_milp"]
@@ -163,7 +163,6 @@ def solve_replica_milp(inst: ReplicaLayoutInstance, time_limit: float = 60.0, sy
                        threads: int | None = None) -> ReplicaLayoutResult:
     """Solve the joint MILP with HiGHS (module docstring); the result is re-scored by the evaluator."""
     pyo = _solvers.pyomo()
-    _, TerminationCondition = _solvers.appsi_highs()
     t0 = time.perf_counter()
     reason = prefeasibility(inst)
     if reason is not None:
@@ -178,23 +177,14 @@ def solve_replica_milp(inst: ReplicaLayoutInstance, time_limit: float = 60.0, sy
     opt = _highs(max(0.01, time_limit - build_s), threads, presolve=True)
     with _solvers.quiet_appsi_highs():
         res = opt.solve(m)
-    tc = res.termination_condition
-    info = {"status_name": str(tc.name), "model_unit_us": unit, "build_seconds": build_s,
+    info = {"status_name": str(res.termination_condition.name), "model_unit_us": unit, "build_seconds": build_s,
             "symmetry_breaking": symmetry}
-    if tc in (TerminationCondition.infeasible, TerminationCondition.infeasibleOrUnbounded):
-        return replica_result(inst, "highs", "infeasible", None, None, float("inf"), t0, None, 0.0, info)
-    bound = _bound(inst, unit, res.best_objective_bound)
-    if res.best_feasible_objective is None:
-        return replica_result(inst, "highs", "unknown", None, None, bound, t0, None, 0.0, info)
-    res.solution_loader.load_vars()
-    optimal = tc == TerminationCondition.optimal
-    _, claimed, consistent = _claimed(res, m, inst, unit, info)
-    if not consistent:
-        optimal = False
-        bound = inst.lower_bound()
+    status, bound, _, claimed = read_answer(res, m, inst, unit, info)
+    if status in ("infeasible", "unknown"):
+        return replica_result(inst, "highs", status, None, None, bound, t0, None, 0.0, info)
     L, E, P = inst.window.num_layers, inst.window.num_experts, inst.topology.ep
     y_LEP = np.array([[[int(round(pyo.value(m.y[l, e, p]))) for p in range(P)] for e in range(E)]
                       for l in range(L)], dtype=np.int64)
     info["solver_makespan"] = claimed
-    return replica_result(inst, "highs", "optimal" if optimal else "feasible", _layout(m, inst), y_LEP,
+    return replica_result(inst, "highs", status, _layout(m, inst), y_LEP,
                           bound, t0, claimed, 0.0, info)
