@@ -44,7 +44,7 @@ from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.anneal import anneal
 from routepack_opt.heuristics.placement.lpt import lpt_placement
-from routepack_opt.models.layout import solve_layout
+from routepack_opt.models.layout import ExactOptions, solve_layout
 from routepack_opt.pipeline import baseline_layouts
 from routepack_opt.trace import generate_window
 
@@ -104,7 +104,7 @@ def run_window(wid, preset, N, D, P, seed, objective, quick=False, shipped=False
         if limit is None:
             continue
         res = solve_layout(w, topo, cost, pl, R, objective, solver=solver, time_limit=limit,
-                           warm_start=start, num_workers=2, evaluator=ev)
+                           warm_start=start, evaluator=ev)
         rec[solver] = {"status": res.status, "objective": res.objective, "bound": res.bound,
                        "gap": res.gap, "seconds": res.seconds, "limit": limit,
                        "rounding_error": res.rounding_error, "method": res.info.get("method", "cpsat")}
@@ -139,7 +139,7 @@ def run_addendum(rec: dict) -> dict:
               for s in (None, 1000)]
     start = min(((a.row, a.slot) for a in starts), key=lambda rs: ev.score(pl, *rs, R, objective).key)
     res = solve_layout(w, topo, cost, pl, R, objective, solver="cpsat", time_limit=60.0,
-                       warm_start=start, num_workers=1, evaluator=ev)
+                       warm_start=start, options=ExactOptions(num_workers=1), evaluator=ev)
     best = min(rec["best"], res.objective)
     bound = max(rec["best_bound"], res.bound)
     proved = bool(bound >= best * (1 - PROVED_TOL))

@@ -286,7 +286,7 @@ def test_exact_models_with_equal_counts_equal_brute_force(case, objective, solve
     ref = eq_brute(case, objective)
     assert ref.score is not None
     res = solve_layout(inst.window, inst.topology, inst.cost, inst.placement, inst.rows, objective,
-                       solver=solver, num_workers=2, time_limit=30.0)
+                       solver=solver, time_limit=30.0)
     assert res.status == "optimal"
     assert abs(res.objective - ref.objective) <= 2 * res.rounding_error + 1e-7 * ref.objective
     assert res.bound <= ref.objective * (1 + 1e-9)

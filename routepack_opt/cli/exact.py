@@ -82,7 +82,7 @@ def warm_start(window, topology, cost, placement, rows, objective, seconds, eval
 
 def run(args) -> dict:
     from routepack_opt.core.evaluate import Evaluator, check_objective
-    from routepack_opt.models.layout import solve_layout
+    from routepack_opt.models.layout import ExactOptions, solve_layout
     from routepack_opt.pipeline import resolve_rows
 
     placement_arg = args.placement or "lpt"
@@ -121,7 +121,7 @@ def run(args) -> dict:
     left = max(0.05 * args.time_limit, args.time_limit - (time.perf_counter() - t_start))
     res = solve_layout(window, topo, cost, placement, rows, objective, solver=args.solver,
                        time_limit=left, warm_start=layout0.arrays(),
-                       lexicographic=args.lexicographic, evaluator=ev)
+                       options=ExactOptions(lexicographic=args.lexicographic), evaluator=ev)
     if res.status == "infeasible":
         raise InputError(f"no feasible layout with {rows} rows × {topo.dp} slots under capacity "
                          f"{topo.capacity}" + (f" ({res.info['reason']})" if "reason" in res.info else ""))

@@ -240,6 +240,95 @@ def _first_fit_in_group(len_N, cell_N, tokens, C, c, by_len, lo, hi, d):
     return -1
 
 
+@numba.njit(cache=True, inline='always')
+def _roomiest_cell(tokens, C, c, first, step):
+    """(cell, room) of the cell other than c with the most room among cells first, first + step,
+    … (ties: the lowest); (−1, −1) if none."""
+    dest = -1
+    room = -1
+    for k in range(first, tokens.size, step):
+        if k != c and C - tokens[k] > room:
+            room = C - tokens[k]
+            dest = k
+    return dest, room
+
+
+@numba.njit(cache=True, inline='always')
+def _sample_to_move(len_N, members, nm, room, excess):
+    """Of ``members[:nm]``, the smallest sample that removes the whole excess, else the largest
+    that fits ``room`` (ties: the lower id); −1: none fits."""
+    chosen = -1
+    for t in range(nm):
+        i = members[t]
+        if len_N[i] > room:
+            continue
+        if chosen < 0:
+            chosen = i
+            continue
+        a, b = len_N[i], len_N[chosen]
+        if b >= excess:
+            if excess <= a < b:
+                chosen = i
+        elif a > b:
+            chosen = i
+    return chosen
+
+
+@numba.njit(cache=True, inline='always')
+def _swap_partner(len_N, cell_N, tokens, C, c, by_len, n_le, li, excess, max_room):
+    """(score, partner) for a sample of length li in overfull cell c: a partner of length lv
+    moves d = li − lv tokens; score 2C − d if d ≥ excess (the smallest such d: longest partner
+    first), else d (the largest: shortest partner first); (0, −1): no partner."""
+    V = n_le.size - 1
+    p = n_le[min(li - excess, V)] - 1 if li - excess >= 1 else -1
+    while p >= 0:  # lengths ≤ li − excess, longest first
+        lv = len_N[by_len[p]]
+        if li - lv > max_room:
+            break
+        g0 = n_le[lv - 1]
+        j = _first_fit_in_group(len_N, cell_N, tokens, C, c, by_len, g0, p + 1, li - lv)
+        if j >= 0:
+            return 2 * C - (li - lv), j
+        p = g0 - 1
+    lo = max(1, li - excess + 1, li - max_room)
+    if lo <= li - 1:
+        p = n_le[lo - 1]
+        end = n_le[min(li - 1, V)]
+        while p < end:  # lengths in (li − excess, li), shortest first
+            lv = len_N[by_len[p]]
+            g1 = n_le[lv]
+            j = _first_fit_in_group(len_N, cell_N, tokens, C, c, by_len, p, g1, li - lv)
+            if j >= 0:
+                return li - lv, j
+            p = g1
+    return 0, -1
+
+
+@numba.njit(cache=True, inline='always')
+def _move_sample(i, c, k, len_N, cell_N, tokens, head, nxt, prv):
+    """Sample i from cell c to cell k."""
+    _unlink(i, c, head, nxt, prv)
+    _link(i, k, head, nxt, prv)
+    cell_N[i] = k
+    tokens[c] -= len_N[i]
+    tokens[k] += len_N[i]
+
+
+@numba.njit(cache=True, inline='always')
+def _swap_samples(i, j, c, len_N, cell_N, tokens, head, nxt, prv):
+    """Sample i of cell c with sample j of another cell."""
+    k = cell_N[j]
+    _unlink(i, c, head, nxt, prv)
+    _unlink(j, k, head, nxt, prv)
+    _link(i, k, head, nxt, prv)
+    _link(j, c, head, nxt, prv)
+    cell_N[i] = k
+    cell_N[j] = c
+    d = len_N[i] - len_N[j]
+    tokens[c] -= d
+    tokens[k] += d
+
+
 @numba.njit(cache=True)
 def _repair_step(len_N, cell_N, tokens, D, c, C, head, nxt, prv, by_len, n_le, buf):
     """One overflow-lowering step on overfull cell c (in place); False if none exists.
@@ -254,51 +343,20 @@ def _repair_step(len_N, cell_N, tokens, D, c, C, head, nxt, prv, by_len, n_le, b
     (``by_len``, ids ascending within a length; ``n_le[v]`` = #samples of length ≤ v) make a
     step O(K + |c|·s) with s the samples of the lengths a swap could use, instead of
     O(K + |c|·N): at N = 32,768 a few thousand swap steps took 2.4 s. ``buf``: [N] scratch."""
-    K = tokens.size
-    V = n_le.size - 1
     excess = tokens[c] - C
     nm = _members(c, head, nxt, buf)
-    # the roomiest other cell (ties: the lowest), once: the move's destination in any slot and
-    # the most a swap can move
-    dest_any = -1
-    room_any = -1
-    for k in range(K):
-        if k != c and C - tokens[k] > room_any:
-            room_any = C - tokens[k]
-            dest_any = k
+    # the roomiest other cell, once: the move's destination in any slot and the most a swap can move
+    dest_any, room_any = _roomiest_cell(tokens, C, c, 0, 1)
     if nm >= 2:
         for same in (True, False):
-            dest = dest_any
-            room = room_any
+            dest, room = dest_any, room_any
             if same:  # the cells of c's slot only: k ≡ c (mod D), ascending
-                dest = -1
-                room = -1
-                for k in range(c % D, K, D):
-                    if k != c and C - tokens[k] > room:
-                        room = C - tokens[k]
-                        dest = k
+                dest, room = _roomiest_cell(tokens, C, c, c % D, D)
             if dest < 0:
                 continue
-            chosen = -1
-            for t in range(nm):  # smallest sufficient, else largest fitting (ties: lower id)
-                i = buf[t]
-                if len_N[i] > room:
-                    continue
-                if chosen < 0:
-                    chosen = i
-                    continue
-                a, b = len_N[i], len_N[chosen]
-                if b >= excess:
-                    if excess <= a < b:
-                        chosen = i
-                elif a > b:
-                    chosen = i
+            chosen = _sample_to_move(len_N, buf, nm, room, excess)
             if chosen >= 0:
-                _unlink(chosen, c, head, nxt, prv)
-                _link(chosen, dest, head, nxt, prv)
-                cell_N[chosen] = dest
-                tokens[c] -= len_N[chosen]
-                tokens[dest] += len_N[chosen]
+                _move_sample(chosen, c, dest, len_N, cell_N, tokens, head, nxt, prv)
                 return True
     max_room = max(0, room_any)  # no swap can move more tokens than the roomiest other cell takes
     best_i = -1
@@ -306,53 +364,14 @@ def _repair_step(len_N, cell_N, tokens, D, c, C, head, nxt, prv, by_len, n_le, b
     best_score = 0
     for t in range(nm):
         i = buf[t]
-        li = len_N[i]
-        # a partner of length lv moves d = li − lv tokens; score 2C − d if d ≥ excess (the
-        # smallest such d: longest partner first), else d (the largest: shortest partner first)
-        score = 0
-        j_i = -1
-        p = n_le[min(li - excess, V)] - 1 if li - excess >= 1 else -1
-        while p >= 0:  # lengths ≤ li − excess, longest first
-            lv = len_N[by_len[p]]
-            if li - lv > max_room:
-                break
-            g0 = n_le[lv - 1]
-            j = _first_fit_in_group(len_N, cell_N, tokens, C, c, by_len, g0, p + 1, li - lv)
-            if j >= 0:
-                score = 2 * C - (li - lv)
-                j_i = j
-                break
-            p = g0 - 1
-        if j_i < 0:
-            lo = max(1, li - excess + 1, li - max_room)
-            if lo <= li - 1:
-                p = n_le[lo - 1]
-                end = n_le[min(li - 1, V)]
-                while p < end:  # lengths in (li − excess, li), shortest first
-                    lv = len_N[by_len[p]]
-                    g1 = n_le[lv]
-                    j = _first_fit_in_group(len_N, cell_N, tokens, C, c, by_len, p, g1, li - lv)
-                    if j >= 0:
-                        score = li - lv
-                        j_i = j
-                        break
-                    p = g1
+        score, j = _swap_partner(len_N, cell_N, tokens, C, c, by_len, n_le, len_N[i], excess, max_room)
         if score > best_score:
             best_score = score
             best_i = i
-            best_j = j_i
+            best_j = j
     if best_i < 0:
         return False
-    k = cell_N[best_j]
-    _unlink(best_i, c, head, nxt, prv)
-    _unlink(best_j, k, head, nxt, prv)
-    _link(best_i, k, head, nxt, prv)
-    _link(best_j, c, head, nxt, prv)
-    cell_N[best_i] = k
-    cell_N[best_j] = c
-    d = len_N[best_i] - len_N[best_j]
-    tokens[c] -= d
-    tokens[k] += d
+    _swap_samples(best_i, best_j, c, len_N, cell_N, tokens, head, nxt, prv)
     return True
 
 

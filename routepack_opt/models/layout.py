@@ -34,7 +34,7 @@ from routepack_opt.models.layout_replicas import ReplicaLayoutInstance, ReplicaL
 from routepack_opt.models.layout_replicas_cpsat import solve_replica_cpsat
 from routepack_opt.models.layout_replicas_milp import solve_replica_milp
 
-__all__ = ["solve_layout", "LayoutResult", "LayoutInstance", "SOLVERS", "symmetry_groups",
+__all__ = ["solve_layout", "ExactOptions", "LayoutResult", "LayoutInstance", "SOLVERS", "symmetry_groups",
            "canonical_layout", "is_canonical", "solve_layout_replicas", "ReplicaLayoutResult",
            "MAX_REPLICA_VARIABLES"]
 
@@ -45,16 +45,24 @@ MAX_REPLICA_VARIABLES = 20_000
 SOLVERS = ("cpsat", "highs")
 
 
+@dataclasses.dataclass(frozen=True)
+class ExactOptions:
+    """How the exact layout model searches (the defaults are the shipped procedure)."""
+
+    lexicographic: bool = False  # after minimising the makespan, fix it and minimise Σ J
+    symmetry: bool = True  # add the symmetry-breaking constraints valid for the objective
+    num_workers: int = 2  # CP-SAT search workers (HiGHS uses its own threads)
+
+
 def solve_layout(window: Window, topology: Topology, cost: CostModel, placement, rows: int,
                  objective: str = "max-sum", solver: str = "cpsat", time_limit: float = 60.0,
-                 warm_start=None, lexicographic: bool = False, symmetry: bool = True,
-                 num_workers: int = 2, evaluator: Evaluator | None = None) -> LayoutResult:
+                 warm_start=None, options: ExactOptions | None = None,
+                 evaluator: Evaluator | None = None) -> LayoutResult:
     """Solve the whole layout problem at fixed ``placement`` [L, E] and ``rows`` exactly.
 
     ``warm_start``: a heuristic layout ``(row_N, slot_N)`` (CP-SAT hint / HiGHS MIP start).
-    ``lexicographic``: after minimising the makespan, fix it and minimise ``Σ J``.
-    ``symmetry``: add the symmetry-breaking constraints valid for ``objective``.
-    ``num_workers``: CP-SAT search workers (HiGHS uses its own threads).
+    ``options``: lexicographic second stage, symmetry breaking, CP-SAT workers
+    (:class:`ExactOptions`; default: its defaults).
 
     ``solver="cpsat"`` is a fixed sequence within ``time_limit`` (see
     :func:`routepack_opt.models.layout_cpsat.solve_cpsat`): with a warm start and P ≤ 2, the
@@ -63,6 +71,7 @@ def solve_layout(window: Window, topology: Topology, cost: CostModel, placement,
     windows with N ≤ 24 of ``experiments/exact_study.py`` within 60 s each
     (``experiments/results/exact_study/exact_study_n24.md``). ``solver="highs"`` is the cell-level MILP alone.
     """
+    options = options or ExactOptions()
     if solver not in SOLVERS:
         raise InputError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
     if not (time_limit > 0):
@@ -78,9 +87,10 @@ def solve_layout(window: Window, topology: Topology, cost: CostModel, placement,
     if warm_start is not None:
         warm_start = _check_warm_start(inst, warm_start)
     if solver == "cpsat":
-        res = solve_cpsat(inst, time_limit, warm_start, lexicographic, symmetry, num_workers)
+        res = solve_cpsat(inst, time_limit, warm_start, options.lexicographic, options.symmetry,
+                          options.num_workers)
     else:
-        res = solve_milp(inst, time_limit, warm_start, lexicographic, symmetry)
+        res = solve_milp(inst, time_limit, warm_start, options.lexicographic, options.symmetry)
     return _never_worse_than_start(inst, res, warm_start)
 
 

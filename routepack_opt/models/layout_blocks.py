@@ -17,7 +17,7 @@ Method (exact; every step keeps every layout that could beat the incumbent):
    ``c(B) = min over splits Σ_s max_cell (α_s T + β_s Q) + γ Σ_l max_p W_B[l,p]`` (P = 1: the
    block is one cell; P = 2: every split is tried). Row overheads are a constant (R·overhead).
 2. LP relaxation ``min Σ c_B λ_B`` s.t. every sample covered once, ``Σ λ_B = R·G``, solved by
-   HiGHS with column generation over the enumerated blocks; duals π, μ.
+   HiGHS with column generation over the enumerated blocks (:mod:`.layout_blocks_lp`); duals π, μ.
 3. For *any* π, μ and any layout, ``Σ_blocks c_B = dual + Σ_blocks rc_B`` with
    ``dual = Σ_i π_i + μ·R·G`` and ``rc_B = c_B − Σ_{i∈B} π_i − μ``. Both objectives' makespans
    are at least ``Σ c_B / G`` (a max, or a sum of maxima, over G shards), so a layout of
@@ -45,12 +45,13 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections import namedtuple
 
 import numba as nb
 import numpy as np
 
 from routepack_opt.core.objective import Objective
-from routepack_opt.models import _solvers
+from routepack_opt.models.layout_blocks_lp import block_members, set_partitioning_duals
 from routepack_opt.models.layout_common import LayoutInstance, prefeasibility
 
 __all__ = ["solve_blocks", "enumerate_blocks", "block_bounds", "applicable", "BlockSet"]
@@ -61,6 +62,98 @@ MAX_BLOCKS = 4_000_000
 WORK_PER_SECOND = 50_000_000
 # Candidates scanned per second of time limit granted to the exact cover search.
 NODES_PER_SECOND = 20_000_000
+
+
+@nb.njit(cache=True, inline="always")
+def _one_cell_cost(A_S, t, C):
+    """P = 1: the block is one cell; its attention cost Σ_s A[s], or inf over the cap."""
+    best = np.inf
+    if t <= C:
+        best = 0.0
+        for s in range(A_S.shape[0]):
+            best += A_S[s]
+    return best
+
+
+@nb.njit(cache=True, inline="always")
+def _two_cell_split(items, k, t, lengths, coef_SN, A_S, C, a_cell):
+    """P = 2: the cheapest split of items[0..k-1] into two nonempty cells of ≤ C tokens, item 0
+    in cell 0, every subset of the others with it (Gray code order). Returns (cost, bits over
+    items[1..k-1] in cell 0); cost inf when no split fits."""
+    S = A_S.shape[0]
+    best = np.inf
+    best_split = 0
+    t0 = lengths[items[0]]
+    for s in range(S):
+        a_cell[s] = coef_SN[s, items[0]]
+    sub = 0  # bits over items[1..k-1] that are in cell 0
+    ncomb = 1 << (k - 1)
+    for step in range(ncomb):
+        if step > 0:
+            j = 0
+            g = step
+            while (g & 1) == 0:
+                g >>= 1
+                j += 1
+            it = items[j + 1]
+            if (sub >> j) & 1:
+                sub &= ~(1 << j)
+                t0 -= lengths[it]
+                for s in range(S):
+                    a_cell[s] -= coef_SN[s, it]
+            else:
+                sub |= 1 << j
+                t0 += lengths[it]
+                for s in range(S):
+                    a_cell[s] += coef_SN[s, it]
+        if sub == ncomb - 1:  # cell 1 empty
+            continue
+        if t0 > C or t - t0 > C:
+            continue
+        v = 0.0
+        for s in range(S):
+            o = A_S[s] - a_cell[s]
+            v += a_cell[s] if a_cell[s] >= o else o
+        if v < best:
+            best = v
+            best_split = sub
+    return best, best_split
+
+
+@nb.njit(cache=True, inline="always")
+def _expert_peaks(W_LP):
+    """Σ_l max_p W[l, p]: the block's expert tokens at its busiest rank, summed over layers."""
+    ex = 0
+    for l in range(W_LP.shape[0]):
+        m = 0
+        for p in range(W_LP.shape[1]):
+            if W_LP[l, p] > m:
+                m = W_LP[l, p]
+        ex += m
+    return ex
+
+
+@nb.njit(cache=True, inline="always")
+def _block_masks(items, k, best_split):
+    """(bitmask of the block's samples, bitmask of its cell 0) from the split's bits."""
+    mask = 0
+    cell0 = 1 << items[0]
+    for j in range(k):
+        mask |= 1 << items[j]
+        if j >= 1 and (best_split >> (j - 1)) & 1:
+            cell0 |= 1 << items[j]
+    return mask, cell0
+
+
+@nb.njit(cache=True, inline="always")
+def _push_sample(i, depth, b_NLP, coef_SN, W, A):
+    """Depth d+1's running expert loads and stage sums: depth d's plus sample i's."""
+    d1 = depth + 1
+    for l in range(W.shape[1]):
+        for p in range(W.shape[2]):
+            W[d1, l, p] = W[depth, l, p] + b_NLP[i, l, p]
+    for s in range(A.shape[1]):
+        A[d1, s] = A[depth, s] + coef_SN[s, i]
 
 
 @nb.njit(cache=True)
@@ -96,81 +189,27 @@ def _enumerate(lengths, coef_SN, b_NLP, gamma, C, P, lo, hi, kmax, max_blocks, m
         nodes += 1
         if nodes > max_nodes:
             return -1, masks, costs, splits, nodes
-        d1 = depth + 1
         items[depth] = i
-        tok[d1] = t
-        for l in range(L):
-            for p in range(P):
-                W[d1, l, p] = W[depth, l, p] + b_NLP[i, l, p]
-        for s in range(S):
-            A[d1, s] = A[depth, s] + coef_SN[s, i]
-        nxt[d1] = i + 1
-        depth = d1
-        k = d1
+        tok[depth + 1] = t
+        _push_sample(i, depth, b_NLP, coef_SN, W, A)
+        depth += 1
+        nxt[depth] = i + 1
+        k = depth
         if k < P or t < lo:
             continue
         # a candidate block: items[0..k-1]
-        best = np.inf
         best_split = 0
         if P == 1:
-            if t <= C:
-                best = 0.0
-                for s in range(S):
-                    best += A[k, s]
-                best_split = 0
-        else:  # P == 2: item 0 in cell 0, every subset of the others too (Gray code)
-            t0 = lengths[items[0]]
-            for s in range(S):
-                a_cell[s] = coef_SN[s, items[0]]
-            sub = 0  # bits over items[1..k-1] that are in cell 0
-            ncomb = 1 << (k - 1)
-            nodes += ncomb
+            best = _one_cell_cost(A[k], t, C)
+        else:  # P == 2: every split is tried
+            nodes += 1 << (k - 1)
             if nodes > max_nodes:
                 return -1, masks, costs, splits, nodes
-            for step in range(ncomb):
-                if step > 0:
-                    j = 0
-                    g = step
-                    while (g & 1) == 0:
-                        g >>= 1
-                        j += 1
-                    it = items[j + 1]
-                    if (sub >> j) & 1:
-                        sub &= ~(1 << j)
-                        t0 -= lengths[it]
-                        for s in range(S):
-                            a_cell[s] -= coef_SN[s, it]
-                    else:
-                        sub |= 1 << j
-                        t0 += lengths[it]
-                        for s in range(S):
-                            a_cell[s] += coef_SN[s, it]
-                if sub == ncomb - 1:  # cell 1 empty
-                    continue
-                if t0 > C or t - t0 > C:
-                    continue
-                v = 0.0
-                for s in range(S):
-                    o = A[k, s] - a_cell[s]
-                    v += a_cell[s] if a_cell[s] >= o else o
-                if v < best:
-                    best = v
-                    best_split = sub
+            best, best_split = _two_cell_split(items, k, t, lengths, coef_SN, A[k], C, a_cell)
         if best == np.inf:
             continue
-        ex = 0
-        for l in range(L):
-            m = 0
-            for p in range(P):
-                if W[k, l, p] > m:
-                    m = W[k, l, p]
-            ex += m
-        mask = 0
-        cell0 = 1 << items[0]
-        for j in range(k):
-            mask |= 1 << items[j]
-            if j >= 1 and (best_split >> (j - 1)) & 1:
-                cell0 |= 1 << items[j]
+        ex = _expert_peaks(W[k])
+        mask, cell0 = _block_masks(items, k, best_split)
         if cnt >= max_blocks:
             return -1, masks, costs, splits, nodes
         masks[cnt] = mask
@@ -231,82 +270,8 @@ def enumerate_blocks(inst: LayoutInstance, time_limit: float = 60.0, max_blocks:
 
 
 # --------------------------------------------------------------------------------------------
-# LP duals, targets, and the exact cover search
+# Targets, and the exact cover search over the kept blocks
 # --------------------------------------------------------------------------------------------
-
-
-def _bits(masks: np.ndarray, N: int) -> np.ndarray:
-    """[m, N] 0/1 membership of each sample in each block."""
-    return ((masks[:, None] >> np.arange(N, dtype=np.int64)[None, :]) & 1).astype(np.int8)
-
-
-class _Lp:
-    """A HiGHS model built column-wise: rows first (bounds), then columns with sparse entries."""
-
-    def __init__(self, row_lo, row_hi, time_limit: float):
-        highspy = _solvers.highspy()
-        self.h = h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", _solvers.highs_threads(1))
-        h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
-        row_lo = np.asarray(row_lo, dtype=np.float64)
-        h.addRows(row_lo.size, row_lo, np.asarray(row_hi, dtype=np.float64), 0,
-                  np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float64))
-        self.num_col = 0
-
-    def add_cols(self, cost, lower, upper, cols: list[tuple[np.ndarray, np.ndarray]]):
-        starts = np.zeros(len(cols), dtype=np.int32)
-        idx, val = [], []
-        n = 0
-        for k, (ri, rv) in enumerate(cols):
-            starts[k] = n
-            idx.append(ri)
-            val.append(rv)
-            n += len(ri)
-        idx = np.concatenate(idx).astype(np.int32) if idx else np.zeros(0, np.int32)
-        val = np.concatenate(val).astype(np.float64) if val else np.zeros(0, np.float64)
-        self.h.addCols(len(cols), np.asarray(cost, np.float64), np.asarray(lower, np.float64),
-                       np.asarray(upper, np.float64), n, starts, idx, val)
-        first = self.num_col
-        self.num_col += len(cols)
-        return np.arange(first, self.num_col)
-
-
-def _lp_duals(bits: np.ndarray, cost: np.ndarray, num_blocks: int, t_end: float):
-    """Column generation for min Σ c λ, cover = 1, Σ λ = num_blocks, λ ≥ 0, over the enumerated
-    blocks. Returns (π, μ), the duals of the last restricted master: the filter's identity holds
-    for any duals; converged ones make it tight."""
-    m, N = bits.shape
-    big = 10.0 * (float(np.abs(cost).max(initial=1.0)) * num_blocks + 1.0)
-    lp = _Lp(np.r_[np.ones(N), num_blocks], np.r_[np.ones(N), num_blocks], t_end - time.perf_counter())
-    # artificial columns: one per row, so every restricted master is feasible
-    lp.add_cols(np.full(N + 1, big), np.zeros(N + 1), np.full(N + 1, np.inf),
-                [(np.array([r]), np.array([1.0])) for r in range(N + 1)])
-    in_master = np.zeros(m, dtype=bool)
-    lp.h.run()
-    y = np.asarray(lp.h.getSolution().row_dual, dtype=np.float64)
-    pi, mu = y[:N], float(y[N])
-    value = math.inf
-    for _ in range(200):
-        rc = cost - bits @ pi - mu
-        rc[in_master] = np.inf
-        cand = np.flatnonzero(rc < -1e-9 * (1.0 + abs(value) if math.isfinite(value) else 1.0))
-        if cand.size == 0:
-            break
-        if cand.size > 3000:
-            cand = cand[np.argpartition(rc[cand], 3000)[:3000]]
-        in_master[cand] = True
-        cols = [(np.r_[np.flatnonzero(bits[j]), N], np.ones(int(bits[j].sum()) + 1)) for j in cand]
-        lp.add_cols(cost[cand], np.zeros(cand.size), np.full(cand.size, np.inf), cols)
-        lp.h.setOptionValue("time_limit", float(max(t_end - time.perf_counter(), 0.01)))
-        lp.h.run()
-        sol = lp.h.getSolution()
-        y = np.asarray(sol.row_dual, dtype=np.float64)
-        pi, mu = y[:N], float(y[N])
-        value = lp.h.getInfo().objective_function_value
-        if time.perf_counter() > t_end:
-            break
-    return pi, mu
 
 
 def solve_blocks(inst: LayoutInstance, time_limit: float, start, blocks: BlockSet | None = None):
@@ -327,9 +292,9 @@ def solve_blocks(inst: LayoutInstance, time_limit: float, start, blocks: BlockSe
     const = inst.constant()
     unit = max(inst.lower_bound() - const, 1e-9) / 1000.0  # costs O(10³): HiGHS tolerances are absolute
     cost = blocks.costs / unit
-    bits = _bits(blocks.masks, N)
+    bits = block_members(blocks.masks, N)
     nb_ = R * G
-    pi, mu = _lp_duals(bits, cost, nb_, t_end)
+    pi, mu = set_partitioning_duals(bits, cost, nb_, t_end)
     rc = cost - bits @ pi - mu
     dual = float(pi.sum() + mu * nb_)
     rc_min = min(0.0, float(rc.min()))
@@ -497,76 +462,108 @@ def _group_value(vals, kind, G, R, best_cut):
     return best
 
 
+# The kept blocks of one target, as the compiled cover search reads them.
+_KeptBlocks = namedtuple("_KeptBlocks", (
+    "masks", "cost", "rc",  # [m]: each block's samples (bitmask), cost and reduced cost (model units)
+    "sorted_masks", "sorted_ids",  # [m]: the masks ascending and their block ids (the last block's lookup)
+    "lists_start", "lists_idx",  # [N + 1], [Σ]: each sample's candidate blocks, by increasing rc
+    "pick_order",  # [N]: samples by increasing number of candidates
+))
+
+# What one cover search looks for, and its limits.
+_CoverTarget = namedtuple("_CoverTarget", (
+    "full",        # bitmask of all N samples
+    "nblocks",     # R·G blocks in a layout
+    "P", "kmax",   # fewest and most samples in a block
+    "slack",       # G·T − dual: the largest Σ rc of a cover worth searching (before the first)
+    "dual",        # the LP dual value
+    "rc_min",      # min(0, least rc): what each block still to choose may subtract
+    "G", "R",      # shards, rows
+    "kind",        # _group_value's kind (0 sum, 1 row, 2 shard)
+    "cutoff",      # value a cover must beat (T, with tolerance)
+    "node_limit",  # candidates scanned before giving up
+))
+
+
+@nb.njit(cache=True, inline="always")
+def _last_block(kb, rest):
+    """The kept block whose samples are exactly ``rest``, or -1."""
+    pos = np.searchsorted(kb.sorted_masks, rest)
+    if pos >= kb.sorted_masks.shape[0] or kb.sorted_masks[pos] != rest:
+        return -1
+    return kb.sorted_ids[pos]
+
+
+@nb.njit(cache=True, inline="always")
+def _first_uncovered(pick_order, cov):
+    """The first sample in pick order outside ``cov`` (the next depth's branching sample)."""
+    for n in range(pick_order.shape[0]):
+        s = pick_order[n]
+        if not (cov >> s) & 1:
+            return s
+    return -1
+
+
 @nb.njit(cache=True)
-def _cover_dfs(masks, cost, rc, sorted_masks, sorted_ids, lists_start, lists_idx, pick_order,
-               full, nblocks, P, kmax,
-               slack0, dual, rc_min, G, R, kind, cutoff, node_limit):
-    """Every exact cover of the samples by ``nblocks`` kept blocks with Σ rc ≤ slack (each
-    sample's candidate list sorted by rc), arranged at best by ``_group_value``. Returns (best
-    value, chosen block ids, nodes, complete)."""
-    N = pick_order.shape[0]
+def _cover_dfs(kb, tg):
+    """Every exact cover of the samples by ``tg.nblocks`` kept blocks ``kb`` with Σ rc ≤ slack
+    (each sample's candidate list sorted by rc), arranged at best by ``_group_value``. Returns
+    (best value, chosen block ids, nodes, complete)."""
+    nblocks, rc, rc_min = tg.nblocks, kb.rc, tg.rc_min
     chosen = np.empty(nblocks, dtype=np.int64)
     ptr = np.zeros(nblocks + 1, dtype=np.int64)
     sample_at = np.empty(nblocks + 1, dtype=np.int64)
     covered = np.zeros(nblocks + 1, dtype=np.int64)
     rcsum = np.zeros(nblocks + 1)
-    best = cutoff
+    best = tg.cutoff
     best_chosen = np.full(nblocks, -1, dtype=np.int64)
     vals = np.empty(nblocks)
-    slack = slack0
+    slack = tg.slack
     nodes = 0
     d = 0
     # first uncovered sample at depth 0
-    sample_at[0] = pick_order[0]
-    ptr[0] = lists_start[pick_order[0]]
+    sample_at[0] = kb.pick_order[0]
+    ptr[0] = kb.lists_start[kb.pick_order[0]]
     while d >= 0:
         i = sample_at[d]
-        end = lists_start[i + 1]
+        end = kb.lists_start[i + 1]
         advanced = False
         while ptr[d] < end:
-            j = lists_idx[ptr[d]]
+            j = kb.lists_idx[ptr[d]]
             ptr[d] += 1
             nodes += 1
-            if nodes > node_limit:
+            if nodes > tg.node_limit:
                 return best, best_chosen, nodes, False
             if rcsum[d] + rc[j] + (nblocks - d - 1) * rc_min > slack:
                 ptr[d] = end
                 break
-            mj = masks[j]
+            mj = kb.masks[j]
             if mj & covered[d]:
                 continue
             cov = covered[d] | mj
             left = nblocks - d - 1
-            rem = _popcount(full & ~cov)
-            if rem < P * left or rem > kmax * left:
+            rem = _popcount(tg.full & ~cov)
+            if rem < tg.P * left or rem > tg.kmax * left:
                 continue
             chosen[d] = j
             if left <= 1:
                 if left == 1:  # the last block is forced: the remaining samples, if a kept block
-                    rest = full & ~cov
-                    pos = np.searchsorted(sorted_masks, rest)
-                    if pos >= sorted_masks.shape[0] or sorted_masks[pos] != rest:
-                        continue
-                    j2 = sorted_ids[pos]
-                    if rcsum[d] + rc[j] + rc[j2] > slack:
+                    j2 = _last_block(kb, tg.full & ~cov)
+                    if j2 < 0 or rcsum[d] + rc[j] + rc[j2] > slack:
                         continue
                     chosen[d + 1] = j2
                 for k in range(nblocks):
-                    vals[k] = cost[chosen[k]]
-                v = _group_value(vals, kind, G, R, best)
+                    vals[k] = kb.cost[chosen[k]]
+                v = _group_value(vals, tg.kind, tg.G, tg.R, best)
                 if v < best:
                     best = v
                     best_chosen[:] = chosen
-                    slack = min(slack, G * v - dual)
+                    slack = min(slack, tg.G * v - tg.dual)
                 continue
             covered[d + 1] = cov
             rcsum[d + 1] = rcsum[d] + rc[j]
-            for n in range(N):
-                s = pick_order[n]
-                if not (cov >> s) & 1:
-                    sample_at[d + 1] = s
-                    break
-            ptr[d + 1] = lists_start[sample_at[d + 1]]
+            sample_at[d + 1] = _first_uncovered(kb.pick_order, cov)
+            ptr[d + 1] = kb.lists_start[sample_at[d + 1]]
             d += 1
             advanced = True
             break
@@ -580,7 +577,6 @@ def _solve_cover(inst: LayoutInstance, bits, masks, cost, rc, dual, rc_min, T, n
     t0 = time.perf_counter()
     topo = inst.topology
     N, R, G, P = inst.num_samples, inst.rows, topo.num_shards, topo.ep
-    kind = _kind(inst)
     lists, start = [], [0]
     for i in range(N):
         idx = np.flatnonzero(bits[:, i])
@@ -591,11 +587,11 @@ def _solve_cover(inst: LayoutInstance, bits, masks, cost, rc, dual, rc_min, T, n
     lo, hi, kmax = block_bounds(inst)
     tol = 1e-9 * (1.0 + abs(G * T))
     sorted_ids = np.argsort(masks, kind="stable").astype(np.int64)
-    best, chosen, nodes, complete = _cover_dfs(
-        masks, cost, rc, masks[sorted_ids], sorted_ids, np.array(start, dtype=np.int64),
-        np.concatenate(lists).astype(np.int64) if lists else np.zeros(0, np.int64), pick_order,
-        (1 << N) - 1, R * G, P, kmax, G * T - dual + tol, dual, rc_min, G, R,
-        {"sum": 0, "row": 1, "shard": 2}[kind], T + tol, node_limit)
+    kept = _KeptBlocks(masks, cost, rc, masks[sorted_ids], sorted_ids, np.array(start, dtype=np.int64),
+                       np.concatenate(lists).astype(np.int64) if lists else np.zeros(0, np.int64), pick_order)
+    target = _CoverTarget((1 << N) - 1, R * G, P, kmax, G * T - dual + tol, dual, rc_min, G, R,
+                          {"sum": 0, "row": 1, "shard": 2}[_kind(inst)], T + tol, node_limit)
+    best, chosen, nodes, complete = _cover_dfs(kept, target)
     found = bool(chosen[0] >= 0)
     return {"found": found, "value": best if found else None, "chosen": chosen if found else None,
             "complete": complete, "nodes": int(nodes), "seconds": time.perf_counter() - t0}

@@ -70,21 +70,42 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
     pyo = _solvers.pyomo()
     clock = BuildClock(deadline)
     topo = inst.topology
-    N, R, D, G, P = inst.num_samples, inst.rows, topo.dp, topo.num_shards, topo.ep
+    R, D, G, P = inst.rows, topo.dp, topo.num_shards, topo.ep
     lb = inst.lower_bound() - inst.constant()
     unit = lb / 1000.0 if lb > 0 else 1.0
     coef_SN = inst.coef_SN / unit
     gamma = inst.cost.gamma / unit
-    lengths = inst.window.lengths.tolist()
     cells_RGP = [[[r * D + int(inst.slots_GP[g, j]) for j in range(P)] for g in range(G)]
                  for r in range(R)]
 
     m = pyo.ConcreteModel(name="layout")
+    _add_assignment(m, inst)
+    clock.check()
+    stages = _add_attention(m, inst, coef_SN, cells_RGP, clock)
+    if experts is not None:
+        layers = experts(m, inst, cells_RGP, clock) if gamma > 0 else []
+    else:
+        layers = _fixed_experts(m, inst, cells_RGP, clock, gamma)
+    _add_objectives(m, inst, stages, layers, gamma)
+    m.symmetry = pyo.ConstraintList()
+    if symmetry:
+        _add_symmetry_breaking(m, inst, slot_symmetry, clock)
+    m._unit = unit
+    m._stages, m._layers, m._cells_RGP = stages, layers, cells_RGP
+    m._coef_SN, m._gamma = coef_SN, gamma
+    return m, unit
+
+
+def _add_assignment(m, inst: LayoutInstance) -> None:
+    """The cell binaries ``x[i, c]`` and the rules every layout keeps."""
+    pyo = _solvers.pyomo()
+    topo = inst.topology
+    N, R, D = inst.num_samples, inst.rows, topo.dp
+    lengths = inst.window.lengths.tolist()
     m.I = pyo.RangeSet(0, N - 1)
     m.Cc = pyo.RangeSet(0, R * D - 1)
     m.x = pyo.Var(m.I, m.Cc, domain=pyo.Binary)
     x = m.x
-
     # Coverage: every sample sits in exactly one cell.
     m.coverage = pyo.Constraint(m.I, rule=lambda m, i: sum(x[i, c] for c in m.Cc) == 1)
     # Capacity: the tokens of a cell stay within the micro-batch cap.
@@ -96,9 +117,14 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
     if topo.equal_samples_per_slot:
         m.equal_counts = pyo.Constraint(
             range(D), rule=lambda m, d: sum(x[i, r * D + d] for i in m.I for r in range(R)) == N // D)
-    clock.check()
 
-    # Attention: A[s,r,g] ≥ each cell's stage cost in shard g, row r.
+
+def _add_attention(m, inst: LayoutInstance, coef_SN, cells_RGP, clock: BuildClock) -> list[int]:
+    """Attention: ``A[s,r,g]`` ≥ each cell's stage cost in shard g, row r (with the single-sample
+    cuts). Returns the stages with a nonzero cost."""
+    pyo = _solvers.pyomo()
+    N, R, G = inst.num_samples, len(cells_RGP), len(cells_RGP[0])
+    x = m.x
     stages = [s for s in range(coef_SN.shape[0]) if coef_SN[s].any()]
     m.A = pyo.Var(stages, range(R), range(G), domain=pyo.NonNegativeReals)
     m.attention = pyo.ConstraintList()
@@ -113,11 +139,14 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
                 if len(cells) > 1:  # single-sample cuts: valid, not implied by the LP relaxation
                     for i in range(N):
                         m.attention.add(m.A[s, r, g] >= cs[i] * sum(x[i, c] for c in cells))
+    return stages
 
-    if experts is not None:
-        layers = experts(m, inst, cells_RGP, clock) if gamma > 0 else []
-    else:
-        layers = _fixed_experts(m, inst, cells_RGP, clock, gamma)
+
+def _add_objectives(m, inst: LayoutInstance, stages, layers, gamma: float) -> None:
+    """The block costs ``J[r,g]``, the makespan under the objective (``obj``, active) and ``Σ J``
+    (``total``, the lexicographic second stage, inactive)."""
+    pyo = _solvers.pyomo()
+    R, G = inst.rows, inst.topology.num_shards
 
     def J(r, g):
         return (sum(m.A[s, r, g] for s in stages) + gamma * sum(m.M[r, g, l] for l in layers))
@@ -136,25 +165,22 @@ def build_milp(inst: LayoutInstance, symmetry: bool = True,
                             sense=pyo.minimize)
     m.total.deactivate()
 
-    # Symmetry breaking: min-index ordering of interchangeable units.
-    m.symmetry = pyo.ConstraintList()
-    if symmetry:
-        order = inst.order_N.tolist()
-        for units in symmetry_groups(topo, R, inst.objective, slot_symmetry):
-            for j in range(1, len(units)):
-                cur, prev = units[j], units[j - 1]
-                for n, i in enumerate(order):
-                    if n % 16 == 0:
-                        clock.check()
-                    lhs = sum(x[i, c] for c in cur)
-                    if n == 0:
-                        m.symmetry.add(lhs <= 0)
-                    else:
-                        m.symmetry.add(lhs <= sum(x[k, c] for c in prev for k in order[:n]))
-    m._unit = unit
-    m._stages, m._layers, m._cells_RGP = stages, layers, cells_RGP
-    m._coef_SN, m._gamma = coef_SN, gamma
-    return m, unit
+
+def _add_symmetry_breaking(m, inst: LayoutInstance, slot_symmetry: bool, clock: BuildClock) -> None:
+    """Min-index ordering of interchangeable units (:func:`symmetry_groups`)."""
+    x = m.x
+    order = inst.order_N.tolist()
+    for units in symmetry_groups(inst.topology, inst.rows, inst.objective, slot_symmetry):
+        for j in range(1, len(units)):
+            cur, prev = units[j], units[j - 1]
+            for n, i in enumerate(order):
+                if n % 16 == 0:
+                    clock.check()
+                lhs = sum(x[i, c] for c in cur)
+                if n == 0:
+                    m.symmetry.add(lhs <= 0)
+                else:
+                    m.symmetry.add(lhs <= sum(x[k, c] for c in prev for k in order[:n]))
 
 
 def _fixed_experts(m, inst: LayoutInstance, cells_RGP, clock: BuildClock, gamma: float) -> list[int]:
@@ -265,21 +291,12 @@ def solve_milp(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
     opt = _highs(max(0.01, time_limit - build_s), threads, presolve)
     with _solvers.quiet_appsi_highs():
         res = opt.solve(m)
-    tc = res.termination_condition
-    info = {"stage1_status": str(tc.name), "model_unit_us": unit, "build_seconds": build_s,
+    info = {"stage1_status": str(res.termination_condition.name), "model_unit_us": unit, "build_seconds": build_s,
             "num_binaries": inst.num_samples * inst.num_cells, "symmetry_breaking": symmetry}
-    if tc in (TerminationCondition.infeasible, TerminationCondition.infeasibleOrUnbounded):
-        return _result(inst, "infeasible", None, float("inf"), t0, None, lexicographic, info)
-    found = res.best_feasible_objective is not None
-    bound = _bound(inst, unit, res.best_objective_bound)
-    if not found:
-        return _result(inst, "unknown", None, bound, t0, None, lexicographic, info)
-    res.solution_loader.load_vars()
-    optimal = tc == TerminationCondition.optimal
-    makespan_model, claimed, consistent = _claimed(res, m, inst, unit, info)
-    if not consistent:
-        optimal = False
-        bound = inst.lower_bound()
+    status, bound, makespan_model, claimed = read_answer(res, m, inst, unit, info)
+    if status in ("infeasible", "unknown"):
+        return _result(inst, status, None, bound, t0, None, lexicographic, info)
+    optimal = status == "optimal"
     layout = _layout(m, inst)
     if lexicographic:
         remaining = max(time_limit - (time.perf_counter() - t0), 0.1 * time_limit)
@@ -301,6 +318,26 @@ def solve_milp(inst: LayoutInstance, time_limit: float = 60.0, warm_start=None,
     info["solver_makespan"] = claimed
     return _result(inst, "optimal" if optimal else "feasible", layout, bound, t0, claimed,
                    lexicographic, info)
+
+
+def read_answer(res, m, inst, unit: float, info: dict) -> tuple[str, float, float | None, float | None]:
+    """HiGHS's answer to a layout model ``m``: (status, proved bound in µs, the model's makespan
+    in model units, the claimed makespan in µs). "infeasible" and "unknown" (no solution) carry no
+    makespan; otherwise the solution is loaded into ``m`` and the status is "optimal" or
+    "feasible" — "feasible", with the docs/model.md bound, also when HiGHS's objective disagrees
+    with its own solution (module docstring)."""
+    _, TerminationCondition = _solvers.appsi_highs()
+    tc = res.termination_condition
+    if tc in (TerminationCondition.infeasible, TerminationCondition.infeasibleOrUnbounded):
+        return "infeasible", float("inf"), None, None
+    bound = _bound(inst, unit, res.best_objective_bound)
+    if res.best_feasible_objective is None:
+        return "unknown", bound, None, None
+    res.solution_loader.load_vars()
+    makespan_model, claimed, consistent = _claimed(res, m, inst, unit, info)
+    if not consistent:
+        return "feasible", inst.lower_bound(), makespan_model, claimed
+    return ("optimal" if tc == TerminationCondition.optimal else "feasible"), bound, makespan_model, claimed
 
 
 def _claimed(res, m, inst, unit: float, info: dict) -> tuple[float, float, bool]:

@@ -42,16 +42,20 @@ class _ReplicaModel(_Model):
     def add_expert_maxima(self) -> dict:
         """Placement (y, u, v), the split of every cell's tokens (f, δ) and the rank maxima
         M[r,g,l] (module docstring of layout_replicas)."""
-        cp_model = _solvers.cp_model()
+        self._add_replica_placement()
+        self.clock.check()
+        self._add_split()
+        self.z = {}
+        if self.sc.K == 0:
+            return {}
+        return self._add_rank_maxima()
+
+    def _add_replica_placement(self) -> None:
+        """y (replica on rank), u (replica count), v (replica index): every rank holds S/P slots,
+        one count n per expert, and the replica on p is the j-th, j = replicas on lower ranks."""
         inst, m = self.inst, self.model
-        counts_NLE = inst.window.counts
-        N, L, E = counts_NLE.shape
-        topo = inst.topology
-        P, D = topo.ep, topo.dp
-        R, G, _ = self.cells_RGP.shape
-        nmax, per = inst.nmax, inst.slots_per_rank
-        q_D = inst.q_D()
-        # --- placement: y (replica on rank), u (replica count), v (replica index) -----------
+        _, L, E = inst.window.counts.shape
+        P, nmax, per = inst.topology.ep, inst.nmax, inst.slots_per_rank
         self.y = y = {(l, e, p): m.new_bool_var(f"y[{l},{e},{p}]")
                       for l in range(L) for e in range(E) for p in range(P)}
         self.u = u = {(l, e, n): m.new_bool_var(f"u[{l},{e},{n}]")
@@ -69,9 +73,15 @@ class _ReplicaModel(_Model):
                     m.add(sum(v[l, e, p, j] for j in js) == y[l, e, p])
                     m.add(sum(j * v[l, e, p, j] for j in js)
                           == sum(y[l, e, pp] for pp in range(p))).only_enforce_if(y[l, e, p])
-        self.clock.check()
-        # --- split: c = n·f + Σ_t δ_t, δ unary (δ_t = [t < c mod n]) ------------------------
-        X = R * D
+
+    def _add_split(self) -> None:
+        """The split of every cell's tokens of an expert: c = n·f + Σ_t δ_t, δ unary
+        (δ_t = [t < c mod n]), for every replica count n ≥ 2."""
+        cp_model = _solvers.cp_model()
+        inst, m = self.inst, self.model
+        counts_NLE = inst.window.counts
+        _, L, E = counts_NLE.shape
+        X = self.cells_RGP.shape[0] * inst.topology.dp
         self.c = {}
         self.f, self.d = {}, {}
         for x in range(X):
@@ -84,7 +94,7 @@ class _ReplicaModel(_Model):
                     c = cp_model.LinearExpr.weighted_sum(self.x[:, x].tolist(), w.tolist())
                     self.c[x, l, e] = c
                     ub = int(w.sum())
-                    for n in range(2, nmax + 1):
+                    for n in range(2, inst.nmax + 1):
                         f = m.new_int_var(0, ub // n, f"f[{x},{l},{e},{n}]")
                         ds = [m.new_bool_var(f"d[{x},{l},{e},{n},{t}]") for t in range(n - 1)]
                         m.add(c == n * f + sum(ds))
@@ -92,11 +102,17 @@ class _ReplicaModel(_Model):
                             m.add_implication(ds[t + 1], ds[t])
                         self.f[x, l, e, n] = f
                         self.d[x, l, e, n] = ds
-        # --- loads: z ≥ the selected share; M ≥ Σ_e z; P·M ≥ the block's tokens -------------
+
+    def _add_rank_maxima(self) -> dict:
+        """Loads: z ≥ the selected share; M ≥ Σ_e z on every rank; P·M ≥ the block's tokens."""
+        inst, m = self.inst, self.model
+        counts_NLE = inst.window.counts
+        _, L, E = counts_NLE.shape
+        P, nmax = inst.topology.ep, inst.nmax
+        R, G, _ = self.cells_RGP.shape
+        q_D = inst.q_D()
+        u, v = self.u, self.v
         M: dict = {}
-        self.z = {}
-        if self.sc.K == 0:
-            return M
         for r in range(R):
             for g in range(G):
                 self.clock.check()

@@ -26,7 +26,7 @@ import numpy as np
 
 from routepack_opt.models import _solvers
 from routepack_opt.models.layout_common import BuildClock, BuildTimeout, prefeasibility
-from routepack_opt.models.layout_milp import BUILD_SHARE, _bound, _claimed, _highs, _layout, build_milp
+from routepack_opt.models.layout_milp import BUILD_SHARE, _highs, _layout, build_milp, read_answer
 from routepack_opt.models.layout_replicas import ReplicaLayoutInstance, ReplicaLayoutResult, replica_result
 
 __all__ = ["solve_replica_milp", "build_replica_milp"]
@@ -34,15 +34,21 @@ __all__ = ["solve_replica_milp", "build_replica_milp"]
 
 def _replica_experts(m, inst: ReplicaLayoutInstance, cells_RGP, clock: BuildClock) -> list[int]:
     """Placement (y, u, v), split (f, δ) and rank maxima M[r,g,l] (the ``experts`` hook)."""
-    pyo = _solvers.pyomo()
     counts_NLE = inst.window.counts
-    N, L, E = counts_NLE.shape
-    topo = inst.topology
-    P, D = topo.ep, topo.dp
-    R, G = len(cells_RGP), len(cells_RGP[0])
-    nmax, per = inst.nmax, inst.slots_per_rank
-    q_D = inst.q_D()
-    x = m.x
+    _add_placement(m, inst)
+    clock.check()
+    split = _add_split(m, inst, len(cells_RGP) * inst.topology.dp, clock)
+    layers = [l for l in range(counts_NLE.shape[1]) if counts_NLE[:, l, :].any()]
+    _add_rank_maxima(m, inst, cells_RGP, layers, split, clock)
+    return layers
+
+
+def _add_placement(m, inst: ReplicaLayoutInstance) -> None:
+    """y[l,e,p] (a replica of e on rank p), u[l,e,n] (e has n replicas), v[l,e,p,j] (the replica
+    on p is e's j-th): S/P slots a rank, one count an expert, j = replicas on lower ranks."""
+    pyo = _solvers.pyomo()
+    _, L, E = inst.window.counts.shape
+    P, nmax, per = inst.topology.ep, inst.nmax, inst.slots_per_rank
     LEP = [(l, e, p) for l in range(L) for e in range(E) for p in range(P)]
     m.y = pyo.Var(LEP, domain=pyo.Binary)
     m.u = pyo.Var([(l, e, n) for l in range(L) for e in range(E) for n in range(1, nmax + 1)], domain=pyo.Binary)
@@ -63,10 +69,17 @@ def _replica_experts(m, inst: ReplicaLayoutInstance, cells_RGP, clock: BuildCloc
                 diff = sum(j * v[l, e, p, j] for j in js) - sum(y[l, e, pp] for pp in range(p))
                 m.placement.add(diff <= P * (1 - y[l, e, p]))
                 m.placement.add(diff >= -P * (1 - y[l, e, p]))
-    clock.check()
-    # split: c = n·f + Σ_t δ_t with δ unary
+
+
+def _add_split(m, inst: ReplicaLayoutInstance, X: int, clock: BuildClock) -> tuple[dict, dict, dict]:
+    """The split of every cell's tokens of an expert: c = n·f + Σ_t δ_t with δ unary, for every
+    replica count n ≥ 2. Returns (c, f, d): the cells' token expressions and the split's terms."""
+    pyo = _solvers.pyomo()
+    counts_NLE = inst.window.counts
+    N, L, E = counts_NLE.shape
+    nmax = inst.nmax
+    x = m.x
     c, f, d = {}, {}, {}
-    X = R * D
     fidx, didx = [], []
     for xc in range(X):
         for l in range(L):
@@ -92,6 +105,20 @@ def _replica_experts(m, inst: ReplicaLayoutInstance, cells_RGP, clock: BuildCloc
                         m.split.add(m.d[xc, l, e, n, t + 1] <= m.d[xc, l, e, n, t])
                     f[xc, l, e, n] = m.f[xc, l, e, n]
                     d[xc, l, e, n] = [m.d[xc, l, e, n, t] for t in range(n - 1)]
+    return c, f, d
+
+
+def _add_rank_maxima(m, inst: ReplicaLayoutInstance, cells_RGP, layers, split, clock: BuildClock) -> None:
+    """z[k,l,e,p] ≥ the share replica j of n on rank p receives from block k (big-M on u, v);
+    M[r,g,l] ≥ Σ_e z on every rank, and P·M ≥ the block's tokens of the layer."""
+    pyo = _solvers.pyomo()
+    counts_NLE = inst.window.counts
+    E = counts_NLE.shape[2]
+    P, D, nmax = inst.topology.ep, inst.topology.dp, inst.nmax
+    R, G = len(cells_RGP), len(cells_RGP[0])
+    q_D = inst.q_D()
+    c, f, d = split
+    u, v = m.u, m.v
 
     def share(cells, l, e, n, j):
         if n == 1:
@@ -104,7 +131,6 @@ def _replica_experts(m, inst: ReplicaLayoutInstance, cells_RGP, clock: BuildCloc
                 terms.append(d[xc, l, e, n][t])
         return sum(terms)
 
-    layers = [l for l in range(L) if counts_NLE[:, l, :].any()]
     zidx = [(r * G + g, l, e, p) for r in range(R) for g in range(G) for l in layers for e in range(E)
             for p in range(P) if counts_NLE[:, l, e].any()]
     m.z = pyo.Var(zidx, domain=pyo.NonNegativeReals)
@@ -126,7 +152,6 @@ def _replica_experts(m, inst: ReplicaLayoutInstance, cells_RGP, clock: BuildCloc
                                               - U * (2 - u[l, e, n] - v[l, e, p, j]))
                     m.experts.add(m.M[r, g, l] >= sum(m.z[k, l, e, p] for e in es))
                 m.experts.add(P * m.M[r, g, l] >= sum(c[xc, l, e] for xc in cells for e in es))
-    return layers
 
 
 def build_replica_milp(inst: ReplicaLayoutInstance, symmetry: bool = True, deadline: float | None = None):
@@ -138,7 +163,6 @@ def solve_replica_milp(inst: ReplicaLayoutInstance, time_limit: float = 60.0, sy
                        threads: int | None = None) -> ReplicaLayoutResult:
     """Solve the joint MILP with HiGHS (module docstring); the result is re-scored by the evaluator."""
     pyo = _solvers.pyomo()
-    _, TerminationCondition = _solvers.appsi_highs()
     t0 = time.perf_counter()
     reason = prefeasibility(inst)
     if reason is not None:
@@ -153,23 +177,14 @@ def solve_replica_milp(inst: ReplicaLayoutInstance, time_limit: float = 60.0, sy
     opt = _highs(max(0.01, time_limit - build_s), threads, presolve=True)
     with _solvers.quiet_appsi_highs():
         res = opt.solve(m)
-    tc = res.termination_condition
-    info = {"status_name": str(tc.name), "model_unit_us": unit, "build_seconds": build_s,
+    info = {"status_name": str(res.termination_condition.name), "model_unit_us": unit, "build_seconds": build_s,
             "symmetry_breaking": symmetry}
-    if tc in (TerminationCondition.infeasible, TerminationCondition.infeasibleOrUnbounded):
-        return replica_result(inst, "highs", "infeasible", None, None, float("inf"), t0, None, 0.0, info)
-    bound = _bound(inst, unit, res.best_objective_bound)
-    if res.best_feasible_objective is None:
-        return replica_result(inst, "highs", "unknown", None, None, bound, t0, None, 0.0, info)
-    res.solution_loader.load_vars()
-    optimal = tc == TerminationCondition.optimal
-    _, claimed, consistent = _claimed(res, m, inst, unit, info)
-    if not consistent:
-        optimal = False
-        bound = inst.lower_bound()
+    status, bound, _, claimed = read_answer(res, m, inst, unit, info)
+    if status in ("infeasible", "unknown"):
+        return replica_result(inst, "highs", status, None, None, bound, t0, None, 0.0, info)
     L, E, P = inst.window.num_layers, inst.window.num_experts, inst.topology.ep
     y_LEP = np.array([[[int(round(pyo.value(m.y[l, e, p]))) for p in range(P)] for e in range(E)]
                       for l in range(L)], dtype=np.int64)
     info["solver_makespan"] = claimed
-    return replica_result(inst, "highs", "optimal" if optimal else "feasible", _layout(m, inst), y_LEP,
+    return replica_result(inst, "highs", status, _layout(m, inst), y_LEP,
                           bound, t0, claimed, 0.0, info)

@@ -69,7 +69,7 @@ def solve_best_rows(window: Window, topology: Topology, cost: CostModel, rows: S
     placement model at each count of ``rows`` (ascending), pruning counts by their layout
     bound, within ``time_limit`` seconds in all (what is left split evenly over the counts
     still to solve). Returns the best count and layout, proved where the module docstring says."""
-    from routepack_opt.models.layout import solve_layout, solve_layout_replicas
+    from routepack_opt.models.layout import ExactOptions, solve_layout, solve_layout_replicas
 
     counts = sorted({int(r) for r in rows})
     if not counts or counts[0] < 1:
@@ -105,7 +105,7 @@ def solve_best_rows(window: Window, topology: Topology, cost: CostModel, rows: S
                                         num_workers=num_workers, evaluator=ev)
         else:
             res = solve_layout(window, topology, cost, placement, R, objective, solver=solver, time_limit=share,
-                               num_workers=num_workers, evaluator=ev)
+                               options=ExactOptions(num_workers=num_workers), evaluator=ev)
         entry.update(status=res.status, objective=res.objective, bound=max(res.bound, lb), seconds=res.seconds,
                      tolerance=_tolerance(res) if res.objective is not None else 0.0)
         if res.status == "infeasible" or res.score is None:

@@ -79,25 +79,12 @@ def _cell_counts(window: Window, layout: Layout, topology: Topology) -> tuple[np
     return c_XLE, q_D
 
 
-def solve_replicas_cpsat(window: Window, topology: Topology, cost: CostModel, layout: Layout,
-                         objective: Objective | str = Objective.MAX_SUM, time_limit: float = 10.0,
-                         hint: Placement | None = None, workers: int = 1,
-                         scale: int | None = None) -> ReplicaResult:
-    """The optimal replica placement for ``layout`` (module docstring)."""
-    cp_model = _solvers.cp_model()
-    objective = check_objective(objective)
-    t0 = time.perf_counter()
-    topology.check_experts(window.num_experts)
-    L, E, P, G, R, D = (window.num_layers, window.num_experts, topology.ep, topology.num_shards,
-                        layout.rows, topology.dp)
-    S = topology.num_slots(E)
-    per = S // P
-    if S > E * P:
-        raise InputError("replicas: more slots than one replica per (expert, rank)")
+def _block_shares(window: Window, topology: Topology, layout: Layout, nmax: int) -> np.ndarray:
+    """``A[k, l, e, n, j]``: tokens replica j of an n-replica expert e gets from block k under the
+    even-local rule (fixed by the layout)."""
+    L, E, G, R, D = window.num_layers, window.num_experts, topology.num_shards, layout.rows, topology.dp
     c_XLE, q_D = _cell_counts(window, layout, topology)
     blk_X = (np.arange(R * D) // D) * G + topology.shard_array()[np.arange(R * D) % D]
-    nmax = min(P, S - E + 1)
-    # A[k, l, e, n, j]: tokens replica j of an n-replica expert e gets from block k
     A = np.zeros((R * G, L, E, nmax + 1, nmax), dtype=np.int64)
     for x in range(R * D):
         for l in range(L):
@@ -106,16 +93,12 @@ def solve_replicas_cpsat(window: Window, topology: Topology, cost: CostModel, la
                 if c:
                     for n in range(1, nmax + 1):
                         A[blk_X[x], l, e, n, :n] += split_counts(c, n, int(q_D[x % D]))
-    ev = Evaluator(window, topology, cost)
-    base_RG = ev.costs(Placement.identity(L, E, P, S - E), layout.row, layout.slot, R, parts=True)[1].sum(axis=0)
-    base_K = base_RG.reshape(-1) + cost.row_overhead
-    gamma = cost.gamma if cost.gamma > 0 else 1.0
-    top = float(base_K.max() / gamma) + float(A.sum(axis=(2, 3, 4)).max()) * L
-    if scale is None:
-        scale = int(max(1, min(10**6, 2**40 / max(top * R, 1.0))))
-    base_i = np.rint(base_K / gamma * scale).astype(np.int64)
+    return A
 
-    m = cp_model.CpModel()
+
+def _add_placement(m, L: int, E: int, P: int, nmax: int, per: int) -> tuple[dict, dict]:
+    """y[l,e,p], u[l,e,n], v[l,e,p,j] and their product b[l,e,p,n,j] (module docstring), with
+    S/P replicas a rank and one replica count an expert. Returns (y, b)."""
     y = {(l, e, p): m.new_bool_var(f"y[{l},{e},{p}]") for l in range(L) for e in range(E) for p in range(P)}
     u = {(l, e, n): m.new_bool_var(f"u[{l},{e},{n}]") for l in range(L) for e in range(E) for n in range(1, nmax + 1)}
     v = {(l, e, p, j): m.new_bool_var(f"v[{l},{e},{p},{j}]")
@@ -139,19 +122,28 @@ def solve_replicas_cpsat(window: Window, topology: Topology, cost: CostModel, la
         for e in range(E):
             m.add_exactly_one(u[l, e, n] for n in range(1, nmax + 1))
             m.add(sum(n * u[l, e, n] for n in range(1, nmax + 1)) == sum(y[l, e, p] for p in range(P)))
-    # peaks: M[k, l] ≥ every rank's load under the rule
-    K = R * G
+    return y, b
+
+
+def _add_peaks(m, A: np.ndarray, b: dict, P: int) -> dict:
+    """``M[k, l]`` ≥ every rank's load under the rule."""
+    K, L, E, n1, _ = A.shape
     Mx = {}
     for k in range(K):
         for l in range(L):
             hi = int(A[k, l].max(axis=(1, 2)).sum()) if A[k, l].size else 0
             Mx[k, l] = m.new_int_var(0, max(hi, 0), f"M[{k},{l}]")
             for p in range(P):
-                terms = [int(A[k, l, e, n, j]) * b[l, e, p, n, j] for e in range(E) for n in range(1, nmax + 1)
+                terms = [int(A[k, l, e, n, j]) * b[l, e, p, n, j] for e in range(E) for n in range(1, n1)
                          for j in range(min(n, p + 1)) if A[k, l, e, n, j]]
                 if terms:
                     m.add(Mx[k, l] >= sum(terms))
-    span = int(base_i.max()) * R + scale * int(sum(A[k].sum() for k in range(K))) + 1
+    return Mx
+
+
+def _minimise_makespan(m, objective: Objective, base_i: np.ndarray, Mx: dict, span: int, scale: int,
+                       R: int, G: int, L: int) -> None:
+    """The objective over blocks k = r·G + g of cost ``base_k + scale · Σ_l M[k, l]``."""
     if objective is Objective.MAX_SUM:
         Z = m.new_int_var(min(0, int(base_i.min()) * R), span, "Z")
         for g in range(G):
@@ -166,6 +158,37 @@ def solve_replicas_cpsat(window: Window, topology: Topology, cost: CostModel, la
                 m.add(yr >= int(base_i[r * G + g]) + scale * sum(Mx[r * G + g, l] for l in range(L)))
             Y.append(yr)
         m.minimize(sum(Y))
+
+
+def solve_replicas_cpsat(window: Window, topology: Topology, cost: CostModel, layout: Layout,
+                         objective: Objective | str = Objective.MAX_SUM, time_limit: float = 10.0,
+                         hint: Placement | None = None, workers: int = 1,
+                         scale: int | None = None) -> ReplicaResult:
+    """The optimal replica placement for ``layout`` (module docstring)."""
+    cp_model = _solvers.cp_model()
+    objective = check_objective(objective)
+    t0 = time.perf_counter()
+    topology.check_experts(window.num_experts)
+    L, E, P, G, R = window.num_layers, window.num_experts, topology.ep, topology.num_shards, layout.rows
+    S = topology.num_slots(E)
+    if S > E * P:
+        raise InputError("replicas: more slots than one replica per (expert, rank)")
+    nmax = min(P, S - E + 1)
+    A = _block_shares(window, topology, layout, nmax)
+    ev = Evaluator(window, topology, cost)
+    base_RG = ev.costs(Placement.identity(L, E, P, S - E), layout.row, layout.slot, R, parts=True)[1].sum(axis=0)
+    base_K = base_RG.reshape(-1) + cost.row_overhead
+    gamma = cost.gamma if cost.gamma > 0 else 1.0
+    top = float(base_K.max() / gamma) + float(A.sum(axis=(2, 3, 4)).max()) * L
+    if scale is None:
+        scale = int(max(1, min(10**6, 2**40 / max(top * R, 1.0))))
+    base_i = np.rint(base_K / gamma * scale).astype(np.int64)
+
+    m = cp_model.CpModel()
+    y, b = _add_placement(m, L, E, P, nmax, S // P)
+    Mx = _add_peaks(m, A, b, P)
+    span = int(base_i.max()) * R + scale * int(sum(A[k].sum() for k in range(R * G))) + 1
+    _minimise_makespan(m, objective, base_i, Mx, span, scale, R, G, L)
     if hint is not None:
         hr = hint.replica_ranks()
         for (l, e, p), var in y.items():

@@ -349,6 +349,88 @@ def _corr2(meas: np.ndarray, pred: np.ndarray) -> float:
     return float(np.corrcoef(meas, pred)[0, 1] ** 2)
 
 
+@dataclasses.dataclass(frozen=True)
+class _ScaledPlan:
+    """A plan's workloads on the scaled-down window (the measurement's and the prediction's)."""
+
+    scale: float
+    layers: int
+    len_s: np.ndarray       # [N] scaled lengths
+    counts_s: np.ndarray    # [N, Lm, E] scaled expert counts
+    cell_N: np.ndarray      # [N] cell r·D + d of each sample
+    tok_RGLE: np.ndarray    # [R, G, Lm, E] tokens of each (row, shard) block per (layer, expert)
+
+
+def _scaled_plan(window: Window, plan: Plan, cfg: BenchConfig, scale: float | None) -> _ScaledPlan:
+    """Scale the window (by ``scale``, default: small enough for ``cfg``'s measurement caps) and
+    gather the plan's expert workloads per (row, shard) block."""
+    topo = plan.topology
+    D, G, R, Lm, E = topo.dp, topo.num_shards, plan.rows, cfg.layers, window.num_experts
+    cell_N = plan.row * D + plan.slot
+    cell_tokens = np.bincount(cell_N, weights=window.lengths, minlength=R * D)
+    if scale is None:
+        scale = max(1.0, math.ceil(cell_tokens.max() / cfg.measure_max_cell),
+                    math.ceil(window.total_tokens / cfg.measure_max_tokens))
+    if not scale >= 1:
+        raise InputError(f"--scale must be ≥ 1, got {scale}")
+    len_s, counts_s = scale_window(window, scale, Lm)
+    rg_N = plan.row * G + topo.shard_array()[plan.slot]
+    tok_RGLE = np.zeros((R * G, Lm * E), dtype=np.int64)
+    np.add.at(tok_RGLE, rg_N, counts_s.reshape(len(len_s), Lm * E))
+    return _ScaledPlan(scale, Lm, len_s, counts_s, cell_N, tok_RGLE.reshape(R, G, Lm, E))
+
+
+def _rank_of_experts(plan: Plan, l: int, per_rank: int) -> np.ndarray:
+    """[E] the EP rank holding each expert at layer l."""
+    return plan.placement[l] // per_rank
+
+
+def _measure_kernels(kb: KernelBench, plan: Plan, sp: _ScaledPlan) -> tuple[np.ndarray, np.ndarray]:
+    """Measured ``A_RD`` (every cell's attention, × layers) and ``X_RGLP`` (every block's expert
+    work per layer and rank), µs."""
+    D, P, G, R = plan.topology.dp, plan.topology.ep, plan.topology.num_shards, plan.rows
+    Lm = sp.layers
+    per_rank = sp.tok_RGLE.shape[3] // P
+    order = np.argsort(sp.cell_N, kind="stable")
+    bounds = np.searchsorted(sp.cell_N[order], np.arange(R * D + 1))
+    A_RD = np.zeros(R * D)
+    for c in range(R * D):  # attention per cell, one layer, × Lm layers
+        A_RD[c] = Lm * kb.attention_us(sp.len_s[order[bounds[c]:bounds[c + 1]]])
+    X_RGLP = np.zeros((R, G, Lm, P))
+    for l in range(Lm):
+        rank_E = _rank_of_experts(plan, l, per_rank)
+        experts_of = [np.flatnonzero(rank_E == p) for p in range(P)]
+        for r in range(R):
+            for g in range(G):
+                for p in range(P):
+                    X_RGLP[r, g, l, p] = kb.experts_us(sp.tok_RGLE[r, g, l, experts_of[p]])
+    return A_RD.reshape(R, D), X_RGLP
+
+
+def _predicted_kernels(plan: Plan, sp: _ScaledPlan, cost: CostModel, calib_report: dict | None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """The cost model's ``A_RD`` and ``X_RGLP`` for the same kernels, with the calibration's
+    intercepts when it ran here."""
+    D, P, G, R = plan.topology.dp, plan.topology.ep, plan.topology.num_shards, plan.rows
+    Lm = sp.layers
+    per_rank = sp.tok_RGLE.shape[3] // P
+    a_cost = cost.stages[0]
+    c_attn = 0.0
+    c_exp = 0.0
+    if calib_report is not None:
+        c_attn = Lm * calib_report["attention"]["coef"]["intercept"]
+        c_exp = calib_report["expert"]["coef"]["intercept"]
+    T_RD = np.bincount(sp.cell_N, weights=sp.len_s.astype(float), minlength=R * D).reshape(R, D)
+    Q_RD = np.bincount(sp.cell_N, weights=sp.len_s.astype(float) ** 2, minlength=R * D).reshape(R, D)
+    A_pred_RD = a_cost.alpha * T_RD + a_cost.beta * Q_RD + c_attn
+    W_RGLP = np.zeros((R, G, Lm, P))
+    for l in range(Lm):
+        rank_E = _rank_of_experts(plan, l, per_rank)
+        for p in range(P):
+            W_RGLP[:, :, l, p] = sp.tok_RGLE[:, :, l, rank_E == p].sum(axis=2)
+    return A_pred_RD, cost.gamma * W_RGLP + c_exp
+
+
 def measure_plan(window: Window, plan: Plan, cost: CostModel | None = None, device: str = "cpu",
                  cfg: BenchConfig | None = None, scale: float | None = None,
                  layers: int | None = None) -> dict:
@@ -362,102 +444,68 @@ def measure_plan(window: Window, plan: Plan, cost: CostModel | None = None, devi
     plan.topology.check_experts(window.num_experts)
     dev = resolve_device(device)
     topo = plan.topology
-    D, P, G, R = topo.dp, topo.ep, topo.num_shards, plan.rows
-    E = window.num_experts
     Lm = min(window.num_layers, layers or (cfg.layers if cfg else 2))
     if Lm < 1:
         raise InputError("--layers must be ≥ 1")
     base_cfg = cfg or bench_config(dev.type)
-    cfg = dataclasses.replace(base_cfg, layers=Lm, experts_per_rank=E // P)
+    cfg = dataclasses.replace(base_cfg, layers=Lm, experts_per_rank=window.num_experts // topo.ep)
     t_start = time.perf_counter()
     calib_report = None
     if cost is None:
         cost, calib_report = calibrate(str(dev), cfg)
-    cell_N = plan.row * D + plan.slot
-    cell_tokens = np.bincount(cell_N, weights=window.lengths, minlength=R * D)
-    if scale is None:
-        scale = max(1.0, math.ceil(cell_tokens.max() / cfg.measure_max_cell),
-                    math.ceil(window.total_tokens / cfg.measure_max_tokens))
-    if not scale >= 1:
-        raise InputError(f"--scale must be ≥ 1, got {scale}")
-    len_s, counts_s = scale_window(window, scale, Lm)
-    # expert workloads: tokens of shard-row (r, g) per (layer, expert), then per rank
-    shard_N = topo.shard_array()[plan.slot]
-    rg_N = plan.row * G + shard_N
-    tok_RGLE = np.zeros((R * G, Lm * E), dtype=np.int64)
-    np.add.at(tok_RGLE, rg_N, counts_s.reshape(len(len_s), Lm * E))
-    tok_RGLE = tok_RGLE.reshape(R, G, Lm, E)
-    per_rank = E // P
-    order = np.argsort(cell_N, kind="stable")
-    bounds = np.searchsorted(cell_N[order], np.arange(R * D + 1))
+    sp = _scaled_plan(window, plan, cfg, scale)
     t_meas = time.perf_counter()
     with _threads(dev, cfg):
-        kb = KernelBench(cfg, dev)
-        # attention per cell, one layer, × Lm layers
-        A_RD = np.zeros(R * D)
-        for c in range(R * D):
-            A_RD[c] = Lm * kb.attention_us(len_s[order[bounds[c]:bounds[c + 1]]])
-        A_RD = A_RD.reshape(R, D)
-        X_RGLP = np.zeros((R, G, Lm, P))
-        for l in range(Lm):
-            rank_E = plan.placement[l] // per_rank
-            experts_of = [np.flatnonzero(rank_E == p) for p in range(P)]
-            for r in range(R):
-                for g in range(G):
-                    for p in range(P):
-                        X_RGLP[r, g, l, p] = kb.experts_us(tok_RGLE[r, g, l, experts_of[p]])
+        A_RD, X_RGLP = _measure_kernels(KernelBench(cfg, dev), plan, sp)
     seconds_measuring = time.perf_counter() - t_meas
-    slots_GP = topo.slots_of_shard()
-    J_meas = A_RD[:, slots_GP].max(axis=2) + X_RGLP.max(axis=3).sum(axis=2)
+    J_meas = A_RD[:, topo.slots_of_shard()].max(axis=2) + X_RGLP.max(axis=3).sum(axis=2)
     # prediction: the one evaluator, same scaled window, same layers
-    b_NLP = rank_loads(counts_s, plan.placement[:Lm], P)
-    J_pred = row_shard_costs(len_s, b_NLP, plan.row, plan.slot, R, topo, cost)
+    b_NLP = rank_loads(sp.counts_s, plan.placement[:Lm], topo.ep)
+    J_pred = row_shard_costs(sp.len_s, b_NLP, plan.row, plan.slot, plan.rows, topo, cost)
     # per-kernel agreement: attention per cell and expert per workload, intercepts included
-    a_cost = cost.stages[0]
-    c_attn = 0.0
-    c_exp = 0.0
-    if calib_report is not None:
-        c_attn = Lm * calib_report["attention"]["coef"]["intercept"]
-        c_exp = calib_report["expert"]["coef"]["intercept"]
-    T_RD = np.bincount(cell_N, weights=len_s.astype(float), minlength=R * D).reshape(R, D)
-    Q_RD = np.bincount(cell_N, weights=len_s.astype(float) ** 2, minlength=R * D).reshape(R, D)
-    A_pred_RD = a_cost.alpha * T_RD + a_cost.beta * Q_RD + c_attn
-    W_RGLP = np.zeros((R, G, Lm, P))
-    for l in range(Lm):
-        rank_E = plan.placement[l] // per_rank
-        for p in range(P):
-            W_RGLP[:, :, l, p] = tok_RGLE[:, :, l, rank_E == p].sum(axis=2)
-    X_pred = cost.gamma * W_RGLP + c_exp
-    objectives = {}
-    for obj in Objective:
-        m = score_from_J(J_meas, obj).makespan
-        p_ = score_from_J(J_pred, obj).makespan
-        objectives[obj] = {"measured_us": m, "predicted_us": p_, "ratio": m / p_ if p_ > 0 else float("inf")}
-    notes = []
-    med = float(np.median(len_s))
-    if med < 64:
-        notes.append(f"scaled samples are short (median {med:.0f} tokens): fixed per-sample and "
-                     "per-kernel costs, which the cost model has no term for, dominate; use a smaller "
-                     "--scale or a smaller window for a faithful check")
-    return {
-        "notes": notes,
-        "device": str(dev), "scale": float(scale), "layers": Lm, "rows": R, "dp": D, "ep": P,
-        "shards": G, "cells": R * D, "expert_workloads": int(R * G * Lm * P),
-        "scaled_tokens": int(len_s.sum()), "objectives": objectives,
-        "J_r2": _r2(J_meas, J_pred),
-        "J_rel_err_mean": float(np.mean(np.abs(J_meas - J_pred) / J_meas)),
+    A_pred_RD, X_pred = _predicted_kernels(plan, sp, cost, calib_report)
+    agreement = {
         # with the calibration's intercepts (known only when calibrated here) ...
         "attention_cell_r2": _r2(A_RD, A_pred_RD) if calib_report else None,
         "expert_workload_r2": _r2(X_RGLP, X_pred) if calib_report else None,
         # ... and offset-free: squared correlation of measured and modelled kernel times
         "attention_cell_corr2": _corr2(A_RD, A_pred_RD),
         "expert_workload_corr2": _corr2(X_RGLP, X_pred),
+    }
+    times = {"seconds_measuring": round(seconds_measuring, 2), "seconds": round(time.perf_counter() - t_start, 2)}
+    return _plan_report(dev, plan, sp, cost, calib_report, J_meas, J_pred, agreement, times)
+
+
+def _plan_report(dev, plan: Plan, sp: _ScaledPlan, cost: CostModel, calib_report: dict | None,
+                 J_meas: np.ndarray, J_pred: np.ndarray, agreement: dict, times: dict) -> dict:
+    """The measurement's report: both objectives measured against predicted, the fit of J and
+    of every kernel (``agreement``), the cost model used, the calibration's quality, ``times``."""
+    topo, R, Lm = plan.topology, plan.rows, sp.layers
+    objectives = {}
+    for obj in Objective:
+        m = score_from_J(J_meas, obj).makespan
+        p_ = score_from_J(J_pred, obj).makespan
+        objectives[obj] = {"measured_us": m, "predicted_us": p_, "ratio": m / p_ if p_ > 0 else float("inf")}
+    notes = []
+    med = float(np.median(sp.len_s))
+    if med < 64:
+        notes.append(f"scaled samples are short (median {med:.0f} tokens): fixed per-sample and "
+                     "per-kernel costs, which the cost model has no term for, dominate; use a smaller "
+                     "--scale or a smaller window for a faithful check")
+    a_cost = cost.stages[0]
+    return {
+        "notes": notes,
+        "device": str(dev), "scale": float(sp.scale), "layers": Lm, "rows": R, "dp": topo.dp, "ep": topo.ep,
+        "shards": topo.num_shards, "cells": R * topo.dp, "expert_workloads": int(R * topo.num_shards * Lm * topo.ep),
+        "scaled_tokens": int(sp.len_s.sum()), "objectives": objectives,
+        "J_r2": _r2(J_meas, J_pred),
+        "J_rel_err_mean": float(np.mean(np.abs(J_meas - J_pred) / J_meas)),
+        **agreement,
         "cost": {"alpha": a_cost.alpha, "beta": a_cost.beta, "gamma": cost.gamma,
                  "row_overhead": cost.row_overhead, "name": cost.name},
         "calibration": None if calib_report is None else {
             "attention_r2": calib_report["attention"]["r2"], "expert_r2": calib_report["expert"]["r2"],
             "seconds": calib_report["seconds"]},
-        "seconds_measuring": round(seconds_measuring, 2),
-        "seconds": round(time.perf_counter() - t_start, 2),
+        **times,
         "J_measured": J_meas.tolist(), "J_predicted": J_pred.tolist(),
     }

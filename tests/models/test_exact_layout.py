@@ -15,7 +15,14 @@ from routepack_opt.core.testing import random_layout, random_window
 from routepack_opt.core.topology import Topology
 from routepack_opt.models import layout_cpsat, layout_milp
 from routepack_opt.models.brute import brute_force_layout, set_partitions
-from routepack_opt.models.layout import LayoutInstance, canonical_layout, is_canonical, solve_layout, symmetry_groups
+from routepack_opt.models.layout import (
+    ExactOptions,
+    LayoutInstance,
+    canonical_layout,
+    is_canonical,
+    solve_layout,
+    symmetry_groups,
+)
 
 OBJECTIVES = ("max-sum", "sum-max")
 
@@ -35,10 +42,9 @@ def _tol(res, ref):
     return 2 * res.rounding_error + 1e-7 * abs(ref)
 
 
-def _solve(inst, solver, **kw):
-    kw.setdefault("time_limit", 30.0)
-    return solve_layout(inst.window, inst.topology, inst.cost, inst.placement, inst.rows,
-                        inst.objective, solver=solver, num_workers=2, **kw)
+def _solve(inst, solver, time_limit=30.0, warm_start=None, **options):
+    return solve_layout(inst.window, inst.topology, inst.cost, inst.placement, inst.rows, inst.objective,
+                        solver=solver, time_limit=time_limit, warm_start=warm_start, options=ExactOptions(**options))
 
 
 @pytest.fixture(scope="module")
@@ -324,7 +330,7 @@ def test_annealer_never_below_proved_bound(objective):
                     seed=seed, max_sweeps=200)
         heur = inst.score(ar.row, ar.slot).makespan
         ex = solve_layout(w, topo, TOY, pl, 2, objective, "cpsat", time_limit=10,
-                          warm_start=(ar.row, ar.slot), num_workers=2)
+                          warm_start=(ar.row, ar.slot))
         assert ex.bound <= heur + 1e-9 * heur
         assert ex.objective <= heur + 1e-9 * heur
 

@@ -106,7 +106,7 @@ def test_redundant_zero_equals_layout_model_over_placements(objective):
     best = np.inf
     for y in layer_choices(4, 2, 2):
         pl = placement_from_y(y[None], 2).permutation()
-        res = solve_layout(w, topo, COST, pl, 1, objective, time_limit=20, num_workers=2)
+        res = solve_layout(w, topo, COST, pl, 1, objective, time_limit=20)
         assert res.status == "optimal"
         best = min(best, res.objective)
     for solver in ("cpsat", "highs"):

@@ -60,86 +60,112 @@ def replica_counts(load_LE, num_slots: int, max_replicas: int) -> np.ndarray:
     return cnt
 
 
+@numba.njit(cache=True)
+def _layer_replicas(load_E, cnt_E):
+    """The layer's replicas as items: (expert, replica index, weight load / count) each."""
+    E = load_E.shape[0]
+    S = 0
+    for e in range(E):
+        S += cnt_E[e]
+    item_e = np.empty(S, dtype=np.int64)
+    item_j = np.empty(S, dtype=np.int64)
+    w = np.empty(S)
+    t = 0
+    for e in range(E):
+        for j in range(cnt_E[e]):
+            item_e[t] = e
+            item_j[t] = j
+            w[t] = load_E[e] / cnt_E[e]
+            t += 1
+    return item_e, item_j, w
+
+
+@numba.njit(cache=True)
+def _lpt_distinct(item_e, w, E, ep, per_rank):
+    """LPT: replicas by decreasing weight (ties by expert id then replica index), each to the
+    least-loaded rank with a free slot that does not hold its expert yet. Returns (rank of each
+    item, rank loads, holds[e, p])."""
+    S = item_e.shape[0]
+    order = np.argsort(-w, kind="mergesort")  # a stable sort of -w
+    acc = np.zeros(ep)
+    used = np.zeros(ep, dtype=np.int64)
+    holds = np.zeros((E, ep), dtype=np.bool_)
+    item_rank = np.empty(S, dtype=np.int64)
+    for t in range(S):
+        it = order[t]
+        e = item_e[it]
+        best = -1
+        for p in range(ep):
+            if used[p] < per_rank and not holds[e, p] and (best < 0 or acc[p] < acc[best]):
+                best = p
+        if best < 0:  # every rank with room holds e already: relax (cannot happen if cnt ≤ P)
+            for p in range(ep):
+                if used[p] < per_rank and (best < 0 or acc[p] < acc[best]):
+                    best = p
+        item_rank[it] = best
+        acc[best] += w[it]
+        used[best] += 1
+        holds[e, best] = True
+    return item_rank, acc, holds
+
+
+@numba.njit(cache=True)
+def _swap_off_busiest(item_e, w, item_rank, acc, holds, max_rounds):
+    """While a swap of a replica on the busiest rank with a lighter one elsewhere lowers the
+    larger of the two loads and keeps every expert's replicas on distinct ranks, make the best
+    such swap (in place)."""
+    S = item_e.shape[0]
+    for _ in range(max_rounds):
+        p = 0
+        for q in range(1, acc.shape[0]):
+            if acc[q] > acc[p]:
+                p = q
+        best_val = acc[p]
+        ba = -1
+        bb = -1
+        for a in range(S):
+            if item_rank[a] != p:
+                continue
+            ea = item_e[a]
+            for b in range(S):
+                q = item_rank[b]
+                if q == p:
+                    continue
+                d = w[a] - w[b]
+                if d <= 0:
+                    continue
+                eb = item_e[b]
+                if ea != eb and (holds[ea, q] or holds[eb, p]):
+                    continue
+                v = max(acc[p] - d, acc[q] + d)
+                if v < best_val:
+                    best_val = v
+                    ba = a
+                    bb = b
+        if ba < 0:
+            break
+        q = item_rank[bb]
+        d = w[ba] - w[bb]
+        acc[p] -= d
+        acc[q] += d
+        holds[item_e[ba], p] = False
+        holds[item_e[bb], q] = False
+        holds[item_e[ba], q] = True
+        holds[item_e[bb], p] = True
+        item_rank[ba] = q
+        item_rank[bb] = p
+
+
 @numba.njit(cache=True, parallel=True)
 def _lpt_replicas(load_LE, cnt_LE, ep, per_rank, max_rounds, rank_LEK):
     """LPT with distinct ranks per expert, then swaps off the busiest rank (module docstring).
     Writes ``rank_LEK[l, e, j]``. Layers are independent and run in parallel."""
     L, E = load_LE.shape
     for l in numba.prange(L):
-        S = 0
-        for e in range(E):
-            S += cnt_LE[l, e]
-        item_e = np.empty(S, dtype=np.int64)
-        item_j = np.empty(S, dtype=np.int64)
-        w = np.empty(S)
-        t = 0
-        for e in range(E):
-            for j in range(cnt_LE[l, e]):
-                item_e[t] = e
-                item_j[t] = j
-                w[t] = load_LE[l, e] / cnt_LE[l, e]
-                t += 1
-        # decreasing weight, ties by expert id then replica index (a stable sort of -w)
-        order = np.argsort(-w, kind="mergesort")
-        acc = np.zeros(ep)
-        used = np.zeros(ep, dtype=np.int64)
-        holds = np.zeros((E, ep), dtype=np.bool_)
-        item_rank = np.empty(S, dtype=np.int64)
-        for t in range(S):
-            it = order[t]
-            e = item_e[it]
-            best = -1
-            for p in range(ep):
-                if used[p] < per_rank and not holds[e, p] and (best < 0 or acc[p] < acc[best]):
-                    best = p
-            if best < 0:  # every rank with room holds e already: relax (cannot happen if cnt ≤ P)
-                for p in range(ep):
-                    if used[p] < per_rank and (best < 0 or acc[p] < acc[best]):
-                        best = p
-            item_rank[it] = best
-            acc[best] += w[it]
-            used[best] += 1
-            holds[e, best] = True
-        for _ in range(max_rounds):
-            p = 0
-            for q in range(1, ep):
-                if acc[q] > acc[p]:
-                    p = q
-            best_val = acc[p]
-            ba = -1
-            bb = -1
-            for a in range(S):
-                if item_rank[a] != p:
-                    continue
-                ea = item_e[a]
-                for b in range(S):
-                    q = item_rank[b]
-                    if q == p:
-                        continue
-                    d = w[a] - w[b]
-                    if d <= 0:
-                        continue
-                    eb = item_e[b]
-                    if ea != eb and (holds[ea, q] or holds[eb, p]):
-                        continue
-                    v = max(acc[p] - d, acc[q] + d)
-                    if v < best_val:
-                        best_val = v
-                        ba = a
-                        bb = b
-            if ba < 0:
-                break
-            q = item_rank[bb]
-            d = w[ba] - w[bb]
-            acc[p] -= d
-            acc[q] += d
-            holds[item_e[ba], p] = False
-            holds[item_e[bb], q] = False
-            holds[item_e[ba], q] = True
-            holds[item_e[bb], p] = True
-            item_rank[ba] = q
-            item_rank[bb] = p
-        for t in range(S):
+        item_e, item_j, w = _layer_replicas(load_LE[l], cnt_LE[l])
+        item_rank, acc, holds = _lpt_distinct(item_e, w, E, ep, per_rank)
+        _swap_off_busiest(item_e, w, item_rank, acc, holds, max_rounds)
+        for t in range(item_e.shape[0]):
             rank_LEK[l, item_e[t], item_j[t]] = item_rank[t]
     return rank_LEK
 
