@@ -71,7 +71,7 @@ def less(m1, t1, p1, m0, t0, p0):
     return p1 < p0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def top3(W_KP, tv_K3, ti_K3):
     """Per block k the three largest rank loads and their ranks (−1 / −1 where P < 3; loads are
     ≥ 0). Integer or float loads: the values take W's type."""
@@ -115,7 +115,7 @@ def peak_after_swap(tv_K3, ti_K3, k, p, q, wp, wq):
     return m
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def expert_peak_sum(W_KP):
     """Σ_k max_p W[k, p] in block order: the expert part of one layer's cost, in tokens (the
     replica refinement's stand-in for the key: with one shard, γ times it is the layer's share
@@ -235,7 +235,7 @@ class BlockCosts(NamedTuple):
     objective: int       # Objective.code
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def key_of(bk, M_K, dM_K, S_buf):
     """(makespan, total, peak) of the blocks J_k = block_cost(att_k, M_k + dM_k), summed in
     block order (the placement refinement's own running sums: its acceptance test compares

@@ -40,6 +40,11 @@ __all__ = ["refine_replicas", "block_expert_loads", "ReplicaLayer", "replica_lay
            "apply_swap", "reassign_legal", "reassign_cost", "apply_reassign"]
 
 
+# The moves read the layer through a named tuple and allocate nothing: they run without numba's
+# reference counting (_nrt=False), which would incref and decref every array of the record on
+# each call (refine.py measured 3× on its swap scan).
+
+
 class ReplicaLayer(NamedTuple):
     """One layer's search state (every array changed in place by the moves)."""
 
@@ -81,7 +86,7 @@ def replica_layer(V_EK, p2l_S, P):
                         np.empty((K, 3), dtype=np.int64))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _hot_ranks(ti_K3, h, wins_P, hot_P):
     """``hot_P[p]``: p is among the ``h`` ranks that are the busiest of the most blocks (ties
     to the lower rank), and the busiest of at least one."""
@@ -99,7 +104,7 @@ def _hot_ranks(ti_K3, h, wins_P, hot_P):
         hot_P[b] = True
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _loads(U_EK, p2l_S, M, W_KP):
     """Rank loads W[k, p] from the replicas' shares ``U`` (:func:`_shares`), into W_KP."""
     K = U_EK.shape[1]
@@ -111,7 +116,7 @@ def _loads(U_EK, p2l_S, M, W_KP):
             W_KP[k, p] += U_EK[e, k]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _shares(V_EK, cnt_E, U_EK):
     E, K = V_EK.shape
     for e in range(E):
@@ -119,7 +124,7 @@ def _shares(V_EK, cnt_E, U_EK):
             U_EK[e, k] = V_EK[e, k] / cnt_E[e]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def swap_legal(ly, s, t):
     """Slots s and t may swap: different ranks and experts, and neither expert already on the
     other's rank."""
@@ -130,7 +135,7 @@ def swap_legal(ly, s, t):
     return not (q == p or f == e or ly.n_EP[e, q] > 0 or ly.n_EP[f, p] > 0)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def swap_cost(ly, s, t, best):
     """Σ_k max_p W after swapping the experts of slots s and t, in O(K) from the blocks' top
     three (:func:`~routepack_opt.core.cost_kernel.peak_after_swap`); stops early, with a value
@@ -149,7 +154,7 @@ def swap_cost(ly, s, t, best):
     return c
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def apply_swap(ly, s, t):
     """Swap the experts of slots s and t (the loads by increments; the caller refreshes the
     top three)."""
@@ -169,21 +174,23 @@ def apply_swap(ly, s, t):
     ly.n_EP[e, q] += 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def reassign_legal(ly, s, f):
     """Slot s may go from its expert (≥ 2 replicas) to f (< P replicas, none on s's rank)."""
     e = ly.p2l_S[s]
     return ly.cnt_E[e] >= 2 and f != e and ly.cnt_E[f] < ly.P and ly.n_EP[f, s // ly.M] == 0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def reassign_cost(ly, s, f, Wn_KP):
     """Σ_k max_p W after slot s goes from its expert e to f: e's other replicas gain, f's
     replicas lose a share (O(S·K)); the new loads into the scratch ``Wn_KP``."""
     V, cnt, M = ly.V_EK, ly.cnt_E, ly.M
     e = ly.p2l_S[s]
     K = V.shape[1]
-    Wn_KP[:, :] = ly.W_KP
+    for k in range(K):
+        for p in range(ly.P):
+            Wn_KP[k, p] = ly.W_KP[k, p]
     for u in range(ly.p2l_S.shape[0]):
         g = ly.p2l_S[u]
         r = u // M
@@ -199,7 +206,7 @@ def reassign_cost(ly, s, f, Wn_KP):
     return expert_peak_sum(Wn_KP)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def apply_reassign(ly, s, f):
     """Give slot s to expert f; the shares and the loads rebuilt from the new counts."""
     e = ly.p2l_S[s]
@@ -213,13 +220,12 @@ def apply_reassign(ly, s, f):
     _loads(ly.U_EK, ly.p2l_S, ly.M, ly.W_KP)
 
 
-@numba.njit(cache=True)
-def _swap_pass(ly, hot_ranks, cur):
+@numba.njit(cache=True, _nrt=False)
+def _swap_pass(ly, hot_ranks, hot, wins, cur):
     """Every slot on the ``hot_ranks`` ranks that are the busiest of the most blocks (fresh for
-    each rank) makes its best improving swap, if any. Returns (swaps, cost)."""
+    each rank) makes its best improving swap, if any (``hot``, ``wins``: [P] scratch). Returns
+    (swaps, cost)."""
     S = ly.p2l_S.shape[0]
-    hot = np.zeros(ly.P, dtype=np.bool_)
-    wins = np.zeros(ly.P, dtype=np.int64)
     swapped = 0
     for s in range(S):
         if s % ly.M == 0:  # the hot ranks and the blocks' largest loads, fresh for each rank
@@ -276,9 +282,11 @@ def _search_layer(V_EK, p2l_S, P, max_passes, num_targets, hot_ranks):
     ly = replica_layer(V_EK, p2l_S, P)
     cur = expert_peak_sum(ly.W_KP)
     Wn = np.empty_like(ly.W_KP)
+    hot = np.zeros(P, dtype=np.bool_)
+    wins = np.zeros(P, dtype=np.int64)
     moves = 0
     for _ in range(max_passes):
-        swapped, cur = _swap_pass(ly, hot_ranks, cur)
+        swapped, cur = _swap_pass(ly, hot_ranks, hot, wins, cur)
         moves += swapped
         if swapped:
             _loads(ly.U_EK, ly.p2l_S, ly.M, ly.W_KP)  # drop the increments' rounding
