@@ -1,11 +1,12 @@
-"""Planning time of the two placement searches that call the cost kernel, on one window.
+"""Planning time of the searches that call the cost kernel, on one window.
 
     PYTHONPATH=. python experiments/time_cost_kernel.py [--repeat 5]
 
-Times ``refine_placement`` (row-aware swaps, both objectives) and ``refine_replicas`` (replica
-swaps and reassigns) on one synthetic window (N = 1,024, L = 16, E = 64, top-8, D = 16, P = 8,
-R = 8), after one warm-up call (numba compiled), and prints the fastest of ``--repeat`` runs
-with the searches' results, so two checkouts can be compared (the results must be equal).
+Times ``refine_placement`` (row-aware swaps, both objectives), ``refine_replicas`` (replica
+swaps and reassigns) and ``solve`` (greedy seed + annealer, 30 sweeps, both objectives) on one
+synthetic window (N = 1,024, L = 16, E = 64, top-8, D = 16, P = 8, R = 8 for the refinements),
+after one warm-up call (numba compiled), and prints the fastest of ``--repeat`` runs with the
+searches' results, so two checkouts can be compared (the results must be equal).
 A measurement, not a test: nothing is asserted.
 """
 
@@ -23,6 +24,8 @@ from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.placement.refine import RefineConfig, refine_placement
 from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
 from routepack_opt.heuristics.placement.replicate import replicated_placement
+from routepack_opt.params import PlannerParams, RowParams
+from routepack_opt.pipeline import solve
 
 COST = CostModel((Stage("attn", 0.02, 4e-5),), gamma=0.05, row_overhead=5.0, expert_bytes=1e6)
 N, L, E, K, D, P, R = 1024, 16, 64, 8, 16, 8, 8
@@ -57,6 +60,14 @@ def main():
     s, (new, moves) = _fastest(lambda: refine_replicas(V, rpl, topo_r), args.repeat)
     rec["refine_replicas"] = {"seconds": s, "moves": moves,
                               "phy2log_sum": int((np.asarray(new.phy2log) * np.arange(E + 16)).sum())}
+    topo_s = Topology(dp=D, ep=P, capacity=4096)
+    for objective in ("max-sum", "sum-max"):
+        s, plan = _fastest(lambda o=objective: solve(w, topo_s, COST, objective=o, placement="lpt", max_sweeps=30,
+                                                     seed=0, params=PlannerParams(rows=RowParams(extra=0))),
+                           args.repeat)
+        rec[f"solve/{objective}"] = {"seconds": s, "rows": plan.rows,
+                                     "cells": int(((np.asarray(plan.row) * D + np.asarray(plan.slot))
+                                                   * np.arange(N)).sum())}
     print(json.dumps(rec, indent=1))
 
 
