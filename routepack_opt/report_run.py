@@ -49,6 +49,7 @@ from routepack_opt.core import inputs
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.io import atomic_write_text
+from routepack_opt.core.objective import check_objective
 from routepack_opt.core.topology import Topology
 from routepack_opt.params import PlannerParams
 from routepack_opt.report_html import (  # summary.json and report.html, re-exported
@@ -207,11 +208,7 @@ def _critical_split(ev, placement, row, slot, rows: int, objective: str) -> dict
     J_RG, A_SRG, M_RGL = ev.costs(placement, row, slot, rows, parts=True)
     att_RG = A_SRG.sum(axis=0)
     exp_RG = ev.cost.gamma * M_RGL.sum(axis=2)
-    if objective == "max-sum":
-        g = int(J_RG.sum(axis=0).argmax())
-        pick = (np.arange(rows), np.full(rows, g))
-    else:
-        pick = (np.arange(rows), J_RG.argmax(axis=1))
+    pick = check_objective(objective).critical_blocks(J_RG)
     return {"attention": float(att_RG[pick].sum()), "experts": float(exp_RG[pick].sum()),
             "overhead": float(rows * ev.cost.row_overhead)}
 
@@ -370,7 +367,8 @@ def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
            "certificate": {k: cert.get(k) for k in ("rows", "status", "lower_bound", "method")},
            "objective": obj, "makespan": ours, "lower_bound": m["lower_bound"], "gap": m["gap"],
            "lower_bound_any_placement": ev.placement_free_lower_bound(plan.rows),
-           "makespan_other_objective": m["makespan_sum_max" if obj == "max-sum" else "makespan_max_sum"],
+           # plan_metrics names each objective's makespan "makespan_<objective with _>"
+           "makespan_other_objective": m["makespan_" + check_objective(obj).other.replace("-", "_")],
            "ep_imbalance": {"routepack": m["ep_rank_cv"],
                             **{k: rank_load_cv(load_LE, pl, topo.ep) for k, pl in placements.items()}},
            "time_split": _critical_split(ev, plan.expert_placement, plan.row, plan.slot, plan.rows, obj),

@@ -85,7 +85,8 @@ log = logging.getLogger(__name__)
 _ANNEAL = tuple(f"routepack_opt.heuristics.anneal.{m}"
                 for m in ("rng", "kernels", "state", "moves", "greedy"))
 GROUPS = {
-    "plan": ("routepack_opt.core.projection", "routepack_opt.heuristics.placement.lpt",
+    "plan": ("routepack_opt.core.projection", "routepack_opt.core.cost_kernel",
+             "routepack_opt.heuristics.placement.lpt",
              "routepack_opt.heuristics.binpack", "routepack_opt.heuristics.cells",
              "routepack_opt.heuristics.baselines",
              *_ANNEAL),

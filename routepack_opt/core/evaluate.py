@@ -83,11 +83,7 @@ def score_from_J(J_RG: np.ndarray, objective: Objective | str) -> Score:
     objective = check_objective(objective)
     total = float(J_RG.sum())
     peak = float(J_RG.max())
-    if objective is Objective.MAX_SUM:
-        makespan = float(J_RG.sum(axis=0).max())
-    else:
-        makespan = float(J_RG.max(axis=1).sum())
-    return Score(objective, makespan, total, peak)
+    return Score(objective, objective.makespan(J_RG), total, peak)
 
 
 def _check_cells(N: int, row_N, slot_N, rows: int, D: int) -> tuple[np.ndarray, np.ndarray]:
@@ -253,7 +249,7 @@ class Evaluation:
         return self.score.makespan / fb if fb > 0 else float("inf")
 
     def report(self) -> dict:
-        other = Objective.SUM_MAX if self.objective is Objective.MAX_SUM else Objective.MAX_SUM
+        other = self.objective.other
         s = self.score
         d = {"objective": self.objective, "makespan": s.makespan, "total": s.total,
              "peak": s.peak, "other_objective": other,

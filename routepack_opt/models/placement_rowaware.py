@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.objective import Objective
+from routepack_opt.core.objective import Objective, check_objective
 from routepack_opt.models import _solvers
 
 __all__ = ["LayerProblem", "LayerPlacementResult", "layer_objective", "solve_layer_cpsat",
@@ -49,6 +49,9 @@ class LayerProblem:
     G: int
     R: int
     objective: Objective
+
+    def __post_init__(self):  # a string is parsed here, once
+        object.__setattr__(self, "objective", check_objective(self.objective))
 
     @property
     def num_experts(self) -> int:
@@ -71,9 +74,7 @@ def layer_objective(prob: LayerProblem, ranks_E) -> float:
     for p in range(prob.ep):
         W_KP[:, p] = prob.V_EK[ranks_E == p].sum(axis=0)
     J_RG = (prob.base_K + prob.gamma * W_KP.max(axis=1)).reshape(prob.R, prob.G)
-    if prob.objective == Objective.MAX_SUM:
-        return float(J_RG.sum(axis=0).max())
-    return float(J_RG.max(axis=1).sum())
+    return prob.objective.makespan(J_RG)
 
 
 def _balanced_assignments(E: int, P: int):
@@ -120,88 +121,120 @@ class LayerPlacementResult:
     wall_s: float
 
 
+class _LayerModel:
+    """The CP-SAT model of one layer (module doc), one method per constraint family, on the
+    integer-scaled costs: ``base_i`` = round(base_K·s/γ), every M_k counted ``scale`` times."""
+
+    def __init__(self, cp_model, prob: LayerProblem, base_i: np.ndarray, scale: int):
+        self.prob, self.base_i, self.scale = prob, base_i, scale
+        E, K = prob.V_EK.shape
+        P = prob.ep
+        self.V = np.asarray(prob.V_EK, dtype=np.int64)
+        self.m = m = cp_model.CpModel()
+        self.x = {(e, p): m.new_bool_var(f"x[{e},{p}]") for e in range(E) for p in range(P)}
+        self.colmax = self.V.sum(axis=0)
+        self.M = [m.new_int_var(0, int(self.colmax[k]), f"M[{k}]") for k in range(K)]
+
+    def add_assignment(self):
+        """Each expert on exactly one rank, each rank holding E/P experts."""
+        E, P, x = self.prob.num_experts, self.prob.ep, self.x
+        for e in range(E):
+            self.m.add_exactly_one(x[e, p] for p in range(P))
+        for p in range(P):
+            self.m.add(sum(x[e, p] for e in range(E)) == E // P)
+
+    def add_peaks(self):
+        """M_k is at least every rank's load (epigraph of the max; minimisation makes it tight)."""
+        for k in range(self.V.shape[1]):
+            nz = np.flatnonzero(self.V[:, k])
+            for p in range(self.prob.ep):
+                if nz.size:
+                    self.m.add(self.M[k] >= sum(int(self.V[e, k]) * self.x[e, p] for e in nz))
+
+    def add_symmetry(self):
+        """Ranks are interchangeable: expert 0 sits on rank 0."""
+        self.m.add(self.x[0, 0] == 1)
+
+    def _J(self, k):
+        return int(self.base_i[k]) + self.scale * self.M[k]
+
+    def minimize_makespan(self):
+        """The objective's makespan of the scaled J_k = base'_k + s·M_k (module doc)."""
+        G, R, m, base_i = self.prob.G, self.prob.R, self.m, self.base_i
+        top = self.scale * int(self.colmax.max(initial=0))
+        if self.prob.objective is Objective.MAX_SUM:
+            lo, hi = int(base_i.min()) * R, int(base_i.max()) * R + top * R
+            Z = m.new_int_var(min(lo, 0), max(hi, 0), "Z")
+            for g in range(G):
+                m.add(Z >= sum(self._J(r * G + g) for r in range(R)))
+            m.minimize(Z)
+        elif self.prob.objective is Objective.SUM_MAX:
+            Y = []
+            for r in range(R):
+                y = m.new_int_var(int(base_i.min()), int(base_i.max()) + top, f"Y[{r}]")
+                for g in range(G):
+                    m.add(y >= self._J(r * G + g))
+                Y.append(y)
+            m.minimize(sum(Y))
+        else:
+            raise InputError(f"unknown objective {self.prob.objective!r}")
+
+    def add_hint(self, hint_ranks):
+        """The caller's ranks as a hint, relabelled so that expert 0 is on rank 0 (the symmetry)."""
+        P = self.prob.ep
+        hint = np.asarray(hint_ranks, dtype=np.int64)
+        perm = np.arange(P)
+        perm[[0, hint[0]]] = perm[[hint[0], 0]]
+        hint = perm[hint]
+        for e in range(self.prob.num_experts):
+            for p in range(P):
+                self.m.add_hint(self.x[e, p], int(hint[e] == p))
+
+    def ranks(self, solver) -> np.ndarray:
+        P = self.prob.ep
+        return np.array([next(p for p in range(P) if solver.value(self.x[e, p]))
+                         for e in range(self.prob.num_experts)], dtype=np.int64)
+
+
+def _scale(prob: LayerProblem, base_u: np.ndarray) -> int:
+    """s as large as keeps every coefficient well inside 2^50, up to 10^6."""
+    top = float(np.abs(base_u).max(initial=0.0)) + float(np.asarray(prob.V_EK).sum(axis=0).max(initial=0))
+    return int(max(1, min(10**6, 2**40 / max(top * prob.R, 1.0))))
+
+
 def solve_layer_cpsat(prob: LayerProblem, time_limit: float = 10.0, hint_ranks=None,
                       scale: int | None = None, workers: int = 1,
                       params: dict | None = None) -> LayerPlacementResult:
     """Solve one layer's row-aware placement exactly (module doc)."""
     cp_model = _solvers.cp_model()
     t0 = time.perf_counter()
-    E, K = prob.V_EK.shape
-    P, G, R = prob.ep, prob.G, prob.R
-    if E % P:
-        raise InputError(f"E={E} is not divisible by ep={P}")
-    per = E // P
-    V = np.asarray(prob.V_EK, dtype=np.int64)
+    if prob.num_experts % prob.ep:
+        raise InputError(f"E={prob.num_experts} is not divisible by ep={prob.ep}")
     gamma = prob.gamma if prob.gamma > 0 else 1.0
     base_u = prob.base_K / gamma  # base in units of γ
-    if scale is None:
-        # s as large as keeps every coefficient well inside 2^50, up to 10^6
-        top = float(np.abs(base_u).max(initial=0.0)) + float(V.sum(axis=0).max(initial=0))
-        scale = int(max(1, min(10**6, 2**40 / max(top * R, 1.0))))
-    base_i = np.rint(base_u * scale).astype(np.int64)
-    m = cp_model.CpModel()
-    x = {(e, p): m.new_bool_var(f"x[{e},{p}]") for e in range(E) for p in range(P)}
-    colmax = V.sum(axis=0)
-    M = [m.new_int_var(0, int(colmax[k]), f"M[{k}]") for k in range(K)]
-
-    # assignment: each expert on exactly one rank
-    for e in range(E):
-        m.add_exactly_one(x[e, p] for p in range(P))
-    # cardinality: each rank holds E/P experts
-    for p in range(P):
-        m.add(sum(x[e, p] for e in range(E)) == per)
-    # peaks: M_k is at least every rank's load (epigraph of the max; minimisation makes it tight)
-    for k in range(K):
-        nz = np.flatnonzero(V[:, k])
-        for p in range(P):
-            if nz.size:
-                m.add(M[k] >= sum(int(V[e, k]) * x[e, p] for e in nz))
-    # symmetry: ranks are interchangeable
-    m.add(x[0, 0] == 1)
-    lo = int(base_i.min()) * R
-    hi = int(base_i.max()) * R + scale * int(colmax.max(initial=0)) * R
-    if prob.objective == Objective.MAX_SUM:
-        Z = m.new_int_var(min(lo, 0), max(hi, 0), "Z")
-        for g in range(G):
-            ks = [r * G + g for r in range(R)]
-            m.add(Z >= sum(int(base_i[k]) + scale * M[k] for k in ks))
-        m.minimize(Z)
-    elif prob.objective == Objective.SUM_MAX:
-        Y = []
-        for r in range(R):
-            y = m.new_int_var(int(base_i.min()), int(base_i.max()) + scale * int(colmax.max(initial=0)), f"Y[{r}]")
-            for g in range(G):
-                k = r * G + g
-                m.add(y >= int(base_i[k]) + scale * M[k])
-            Y.append(y)
-        m.minimize(sum(Y))
-    else:
-        raise InputError(f"unknown objective {prob.objective!r}")
+    scale = _scale(prob, base_u) if scale is None else scale
+    model = _LayerModel(cp_model, prob, np.rint(base_u * scale).astype(np.int64), scale)
+    model.add_assignment()
+    model.add_peaks()
+    model.add_symmetry()
+    model.minimize_makespan()
     if hint_ranks is not None:
-        hint = np.asarray(hint_ranks, dtype=np.int64)
-        # relabel ranks so that expert 0 is on rank 0 (the symmetry rule)
-        perm = np.arange(P)
-        perm[[0, hint[0]]] = perm[[hint[0], 0]]
-        hint = perm[hint]
-        for e in range(E):
-            for p in range(P):
-                m.add_hint(x[e, p], int(hint[e] == p))
+        model.add_hint(hint_ranks)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
     solver.parameters.num_workers = int(workers)
     for key, val in (params or {}).items():
         setattr(solver.parameters, key, val)
-    st = solver.solve(m)
+    st = solver.solve(model.m)
     status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
               cp_model.INFEASIBLE: "infeasible"}.get(st, "unknown")
-    eps = R / 2.0  # scaling error in units (module doc)
+    eps = prob.R / 2.0  # scaling error in units (module doc)
     bound = (solver.best_objective_bound - eps) * gamma / scale if status != "infeasible" else math.inf
     ranks = None
     obj = math.inf
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        ranks = np.array([next(p for p in range(P) if solver.value(x[e, p])) for e in range(E)],
-                         dtype=np.int64)
-        obj = layer_objective(prob, ranks)
+        ranks = model.ranks(solver)
+        obj = layer_objective(prob, ranks)  # re-scored exactly, in floating point
     return LayerPlacementResult(ranks=ranks, status=status, objective=obj, bound=bound,
                                 wall_s=time.perf_counter() - t0)
 

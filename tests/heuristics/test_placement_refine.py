@@ -73,6 +73,29 @@ def test_swap_key_equals_evaluator(objective, with_current):
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
+@pytest.mark.parametrize("with_current", [False, True])
+def test_each_accepted_swap_claims_the_evaluators_key(objective, with_current):
+    """The search's own moves: after every layer scan the key the kernel claims for the swaps it
+    accepted equals the evaluator's score (+ migration time) of the placement they leave, to
+    1e-12 relative (the search sums the blocks in block order, the evaluator pairwise)."""
+    for seed in range(3):
+        w, topo, row, slot, R, pl, rng = _case(seed, E=12, P=3, G=2, L=3)
+        cur_pl = np.stack([rng.permutation(12) for _ in range(3)]) if with_current else None
+        st = RowAwareState(w, topo, COST, pl, row, slot, R, objective, current_placement=cur_pl)
+        ev = Evaluator(w, topo, COST)
+        cur = np.array(st.key(), dtype=np.float64)
+        swaps = 0
+        for _ in range(2):
+            for l in rng.permutation(3):
+                n = st.scan_layer(int(l), rng.permutation(12).astype(np.int64), cur)
+                swaps += n
+                s = ev.score(st.placement(), row, slot, R, objective)
+                mig = migration_cost(cur_pl, st.placement(), topo, COST).time_us if with_current else 0.0
+                assert np.allclose(cur, (s.makespan + mig, s.total, s.peak), rtol=1e-12, atol=0)
+        assert swaps > 0
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
 def test_refine_invariants_and_monotone(objective):
     """The refinement keeps every π[l] a permutation with E/P experts per rank, is never worse
     than its start (by the evaluator) and is deterministic for a seed."""

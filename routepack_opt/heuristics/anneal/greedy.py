@@ -20,16 +20,10 @@ import numpy as np
 from numba import njit
 
 from routepack_opt.core.cost import CostModel
+from routepack_opt.core.cost_kernel import aggregates, block_cost, delta, less
+from routepack_opt.core.objective import Objective
 from routepack_opt.core.topology import Topology
-from routepack_opt.heuristics.anneal.kernels import (
-    aggregates,
-    attn,
-    attn_one,
-    attn_top2,
-    delta,
-    msum,
-    msum_add,
-)
+from routepack_opt.heuristics.anneal.kernels import attn_one, attn_top2, block_attn, msum, msum_add
 from routepack_opt.heuristics.anneal.problem import Instance
 from routepack_opt.heuristics.anneal.rng import below, rng_states, xo
 from routepack_opt.heuristics.anneal.state import State
@@ -53,8 +47,7 @@ def greedy_init(st, pb):
     st.Msum[:] = 0
     G = pb.G
     for x in range(pb.R * G):
-        st.J[x] = (attn(st.T, st.Q, x // G, x % G, pb.P, pb.alpha, pb.beta, pb.D, -1, 0, 0, -1, 0, 0)
-                   + 0.0) + pb.ovh
+        st.J[x] = block_cost(block_attn(st, pb, x // G, x % G), 0, pb)  # no experts yet
     aggregates(st, pb)
 
 
@@ -100,12 +93,12 @@ def _best_cell(blocks, nb, i, must_fill, quota, sc, ec, m, At, atts, pb, st):
         cx = -1
         for jj in range(P):  # the first cell of least block cost (NaN: not a candidate)
             if not np.isnan(atts[jj]):
-                J = (atts[jj] + pb.gamma * M) + pb.ovh
+                J = block_cost(atts[jj], M, pb)
                 if J < Jx:
                     Jx = J
                     cx = r * D + g * P + jj
         dms, dtot, dpk = delta(st, pb, r, g, Jx, -1, -1, 0.0)
-        if dms < b0 or (dms == b0 and (dtot < b1 or (dtot == b1 and dpk < b2))):
+        if less(dms, dtot, dpk, b0, b1, b2):
             b0 = dms
             b1 = dtot
             b2 = dpk
@@ -127,8 +120,7 @@ def _add(i, c, sign, pb, st, m):
     for o in range(pb.L * pb.Pp):
         st.W[x, o] += sign * pb.b[i, o]
     st.Msum[x] = msum(st.W, x, pb.L, pb.Pp, m)
-    st.J[x] = (attn(st.T, st.Q, r, g, pb.P, pb.alpha, pb.beta, D, -1, 0, 0, -1, 0, 0)
-               + pb.gamma * np.float64(st.Msum[x])) + pb.ovh
+    st.J[x] = block_cost(block_attn(st, pb, r, g), st.Msum[x], pb)
     aggregates(st, pb)
 
 
@@ -360,7 +352,7 @@ def _greedy(inst: Instance, order, deadline: float | None, chunk_ops: float, n_c
 
 
 def greedy_layout(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int,
-                  objective: str = "max-sum", tie_eps: float = 1e-9):
+                  objective: Objective = Objective.MAX_SUM, tie_eps: float = 1e-9):
     """Joint-cost greedy layout (samples by decreasing standalone cost, each into the cell that
     least increases the lexicographic score); ``None`` if capacity blocks it."""
     inst = Instance(lengths_N, b_NLP, topology, cost, rows, objective, tie_eps)

@@ -21,12 +21,11 @@ import numpy as np
 
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.evaluate import check_objective, row_shard_costs, score_from_J
+from routepack_opt.core.evaluate import row_shard_costs, score_from_J
+from routepack_opt.core.objective import Objective, check_objective
 from routepack_opt.core.topology import Topology
 
-__all__ = ["Problem", "Instance", "OBJECTIVE_CODE"]
-
-OBJECTIVE_CODE = {"max-sum": 0, "sum-max": 1}
+__all__ = ["Problem", "Instance"]
 
 # Samples per block when the caller's loads are put in length order into b: the caller's loads
 # come as int64 [N, L, P] (8·L·P bytes per sample, ~1 GB at N = 32,768, L = 58, P = 64), and a
@@ -47,7 +46,7 @@ Problem = namedtuple("Problem", (
     "ovh",        # float: fixed cost per row and shard
     "N", "L", "P", "Pp", "D", "G", "R", "C",  # ints (see the legend)
     "cap",        # int: most samples one cell can ever hold (sizes the member lists)
-    "objective",  # int: 0 max-sum, 1 sum-max
+    "objective",  # int: Objective.code (only core.cost_kernel.is_max_sum reads it)
     "eps1",       # float: η/(2G), weight of the total in the energy
     "eps2",       # float: η/2, weight of the peak in the energy
     "eq",         # bool: equal samples per slot (relocations stay in their slot)
@@ -61,8 +60,8 @@ class Instance:
     :func:`routepack_opt.heuristics.anneal.search.warm_storage`)."""
 
     def __init__(self, lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int,
-                 objective: str, tie_eps: float, storage: tuple | None = None):
-        check_objective(objective)
+                 objective: Objective, tie_eps: float, storage: tuple | None = None):
+        objective = check_objective(objective)
         self.objective = objective
         lengths = np.ascontiguousarray(lengths_N, dtype=np.int64)
         if lengths.ndim != 1 or lengths.size == 0:
@@ -121,7 +120,7 @@ class Instance:
             beta=np.asarray(cost.betas, dtype=np.float64),
             gamma=float(cost.gamma), ovh=float(cost.row_overhead),
             N=N, L=L, P=P, Pp=Pp, D=D, G=G, R=R, C=C, cap=max(1, min(N - R * D + 1, fit)),
-            objective=OBJECTIVE_CODE[objective], eps1=tie_eps / (2.0 * G), eps2=tie_eps / 2.0,
+            objective=objective.code, eps1=tie_eps / (2.0 * G), eps2=tie_eps / 2.0,
             eq=eq)
 
     def __getattr__(self, name):  # the compiled constants: inst.N, inst.lengths, ...

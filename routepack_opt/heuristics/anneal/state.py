@@ -27,8 +27,8 @@ from numba import njit
 
 from routepack_opt.heuristics.anneal.kernels import (
     aggregates,
-    attn,
     attn_top2,
+    block_attn,
     block_cost,
     msum,
     update_aggregates,
@@ -148,8 +148,7 @@ def init_state(st, pb):
             x = r * G + g
             st.Msum[x] = msum(W, x, L, pb.Pp, m)
             attn_top2(T, Q, r, g, pb.P, pb.alpha, pb.beta, D, st.At, x)
-            st.J[x] = block_cost(attn(T, Q, r, g, pb.P, pb.alpha, pb.beta, D, -1, 0, 0, -1, 0, 0),
-                                 st.Msum[x], pb)
+            st.J[x] = block_cost(block_attn(st, pb, r, g), st.Msum[x], pb)
     aggregates(st, pb)
     st.opn[:] = -1
     st.opn[2 * n_cells] = 0

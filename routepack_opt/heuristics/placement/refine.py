@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
 from routepack_opt.core.cost import CostModel
+from routepack_opt.core.cost_kernel import BlockCosts, key_of, less, peak_after_swap, top3
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Score, row_shard_costs
 from routepack_opt.core.objective import Objective, check_objective
@@ -75,56 +77,45 @@ def _rank_sums(V_LEK, rank_LE, P):
     return W_LKP
 
 
-@numba.njit(cache=True)
-def _top3(W_KP, tv_K3, ti_K3):
-    """Per k the three largest rank loads and their ranks (-1 / -1 where P < 3)."""
-    K, P = W_KP.shape
-    for k in range(K):
-        v0 = -1; v1 = -1; v2 = -1
-        i0 = -1; i1 = -1; i2 = -1
-        for p in range(P):
-            w = W_KP[k, p]
-            if w > v0:
-                v2 = v1; i2 = i1; v1 = v0; i1 = i0; v0 = w; i0 = p
-            elif w > v1:
-                v2 = v1; i2 = i1; v1 = w; i1 = p
-            elif w > v2:
-                v2 = w; i2 = p
-        tv_K3[k, 0] = v0; tv_K3[k, 1] = v1; tv_K3[k, 2] = v2
-        ti_K3[k, 0] = i0; ti_K3[k, 1] = i1; ti_K3[k, 2] = i2
+# The kernels below read their arrays through named tuples. They run without numba's reference
+# counting (_nrt=False: they allocate nothing): with it, every call increfs and decrefs each
+# array of each record, and the swap scan ran 3× slower than with loose array arguments.
 
 
-@numba.njit(cache=True)
-def _key_of(Mtot_K, dM_K, Abase_K, gamma, ro, shard_K, row_K, G, R, obj, S_buf):
-    """(makespan, total, peak) of J_k = Abase_k + γ·(Mtot_k + dM_k) + ro."""
-    K = Mtot_K.shape[0]
-    for j in range(S_buf.shape[0]):
-        S_buf[j] = -np.inf if obj == 1 else 0.0
-    total = 0.0
-    peak = -np.inf
-    for k in range(K):
-        J = Abase_K[k] + gamma * (Mtot_K[k] + dM_K[k]) + ro
-        total += J
-        if J > peak:
-            peak = J
-        if obj == 0:
-            S_buf[shard_K[k]] += J
-        else:
-            if J > S_buf[row_K[k]]:
-                S_buf[row_K[k]] = J
-    if obj == 0:
-        m = -np.inf
-        for g in range(G):
-            if S_buf[g] > m:
-                m = S_buf[g]
-    else:
-        m = 0.0
-        for r in range(R):
-            m += S_buf[r]
-    return m, total, peak
+class SearchArrays(NamedTuple):
+    """The search's state for one fixed layout (changed in place by :func:`_apply_swap`)."""
+
+    V_LEK: np.ndarray    # [L, E, K] int64: tokens of expert e at layer l in block k
+    rank_LE: np.ndarray  # [L, E] int64: rank of each expert
+    W_LKP: np.ndarray    # [L, K, P] int64: rank loads
+    M_LK: np.ndarray     # [L, K] int64: max_p W
+    Mtot_K: np.ndarray   # [K] int64: Σ_l M
 
 
-@numba.njit(cache=True)
+class Migration(NamedTuple):
+    """Traffic to a current placement: experts each rank receives, priced in the first key
+    component at ``coef`` per expert of the busiest receiver (``coef`` = 0: no current one)."""
+
+    home_LE: np.ndarray  # [L, E] int64: rank of each expert in the current placement
+    recv_P: np.ndarray   # [P] int64: experts rank p receives
+    coef: float
+
+
+class SwapScratch(NamedTuple):
+    """One layer's top three rank loads per block and a swap's per-block peak changes."""
+
+    tv_K3: np.ndarray  # [K, 3] int64
+    ti_K3: np.ndarray  # [K, 3] int64
+    dM_K: np.ndarray   # [K] int64
+    S_buf: np.ndarray  # [max(G, R)] float64 (cost_kernel.key_of)
+
+
+def _scratch(K: int, G: int, R: int) -> SwapScratch:
+    return SwapScratch(np.empty((K, 3), dtype=np.int64), np.empty((K, 3), dtype=np.int64),
+                       np.zeros(K, dtype=np.int64), np.empty(max(G, R), dtype=np.float64))
+
+
+@numba.njit(cache=True, _nrt=False)
 def _max_recv(recv_P, p, dp, q, dq):
     m = 0
     for j in range(recv_P.shape[0]):
@@ -138,7 +129,7 @@ def _max_recv(recv_P, p, dp, q, dq):
     return m
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _recv_delta(home_LE, l, a, b, p, q):
     """Change of experts received by ranks p and q when a (on p) and b (on q) swap."""
     dp = 0
@@ -156,107 +147,71 @@ def _recv_delta(home_LE, l, a, b, p, q):
     return dp, dq
 
 
-@numba.njit(cache=True)
-def _eval_swap(l, a, b, V_LEK, rank_LE, W_LKP, M_LK, Mtot_K, tv_K3, ti_K3, Abase_K, gamma, ro,
-               shard_K, row_K, G, R, obj, home_LE, recv_P, mig_coef, dM_K, S_buf, skip_unchanged):
-    """Key after swapping experts a and b of layer l (on different ranks); fills dM_K. With
+@numba.njit(cache=True, _nrt=False)
+def _eval_swap(l, a, b, sa, bk, mig, sc, skip_unchanged):
+    """Key after swapping experts a and b of layer l (on different ranks); fills sc.dM_K. With
     ``skip_unchanged``, a swap that changes no peak and no traffic returns +inf keys unscored."""
-    K = Mtot_K.shape[0]
-    p = rank_LE[l, a]
-    q = rank_LE[l, b]
+    V_LEK, W_LKP, M_LK, dM_K = sa.V_LEK, sa.W_LKP, sa.M_LK, sc.dM_K
+    K = sa.Mtot_K.shape[0]
+    p = sa.rank_LE[l, a]
+    q = sa.rank_LE[l, b]
     changed = False
     for k in range(K):
         d = V_LEK[l, b, k] - V_LEK[l, a, k]
-        wp = W_LKP[l, k, p] + d
-        wq = W_LKP[l, k, q] - d
-        o = -1
-        for j in range(3):
-            idx = ti_K3[k, j]
-            if idx >= 0 and idx != p and idx != q:
-                o = tv_K3[k, j]
-                break
-        m = o
-        if wp > m:
-            m = wp
-        if wq > m:
-            m = wq
+        m = peak_after_swap(sc.tv_K3, sc.ti_K3, k, p, q, W_LKP[l, k, p] + d, W_LKP[l, k, q] - d)
         dM_K[k] = m - M_LK[l, k]
         if dM_K[k] != 0:
             changed = True
-    mig = 0.0
+    mig_t = 0.0
     mig_changed = False
-    if mig_coef > 0.0:
-        dp, dq = _recv_delta(home_LE, l, a, b, p, q)
-        mig = mig_coef * _max_recv(recv_P, p, dp, q, dq)
+    if mig.coef > 0.0:
+        dp, dq = _recv_delta(mig.home_LE, l, a, b, p, q)
+        mig_t = mig.coef * _max_recv(mig.recv_P, p, dp, q, dq)
         mig_changed = dp != 0 or dq != 0
     if skip_unchanged and not (changed or mig_changed):
         return np.inf, np.inf, np.inf, False
-    m, t, pk = _key_of(Mtot_K, dM_K, Abase_K, gamma, ro, shard_K, row_K, G, R, obj, S_buf)
-    return m + mig, t, pk, changed or mig_changed
+    m, t, pk = key_of(bk, sa.Mtot_K, dM_K, sc.S_buf)
+    return m + mig_t, t, pk, changed or mig_changed
 
 
-@numba.njit(cache=True)
-def _apply_swap(l, a, b, V_LEK, rank_LE, W_LKP, M_LK, Mtot_K, tv_K3, ti_K3, home_LE, recv_P,
-                use_mig, dM_K):
-    K = Mtot_K.shape[0]
-    p = rank_LE[l, a]
-    q = rank_LE[l, b]
-    if use_mig:
-        dp, dq = _recv_delta(home_LE, l, a, b, p, q)
-        recv_P[p] += dp
-        recv_P[q] += dq
+@numba.njit(cache=True, _nrt=False)
+def _apply_swap(l, a, b, sa, mig, sc):
+    """Swap experts a and b of layer l with the peak changes sc.dM_K of :func:`_eval_swap`."""
+    K = sa.Mtot_K.shape[0]
+    p = sa.rank_LE[l, a]
+    q = sa.rank_LE[l, b]
+    if mig.coef > 0.0:
+        dp, dq = _recv_delta(mig.home_LE, l, a, b, p, q)
+        mig.recv_P[p] += dp
+        mig.recv_P[q] += dq
     for k in range(K):
-        d = V_LEK[l, b, k] - V_LEK[l, a, k]
-        W_LKP[l, k, p] += d
-        W_LKP[l, k, q] -= d
-        M_LK[l, k] += dM_K[k]
-        Mtot_K[k] += dM_K[k]
-    rank_LE[l, a] = q
-    rank_LE[l, b] = p
-    _top3(W_LKP[l], tv_K3, ti_K3)
+        d = sa.V_LEK[l, b, k] - sa.V_LEK[l, a, k]
+        sa.W_LKP[l, k, p] += d
+        sa.W_LKP[l, k, q] -= d
+        sa.M_LK[l, k] += sc.dM_K[k]
+        sa.Mtot_K[k] += sc.dM_K[k]
+    sa.rank_LE[l, a] = q
+    sa.rank_LE[l, b] = p
+    top3(sa.W_LKP[l], sc.tv_K3, sc.ti_K3)
 
 
 @numba.njit(cache=True)
-def _less(m1, t1, p1, m0, t0, p0):
-    """Strict lexicographic (m1, t1, p1) < (m0, t0, p0)."""
-    if m1 < m0:
-        return True
-    if m1 > m0:
-        return False
-    if t1 < t0:
-        return True
-    if t1 > t0:
-        return False
-    return p1 < p0
-
-
-@numba.njit(cache=True)
-def _scan_layer(l, order_E, V_LEK, rank_LE, W_LKP, M_LK, Mtot_K, Abase_K, gamma, ro, shard_K,
-                row_K, G, R, obj, home_LE, recv_P, mig_coef, cur):
-    """One first-improvement scan over all swaps of layer l. Returns (swaps, key)."""
+def _scan_layer(l, order_E, sa, bk, mig, sc, cur):
+    """One first-improvement scan over all swaps of layer l; ``cur``, the key, updated in place.
+    Returns the number of swaps."""
     E = order_E.shape[0]
-    K = Mtot_K.shape[0]
-    tv_K3 = np.empty((K, 3), dtype=np.int64)
-    ti_K3 = np.empty((K, 3), dtype=np.int64)
-    _top3(W_LKP[l], tv_K3, ti_K3)
-    dM_K = np.zeros(K, dtype=np.int64)
-    nbuf = G if obj == 0 else R
-    S_buf = np.empty(nbuf, dtype=np.float64)
+    top3(sa.W_LKP[l], sc.tv_K3, sc.ti_K3)
     m0 = cur[0]; t0 = cur[1]; p0 = cur[2]
-    use_mig = mig_coef > 0.0
     swaps = 0
     for ia in range(E):
         a = order_E[ia]
         for ib in range(ia + 1, E):
             b = order_E[ib]
-            if rank_LE[l, a] == rank_LE[l, b]:
+            if sa.rank_LE[l, a] == sa.rank_LE[l, b]:
                 continue
-            m1, t1, p1, changed = _eval_swap(l, a, b, V_LEK, rank_LE, W_LKP, M_LK, Mtot_K, tv_K3,
-                                             ti_K3, Abase_K, gamma, ro, shard_K, row_K, G, R, obj,
-                                             home_LE, recv_P, mig_coef, dM_K, S_buf, True)
-            if changed and _less(m1, t1, p1, m0, t0, p0):
-                _apply_swap(l, a, b, V_LEK, rank_LE, W_LKP, M_LK, Mtot_K, tv_K3, ti_K3, home_LE,
-                            recv_P, use_mig, dM_K)
+            m1, t1, p1, changed = _eval_swap(l, a, b, sa, bk, mig, sc, True)
+            if changed and less(m1, t1, p1, m0, t0, p0):
+                _apply_swap(l, a, b, sa, mig, sc)
                 m0 = m1; t0 = t1; p0 = p1
                 swaps += 1
     cur[0] = m0; cur[1] = t0; cur[2] = p0
@@ -311,7 +266,7 @@ class RowAwareState:
     """
 
     def __init__(self, window: Window, topology: Topology, cost: CostModel, placement_LE,
-                 row_N, slot_N, rows: int, objective: Objective | str, current_placement=None,
+                 row_N, slot_N, rows: int, objective: Objective, current_placement=None,
                  migration_weight: float = 1.0):
         objective = check_objective(objective)
         topology.check_experts(window.num_experts)
@@ -322,7 +277,7 @@ class RowAwareState:
         L, E = placement_LE.shape
         P, G = topology.ep, topology.num_shards
         self.window, self.topology, self.cost, self.rows = window, topology, cost, rows
-        self.objective, self.obj = objective, objective.code
+        self.objective = objective
         self.P, self.G, self.R, self.K = P, G, rows, rows * G
         self.per_rank = E // P
         self.start_placement = placement_LE.copy()
@@ -349,14 +304,17 @@ class RowAwareState:
             self.mig_coef = 0.0
         moved = self.rank_LE != self.home_LE
         self.recv_P = np.bincount(self.rank_LE[moved], minlength=P).astype(np.int64)
-        self._dM = np.zeros(self.K, dtype=np.int64)
-        self._S = np.empty(G if self.obj == 0 else rows, dtype=np.float64)
+        # the kernels' records: the same arrays as the attributes above, changed in place
+        self._arrays = SearchArrays(self.V_LEK, self.rank_LE, self.W_LKP, self.M_LK, self.Mtot_K)
+        self._blocks = BlockCosts(self.Abase_K, self.gamma, self.ro, self.shard_K, self.row_K, G, rows,
+                                  objective.code)
+        self._mig = Migration(self.home_LE, self.recv_P, self.mig_coef)
+        self._sc = _scratch(self.K, G, rows)
 
     # ---- scoring ----------------------------------------------------------------------------
     def key(self) -> tuple[float, float, float]:
-        self._dM[:] = 0
-        m, t, pk = _key_of(self.Mtot_K, self._dM, self.Abase_K, self.gamma, self.ro, self.shard_K,
-                           self.row_K, self.G, self.R, self.obj, self._S)
+        self._sc.dM_K[:] = 0
+        m, t, pk = key_of(self._blocks, self.Mtot_K, self._sc.dM_K, self._sc.S_buf)
         return (m + self.migration_time(), t, pk)
 
     def migration_time(self) -> float:
@@ -365,24 +323,13 @@ class RowAwareState:
     def try_swap(self, l: int, a: int, b: int) -> tuple[float, float, float]:
         """Key after swapping experts a and b of layer l (state unchanged)."""
         self._check_pair(l, a, b)
-        tv, ti = self._top3(l)
-        m, t, pk, _ = _eval_swap(l, a, b, self.V_LEK, self.rank_LE, self.W_LKP, self.M_LK,
-                                 self.Mtot_K, tv, ti, self.Abase_K, self.gamma, self.ro,
-                                 self.shard_K, self.row_K, self.G, self.R, self.obj, self.home_LE,
-                                 self.recv_P, self.mig_coef, self._dM, self._S, False)
+        top3(self.W_LKP[l], self._sc.tv_K3, self._sc.ti_K3)
+        m, t, pk, _ = _eval_swap(l, a, b, self._arrays, self._blocks, self._mig, self._sc, False)
         return (m, t, pk)
 
     def swap(self, l: int, a: int, b: int) -> None:
-        self.try_swap(l, a, b)  # fills self._dM
-        tv, ti = self._top3(l)
-        _apply_swap(l, a, b, self.V_LEK, self.rank_LE, self.W_LKP, self.M_LK, self.Mtot_K, tv, ti,
-                    self.home_LE, self.recv_P, self.mig_coef > 0.0, self._dM)
-
-    def _top3(self, l):
-        tv = np.empty((self.K, 3), dtype=np.int64)
-        ti = np.empty((self.K, 3), dtype=np.int64)
-        _top3(self.W_LKP[l], tv, ti)
-        return tv, ti
+        self.try_swap(l, a, b)  # fills the scratch's dM_K and top three
+        _apply_swap(l, a, b, self._arrays, self._mig, self._sc)
 
     def _check_pair(self, l, a, b):
         if self.rank_LE[l, a] == self.rank_LE[l, b]:
@@ -390,10 +337,7 @@ class RowAwareState:
 
     # ---- search -----------------------------------------------------------------------------
     def scan_layer(self, l: int, order_E: np.ndarray, cur: np.ndarray) -> int:
-        return int(_scan_layer(l, order_E, self.V_LEK, self.rank_LE, self.W_LKP, self.M_LK,
-                               self.Mtot_K, self.Abase_K, self.gamma, self.ro, self.shard_K,
-                               self.row_K, self.G, self.R, self.obj, self.home_LE, self.recv_P,
-                               self.mig_coef, cur))
+        return int(_scan_layer(l, order_E, self._arrays, self._blocks, self._mig, self._sc, cur))
 
     def placement(self) -> np.ndarray:
         """A placement with the state's per-rank expert sets; slots aligned to the current
@@ -426,7 +370,7 @@ class RefineResult:
 
 
 def refine_placement(window: Window, topology: Topology, cost: CostModel, placement_LE, row_N,
-                     slot_N, rows: int, objective: Objective | str = Objective.MAX_SUM, current_placement=None,
+                     slot_N, rows: int, objective: Objective = Objective.MAX_SUM, current_placement=None,
                      config: RefineConfig = RefineConfig(), seed: int = 0,
                      time_limit: float | None = None) -> RefineResult:
     """Swap-local search of the per-layer placements against the true objective on a fixed

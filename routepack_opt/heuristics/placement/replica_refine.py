@@ -26,52 +26,67 @@ caller keeps it only if the one evaluator scores it better.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 import numpy as np
 
+from routepack_opt.core.cost_kernel import expert_peak_sum, peak_after_swap, top3
 from routepack_opt.core.placement import Placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.heuristics.placement.refine import row_shard_expert_loads
 
-__all__ = ["refine_replicas", "block_expert_loads"]
+__all__ = ["refine_replicas", "block_expert_loads", "ReplicaLayer", "replica_layer", "swap_legal", "swap_cost",
+           "apply_swap", "reassign_legal", "reassign_cost", "apply_reassign"]
+
+
+# The moves read the layer through a named tuple and allocate nothing: they run without numba's
+# reference counting (_nrt=False), which would incref and decref every array of the record on
+# each call (refine.py measured 3× on its swap scan).
+
+
+class ReplicaLayer(NamedTuple):
+    """One layer's search state (every array changed in place by the moves)."""
+
+    V_EK: np.ndarray   # [E, K] float64: the packing's tokens of expert e in block k
+    p2l_S: np.ndarray  # [S] int64: expert of each slot
+    P: int             # EP ranks
+    M: int             # slots per rank (S / P)
+    cnt_E: np.ndarray  # [E] int64: replicas of e
+    n_EP: np.ndarray   # [E, P] int64: replicas of e on rank p
+    tot_E: np.ndarray  # [E] float64: Σ_k V[e, k]
+    U_EK: np.ndarray   # [E, K] float64: one replica's share V[e, k] / cnt[e]
+    W_KP: np.ndarray   # [K, P] float64: rank loads (the surrogate)
+    tv_K3: np.ndarray  # [K, 3] float64: each block's three largest rank loads
+    ti_K3: np.ndarray  # [K, 3] int64: and their ranks
 
 
 @numba.njit(cache=True)
-def _layer_cost(W_KP):
-    K, P = W_KP.shape
-    c = 0.0
-    for k in range(K):
-        m = W_KP[k, 0]
-        for p in range(1, P):
-            if W_KP[k, p] > m:
-                m = W_KP[k, p]
-        c += m
-    return c
+def replica_layer(V_EK, p2l_S, P):
+    """The search state of one layer's slots ``p2l_S`` (kept, and changed by the moves)."""
+    E, K = V_EK.shape
+    S = p2l_S.shape[0]
+    M = S // P
+    cnt = np.zeros(E, dtype=np.int64)
+    n_EP = np.zeros((E, P), dtype=np.int64)
+    for s in range(S):
+        cnt[p2l_S[s]] += 1
+        n_EP[p2l_S[s], s // M] += 1
+    tot = np.zeros(E)
+    for e in range(E):
+        for k in range(K):
+            tot[e] += V_EK[e, k]
+    # U[e, k] = V[e, k] / cnt[e], one replica's share, read by the loads and the swap scan (its
+    # two divisions per block were most of its time); rebuilt when a reassign changes the counts
+    U = np.empty((E, K))
+    _shares(V_EK, cnt, U)
+    W = np.empty((K, P))
+    _loads(U, p2l_S, M, W)
+    return ReplicaLayer(V_EK, p2l_S, P, M, cnt, n_EP, tot, U, W, np.empty((K, 3)),
+                        np.empty((K, 3), dtype=np.int64))
 
 
-@numba.njit(cache=True)
-def _top3(W_KP, tv_K3, ti_K3):
-    """Per block the three largest rank loads and their ranks (−1 where P < 3)."""
-    K, P = W_KP.shape
-    for k in range(K):
-        a = b = c = -1.0
-        ia = ib = ic = -1
-        for p in range(P):
-            w = W_KP[k, p]
-            if w > a:
-                c, ic = b, ib
-                b, ib = a, ia
-                a, ia = w, p
-            elif w > b:
-                c, ic = b, ib
-                b, ib = w, p
-            elif w > c:
-                c, ic = w, p
-        tv_K3[k, 0], tv_K3[k, 1], tv_K3[k, 2] = a, b, c
-        ti_K3[k, 0], ti_K3[k, 1], ti_K3[k, 2] = ia, ib, ic
-
-
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _hot_ranks(ti_K3, h, wins_P, hot_P):
     """``hot_P[p]``: p is among the ``h`` ranks that are the busiest of the most blocks (ties
     to the lower rank), and the busiest of at least one."""
@@ -89,20 +104,19 @@ def _hot_ranks(ti_K3, h, wins_P, hot_P):
         hot_P[b] = True
 
 
-@numba.njit(cache=True)
-def _loads(U_EK, p2l_S, M, P):
-    """Rank loads W[k, p] from the replicas' shares ``U`` (:func:`_shares`)."""
+@numba.njit(cache=True, _nrt=False)
+def _loads(U_EK, p2l_S, M, W_KP):
+    """Rank loads W[k, p] from the replicas' shares ``U`` (:func:`_shares`), into W_KP."""
     K = U_EK.shape[1]
-    W = np.zeros((K, P))
+    W_KP[:, :] = 0.0
     for s in range(p2l_S.shape[0]):
         e = p2l_S[s]
         p = s // M
         for k in range(K):
-            W[k, p] += U_EK[e, k]
-    return W
+            W_KP[k, p] += U_EK[e, k]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _shares(V_EK, cnt_E, U_EK):
     E, K = V_EK.shape
     for e in range(E):
@@ -110,138 +124,180 @@ def _shares(V_EK, cnt_E, U_EK):
             U_EK[e, k] = V_EK[e, k] / cnt_E[e]
 
 
-@numba.njit(cache=True)
-def _search_layer(V_EK, p2l_S, P, max_passes, num_targets, hot_ranks):
-    """Local search on one layer's ``p2l_S`` (changed in place): each pass takes every slot on
-    the ``hot_ranks`` ranks that are the busiest of the most blocks and makes its best improving
-    swap, if any; a pass without a swap tries the reassigns (best first). Returns the number of
-    moves made."""
-    E, K = V_EK.shape
-    S = p2l_S.shape[0]
-    M = S // P
-    cnt = np.zeros(E, dtype=np.int64)
-    n_EP = np.zeros((E, P), dtype=np.int64)
+@numba.njit(cache=True, _nrt=False)
+def swap_legal(ly, s, t):
+    """Slots s and t may swap: different ranks and experts, and neither expert already on the
+    other's rank."""
+    e = ly.p2l_S[s]
+    f = ly.p2l_S[t]
+    p = s // ly.M
+    q = t // ly.M
+    return not (q == p or f == e or ly.n_EP[e, q] > 0 or ly.n_EP[f, p] > 0)
+
+
+@numba.njit(cache=True, _nrt=False)
+def swap_cost(ly, s, t, best):
+    """Σ_k max_p W after swapping the experts of slots s and t, in O(K) from the blocks' top
+    three (:func:`~routepack_opt.core.cost_kernel.peak_after_swap`); stops early, with a value
+    ≥ ``best``, once the partial sum reaches ``best``. Needs ly.tv_K3 / ti_K3 current."""
+    e = ly.p2l_S[s]
+    f = ly.p2l_S[t]
+    p = s // ly.M
+    q = t // ly.M
+    W, U = ly.W_KP, ly.U_EK
+    c = 0.0
+    for k in range(W.shape[0]):
+        d = U[f, k] - U[e, k]
+        c += peak_after_swap(ly.tv_K3, ly.ti_K3, k, p, q, W[k, p] + d, W[k, q] - d)
+        if c >= best:
+            break
+    return c
+
+
+@numba.njit(cache=True, _nrt=False)
+def apply_swap(ly, s, t):
+    """Swap the experts of slots s and t (the loads by increments; the caller refreshes the
+    top three)."""
+    e = ly.p2l_S[s]
+    f = ly.p2l_S[t]
+    p = s // ly.M
+    q = t // ly.M
+    for k in range(ly.W_KP.shape[0]):
+        d = ly.U_EK[f, k] - ly.U_EK[e, k]
+        ly.W_KP[k, p] += d
+        ly.W_KP[k, q] -= d
+    ly.n_EP[e, p] -= 1
+    ly.n_EP[f, q] -= 1
+    ly.p2l_S[s] = f
+    ly.p2l_S[t] = e
+    ly.n_EP[f, p] += 1
+    ly.n_EP[e, q] += 1
+
+
+@numba.njit(cache=True, _nrt=False)
+def reassign_legal(ly, s, f):
+    """Slot s may go from its expert (≥ 2 replicas) to f (< P replicas, none on s's rank)."""
+    e = ly.p2l_S[s]
+    return ly.cnt_E[e] >= 2 and f != e and ly.cnt_E[f] < ly.P and ly.n_EP[f, s // ly.M] == 0
+
+
+@numba.njit(cache=True, _nrt=False)
+def reassign_cost(ly, s, f, Wn_KP):
+    """Σ_k max_p W after slot s goes from its expert e to f: e's other replicas gain, f's
+    replicas lose a share (O(S·K)); the new loads into the scratch ``Wn_KP``."""
+    V, cnt, M = ly.V_EK, ly.cnt_E, ly.M
+    e = ly.p2l_S[s]
+    K = V.shape[1]
+    for k in range(K):
+        for p in range(ly.P):
+            Wn_KP[k, p] = ly.W_KP[k, p]
+    for u in range(ly.p2l_S.shape[0]):
+        g = ly.p2l_S[u]
+        r = u // M
+        if u == s:
+            for k in range(K):
+                Wn_KP[k, r] += V[f, k] / (cnt[f] + 1) - V[e, k] / cnt[e]
+        elif g == e:
+            for k in range(K):
+                Wn_KP[k, r] += V[e, k] / (cnt[e] - 1) - V[e, k] / cnt[e]
+        elif g == f:
+            for k in range(K):
+                Wn_KP[k, r] += V[f, k] / (cnt[f] + 1) - V[f, k] / cnt[f]
+    return expert_peak_sum(Wn_KP)
+
+
+@numba.njit(cache=True, _nrt=False)
+def apply_reassign(ly, s, f):
+    """Give slot s to expert f; the shares and the loads rebuilt from the new counts."""
+    e = ly.p2l_S[s]
+    p = s // ly.M
+    ly.n_EP[e, p] -= 1
+    ly.cnt_E[e] -= 1
+    ly.p2l_S[s] = f
+    ly.n_EP[f, p] += 1
+    ly.cnt_E[f] += 1
+    _shares(ly.V_EK, ly.cnt_E, ly.U_EK)
+    _loads(ly.U_EK, ly.p2l_S, ly.M, ly.W_KP)
+
+
+@numba.njit(cache=True, _nrt=False)
+def _swap_pass(ly, hot_ranks, hot, wins, cur):
+    """Every slot on the ``hot_ranks`` ranks that are the busiest of the most blocks (fresh for
+    each rank) makes its best improving swap, if any (``hot``, ``wins``: [P] scratch). Returns
+    (swaps, cost)."""
+    S = ly.p2l_S.shape[0]
+    swapped = 0
     for s in range(S):
-        cnt[p2l_S[s]] += 1
-        n_EP[p2l_S[s], s // M] += 1
-    tot = np.zeros(E)
-    for e in range(E):
-        for k in range(K):
-            tot[e] += V_EK[e, k]
-    # U[e, k] = V[e, k] / cnt[e], one replica's share, read by the loads and the swap scan (its
-    # two divisions per block were most of its time); rebuilt when a reassign changes the counts
-    U = np.empty((E, K))
-    _shares(V_EK, cnt, U)
-    W = _loads(U, p2l_S, M, P)
-    cur = _layer_cost(W)
-    moves = 0
-    Wn = np.empty((K, P))
-    tv = np.empty((K, 3))
-    ti = np.empty((K, 3), dtype=np.int64)
-    hot = np.zeros(P, dtype=np.bool_)
-    wins = np.zeros(P, dtype=np.int64)
-    for _ in range(max_passes):
-        swapped = 0
-        for s in range(S):
-            p = s // M
-            if s % M == 0:  # the hot ranks and the blocks' largest loads, fresh for each rank
-                _top3(W, tv, ti)
-                _hot_ranks(ti, hot_ranks, wins, hot)
-            if not hot[p]:
-                continue
-            e = p2l_S[s]
-            best = cur * (1.0 - 1e-12)
-            bt = -1
-            for t in range(S):
-                f = p2l_S[t]
-                q = t // M
-                if q == p or f == e or n_EP[e, q] > 0 or n_EP[f, p] > 0:
-                    continue
-                c = 0.0
-                for k in range(K):
-                    d = U[f, k] - U[e, k]
-                    m = W[k, p] + d
-                    x = W[k, q] - d
-                    if x > m:
-                        m = x
-                    for j in range(3):
-                        r = ti[k, j]
-                        if r != p and r != q:
-                            if r >= 0 and tv[k, j] > m:
-                                m = tv[k, j]
-                            break
-                    c += m
-                    if c >= best:
-                        break
+        if s % ly.M == 0:  # the hot ranks and the blocks' largest loads, fresh for each rank
+            top3(ly.W_KP, ly.tv_K3, ly.ti_K3)
+            _hot_ranks(ly.ti_K3, hot_ranks, wins, hot)
+        if not hot[s // ly.M]:
+            continue
+        best = cur * (1.0 - 1e-12)
+        bt = -1
+        for t in range(S):
+            if swap_legal(ly, s, t):
+                c = swap_cost(ly, s, t, best)
                 if c < best:
                     best = c
                     bt = t
-            if bt < 0:
-                continue
-            f = p2l_S[bt]
-            q = bt // M
-            for k in range(K):
-                d = U[f, k] - U[e, k]
-                W[k, p] += d
-                W[k, q] -= d
-            n_EP[e, p] -= 1
-            n_EP[f, q] -= 1
-            p2l_S[s] = f
-            p2l_S[bt] = e
-            n_EP[f, p] += 1
-            n_EP[e, q] += 1
-            cur = _layer_cost(W)
-            _top3(W, tv, ti)
-            swapped += 1
-            moves += 1
-        if swapped:
-            W = _loads(U, p2l_S, M, P)  # drop the increments' rounding
-            cur = _layer_cost(W)
+        if bt < 0:
             continue
-        # --- no swap helps: reassign slot s (expert e, cnt ≥ 2) to one of the hottest experts
-        # per replica (f with < P replicas and none on s's rank)
-        order = np.argsort(-(tot / cnt))
-        best = cur * (1.0 - 1e-12)
-        bs = -1
-        bf = -1
-        for s in range(S):
-            e = p2l_S[s]
-            p = s // M
-            if cnt[e] < 2:
+        apply_swap(ly, s, bt)
+        cur = expert_peak_sum(ly.W_KP)
+        top3(ly.W_KP, ly.tv_K3, ly.ti_K3)
+        swapped += 1
+    return swapped, cur
+
+
+@numba.njit(cache=True)
+def _best_reassign(ly, num_targets, cur, Wn_KP):
+    """The reassign of least cost below ``cur`` (to one of the ``num_targets`` hottest experts
+    per replica): (slot, expert), or (−1, −1)."""
+    E = ly.V_EK.shape[0]
+    order = np.argsort(-(ly.tot_E / ly.cnt_E))
+    best = cur * (1.0 - 1e-12)
+    bs = -1
+    bf = -1
+    for s in range(ly.p2l_S.shape[0]):
+        if ly.cnt_E[ly.p2l_S[s]] < 2:
+            continue
+        for fi in range(min(num_targets, E)):
+            f = order[fi]
+            if not reassign_legal(ly, s, f):
                 continue
-            for fi in range(min(num_targets, E)):
-                f = order[fi]
-                if f == e or cnt[f] >= P or n_EP[f, p] > 0:
-                    continue
-                Wn[:, :] = W
-                for u in range(S):  # e's other replicas gain, f's replicas lose a share
-                    g = p2l_S[u]
-                    r = u // M
-                    if u == s:
-                        for k in range(K):
-                            Wn[k, r] += V_EK[f, k] / (cnt[f] + 1) - V_EK[e, k] / cnt[e]
-                    elif g == e:
-                        for k in range(K):
-                            Wn[k, r] += V_EK[e, k] / (cnt[e] - 1) - V_EK[e, k] / cnt[e]
-                    elif g == f:
-                        for k in range(K):
-                            Wn[k, r] += V_EK[f, k] / (cnt[f] + 1) - V_EK[f, k] / cnt[f]
-                c = _layer_cost(Wn)
-                if c < best:
-                    best = c
-                    bs = s
-                    bf = f
+            c = reassign_cost(ly, s, f, Wn_KP)
+            if c < best:
+                best = c
+                bs = s
+                bf = f
+    return bs, bf
+
+
+@numba.njit(cache=True)
+def _search_layer(V_EK, p2l_S, P, max_passes, num_targets, hot_ranks):
+    """Local search on one layer's ``p2l_S`` (changed in place): each pass makes the hot ranks'
+    best improving swaps (:func:`_swap_pass`); a pass without a swap makes the best reassign
+    instead. Returns the number of moves made."""
+    ly = replica_layer(V_EK, p2l_S, P)
+    cur = expert_peak_sum(ly.W_KP)
+    Wn = np.empty_like(ly.W_KP)
+    hot = np.zeros(P, dtype=np.bool_)
+    wins = np.zeros(P, dtype=np.int64)
+    moves = 0
+    for _ in range(max_passes):
+        swapped, cur = _swap_pass(ly, hot_ranks, hot, wins, cur)
+        moves += swapped
+        if swapped:
+            _loads(ly.U_EK, ly.p2l_S, ly.M, ly.W_KP)  # drop the increments' rounding
+            cur = expert_peak_sum(ly.W_KP)
+            continue
+        # no swap helps: reassign a slot of an expert with ≥ 2 replicas
+        bs, bf = _best_reassign(ly, num_targets, cur, Wn)
         if bs < 0:
             break
-        e = p2l_S[bs]
-        n_EP[e, bs // M] -= 1
-        cnt[e] -= 1
-        p2l_S[bs] = bf
-        n_EP[bf, bs // M] += 1
-        cnt[bf] += 1
-        _shares(V_EK, cnt, U)
-        W = _loads(U, p2l_S, M, P)
-        cur = _layer_cost(W)
+        apply_reassign(ly, bs, bf)
+        cur = expert_peak_sum(ly.W_KP)
         moves += 1
     return moves
 
