@@ -21,7 +21,8 @@ from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout, check_rows
 from routepack_opt.core.objective import check_objective
-from routepack_opt.core.placement import Placement
+from routepack_opt.core.placement import Placement, as_placement
+from routepack_opt.core.placement import slot_array as as_placement_array
 from routepack_opt.core.plan import Plan, check_placement
 from routepack_opt.core.report import EvaluationSummary, JointStats, PlanReport, SearchStats
 from routepack_opt.core.timing import Timings
@@ -31,7 +32,7 @@ from routepack_opt.heuristics.anneal import anneal
 from routepack_opt.heuristics.anneal.config import MAX_SEEDS, check_sweep_budget
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.joint import anneal_packer, joint_search
-from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
+from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
 from routepack_opt.heuristics.placement.replicate import eplb_placement, replicated_placement
 from routepack_opt.params import PlannerParams, RowParams
 from routepack_opt.warmup import groups_for, warm
@@ -45,67 +46,49 @@ PLACEMENT_KINDS = ("lpt", "lpt-plain", "identity", "joint", "eplb")
 DEFAULT_PARAMS = PlannerParams()
 
 
-def resolve_placement(window: Window, topology: Topology, placement) -> tuple[np.ndarray | Placement, str]:
-    """``placement`` is ``"lpt"``, ``"identity"``, ``"eplb"``, a [L, E] array, a
-    :class:`Placement` or a :class:`Plan` (its placement is reused, e.g. the one already
-    materialized). With ``topology.redundant_experts > 0`` the result is a :class:`Placement` with
-    replicas (``lpt``/``joint``: replicate the hottest experts, LPT on distinct ranks, swaps;
-    ``eplb``: DeepSeek EPLB's policy)."""
+def resolve_placement(window: Window, topology: Topology, placement) -> tuple[Placement, str]:
+    """(the :class:`Placement`, its kind). ``placement`` is ``"lpt"``, ``"identity"``,
+    ``"eplb"``, a [L, E] permutation array, a :class:`Placement` or a :class:`Plan` (its
+    placement is reused, e.g. the one already materialized). With
+    ``topology.redundant_experts > 0`` the placement has replicas (``lpt``/``joint``: replicate
+    the hottest experts, LPT on distinct ranks, swaps; ``eplb``: DeepSeek EPLB's policy)."""
     topology.check_experts(window.num_experts)
-    if isinstance(placement, Plan):
-        placement = placement.expert_placement
-    red = topology.redundant_experts
-    if isinstance(placement, str) and (red or placement == "eplb"):
-        load = window.expert_loads()
-        S = topology.num_slots(window.num_experts)
-        if placement in ("lpt", "joint", "lpt-plain"):
-            return replicated_placement(load, topology.ep, S), "lpt-replicated"
-        if placement == "eplb":
-            return eplb_placement(load, topology.ep, S), "eplb"
-        if placement == "identity":
-            return Placement.identity(window.num_layers, window.num_experts, topology.ep, red), "identity"
-    if isinstance(placement, Placement):
-        if placement.num_layers != window.num_layers or placement.num_experts != window.num_experts:
-            raise InputError(f"given placement is for L={placement.num_layers}, E={placement.num_experts}; "
-                             f"the window has L={window.num_layers}, E={window.num_experts}")
-        if placement.ep != topology.ep or placement.redundant != red:
-            raise InputError(f"given placement has ep={placement.ep} and {placement.redundant} redundant "
-                             f"slots; the topology has ep={topology.ep}, redundant_experts={red}")
-        return (placement.permutation(), "given") if placement.is_permutation else (placement, "given")
-    if red:
-        raise InputError(f"a placement without replicas does not fit --redundant-experts {red}")
     if isinstance(placement, str):
-        load = window.expert_loads()
-        if placement in ("lpt", "joint"):
-            # Graham's LPT, then swaps off the busiest rank: never worse than LPT, and within
-            # 0.3% of the proved per-layer bound where plain LPT is up to ~9% off
-            # (experiments/results/placement_gap/placement_gap.md).
-            return swap_refine(load, lpt_placement(load, topology.ep), topology.ep), "lpt"
-        if placement == "lpt-plain":
-            return lpt_placement(load, topology.ep), "lpt-plain"
-        if placement == "identity":
-            return identity_placement(window.num_layers, window.num_experts), "identity"
-        raise InputError(f"placement must be one of {', '.join(PLACEMENT_KINDS)} or a plan file, got {placement!r}")
-    arr = as_placement_array("placement", placement)
-    errs = check_placement(arr, window.num_layers, window.num_experts)
-    if errs:
-        raise InputError("given placement does not fit the window: " + errs[0])
-    return arr, "given"
+        return _built_placement(window, topology, placement)
+    if isinstance(placement, Plan):
+        placement = placement.placement
+    pl = as_placement(placement, topology.ep)
+    if pl.num_layers != window.num_layers or pl.num_experts != window.num_experts:
+        raise InputError(f"given placement is for L={pl.num_layers}, E={pl.num_experts}; "
+                         f"the window has L={window.num_layers}, E={window.num_experts}")
+    red = topology.redundant_experts
+    if pl.ep != topology.ep or pl.redundant != red:
+        raise InputError(f"given placement has ep={pl.ep} and {pl.redundant} redundant "
+                         f"slots; the topology has ep={topology.ep}, redundant_experts={red}")
+    return pl, "given"
 
 
-def as_placement_array(name: str, value) -> np.ndarray:
-    """``value`` as an [L, E] int64 array, or an InputError naming ``name`` (ragged lists,
-    floats, booleans and the like are refused, not truncated)."""
-    try:
-        arr = np.asarray(value)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"{name}: cannot be read as an [L, E] array of expert slots ({exc})") from None
-    if arr.dtype == object or arr.ndim != 2:
-        raise InputError(f"{name}: expected an [L, E] array of integers, got "
-                         f"{'a ragged or mixed list' if arr.dtype == object else f'shape {tuple(arr.shape)}'}")
-    if arr.dtype.kind not in "iu":
-        raise InputError(f"{name}: expected integers, got dtype {arr.dtype}")
-    return arr.astype(np.int64)
+def _built_placement(window: Window, topology: Topology, kind: str) -> tuple[Placement, str]:
+    """The placement the planner builds from the window's loads (:func:`resolve_placement`)."""
+    load, ep, red = window.expert_loads(), topology.ep, topology.redundant_experts
+    if red or kind == "eplb":
+        S = topology.num_slots(window.num_experts)
+        if kind in ("lpt", "joint", "lpt-plain"):
+            return replicated_placement(load, ep, S), "lpt-replicated"
+        if kind == "eplb":
+            return eplb_placement(load, ep, S), "eplb"
+        if kind == "identity":
+            return Placement.identity(window.num_layers, window.num_experts, ep, red), "identity"
+    elif kind in ("lpt", "joint"):
+        # Graham's LPT, then swaps off the busiest rank: never worse than LPT, and within
+        # 0.3% of the proved per-layer bound where plain LPT is up to ~9% off
+        # (experiments/results/placement_gap/placement_gap.md).
+        return Placement.from_permutation(swap_refine(load, lpt_placement(load, ep), ep), ep), "lpt"
+    elif kind == "lpt-plain":
+        return Placement.from_permutation(lpt_placement(load, ep), ep), "lpt-plain"
+    elif kind == "identity":
+        return Placement.identity(window.num_layers, window.num_experts, ep), "identity"
+    raise InputError(f"placement must be one of {', '.join(PLACEMENT_KINDS)} or a plan file, got {kind!r}")
 
 
 def check_current_placement(current_placement, window: Window) -> np.ndarray | None:
@@ -114,7 +97,7 @@ def check_current_placement(current_placement, window: Window) -> np.ndarray | N
     if current_placement is None:
         return None
     if isinstance(current_placement, Plan):
-        current_placement = current_placement.placement
+        current_placement = current_placement.placement.first_slots
     arr = as_placement_array("current_placement", current_placement)
     errs = check_placement(arr, window.num_layers, window.num_experts)
     if errs:
@@ -391,12 +374,11 @@ def _plan_at(ctx: _Context, pl, pl_kind: str, R: int, max_sweeps: int | None, *,
     # with replicas: row-aware replica moves for the best seed's packing first (the search then
     # packs against them), and again for the packing found; under a time limit the first packing
     # gets half of what is left and rounds of moves and re-packing share the rest (_replica_rounds)
-    replicated = isinstance(pl, Placement) and not pl.is_permutation and placement in ("lpt", "joint")
+    replicated = topology.redundant_experts > 0 and placement in ("lpt", "joint")  # pl has replicas
     replica_notes: dict = {}
     if replicated and not clock.expired() and not (stop is not None and stop()):
         with timings.stage("replicas-start"):
             try:
-                assert isinstance(pl, Placement)
                 pl, moved, replica_notes = _replica_start(window, topology, ev, pl, layout, R, objective,
                                                           seed_scores[best_seed], clock, stop)
                 if moved:  # the seeds are scored again against the placement they will be packed for
@@ -430,7 +412,6 @@ def _plan_at(ctx: _Context, pl, pl_kind: str, R: int, max_sweeps: int | None, *,
     if replicated and fallback is None and not clock.expired() and not (stop is not None and stop()):
         with timings.stage("replicas"):
             try:
-                assert isinstance(pl, Placement)
                 pl, layout, rounds = _replica_rounds(window, topology, cost, ev, pl, layout, R,
                                                      objective, params, seed, clock, max_sweeps, stop)
                 replica_notes = {**rounds, "start_moves": replica_notes.get("start_moves", 0),
@@ -621,8 +602,6 @@ def _best_baseline(ctx: _Context, pl, max_rows: int | None, r_star: int) -> tupl
     baselines' placements (identity, EPLB's), scored by the one evaluator: ``((key, name,
     placement, layout) or None, whether every one was scored before the clock ran out)``. Run
     before the search, so that a time limit leaves the search what the check took."""
-    from routepack_opt.heuristics.placement.lpt import lpt_placement
-
     window, topo, ev, objective = ctx.window, ctx.topology, ctx.ev, ctx.objective
     placements: dict[str, object] = {"plan": pl}
     if not (isinstance(ctx.placement, str) and ctx.placement in ("lpt", "joint")):
@@ -630,9 +609,9 @@ def _best_baseline(ctx: _Context, pl, max_rows: int | None, r_star: int) -> tupl
     elif topo.redundant_experts:
         for k in ("identity", "eplb"):
             placements[k] = resolve_placement(window, topo, k)[0]
-    else:
-        placements["identity"] = identity_placement(window.num_layers, window.num_experts)
-        placements["eplb"] = lpt_placement(window.expert_loads(), topo.ep)
+    else:  # EPLB without replicas is LPT
+        placements["identity"] = resolve_placement(window, topo, "identity")[0]
+        placements["eplb"] = resolve_placement(window, topo, "lpt-plain")[0]
     best = None
     # under a time limit the check takes at most BASELINE_CHECK_SHARE of it (N = 8,192, L = 48:
     # 18 scorings took 3 s of a 5 s limit), and says when it stopped short

@@ -400,7 +400,7 @@ def measure_plan(window: Window, plan: Plan, cost: CostModel | None = None, devi
         A_RD = A_RD.reshape(R, D)
         X_RGLP = np.zeros((R, G, Lm, P))
         for l in range(Lm):
-            rank_E = plan.placement[l] // per_rank
+            rank_E = plan.placement.first_slots[l] // per_rank
             experts_of = [np.flatnonzero(rank_E == p) for p in range(P)]
             for r in range(R):
                 for g in range(G):
@@ -410,7 +410,7 @@ def measure_plan(window: Window, plan: Plan, cost: CostModel | None = None, devi
     slots_GP = topo.slots_of_shard()
     J_meas = A_RD[:, slots_GP].max(axis=2) + X_RGLP.max(axis=3).sum(axis=2)
     # prediction: the one evaluator, same scaled window, same layers
-    b_NLP = rank_loads(counts_s, plan.placement[:Lm], P)
+    b_NLP = rank_loads(counts_s, plan.placement.first_slots[:Lm], P)
     J_pred = row_shard_costs(len_s, b_NLP, plan.row, plan.slot, R, topo, cost)
     # per-kernel agreement: attention per cell and expert per workload, intercepts included
     a_cost = cost.stages[0]
@@ -424,7 +424,7 @@ def measure_plan(window: Window, plan: Plan, cost: CostModel | None = None, devi
     A_pred_RD = a_cost.alpha * T_RD + a_cost.beta * Q_RD + c_attn
     W_RGLP = np.zeros((R, G, Lm, P))
     for l in range(Lm):
-        rank_E = plan.placement[l] // per_rank
+        rank_E = plan.placement.first_slots[l] // per_rank
         for p in range(P):
             W_RGLP[:, :, l, p] = tok_RGLE[:, :, l, rank_E == p].sum(axis=2)
     X_pred = cost.gamma * W_RGLP + c_exp

@@ -530,7 +530,7 @@ def verify_runtime(cfg: VerifyConfig | None = None, world_size: int = 4, ep: int
         return _verify_replicas(cfg, setup, single, REPLICA_TOL if tol is None else tol, report)
     tol = 0.0 if tol is None else tol
     report["tolerance"] = tol
-    moved_pl = int((setup.new_placement_LE != setup.plan.placement).sum())
+    moved_pl = int((setup.new_placement_LE != setup.plan.placement.first_slots).sum())
     report["experts_replaced"] = moved_pl
     diffs = []
     single_ref = None

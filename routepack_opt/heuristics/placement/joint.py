@@ -36,6 +36,7 @@ from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator, Score
 from routepack_opt.core.objective import check_objective
+from routepack_opt.core.placement import Placement, as_placement
 from routepack_opt.core.plan import check_placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
@@ -80,7 +81,7 @@ class JointResult:
     ``objective_value`` = makespan + w·migration time when migration was optimised, else the
     makespan. ``stats``: rounds, per-start keys, wall time, chosen start."""
 
-    placement: np.ndarray
+    placement: Placement
     row: np.ndarray
     slot: np.ndarray
     score: Score
@@ -165,12 +166,14 @@ def joint_search(window: Window, topology: Topology, cost: CostModel, rows: int,
                  max_rounds: int = 4, current_placement=None, config: JointConfig = JointConfig(),
                  packer: Packer | None = None) -> JointResult:
     """Alternate row-aware placement refinement and packing from ``(placement0, layout0)``
-    (module doc). ``layout0`` is ``(row_N, slot_N)``, feasible at ``rows``; ``packer`` defaults to
-    the population annealer with ``config.anneal_sweeps``."""
+    (module doc). ``placement0``: a :class:`Placement` without replicas (or its permutation
+    array); the result's placement is a :class:`Placement`. ``layout0`` is ``(row_N, slot_N)``,
+    feasible at ``rows``; ``packer`` defaults to the population annealer with
+    ``config.anneal_sweeps``."""
     t0 = time.perf_counter()
     objective = check_objective(objective)
     L, E = window.num_layers, window.num_experts
-    placement0 = np.asarray(placement0, dtype=np.int64)
+    placement0 = as_placement(placement0, topology.ep, "placement0").permutation()  # refined as π
     errs = check_placement(placement0, L, E)
     if errs:
         raise InputError("placement0: " + "; ".join(errs[:3]))
@@ -232,5 +235,6 @@ def joint_search(window: Window, topology: Topology, cost: CostModel, rows: int,
              "lower_bound_start": ev.lower_bound(placement0, rows),
              "migration_optimised": current is not None, "migration": mig.as_dict(),
              "objective_value": value}
-    return JointResult(placement=placement, row=row, slot=slot, score=score, migration=mig,
+    return JointResult(placement=Placement.from_permutation(placement, topology.ep), row=row, slot=slot,
+                       score=score, migration=mig,
                        objective_value=value, stats=stats)
