@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from routepack_opt.core.checks import check_time_limit
 from routepack_opt.core.errors import InputError, load_document
 from routepack_opt.heuristics.anneal import AnnealConfig
 from routepack_opt.heuristics.placement.joint import JointConfig
@@ -47,9 +48,7 @@ def _share(section: str, v: Any) -> float:
 
 
 def _seconds(section: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise InputError(f"{section}: time_limit must be a positive number of seconds, got {v!r}")
-    return float(v)
+    return check_time_limit(v, f"{section}: time_limit")
 
 
 @dataclasses.dataclass(frozen=True)

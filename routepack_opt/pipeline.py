@@ -16,6 +16,7 @@ import numpy as np
 
 from routepack_opt.certify import Certificate, certify_rows, pack_into_bins
 from routepack_opt.core.bounds import is_packing
+from routepack_opt.core.checks import check_redundant_experts, check_time_limit
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
@@ -767,10 +768,7 @@ def with_replicas(topology: Topology, num_experts: int, cost: CostModel, redunda
     the replicas' expert state per rank (N / P slots × ``cost.expert_bytes``) within
     ``max_replica_bytes`` (when given)."""
     if redundant_experts is not None:
-        if isinstance(redundant_experts, bool) or not isinstance(redundant_experts, (int, np.integer)) \
-                or redundant_experts < 0:
-            raise InputError(f"redundant_experts must be an integer ≥ 0, got {redundant_experts!r}")
-        topology = dataclasses.replace(topology, redundant_experts=int(redundant_experts))
+        topology = dataclasses.replace(topology, redundant_experts=check_redundant_experts(redundant_experts))
     topology.check_experts(num_experts)
     if max_replica_bytes is not None:
         if isinstance(max_replica_bytes, bool) or not isinstance(max_replica_bytes, (int, float, np.number)) \
@@ -801,10 +799,7 @@ class _Clock:
     seconds stay in hand for the final validation and scoring."""
 
     def __init__(self, time_limit: float | None):
-        if time_limit is not None and not (isinstance(time_limit, (int, float))
-                                           and np.isfinite(time_limit) and time_limit > 0):
-            raise InputError(f"time limit must be a positive number of seconds, got {time_limit!r}")
-        self.limit = None if time_limit is None else float(time_limit)
+        self.limit = None if time_limit is None else check_time_limit(time_limit)
         self.end = None if time_limit is None else time.perf_counter() + float(time_limit)
         self.reserve = 0.0
 

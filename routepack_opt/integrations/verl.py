@@ -82,6 +82,7 @@ from typing import Any
 import numpy as np
 
 from routepack_opt.certify import certify_rows
+from routepack_opt.core.checks import check_redundant_experts
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout
@@ -471,9 +472,7 @@ def _bubble_order(cost_R, key_R) -> list[int]:
 
 
 def _redundant(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise InputError(f"redundant_experts: expected an integer ≥ 0, got {value!r}")
-    return int(value)
+    return check_redundant_experts(value)
 
 
 def expert_map_from_batch(batch, num_experts: int, ep_size: int, *, dp_group=None,

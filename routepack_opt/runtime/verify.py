@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from routepack_opt.core.checks import check_redundant_experts
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.placement import Placement
 from routepack_opt.core.plan import Plan
@@ -96,9 +97,7 @@ class VerifyConfig:
             raise InputError(f"verify-runtime: start_method must be forkserver or spawn, got {self.start_method!r}")
         if not 1 <= self.replace_after < self.steps:
             raise InputError("verify-runtime: need 1 ≤ replace_after < steps")
-        R = self.redundant
-        if isinstance(R, bool) or not isinstance(R, int) or R < 0:
-            raise InputError(f"--redundant-experts must be an integer ≥ 0, got {R!r}")
+        R = check_redundant_experts(self.redundant, "--redundant-experts")
         if R and (E + R) % self.ep:
             raise InputError(f"--redundant-experts {R}: E={E} + {R} = {E + R} slots is not divisible "
                              f"by ep={self.ep}; choose N with ({E} + N) % {self.ep} == 0")
@@ -113,7 +112,7 @@ class Setup:
     plan: Plan
     routes_TLK: np.ndarray
     tokens_per_step: list[np.ndarray]
-    new_placement_LE: np.ndarray
+    new_placement: Placement  # the permutation materialized after replace_after steps (no replicas)
     denom: float  # target tokens of the window: loss = Σ token CE / denom
     replicas: dict | None = None  # redundant > 0: Placements "start" (A), "new" (B), "moved" (B')
 
@@ -144,7 +143,8 @@ def make_setup(cfg: VerifyConfig) -> Setup:
         perm = np.stack([rng.permutation(new.num_slots) for _ in range(m.num_layers)])
         moved = Placement(np.take_along_axis(new.phy2log, perm, axis=1), cfg.ep, m.num_experts)
         replicas = {"start": start, "new": new, "moved": moved}
-    return Setup(window, plan, routes_from_counts(window, seed=cfg.seed), tokens, new_pl,
+    return Setup(window, plan, routes_from_counts(window, seed=cfg.seed), tokens,
+                 Placement.from_permutation(new_pl, cfg.ep),
                  float((window.lengths - 1).sum()), replicas)
 
 
@@ -209,7 +209,7 @@ def _runs(cfg: VerifyConfig, setup: Setup) -> dict[str, tuple]:
     or None), in run order; the first is the reference."""
     if setup.replicas is None:
         return {"reference": (None, None, torch.float32),
-                "replaced": (None, setup.new_placement_LE, torch.float32)}
+                "replaced": (None, setup.new_placement, torch.float32)}
     r = setup.replicas
     f32, f64 = torch.float32, torch.float64
     return {"reference": (None, None, f32), "replicated": (r["start"], r["new"], f32),
@@ -218,20 +218,20 @@ def _runs(cfg: VerifyConfig, setup: Setup) -> dict[str, tuple]:
             "reference64": (None, None, f64), "replicated64": (r["start"], r["new"], f64)}
 
 
-def _for_ep(pl, ep: int):
+def _for_ep(pl: Placement | None, ep: int) -> Placement | None:
     """A Placement re-stated for ``ep`` ranks (one process holds all slots: ep = 1)."""
-    return Placement(pl.phy2log, ep, pl.num_experts) if isinstance(pl, Placement) and pl.ep != ep else pl
+    return pl if pl is None or pl.ep == ep else Placement(pl.phy2log, ep, pl.num_experts)
 
 
 def run_single(cfg: VerifyConfig, replace: bool, setup: Setup | None = None, start=None,
                new=None, dtype=torch.float32) -> RunResult:
     """One process, all slots local; the plan's D slots run in turn (gradient accumulation).
-    ``replace`` (without ``new``): materialize ``setup.new_placement_LE``; ``start`` / ``new``:
+    ``replace`` (without ``new``): materialize ``setup.new_placement``; ``start`` / ``new``:
     the starting placement and the one materialized after ``replace_after`` steps. DP slot d
     dispatches as source rank d mod ep, as it would in the EP run."""
     setup = setup or make_setup(cfg)
     if replace and new is None:
-        new = setup.new_placement_LE
+        new = setup.new_placement
     dev = torch.device(cfg.device)
     with deterministic(cfg.seed):
         model = TinyMoE(cfg.model, phy2log_LS=None if start is None else start.phy2log).to(dev, dtype)
@@ -530,7 +530,7 @@ def verify_runtime(cfg: VerifyConfig | None = None, world_size: int = 4, ep: int
         return _verify_replicas(cfg, setup, single, REPLICA_TOL if tol is None else tol, report)
     tol = 0.0 if tol is None else tol
     report["tolerance"] = tol
-    moved_pl = int((setup.new_placement_LE != setup.plan.placement.first_slots).sum())
+    moved_pl = int((setup.new_placement.first_slots != setup.plan.placement.first_slots).sum())
     report["experts_replaced"] = moved_pl
     diffs = []
     single_ref = None
