@@ -77,7 +77,7 @@ class JointParams:
 
     def config(self, refine: RefineConfig, anneal_sweeps: int | None) -> JointConfig:
         """The :class:`JointConfig` of one call (``anneal_sweeps``: the call's sweep budget)."""
-        return JointConfig(refine=refine, anneal_sweeps=anneal_sweeps,
+        return JointConfig(refine=refine, anneal_sweeps=anneal_sweeps, max_rounds=self.max_rounds,
                            migration_weight=self.migration_weight, sticky=self.sticky,
                            min_rel_gain=self.min_rel_gain)
 

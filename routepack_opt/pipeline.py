@@ -32,7 +32,7 @@ from routepack_opt.core.window import Window
 from routepack_opt.heuristics.anneal import anneal
 from routepack_opt.heuristics.anneal.config import MAX_SEEDS, check_sweep_budget
 from routepack_opt.heuristics.baselines import BASELINES
-from routepack_opt.heuristics.placement.joint import anneal_packer, joint_search
+from routepack_opt.heuristics.placement.joint import AlternateRules, alternate, anneal_packer, joint_search
 from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
 from routepack_opt.heuristics.placement.replicate import eplb_placement, replicated_placement
 from routepack_opt.params import PlannerParams, RowParams
@@ -413,8 +413,7 @@ def _plan_at(ctx: _Context, pl, pl_kind: str, R: int, max_sweeps: int | None, *,
     if replicated and fallback is None and not clock.expired() and not (stop is not None and stop()):
         with timings.stage("replicas"):
             try:
-                pl, layout, rounds = _replica_rounds(window, topology, cost, ev, pl, layout, R,
-                                                     objective, params, seed, clock, max_sweeps, stop)
+                pl, layout, rounds = _replica_rounds(ctx, pl, layout, R, max_sweeps)
                 replica_notes = {**rounds, "start_moves": replica_notes.get("start_moves", 0),
                                  "start_kept": replica_notes.get("start_kept", False)}
             except Exception as exc:  # keep the packing and placement found so far, and say so
@@ -427,7 +426,7 @@ def _plan_at(ctx: _Context, pl, pl_kind: str, R: int, max_sweeps: int | None, *,
                 packer = anneal_packer(window, topology, cost, R, objective, config=params.anneal,
                                        max_sweeps=max_sweeps)
                 jr = joint_search(window, topology, cost, R, objective, pl, layout.arrays(),
-                                  time_limit=clock.left(), seed=seed, max_rounds=jp.max_rounds,
+                                  time_limit=clock.left(), seed=seed,
                                   current_placement=current_placement,
                                   config=jp.config(params.refine, max_sweeps), packer=packer)
                 found = Layout(jr.row, jr.slot, R)
@@ -711,54 +710,45 @@ def _replica_start(window: Window, topology: Topology, ev: Evaluator, pl: Placem
     return (cand if kept else pl), kept, {"start_moves": moves, "start_kept": kept}
 
 
-def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Evaluator, pl: Placement,
-                    layout: Layout, R: int, objective, params: PlannerParams, seed: int, clock: _Clock,
-                    max_sweeps: int | None, stop, max_rounds: int = 3) -> tuple[Placement, Layout, dict]:
+def _replica_rounds(ctx: _Context, pl: Placement, layout: Layout, R: int, max_sweeps: int | None,
+                    max_rounds: int = 3) -> tuple[Placement, Layout, dict]:
     """Row-aware replica moves for the packing found, kept only if the one evaluator scores it
-    better. Without a time limit: one call of ``2 · REPLICA_PASSES`` passes (the packing had the
-    whole sweep budget). Under a time limit: rounds of (moves in single passes between clock
-    checks, ≤ 32 a round; then packing again against the new placement's surrogate loads, from
-    the current layout), each kept only if better; the first packing had half of the time, each
-    re-packing takes half of what is left (the last one all of it)."""
-    t0 = time.perf_counter()
-    best = ev.score_layout(pl, layout, objective).key
-    t_score = time.perf_counter() - t0  # one exact scoring (the even-local split, per cell)
-    notes = {"rounds": 0, "moves": 0, "placements_kept": 0, "packings_kept": 0}
-
-    def stopped() -> bool:
-        return clock.expired() or (stop is not None and stop())
-
+    better (:func:`~routepack_opt.heuristics.placement.joint.alternate`, strict). Without a time
+    limit: one call of ``2 · REPLICA_PASSES`` passes (the packing had the whole sweep budget).
+    Under a time limit: rounds of (moves in single passes between clock checks, ≤ 32 a round;
+    then packing again against the new placement's surrogate loads, from the current layout),
+    each kept only if better; the first packing had half of the time, each re-packing takes half
+    of what is left (the last one all of it)."""
+    window, topology, ev, objective, clock = ctx.window, ctx.topology, ctx.ev, ctx.objective, ctx.clock
     timed = clock.limit is not None
     chunks, passes = (32, 1) if timed else (1, 2 * REPLICA_PASSES)
-    for rnd in range(max_rounds if timed else 1):
-        if stopped():
-            break
-        cand, moves = _replica_moves(window, topology, pl, layout, R, clock, stopped, chunks, passes, t_score)
-        notes["rounds"] += 1
-        notes["moves"] += moves
+    t_score = [0.0]  # the longest exact scoring (the even-local split, per cell) so far
+
+    def scorer(p: Placement, lay: Layout) -> tuple:
         t0 = time.perf_counter()
-        key = ev.score_layout(cand, layout, objective).key
-        t_score = max(t_score, time.perf_counter() - t0)
-        if moves == 0 or key >= best:
-            break
-        pl, best = cand, key
-        notes["placements_kept"] += 1
-        if not timed or stopped():
-            break
+        key = ev.score_layout(p, lay, objective).key
+        t_score[0] = max(t_score[0], time.perf_counter() - t0)
+        return key
+
+    def refiner(p: Placement, lay: Layout, rnd: int) -> tuple[Placement, int]:
+        return _replica_moves(window, topology, p, lay, R, clock, ctx.stopped, chunks, passes, t_score[0])
+
+    def packer(p: Placement, lay: Layout, rnd: int) -> Layout:
         # what scoring the re-packing (and, after it, the plan) will cost
-        left = max(0.01, (clock.left() or 0.0) - 2.0 * t_score)
-        res = anneal(window.lengths, ev.rank_loads(pl), topology, cost, R, objective, [layout.arrays()],
-                     config=params.anneal, seed=seed + rnd + 1,
-                     time_limit=0.5 * left if rnd + 1 < max_rounds else left,
-                     max_sweeps=None if max_sweeps is None else max(1, max_sweeps // 2),
-                     stop=stop)
+        left = max(0.01, (clock.left() or 0.0) - 2.0 * t_score[0])
+        res = anneal(window.lengths, ev.rank_loads(p), topology, ctx.cost, R, objective, [lay.arrays()],
+                     config=ctx.params.anneal, seed=ctx.seed + rnd,
+                     time_limit=0.5 * left if rnd < max_rounds else left,
+                     max_sweeps=None if max_sweeps is None else max(1, max_sweeps // 2), stop=ctx.stop)
         found = Layout(res.row, res.slot, R)
-        if Plan.from_layout(topology, pl, found, objective).validate(window):
+        if Plan.from_layout(topology, p, found, objective).validate(window):
             raise RuntimeError("annealer returned an invalid layout")
-        key = ev.score_layout(pl, found, objective).key
-        if key < best:
-            layout, best = found, key
-            notes["packings_kept"] += 1
+        return found
+
+    rules = AlternateRules(max_rounds if timed else 1, strict=True, repack=timed)
+    pl, layout, _, rounds = alternate(refiner, packer, scorer, pl, layout, rules, ctx.stopped)
+    notes = {"rounds": len(rounds), "moves": sum(r.moves for r in rounds),
+             "placements_kept": sum(r.kept for r in rounds), "packings_kept": sum(r.packed for r in rounds)}
     return pl, layout, notes
 
 
