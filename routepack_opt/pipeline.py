@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -268,17 +269,7 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     with timings.stage("placement"):
         pl, pl_kind = resolve_placement(window, topology, placement)
     with timings.stage("certify"):
-        packing = None
-        if certificate is not None:  # rows, when given, already checked by the caller
-            if isinstance(certificate, Certificate):
-                cert, packing = certificate.as_dict(), certificate.packing_N
-            else:
-                cert = certificate
-            R = check_rows(rows) if rows is not None else check_rows(cert.get("rows"), "certificate rows")
-        else:
-            c = params.certify
-            R, full = certified_rows(window, topology, rows, clock.share(c.share, c.time_limit), c.method)
-            cert, packing = full.as_dict(), full.packing_N
+        R, cert, packing = _certify(window, topology, rows, certificate, params, clock)
     ctx = _Context(window, topology, cost, objective, placement, params, seed, clock, stop, timings,
                    packing, Evaluator(window, topology, cost), current_placement)
     candidates = [R] if rows is not None else row_candidates(window.num_samples, topology, R, params.rows, max_rows)
@@ -300,6 +291,23 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
                         search=res.search, fallback=res.fallback, joint=res.joint, timings=timings.seconds,
                         notes=notes)
     return build_plan(ctx.ev, res.pl, res.layout, objective, report=report, certificate=cert)
+
+
+def _certify(window: Window, topology: Topology, rows: int | None, certificate: dict | Certificate | None,
+             params: PlannerParams, clock: _Clock) -> tuple[int, dict, np.ndarray | None]:
+    """(R, the certificate's dict, its packing or None): the caller's certificate reused (rows,
+    when given, already checked by the caller), else R* certified on the clock's share."""
+    if certificate is None:
+        c = params.certify
+        R, full = certified_rows(window, topology, rows, clock.share(c.share, c.time_limit), c.method)
+        return R, full.as_dict(), full.packing_N
+    packing = None
+    if isinstance(certificate, Certificate):
+        cert, packing = certificate.as_dict(), certificate.packing_N
+    else:
+        cert = certificate
+    R = check_rows(rows) if rows is not None else check_rows(cert.get("rows"), "certificate rows")
+    return R, cert, packing
 
 
 @dataclasses.dataclass
@@ -352,65 +360,45 @@ def row_candidates(num_samples: int, topology: Topology, r_star: int, rp: RowPar
     return [r_star] + [r for r in range(r_star + 1, top + 1) if topology.row_ok(r)]
 
 
-def _plan_at(ctx: _Context, pl, pl_kind: str, R: int, max_sweeps: int | None, *,
+def _plan_at(ctx: _Context, pl: Placement, pl_kind: str, R: int, max_sweeps: int | None, *,
              progress=None, extra_seeds: dict[str, Layout] | None = None) -> _Result:
     """The packing search at ``R`` rows (seeds, replica moves, annealing, joint placement), on
     what is left of the clock. ``extra_seeds``: layouts at R to start from as well (e.g. a
     screening's result)."""
-    window, topology, cost, objective = ctx.window, ctx.topology, ctx.cost, ctx.objective
-    params, seed, clock, stop, timings, ev = ctx.params, ctx.seed, ctx.clock, ctx.stop, ctx.timings, ctx.ev
-    placement, current_placement = ctx.placement, ctx.current_placement
+    topology, objective, clock, timings, ev = ctx.topology, ctx.objective, ctx.clock, ctx.timings, ctx.ev
     with timings.stage("seeds"):
-        seeds = baseline_layouts(window, topology, R, clock.share(params.seeds.share, params.seeds.time_limit),
+        seeds = baseline_layouts(ctx.window, topology, R,
+                                 clock.share(ctx.params.seeds.share, ctx.params.seeds.time_limit),
                                  packing=ctx.packing)
         seeds.update(extra_seeds or {})
         b = ev.rank_loads(pl)
         t_score = time.perf_counter()
-        seed_scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
+        seed_scores, best_seed = _scored_seeds(ev, pl, seeds, objective)
         # what the final validation + scoring will cost, kept in hand (×3, with a floor)
         clock.reserve = 3.0 * (time.perf_counter() - t_score) / max(len(seeds), 1) + 0.02
-        best_seed = min(seed_scores, key=lambda name: seed_scores[name])
     layout = seeds[best_seed]
     search = joint = fallback = None
     # with replicas: row-aware replica moves for the best seed's packing first (the search then
     # packs against them), and again for the packing found; under a time limit the first packing
     # gets half of what is left and rounds of moves and re-packing share the rest (_replica_rounds)
-    replicated = topology.redundant_experts > 0 and placement in ("lpt", "joint")  # pl has replicas
+    replicated = topology.redundant_experts > 0 and ctx.placement in ("lpt", "joint")  # pl has replicas
     replica_notes: dict = {}
-    if replicated and not clock.expired() and not (stop is not None and stop()):
+    if replicated and not ctx.stopped():
         with timings.stage("replicas-start"):
             try:
-                pl, moved, replica_notes = _replica_start(window, topology, ev, pl, layout, R, objective,
-                                                          seed_scores[best_seed], clock, stop)
+                pl, moved, replica_notes = _replica_start(ctx.window, topology, ev, pl, layout, R, objective,
+                                                          seed_scores[best_seed], clock, ctx.stop)
                 if moved:  # the seeds are scored again against the placement they will be packed for
                     b = ev.rank_loads(pl)
-                    seed_scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
-                    best_seed = min(seed_scores, key=lambda name: seed_scores[name])
+                    seed_scores, best_seed = _scored_seeds(ev, pl, seeds, objective)
                     layout = seeds[best_seed]
             except Exception as exc:  # keep the constructive replicas, and say so
                 fallback = f"replica moves failed ({exc.__class__.__name__}: {exc}); kept the constructive replicas"
     with timings.stage("anneal"):
-        try:
-            if clock.expired():
-                raise _OutOfTime(f"the {clock.limit:g}s limit was spent before the search")
-            left = clock.left()
-            res = anneal(window.lengths, b, topology, cost, R, objective,
-                         [lay.arrays() for lay in seeds.values()], config=params.anneal, seed=seed,
-                         time_limit=None if left is None else (0.5 * left if replicated else left),
-                         max_sweeps=max_sweeps,
-                         progress=progress, stop=stop)
-            found = Layout(res.row, res.slot, R)
-            errs = Plan.from_layout(topology, pl, found, objective).validate(window)
-            if errs:
-                raise RuntimeError("annealer returned an invalid layout: " + errs[0])
-            if ev.score_layout(pl, found, objective).key <= seed_scores[best_seed]:
-                layout = found
-            search = SearchStats.from_anneal(res.stats)
-        except _OutOfTime as exc:
-            fallback = f"no search: {exc}; using baseline {best_seed}"
-        except Exception as exc:  # fall back to the best valid baseline, and say so
-            fallback = f"annealing failed ({exc.__class__.__name__}: {exc}); using baseline {best_seed}"
-    if replicated and fallback is None and not clock.expired() and not (stop is not None and stop()):
+        layout, search, failed = _search(ctx, pl, b, seeds, best_seed, seed_scores[best_seed], R,
+                                         max_sweeps, progress, half=replicated)
+        fallback = failed or fallback
+    if replicated and fallback is None and not ctx.stopped():
         with timings.stage("replicas"):
             try:
                 pl, layout, rounds = _replica_rounds(ctx, pl, layout, R, max_sweeps)
@@ -418,25 +406,66 @@ def _plan_at(ctx: _Context, pl, pl_kind: str, R: int, max_sweeps: int | None, *,
                                  "start_kept": replica_notes.get("start_kept", False)}
             except Exception as exc:  # keep the packing and placement found so far, and say so
                 fallback = f"replica moves failed ({exc.__class__.__name__}: {exc}); kept the constructive replicas"
-    if (pl_kind == "lpt" and placement == "joint" and not clock.expired()
-            and not (stop is not None and stop())):
+    if pl_kind == "lpt" and ctx.placement == "joint" and not ctx.stopped():
         with timings.stage("joint"):
             try:
-                jp = params.joint
-                packer = anneal_packer(window, topology, cost, R, objective, config=params.anneal,
-                                       max_sweeps=max_sweeps)
-                jr = joint_search(window, topology, cost, R, objective, pl, layout.arrays(),
-                                  time_limit=clock.left(), seed=seed,
-                                  current_placement=current_placement,
-                                  config=jp.config(params.refine, max_sweeps), packer=packer)
-                found = Layout(jr.row, jr.slot, R)
-                if not Plan.from_layout(topology, jr.placement, found, objective).validate(window):
-                    pl, layout, pl_kind = jr.placement, found, "joint"
-                    joint = JointStats.from_joint(jr.stats)
+                pl, layout, joint = _joint_at(ctx, pl, layout, R, max_sweeps)
+                pl_kind = "lpt" if joint is None else "joint"
             except Exception as exc:
                 fallback = f"joint placement failed ({exc.__class__.__name__}: {exc}); kept LPT"
     return _Result(pl, pl_kind, layout, R, ev.score_layout(pl, layout, objective).key, seed_scores,
                    search, joint, fallback, replica_notes)
+
+
+def _scored_seeds(ev: Evaluator, pl: Placement, seeds: dict[str, Layout], objective) -> tuple[dict, str]:
+    """Each seed's score key under ``pl`` and the best seed's name."""
+    scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
+    return scores, min(scores, key=lambda name: scores[name])
+
+
+def _search(ctx: _Context, pl: Placement, b_NLP, seeds: dict[str, Layout], best_seed: str, best_key: tuple,
+            R: int, max_sweeps: int | None, progress, half: bool) -> tuple[Layout, SearchStats | None, str | None]:
+    """Population annealing at ``R`` rows from every seed, against rank loads ``b_NLP`` of
+    ``pl``, on what is left of the clock (``half``: half of it, the replica rounds take the
+    rest). Returns the layout (the one found if the evaluator scores it no worse than the best
+    seed's ``best_key``, else that seed's), the search's statistics, and why it fell back to the
+    best seed (None: it did not)."""
+    topology, objective, clock = ctx.topology, ctx.objective, ctx.clock
+    try:
+        if clock.expired():
+            raise _OutOfTime(f"the {clock.limit:g}s limit was spent before the search")
+        left = clock.left()
+        res = anneal(ctx.window.lengths, b_NLP, topology, ctx.cost, R, objective,
+                     [lay.arrays() for lay in seeds.values()], config=ctx.params.anneal, seed=ctx.seed,
+                     time_limit=None if left is None else (0.5 * left if half else left),
+                     max_sweeps=max_sweeps, progress=progress, stop=ctx.stop)
+        found = Layout(res.row, res.slot, R)
+        errs = Plan.from_layout(topology, pl, found, objective).validate(ctx.window)
+        if errs:
+            raise RuntimeError("annealer returned an invalid layout: " + errs[0])
+        keep = ctx.ev.score_layout(pl, found, objective).key <= best_key
+        return (found if keep else seeds[best_seed]), SearchStats.from_anneal(res.stats), None
+    except _OutOfTime as exc:
+        return seeds[best_seed], None, f"no search: {exc}; using baseline {best_seed}"
+    except Exception as exc:  # fall back to the best valid baseline, and say so
+        return seeds[best_seed], None, (f"annealing failed ({exc.__class__.__name__}: {exc}); "
+                                        f"using baseline {best_seed}")
+
+
+def _joint_at(ctx: _Context, pl: Placement, layout: Layout, R: int,
+              max_sweeps: int | None) -> tuple[Placement, Layout, JointStats | None]:
+    """The joint placement search from ``(pl, layout)`` at ``R`` rows (charged for migration
+    from the materialized placement, if any); its result if valid (with its statistics), else
+    ``(pl, layout, None)``."""
+    window, topology, objective, params = ctx.window, ctx.topology, ctx.objective, ctx.params
+    packer = anneal_packer(window, topology, ctx.cost, R, objective, config=params.anneal, max_sweeps=max_sweeps)
+    jr = joint_search(window, topology, ctx.cost, R, objective, pl, layout.arrays(),
+                      time_limit=ctx.clock.left(), seed=ctx.seed, current_placement=ctx.current_placement,
+                      config=params.joint.config(params.refine, max_sweeps), packer=packer)
+    found = Layout(jr.row, jr.slot, R)
+    if Plan.from_layout(topology, jr.placement, found, objective).validate(window):
+        return pl, layout, None
+    return jr.placement, found, JointStats.from_joint(jr.stats)
 
 
 def _screen(ctx: _Context, pl, b, R: int, sweeps: int, time_limit: float | None,
@@ -507,6 +536,57 @@ def framework_layouts(ctx: _Context, r_star: int, max_rows: int | None = None) -
 SCREEN_MIN_SWEEPS = 4
 
 
+class _ScreenBudget(NamedTuple):
+    """What screening one row count may spend: annealing sweeps, seconds (None: no limit) and
+    the seeds' seconds."""
+
+    sweeps: int
+    time_limit: float | None
+    seed_time: float
+
+
+def _screen_counts(ctx: _Context, pl: Placement, cands: list[int], bounds: dict[int, float],
+                   framework: dict[int, dict[str, Layout]], r_star: int,
+                   budget: _ScreenBudget) -> tuple[dict, list[dict], int | None, str]:
+    """Screen the candidate counts in ascending order (:func:`_search_rows`'s rules: pruned by
+    the bound, skipped after ``patience`` worse counts in a row or once R* is tight). Returns
+    ``(screened: R → (layout, key, source), the record per count, the best R or None, why the
+    screening stopped early or "")``."""
+    rp = ctx.params.rows
+    b = ctx.ev.rank_loads(pl)
+    screened: dict[int, tuple[Layout, tuple, str]] = {}
+    record: list[dict] = []
+    why = ""
+    best_R = None
+    worse = 0  # counts screened in a row since the best one, each worse than it
+    for R in cands:
+        entry: dict = {"rows": R, "lower_bound": bounds[R]}
+        record.append(entry)
+        if best_R is not None and why:
+            entry["status"] = "skipped"
+            continue
+        if best_R is not None and bounds[R] >= screened[best_R][1][0]:
+            entry["status"] = "pruned"  # the bound grows with R by the overhead
+            continue
+        if best_R is not None and R not in framework and worse >= rp.patience:
+            entry["status"] = "skipped"  # the last counts screened only got worse
+            continue
+        if ctx.stopped():
+            entry["status"] = "skipped"
+            continue
+        lay, key, source = _screen(ctx, pl, b, R, budget.sweeps, budget.time_limit, budget.seed_time,
+                                   framework.get(R, {}))
+        screened[R] = (lay, key, source)
+        entry.update(status="screened", makespan=key[0], gap=key[0] / bounds[R], source=source)
+        if best_R is None or key < screened[best_R][1]:
+            best_R, worse = R, 0
+        else:
+            worse += 1
+        if R == r_star and key[0] <= rp.tight_gap * bounds[R]:
+            why = f"tight at R*: gap {key[0] / bounds[R]:.4f} ≤ {rp.tight_gap:g}"
+    return screened, record, best_R, why
+
+
 def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_sweeps: int | None,
                  progress, max_rows: int | None = None) -> tuple[_Result, dict]:
     """R as a decision (docs/pipeline.md, step 2b): screen the candidate row counts in
@@ -528,38 +608,10 @@ def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_swe
     left = clock.left()
     screen_time = None if left is None else rp.screen_share * left / len(cands)
     seed_time = clock.share(ctx.params.seeds.share, ctx.params.seeds.time_limit) / len(cands)
-    b = ev.rank_loads(pl)
     bounds = {R: ev.lower_bound(pl, R) for R in cands}
-    screened: dict[int, tuple[Layout, tuple, str]] = {}
-    record: list[dict] = []
-    why = ""
-    best_R = None
-    worse = 0  # counts screened in a row since the best one, each worse than it
     with ctx.timings.stage("rows-screen"):
-        for R in cands:
-            entry: dict = {"rows": R, "lower_bound": bounds[R]}
-            record.append(entry)
-            if best_R is not None and why:
-                entry["status"] = "skipped"
-                continue
-            if best_R is not None and bounds[R] >= screened[best_R][1][0]:
-                entry["status"] = "pruned"  # the bound grows with R by the overhead
-                continue
-            if best_R is not None and R not in framework and worse >= rp.patience:
-                entry["status"] = "skipped"  # the last counts screened only got worse
-                continue
-            if ctx.stopped():
-                entry["status"] = "skipped"
-                continue
-            lay, key, source = _screen(ctx, pl, b, R, screen_sweeps, screen_time, seed_time, framework.get(R, {}))
-            screened[R] = (lay, key, source)
-            entry.update(status="screened", makespan=key[0], gap=key[0] / bounds[R], source=source)
-            if best_R is None or key < screened[best_R][1]:
-                best_R, worse = R, 0
-            else:
-                worse += 1
-            if R == r_star and key[0] <= rp.tight_gap * bounds[R]:
-                why = f"tight at R*: gap {key[0] / bounds[R]:.4f} ≤ {rp.tight_gap:g}"
+        screened, record, best_R, why = _screen_counts(ctx, pl, cands, bounds, framework, r_star,
+                                                       _ScreenBudget(screen_sweeps, screen_time, seed_time))
     if best_R is None:  # stopped before any screening: R* with what is left
         best_R = r_star
     # the chosen count gets the whole sweep budget (the screening's sweeps come on top of it, a

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -160,9 +161,9 @@ class Round:
 
 # refiner(placement, layout, round) -> (candidate placement, moves); packer(placement, layout,
 # round) -> layout; scorer(placement, layout) -> lexicographic key (the one evaluator's)
-Refiner = Callable[[object, object, int], tuple]
-LayoutPacker = Callable[[object, object, int], object]
-Scorer = Callable[[object, object], tuple]
+Refiner = Callable[[Any, Any, int], tuple]
+LayoutPacker = Callable[[Any, Any, int], Any]
+Scorer = Callable[[Any, Any], tuple]
 
 
 def alternate(refiner: Refiner, packer: LayoutPacker, scorer: Scorer, placement, layout,
