@@ -10,7 +10,8 @@ bitwise equal (see :mod:`routepack_opt.runtime.moe` for why).
 
 Replicas (``redundant`` > 0, docs/pipeline.md, step 5): three runs on the same data. The
 *reference* has one holder per expert. The *replicated* run starts from placement A (the hottest
-experts replicated, EPLB's greedy on the window's loads) and after ``replace_after`` steps
+experts replicated: ``cfg.placer``'s placement of the window's loads, a planner's, passed in)
+and after ``replace_after`` steps
 migrates to B, a different replica set (new replicas copy weights, grads and Adam state from a
 holder; dropped ones are overwritten). It equals the reference within float32 reassociation
 (replica partial gradients are summed: :mod:`routepack_opt.runtime.replicas`). The *moved* run
@@ -28,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +49,7 @@ from routepack_opt.runtime.model import TinyMoE, TinyMoEConfig, logical_expert_t
 from routepack_opt.runtime.replicas import replica_max_diff, sum_replica_grads
 
 __all__ = ["VerifyConfig", "RunResult", "verify_runtime", "run_single", "run_distributed",
-           "compare_runs", "make_setup", "replica_placement", "REPLICA_TOL"]
+           "compare_runs", "make_setup", "REPLICA_TOL"]
 
 # replicated vs one holder: float32 reassociation of k partial gradient sums, amplified by Adam's
 # normalisation m/√v where a gradient is near 0 (an update is ±lr whatever the gradient's size):
@@ -76,6 +78,10 @@ class VerifyConfig:
     start_method: str = "forkserver"  # or "spawn" (see routepack_opt.runtime.dist.launch)
     device: str = "cpu"  # "cuda": one GPU per rank, nccl (bitwise equality is only claimed on CPU)
     redundant: int = 0  # redundant expert slots per layer: the replica check (module doc)
+    # redundant > 0: placer(load_LE, redundant, ep) -> the replicated Placement of those loads (a
+    # planner's; runtime plans nothing: `routepack verify-runtime` passes
+    # cli.verify_runtime.replica_check_placement). A module-level function: every process gets it.
+    placer: Callable[[np.ndarray, int, int], Placement] | None = None
 
     def __post_init__(self):
         E = self.model.num_experts
@@ -104,6 +110,9 @@ class VerifyConfig:
         if R > E * max(self.ep - 1, 1):
             raise InputError(f"--redundant-experts {R}: at most {E * max(self.ep - 1, 1)} with E={E}, "
                              f"ep={self.ep} (every replica of an expert on its own rank)")
+        if R and self.placer is None:
+            raise InputError("verify-runtime: the replica check needs placer= (the replicated placement "
+                             "of a window's loads; e.g. cli.verify_runtime.replica_check_placement)")
 
 
 @dataclasses.dataclass
@@ -133,51 +142,19 @@ def make_setup(cfg: VerifyConfig) -> Setup:
     replicas = None
     if cfg.redundant:
         load = window.expert_loads().astype(np.float64)
-        start = replica_placement(load, cfg.redundant, cfg.ep)
+        start = cfg.placer(load, cfg.redundant, cfg.ep)
         # the next window's loads: the hot set shifts (a replica-set change)
         other = random_window(cfg.num_samples, m.num_layers, m.num_experts, m.top_k, cfg.max_len,
                               seed=cfg.seed + 1000, min_len=2).expert_loads().astype(np.float64)
-        new = replica_placement(other, cfg.redundant, cfg.ep)
+        new = cfg.placer(other, cfg.redundant, cfg.ep)
         if np.array_equal(new.logcnt, start.logcnt):  # force a change: reverse the hotness
-            new = replica_placement(load[:, ::-1], cfg.redundant, cfg.ep)
+            new = cfg.placer(load[:, ::-1].copy(), cfg.redundant, cfg.ep)
         perm = np.stack([rng.permutation(new.num_slots) for _ in range(m.num_layers)])
         moved = Placement(np.take_along_axis(new.phy2log, perm, axis=1), cfg.ep, m.num_experts)
         replicas = {"start": start, "new": new, "moved": moved}
     return Setup(window, plan, routes_from_counts(window, seed=cfg.seed), tokens,
                  Placement.from_permutation(new_pl, cfg.ep),
                  float((window.lengths - 1).sum()), replicas)
-
-
-def replica_placement(load_LE, redundant: int, ep: int) -> Placement:
-    """A replicated placement for the check: EPLB's greedy replica counts (each redundant slot to
-    the expert with the largest load per replica, at most max(ep, 2) replicas of one expert)
-    and the replicas on ranks by LPT (heaviest per-replica load first, to the least loaded rank
-    with room that holds no copy of the expert yet; any rank with room if none)."""
-    load_LE = np.asarray(load_LE, dtype=np.float64)
-    L, E = load_LE.shape
-    S = E + redundant
-    M = S // ep
-    cnt = np.ones((L, E), dtype=np.int64)
-    K = max(ep, 2)
-    rank_LEK = np.full((L, E, K), -1, dtype=np.int64)
-    for l in range(L):
-        for _ in range(redundant):
-            per = load_LE[l] / cnt[l] + 1e-9 * (E - np.arange(E))  # ties: lower id
-            per[cnt[l] >= K] = -1.0
-            cnt[l, int(np.argmax(per))] += 1
-        items = sorted(((load_LE[l, e] / cnt[l, e], e, j) for e in range(E) for j in range(cnt[l, e])),
-                       key=lambda x: (-x[0], x[1], x[2]))
-        room = np.full(ep, M)
-        rank_load = np.zeros(ep)
-        for w, e, j in items:
-            held = set(rank_LEK[l, e, :j].tolist())
-            ok = [p for p in range(ep) if room[p] > 0 and p not in held] or \
-                 [p for p in range(ep) if room[p] > 0]
-            p = min(ok, key=lambda q: (rank_load[q], q))
-            rank_LEK[l, e, j] = p
-            room[p] -= 1
-            rank_load[p] += w
-    return Placement.from_ranks(rank_LEK, cnt, ep, load_LE)
 
 
 @dataclasses.dataclass
