@@ -120,7 +120,8 @@ def overhead_rows(st: Setting, samples: int = 1024) -> list[dict]:
         prev_pl, _ = resolve_placement(w_prev, topo, "lpt")
         p = solve(w, topo, cost, objective="max-sum", placement="lpt", seed=st.seed)
         tm = p.report.timings
-        mig = migration_cost(prev_pl, align_slots(p.placement, prev_pl, topo.ep), topo, cost)
+        prev_pi = prev_pl.permutation()
+        mig = migration_cost(prev_pi, align_slots(p.placement.permutation(), prev_pi, topo.ep), topo, cost)
         t_place = tm["placement"]
         t_pack = tm["total"] - tm["placement"]
         t_aux = mig.time_us / 1e6

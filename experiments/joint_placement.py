@@ -29,6 +29,7 @@ Writes ``experiments/results/joint_placement/joint_placement.{md,json}``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -124,8 +125,8 @@ def part1_2(presets, N, seed, joint_cfg, anneal_cfg, max_rounds, stale_steps):
         perturbed = {s: generate_window(preset, N, seed, step=0, routing_step=s, **over) for s in stale_steps}
         for obj in OBJECTIVES:
             pl, row, slot, t_rp = routepack(w, topo, cost, R, obj, seed, anneal_cfg=anneal_cfg)
-            jr = joint_search(w, topo, cost, R, obj, pl, (row, slot), seed=seed, max_rounds=max_rounds,
-                              config=joint_cfg)
+            jr = joint_search(w, topo, cost, R, obj, pl, (row, slot), seed=seed,
+                              config=dataclasses.replace(joint_cfg, max_rounds=max_rounds))
             e_rp = ev.evaluate(pl, row, slot, R, obj)
             e_j = ev.evaluate(jr.placement, jr.row, jr.slot, R, obj)
             assert e_j.score.key <= e_rp.score.key
@@ -182,9 +183,9 @@ def part3(spec, N, seed, steps, objective, joint_cfg, anneal_cfg, max_rounds):
                 if s in ("joint", "joint-sticky"):
                     sticky = s == "joint-sticky" and prev is not None
                     jr = joint_search(w, topo, cost, R, objective, pl, (row, slot), seed=seed + t,
-                                      max_rounds=max_rounds, config=joint_cfg,
+                                      config=dataclasses.replace(joint_cfg, max_rounds=max_rounds),
                                       current_placement=prev if sticky else None)
-                    pl, row, slot = jr.placement, jr.row, jr.slot
+                    pl, row, slot = jr.placement.permutation(), jr.row, jr.slot
                 if prev is not None:
                     pl = align_slots(pl, prev, topo.ep)
             wall = time.perf_counter() - t0

@@ -22,7 +22,7 @@ so a partial run still reports. Checks, with EP = world size and a real ``MoELay
    ``exp_avg`` and ``exp_avg_sq`` shards with it.
 5. ``aux_loss_logical``: the router's aux loss is the same with and without the placement.
 6. ``replicated``: a layer with S = E + P slots (one replica per rank: the hottest experts by the
-   loads above, ``runtime.verify.replica_placement``) whose router is the E-expert layer's, its
+   loads above, ``cli.verify_runtime.replica_check_placement``, the planner's) whose router is the E-expert layer's, its
    slots holding the logical experts' weights, ``apply_expert_placement`` with the replicated
    ``Placement`` and ``source_rank`` = EP rank: output equals the E-expert layer's (fp32, 1e-5);
    each logical expert's grad equals the sum of its replicas' partial grads (1e-4); the tokens
@@ -243,8 +243,8 @@ def main():
 
     @check("replicated")
     def c6():
+        from routepack_opt.cli.verify_runtime import replica_check_placement as replica_placement
         from routepack_opt.core.placement import split_counts
-        from routepack_opt.runtime.verify import replica_placement
 
         pl = replica_placement(load_LE.astype(np.float64), world, world)  # one extra slot per rank
         S = pl.num_slots
@@ -382,7 +382,7 @@ def main():
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        from routepack_opt.runtime.verify import replica_placement
+        from routepack_opt.cli.verify_runtime import replica_check_placement as replica_placement
 
         old = shared["pl"]
         new = replica_placement(load_LE[:, ::-1].astype(np.float64).copy(), world, world)  # other replicas
@@ -439,15 +439,16 @@ def dry_run(args):
     import megatron.core  # noqa: F401  (the real run needs it)
     import torch
 
+    from routepack_opt.cli.verify_runtime import replica_check_placement as replica_placement
+    from routepack_opt.core.placement import Placement
     from routepack_opt.integrations import megatron as rp_mg
-    from routepack_opt.runtime.verify import replica_placement
 
     E, P = args.experts, args.world
     if E % P:
         raise SystemExit(f"error: --experts {E} must be divisible by the EP size {P}")
     load = np.arange(E, 0, -1, dtype=np.float64)[None] ** 2  # skewed loads, hottest expert 0
     pl = replica_placement(load, P, P)
-    one = replica_placement(load, P, 1)  # the same replica counts on one rank: the CPU sum
+    one = Placement(pl.phy2log, 1, E)  # the same slots on one rank: the CPU sum
     g = torch.Generator().manual_seed(0)
     slots = [[torch.nn.Parameter(torch.zeros(4, 3))] for _ in range(one.num_slots)]
     for (p,) in slots:

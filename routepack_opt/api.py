@@ -220,11 +220,8 @@ def checked_window(lengths, counts, routes, num_experts, opts: PlanOptions) -> W
 def _to_result(p: Plan) -> MicroBatchPlan:
     cells = p.cells()
     mbs = [[cells[r][d] for r in range(p.rows)] for d in range(p.topology.dp)]
-    if p.replicas is not None:  # [L, S] and [L, E, K] (−1 past each expert's replica count)
-        p2l, l2p = p.replicas.phy2log.copy(), p.replicas.log2phy()
-    else:
-        l2p = p.placement.copy()
-        p2l = np.argsort(l2p, axis=1).astype(np.int64)
+    p2l = p.placement.phy2log.copy()  # [L, S]; l2p: [L, E] π, or [L, E, K] with replicas (−1 past logcnt)
+    l2p = p.placement.first_slots.copy() if p.replicas is None else p.placement.log2phy()
     rep = p.info  # the report's JSON form: what a trainer logs
     rep["certificate"] = p.certificate
     return MicroBatchPlan(mbs, p2l, l2p, p, rep)

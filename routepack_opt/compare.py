@@ -40,11 +40,11 @@ EXACT_MAX_SAMPLES = 24
 
 def plan_metrics(ev: Evaluator, plan: Plan, objective: str, seconds: float) -> dict:
     """Makespans under both objectives, LB gap, EP-rank CV, worst row-local EP peak, attention tail."""
-    pl = plan.expert_placement
+    pl = plan.placement
     e = ev.evaluate_layout(pl, plan.layout, objective)
     J, A_SRG, M_RGL = ev.costs(pl, plan.row, plan.slot, plan.rows, parts=True)
     if plan.replicas is None:
-        cv = rank_load_cv(ev.window.expert_loads(), plan.placement, ev.topology.ep)
+        cv = rank_load_cv(ev.window.expert_loads(), plan.placement.first_slots, ev.topology.ep)
     else:  # the ranks' window totals under the replica rule
         Lagg_LP = ev.block_loads(pl, plan.row, plan.slot, plan.rows).reshape(
             -1, ev.window.num_layers, ev.topology.ep).sum(axis=0).astype(float)

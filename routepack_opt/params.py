@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from routepack_opt.core.checks import check_time_limit
 from routepack_opt.core.errors import InputError, load_document
 from routepack_opt.heuristics.anneal import AnnealConfig
 from routepack_opt.heuristics.placement.joint import JointConfig
@@ -47,9 +48,7 @@ def _share(section: str, v: Any) -> float:
 
 
 def _seconds(section: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise InputError(f"{section}: time_limit must be a positive number of seconds, got {v!r}")
-    return float(v)
+    return check_time_limit(v, f"{section}: time_limit")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +77,7 @@ class JointParams:
 
     def config(self, refine: RefineConfig, anneal_sweeps: int | None) -> JointConfig:
         """The :class:`JointConfig` of one call (``anneal_sweeps``: the call's sweep budget)."""
-        return JointConfig(refine=refine, anneal_sweeps=anneal_sweeps,
+        return JointConfig(refine=refine, anneal_sweeps=anneal_sweeps, max_rounds=self.max_rounds,
                            migration_weight=self.migration_weight, sticky=self.sticky,
                            min_rel_gain=self.min_rel_gain)
 

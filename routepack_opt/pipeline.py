@@ -11,17 +11,20 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
 from routepack_opt.certify import Certificate, certify_rows, pack_into_bins
 from routepack_opt.core.bounds import is_packing
+from routepack_opt.core.checks import check_redundant_experts, check_time_limit
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout, check_rows
 from routepack_opt.core.objective import check_objective
-from routepack_opt.core.placement import Placement
+from routepack_opt.core.placement import Placement, as_placement
+from routepack_opt.core.placement import slot_array as as_placement_array
 from routepack_opt.core.plan import Plan, check_placement
 from routepack_opt.core.report import EvaluationSummary, JointStats, PlanReport, SearchStats
 from routepack_opt.core.timing import Timings
@@ -30,8 +33,8 @@ from routepack_opt.core.window import Window
 from routepack_opt.heuristics.anneal import anneal
 from routepack_opt.heuristics.anneal.config import MAX_SEEDS, check_sweep_budget
 from routepack_opt.heuristics.baselines import BASELINES
-from routepack_opt.heuristics.placement.joint import anneal_packer, joint_search
-from routepack_opt.heuristics.placement.lpt import identity_placement, lpt_placement, swap_refine
+from routepack_opt.heuristics.placement.joint import AlternateRules, alternate, anneal_packer, joint_search
+from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
 from routepack_opt.heuristics.placement.replicate import eplb_placement, replicated_placement
 from routepack_opt.params import PlannerParams, RowParams
 from routepack_opt.warmup import groups_for, warm
@@ -45,67 +48,49 @@ PLACEMENT_KINDS = ("lpt", "lpt-plain", "identity", "joint", "eplb")
 DEFAULT_PARAMS = PlannerParams()
 
 
-def resolve_placement(window: Window, topology: Topology, placement) -> tuple[np.ndarray | Placement, str]:
-    """``placement`` is ``"lpt"``, ``"identity"``, ``"eplb"``, a [L, E] array, a
-    :class:`Placement` or a :class:`Plan` (its placement is reused, e.g. the one already
-    materialized). With ``topology.redundant_experts > 0`` the result is a :class:`Placement` with
-    replicas (``lpt``/``joint``: replicate the hottest experts, LPT on distinct ranks, swaps;
-    ``eplb``: DeepSeek EPLB's policy)."""
+def resolve_placement(window: Window, topology: Topology, placement) -> tuple[Placement, str]:
+    """(the :class:`Placement`, its kind). ``placement`` is ``"lpt"``, ``"identity"``,
+    ``"eplb"``, a [L, E] permutation array, a :class:`Placement` or a :class:`Plan` (its
+    placement is reused, e.g. the one already materialized). With
+    ``topology.redundant_experts > 0`` the placement has replicas (``lpt``/``joint``: replicate
+    the hottest experts, LPT on distinct ranks, swaps; ``eplb``: DeepSeek EPLB's policy)."""
     topology.check_experts(window.num_experts)
-    if isinstance(placement, Plan):
-        placement = placement.expert_placement
-    red = topology.redundant_experts
-    if isinstance(placement, str) and (red or placement == "eplb"):
-        load = window.expert_loads()
-        S = topology.num_slots(window.num_experts)
-        if placement in ("lpt", "joint", "lpt-plain"):
-            return replicated_placement(load, topology.ep, S), "lpt-replicated"
-        if placement == "eplb":
-            return eplb_placement(load, topology.ep, S), "eplb"
-        if placement == "identity":
-            return Placement.identity(window.num_layers, window.num_experts, topology.ep, red), "identity"
-    if isinstance(placement, Placement):
-        if placement.num_layers != window.num_layers or placement.num_experts != window.num_experts:
-            raise InputError(f"given placement is for L={placement.num_layers}, E={placement.num_experts}; "
-                             f"the window has L={window.num_layers}, E={window.num_experts}")
-        if placement.ep != topology.ep or placement.redundant != red:
-            raise InputError(f"given placement has ep={placement.ep} and {placement.redundant} redundant "
-                             f"slots; the topology has ep={topology.ep}, redundant_experts={red}")
-        return (placement.permutation(), "given") if placement.is_permutation else (placement, "given")
-    if red:
-        raise InputError(f"a placement without replicas does not fit --redundant-experts {red}")
     if isinstance(placement, str):
-        load = window.expert_loads()
-        if placement in ("lpt", "joint"):
-            # Graham's LPT, then swaps off the busiest rank: never worse than LPT, and within
-            # 0.3% of the proved per-layer bound where plain LPT is up to ~9% off
-            # (experiments/results/placement_gap/placement_gap.md).
-            return swap_refine(load, lpt_placement(load, topology.ep), topology.ep), "lpt"
-        if placement == "lpt-plain":
-            return lpt_placement(load, topology.ep), "lpt-plain"
-        if placement == "identity":
-            return identity_placement(window.num_layers, window.num_experts), "identity"
-        raise InputError(f"placement must be one of {', '.join(PLACEMENT_KINDS)} or a plan file, got {placement!r}")
-    arr = as_placement_array("placement", placement)
-    errs = check_placement(arr, window.num_layers, window.num_experts)
-    if errs:
-        raise InputError("given placement does not fit the window: " + errs[0])
-    return arr, "given"
+        return _built_placement(window, topology, placement)
+    if isinstance(placement, Plan):
+        placement = placement.placement
+    pl = as_placement(placement, topology.ep)
+    if pl.num_layers != window.num_layers or pl.num_experts != window.num_experts:
+        raise InputError(f"given placement is for L={pl.num_layers}, E={pl.num_experts}; "
+                         f"the window has L={window.num_layers}, E={window.num_experts}")
+    red = topology.redundant_experts
+    if pl.ep != topology.ep or pl.redundant != red:
+        raise InputError(f"given placement has ep={pl.ep} and {pl.redundant} redundant "
+                         f"slots; the topology has ep={topology.ep}, redundant_experts={red}")
+    return pl, "given"
 
 
-def as_placement_array(name: str, value) -> np.ndarray:
-    """``value`` as an [L, E] int64 array, or an InputError naming ``name`` (ragged lists,
-    floats, booleans and the like are refused, not truncated)."""
-    try:
-        arr = np.asarray(value)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"{name}: cannot be read as an [L, E] array of expert slots ({exc})") from None
-    if arr.dtype == object or arr.ndim != 2:
-        raise InputError(f"{name}: expected an [L, E] array of integers, got "
-                         f"{'a ragged or mixed list' if arr.dtype == object else f'shape {tuple(arr.shape)}'}")
-    if arr.dtype.kind not in "iu":
-        raise InputError(f"{name}: expected integers, got dtype {arr.dtype}")
-    return arr.astype(np.int64)
+def _built_placement(window: Window, topology: Topology, kind: str) -> tuple[Placement, str]:
+    """The placement the planner builds from the window's loads (:func:`resolve_placement`)."""
+    load, ep, red = window.expert_loads(), topology.ep, topology.redundant_experts
+    if red or kind == "eplb":
+        S = topology.num_slots(window.num_experts)
+        if kind in ("lpt", "joint", "lpt-plain"):
+            return replicated_placement(load, ep, S), "lpt-replicated"
+        if kind == "eplb":
+            return eplb_placement(load, ep, S), "eplb"
+        if kind == "identity":
+            return Placement.identity(window.num_layers, window.num_experts, ep, red), "identity"
+    elif kind in ("lpt", "joint"):
+        # Graham's LPT, then swaps off the busiest rank: never worse than LPT, and within
+        # 0.3% of the proved per-layer bound where plain LPT is up to ~9% off
+        # (experiments/results/placement_gap/placement_gap.md).
+        return Placement.from_permutation(swap_refine(load, lpt_placement(load, ep), ep), ep), "lpt"
+    elif kind == "lpt-plain":
+        return Placement.from_permutation(lpt_placement(load, ep), ep), "lpt-plain"
+    elif kind == "identity":
+        return Placement.identity(window.num_layers, window.num_experts, ep), "identity"
+    raise InputError(f"placement must be one of {', '.join(PLACEMENT_KINDS)} or a plan file, got {kind!r}")
 
 
 def check_current_placement(current_placement, window: Window) -> np.ndarray | None:
@@ -114,7 +99,7 @@ def check_current_placement(current_placement, window: Window) -> np.ndarray | N
     if current_placement is None:
         return None
     if isinstance(current_placement, Plan):
-        current_placement = current_placement.placement
+        current_placement = current_placement.placement.first_slots
     arr = as_placement_array("current_placement", current_placement)
     errs = check_placement(arr, window.num_layers, window.num_experts)
     if errs:
@@ -284,17 +269,7 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     with timings.stage("placement"):
         pl, pl_kind = resolve_placement(window, topology, placement)
     with timings.stage("certify"):
-        packing = None
-        if certificate is not None:  # rows, when given, already checked by the caller
-            if isinstance(certificate, Certificate):
-                cert, packing = certificate.as_dict(), certificate.packing_N
-            else:
-                cert = certificate
-            R = check_rows(rows) if rows is not None else check_rows(cert.get("rows"), "certificate rows")
-        else:
-            c = params.certify
-            R, full = certified_rows(window, topology, rows, clock.share(c.share, c.time_limit), c.method)
-            cert, packing = full.as_dict(), full.packing_N
+        R, cert, packing = _certify(window, topology, rows, certificate, params, clock)
     ctx = _Context(window, topology, cost, objective, placement, params, seed, clock, stop, timings,
                    packing, Evaluator(window, topology, cost), current_placement)
     candidates = [R] if rows is not None else row_candidates(window.num_samples, topology, R, params.rows, max_rows)
@@ -316,6 +291,23 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
                         search=res.search, fallback=res.fallback, joint=res.joint, timings=timings.seconds,
                         notes=notes)
     return build_plan(ctx.ev, res.pl, res.layout, objective, report=report, certificate=cert)
+
+
+def _certify(window: Window, topology: Topology, rows: int | None, certificate: dict | Certificate | None,
+             params: PlannerParams, clock: _Clock) -> tuple[int, dict, np.ndarray | None]:
+    """(R, the certificate's dict, its packing or None): the caller's certificate reused (rows,
+    when given, already checked by the caller), else R* certified on the clock's share."""
+    if certificate is None:
+        c = params.certify
+        R, full = certified_rows(window, topology, rows, clock.share(c.share, c.time_limit), c.method)
+        return R, full.as_dict(), full.packing_N
+    packing = None
+    if isinstance(certificate, Certificate):
+        cert, packing = certificate.as_dict(), certificate.packing_N
+    else:
+        cert = certificate
+    R = check_rows(rows) if rows is not None else check_rows(cert.get("rows"), "certificate rows")
+    return R, cert, packing
 
 
 @dataclasses.dataclass
@@ -368,94 +360,112 @@ def row_candidates(num_samples: int, topology: Topology, r_star: int, rp: RowPar
     return [r_star] + [r for r in range(r_star + 1, top + 1) if topology.row_ok(r)]
 
 
-def _plan_at(ctx: _Context, pl, pl_kind: str, R: int, max_sweeps: int | None, *,
+def _plan_at(ctx: _Context, pl: Placement, pl_kind: str, R: int, max_sweeps: int | None, *,
              progress=None, extra_seeds: dict[str, Layout] | None = None) -> _Result:
     """The packing search at ``R`` rows (seeds, replica moves, annealing, joint placement), on
     what is left of the clock. ``extra_seeds``: layouts at R to start from as well (e.g. a
     screening's result)."""
-    window, topology, cost, objective = ctx.window, ctx.topology, ctx.cost, ctx.objective
-    params, seed, clock, stop, timings, ev = ctx.params, ctx.seed, ctx.clock, ctx.stop, ctx.timings, ctx.ev
-    placement, current_placement = ctx.placement, ctx.current_placement
+    topology, objective, clock, timings, ev = ctx.topology, ctx.objective, ctx.clock, ctx.timings, ctx.ev
     with timings.stage("seeds"):
-        seeds = baseline_layouts(window, topology, R, clock.share(params.seeds.share, params.seeds.time_limit),
+        seeds = baseline_layouts(ctx.window, topology, R,
+                                 clock.share(ctx.params.seeds.share, ctx.params.seeds.time_limit),
                                  packing=ctx.packing)
         seeds.update(extra_seeds or {})
         b = ev.rank_loads(pl)
         t_score = time.perf_counter()
-        seed_scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
+        seed_scores, best_seed = _scored_seeds(ev, pl, seeds, objective)
         # what the final validation + scoring will cost, kept in hand (×3, with a floor)
         clock.reserve = 3.0 * (time.perf_counter() - t_score) / max(len(seeds), 1) + 0.02
-        best_seed = min(seed_scores, key=lambda name: seed_scores[name])
     layout = seeds[best_seed]
     search = joint = fallback = None
     # with replicas: row-aware replica moves for the best seed's packing first (the search then
     # packs against them), and again for the packing found; under a time limit the first packing
     # gets half of what is left and rounds of moves and re-packing share the rest (_replica_rounds)
-    replicated = isinstance(pl, Placement) and not pl.is_permutation and placement in ("lpt", "joint")
+    replicated = topology.redundant_experts > 0 and ctx.placement in ("lpt", "joint")  # pl has replicas
     replica_notes: dict = {}
-    if replicated and not clock.expired() and not (stop is not None and stop()):
+    if replicated and not ctx.stopped():
         with timings.stage("replicas-start"):
             try:
-                assert isinstance(pl, Placement)
-                pl, moved, replica_notes = _replica_start(window, topology, ev, pl, layout, R, objective,
-                                                          seed_scores[best_seed], clock, stop)
+                pl, moved, replica_notes = _replica_start(ctx.window, topology, ev, pl, layout, R, objective,
+                                                          seed_scores[best_seed], clock, ctx.stop)
                 if moved:  # the seeds are scored again against the placement they will be packed for
                     b = ev.rank_loads(pl)
-                    seed_scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
-                    best_seed = min(seed_scores, key=lambda name: seed_scores[name])
+                    seed_scores, best_seed = _scored_seeds(ev, pl, seeds, objective)
                     layout = seeds[best_seed]
             except Exception as exc:  # keep the constructive replicas, and say so
                 fallback = f"replica moves failed ({exc.__class__.__name__}: {exc}); kept the constructive replicas"
     with timings.stage("anneal"):
-        try:
-            if clock.expired():
-                raise _OutOfTime(f"the {clock.limit:g}s limit was spent before the search")
-            left = clock.left()
-            res = anneal(window.lengths, b, topology, cost, R, objective,
-                         [lay.arrays() for lay in seeds.values()], config=params.anneal, seed=seed,
-                         time_limit=None if left is None else (0.5 * left if replicated else left),
-                         max_sweeps=max_sweeps,
-                         progress=progress, stop=stop)
-            found = Layout(res.row, res.slot, R)
-            errs = Plan.from_layout(topology, pl, found, objective).validate(window)
-            if errs:
-                raise RuntimeError("annealer returned an invalid layout: " + errs[0])
-            if ev.score_layout(pl, found, objective).key <= seed_scores[best_seed]:
-                layout = found
-            search = SearchStats.from_anneal(res.stats)
-        except _OutOfTime as exc:
-            fallback = f"no search: {exc}; using baseline {best_seed}"
-        except Exception as exc:  # fall back to the best valid baseline, and say so
-            fallback = f"annealing failed ({exc.__class__.__name__}: {exc}); using baseline {best_seed}"
-    if replicated and fallback is None and not clock.expired() and not (stop is not None and stop()):
+        layout, search, failed = _search(ctx, pl, b, seeds, best_seed, seed_scores[best_seed], R,
+                                         max_sweeps, progress, half=replicated)
+        fallback = failed or fallback
+    if replicated and fallback is None and not ctx.stopped():
         with timings.stage("replicas"):
             try:
-                assert isinstance(pl, Placement)
-                pl, layout, rounds = _replica_rounds(window, topology, cost, ev, pl, layout, R,
-                                                     objective, params, seed, clock, max_sweeps, stop)
+                pl, layout, rounds = _replica_rounds(ctx, pl, layout, R, max_sweeps)
                 replica_notes = {**rounds, "start_moves": replica_notes.get("start_moves", 0),
                                  "start_kept": replica_notes.get("start_kept", False)}
             except Exception as exc:  # keep the packing and placement found so far, and say so
                 fallback = f"replica moves failed ({exc.__class__.__name__}: {exc}); kept the constructive replicas"
-    if (pl_kind == "lpt" and placement == "joint" and not clock.expired()
-            and not (stop is not None and stop())):
+    if pl_kind == "lpt" and ctx.placement == "joint" and not ctx.stopped():
         with timings.stage("joint"):
             try:
-                jp = params.joint
-                packer = anneal_packer(window, topology, cost, R, objective, config=params.anneal,
-                                       max_sweeps=max_sweeps)
-                jr = joint_search(window, topology, cost, R, objective, pl, layout.arrays(),
-                                  time_limit=clock.left(), seed=seed, max_rounds=jp.max_rounds,
-                                  current_placement=current_placement,
-                                  config=jp.config(params.refine, max_sweeps), packer=packer)
-                found = Layout(jr.row, jr.slot, R)
-                if not Plan.from_layout(topology, jr.placement, found, objective).validate(window):
-                    pl, layout, pl_kind = jr.placement, found, "joint"
-                    joint = JointStats.from_joint(jr.stats)
+                pl, layout, joint = _joint_at(ctx, pl, layout, R, max_sweeps)
+                pl_kind = "lpt" if joint is None else "joint"
             except Exception as exc:
                 fallback = f"joint placement failed ({exc.__class__.__name__}: {exc}); kept LPT"
     return _Result(pl, pl_kind, layout, R, ev.score_layout(pl, layout, objective).key, seed_scores,
                    search, joint, fallback, replica_notes)
+
+
+def _scored_seeds(ev: Evaluator, pl: Placement, seeds: dict[str, Layout], objective) -> tuple[dict, str]:
+    """Each seed's score key under ``pl`` and the best seed's name."""
+    scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
+    return scores, min(scores, key=lambda name: scores[name])
+
+
+def _search(ctx: _Context, pl: Placement, b_NLP, seeds: dict[str, Layout], best_seed: str, best_key: tuple,
+            R: int, max_sweeps: int | None, progress, half: bool) -> tuple[Layout, SearchStats | None, str | None]:
+    """Population annealing at ``R`` rows from every seed, against rank loads ``b_NLP`` of
+    ``pl``, on what is left of the clock (``half``: half of it, the replica rounds take the
+    rest). Returns the layout (the one found if the evaluator scores it no worse than the best
+    seed's ``best_key``, else that seed's), the search's statistics, and why it fell back to the
+    best seed (None: it did not)."""
+    topology, objective, clock = ctx.topology, ctx.objective, ctx.clock
+    try:
+        if clock.expired():
+            raise _OutOfTime(f"the {clock.limit:g}s limit was spent before the search")
+        left = clock.left()
+        res = anneal(ctx.window.lengths, b_NLP, topology, ctx.cost, R, objective,
+                     [lay.arrays() for lay in seeds.values()], config=ctx.params.anneal, seed=ctx.seed,
+                     time_limit=None if left is None else (0.5 * left if half else left),
+                     max_sweeps=max_sweeps, progress=progress, stop=ctx.stop)
+        found = Layout(res.row, res.slot, R)
+        errs = Plan.from_layout(topology, pl, found, objective).validate(ctx.window)
+        if errs:
+            raise RuntimeError("annealer returned an invalid layout: " + errs[0])
+        keep = ctx.ev.score_layout(pl, found, objective).key <= best_key
+        return (found if keep else seeds[best_seed]), SearchStats.from_anneal(res.stats), None
+    except _OutOfTime as exc:
+        return seeds[best_seed], None, f"no search: {exc}; using baseline {best_seed}"
+    except Exception as exc:  # fall back to the best valid baseline, and say so
+        return seeds[best_seed], None, (f"annealing failed ({exc.__class__.__name__}: {exc}); "
+                                        f"using baseline {best_seed}")
+
+
+def _joint_at(ctx: _Context, pl: Placement, layout: Layout, R: int,
+              max_sweeps: int | None) -> tuple[Placement, Layout, JointStats | None]:
+    """The joint placement search from ``(pl, layout)`` at ``R`` rows (charged for migration
+    from the materialized placement, if any); its result if valid (with its statistics), else
+    ``(pl, layout, None)``."""
+    window, topology, objective, params = ctx.window, ctx.topology, ctx.objective, ctx.params
+    packer = anneal_packer(window, topology, ctx.cost, R, objective, config=params.anneal, max_sweeps=max_sweeps)
+    jr = joint_search(window, topology, ctx.cost, R, objective, pl, layout.arrays(),
+                      time_limit=ctx.clock.left(), seed=ctx.seed, current_placement=ctx.current_placement,
+                      config=params.joint.config(params.refine, max_sweeps), packer=packer)
+    found = Layout(jr.row, jr.slot, R)
+    if Plan.from_layout(topology, jr.placement, found, objective).validate(window):
+        return pl, layout, None
+    return jr.placement, found, JointStats.from_joint(jr.stats)
 
 
 def _screen(ctx: _Context, pl, b, R: int, sweeps: int, time_limit: float | None,
@@ -526,6 +536,57 @@ def framework_layouts(ctx: _Context, r_star: int, max_rows: int | None = None) -
 SCREEN_MIN_SWEEPS = 4
 
 
+class _ScreenBudget(NamedTuple):
+    """What screening one row count may spend: annealing sweeps, seconds (None: no limit) and
+    the seeds' seconds."""
+
+    sweeps: int
+    time_limit: float | None
+    seed_time: float
+
+
+def _screen_counts(ctx: _Context, pl: Placement, cands: list[int], bounds: dict[int, float],
+                   framework: dict[int, dict[str, Layout]], r_star: int,
+                   budget: _ScreenBudget) -> tuple[dict, list[dict], int | None, str]:
+    """Screen the candidate counts in ascending order (:func:`_search_rows`'s rules: pruned by
+    the bound, skipped after ``patience`` worse counts in a row or once R* is tight). Returns
+    ``(screened: R → (layout, key, source), the record per count, the best R or None, why the
+    screening stopped early or "")``."""
+    rp = ctx.params.rows
+    b = ctx.ev.rank_loads(pl)
+    screened: dict[int, tuple[Layout, tuple, str]] = {}
+    record: list[dict] = []
+    why = ""
+    best_R = None
+    worse = 0  # counts screened in a row since the best one, each worse than it
+    for R in cands:
+        entry: dict = {"rows": R, "lower_bound": bounds[R]}
+        record.append(entry)
+        if best_R is not None and why:
+            entry["status"] = "skipped"
+            continue
+        if best_R is not None and bounds[R] >= screened[best_R][1][0]:
+            entry["status"] = "pruned"  # the bound grows with R by the overhead
+            continue
+        if best_R is not None and R not in framework and worse >= rp.patience:
+            entry["status"] = "skipped"  # the last counts screened only got worse
+            continue
+        if ctx.stopped():
+            entry["status"] = "skipped"
+            continue
+        lay, key, source = _screen(ctx, pl, b, R, budget.sweeps, budget.time_limit, budget.seed_time,
+                                   framework.get(R, {}))
+        screened[R] = (lay, key, source)
+        entry.update(status="screened", makespan=key[0], gap=key[0] / bounds[R], source=source)
+        if best_R is None or key < screened[best_R][1]:
+            best_R, worse = R, 0
+        else:
+            worse += 1
+        if R == r_star and key[0] <= rp.tight_gap * bounds[R]:
+            why = f"tight at R*: gap {key[0] / bounds[R]:.4f} ≤ {rp.tight_gap:g}"
+    return screened, record, best_R, why
+
+
 def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_sweeps: int | None,
                  progress, max_rows: int | None = None) -> tuple[_Result, dict]:
     """R as a decision (docs/pipeline.md, step 2b): screen the candidate row counts in
@@ -547,38 +608,10 @@ def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_swe
     left = clock.left()
     screen_time = None if left is None else rp.screen_share * left / len(cands)
     seed_time = clock.share(ctx.params.seeds.share, ctx.params.seeds.time_limit) / len(cands)
-    b = ev.rank_loads(pl)
     bounds = {R: ev.lower_bound(pl, R) for R in cands}
-    screened: dict[int, tuple[Layout, tuple, str]] = {}
-    record: list[dict] = []
-    why = ""
-    best_R = None
-    worse = 0  # counts screened in a row since the best one, each worse than it
     with ctx.timings.stage("rows-screen"):
-        for R in cands:
-            entry: dict = {"rows": R, "lower_bound": bounds[R]}
-            record.append(entry)
-            if best_R is not None and why:
-                entry["status"] = "skipped"
-                continue
-            if best_R is not None and bounds[R] >= screened[best_R][1][0]:
-                entry["status"] = "pruned"  # the bound grows with R by the overhead
-                continue
-            if best_R is not None and R not in framework and worse >= rp.patience:
-                entry["status"] = "skipped"  # the last counts screened only got worse
-                continue
-            if ctx.stopped():
-                entry["status"] = "skipped"
-                continue
-            lay, key, source = _screen(ctx, pl, b, R, screen_sweeps, screen_time, seed_time, framework.get(R, {}))
-            screened[R] = (lay, key, source)
-            entry.update(status="screened", makespan=key[0], gap=key[0] / bounds[R], source=source)
-            if best_R is None or key < screened[best_R][1]:
-                best_R, worse = R, 0
-            else:
-                worse += 1
-            if R == r_star and key[0] <= rp.tight_gap * bounds[R]:
-                why = f"tight at R*: gap {key[0] / bounds[R]:.4f} ≤ {rp.tight_gap:g}"
+        screened, record, best_R, why = _screen_counts(ctx, pl, cands, bounds, framework, r_star,
+                                                       _ScreenBudget(screen_sweeps, screen_time, seed_time))
     if best_R is None:  # stopped before any screening: R* with what is left
         best_R = r_star
     # the chosen count gets the whole sweep budget (the screening's sweeps come on top of it, a
@@ -621,8 +654,6 @@ def _best_baseline(ctx: _Context, pl, max_rows: int | None, r_star: int) -> tupl
     baselines' placements (identity, EPLB's), scored by the one evaluator: ``((key, name,
     placement, layout) or None, whether every one was scored before the clock ran out)``. Run
     before the search, so that a time limit leaves the search what the check took."""
-    from routepack_opt.heuristics.placement.lpt import lpt_placement
-
     window, topo, ev, objective = ctx.window, ctx.topology, ctx.ev, ctx.objective
     placements: dict[str, object] = {"plan": pl}
     if not (isinstance(ctx.placement, str) and ctx.placement in ("lpt", "joint")):
@@ -630,9 +661,9 @@ def _best_baseline(ctx: _Context, pl, max_rows: int | None, r_star: int) -> tupl
     elif topo.redundant_experts:
         for k in ("identity", "eplb"):
             placements[k] = resolve_placement(window, topo, k)[0]
-    else:
-        placements["identity"] = identity_placement(window.num_layers, window.num_experts)
-        placements["eplb"] = lpt_placement(window.expert_loads(), topo.ep)
+    else:  # EPLB without replicas is LPT
+        placements["identity"] = resolve_placement(window, topo, "identity")[0]
+        placements["eplb"] = resolve_placement(window, topo, "lpt-plain")[0]
     best = None
     # under a time limit the check takes at most BASELINE_CHECK_SHARE of it (N = 8,192, L = 48:
     # 18 scorings took 3 s of a 5 s limit), and says when it stopped short
@@ -731,54 +762,45 @@ def _replica_start(window: Window, topology: Topology, ev: Evaluator, pl: Placem
     return (cand if kept else pl), kept, {"start_moves": moves, "start_kept": kept}
 
 
-def _replica_rounds(window: Window, topology: Topology, cost: CostModel, ev: Evaluator, pl: Placement,
-                    layout: Layout, R: int, objective, params: PlannerParams, seed: int, clock: _Clock,
-                    max_sweeps: int | None, stop, max_rounds: int = 3) -> tuple[Placement, Layout, dict]:
+def _replica_rounds(ctx: _Context, pl: Placement, layout: Layout, R: int, max_sweeps: int | None,
+                    max_rounds: int = 3) -> tuple[Placement, Layout, dict]:
     """Row-aware replica moves for the packing found, kept only if the one evaluator scores it
-    better. Without a time limit: one call of ``2 · REPLICA_PASSES`` passes (the packing had the
-    whole sweep budget). Under a time limit: rounds of (moves in single passes between clock
-    checks, ≤ 32 a round; then packing again against the new placement's surrogate loads, from
-    the current layout), each kept only if better; the first packing had half of the time, each
-    re-packing takes half of what is left (the last one all of it)."""
-    t0 = time.perf_counter()
-    best = ev.score_layout(pl, layout, objective).key
-    t_score = time.perf_counter() - t0  # one exact scoring (the even-local split, per cell)
-    notes = {"rounds": 0, "moves": 0, "placements_kept": 0, "packings_kept": 0}
-
-    def stopped() -> bool:
-        return clock.expired() or (stop is not None and stop())
-
+    better (:func:`~routepack_opt.heuristics.placement.joint.alternate`, strict). Without a time
+    limit: one call of ``2 · REPLICA_PASSES`` passes (the packing had the whole sweep budget).
+    Under a time limit: rounds of (moves in single passes between clock checks, ≤ 32 a round;
+    then packing again against the new placement's surrogate loads, from the current layout),
+    each kept only if better; the first packing had half of the time, each re-packing takes half
+    of what is left (the last one all of it)."""
+    window, topology, ev, objective, clock = ctx.window, ctx.topology, ctx.ev, ctx.objective, ctx.clock
     timed = clock.limit is not None
     chunks, passes = (32, 1) if timed else (1, 2 * REPLICA_PASSES)
-    for rnd in range(max_rounds if timed else 1):
-        if stopped():
-            break
-        cand, moves = _replica_moves(window, topology, pl, layout, R, clock, stopped, chunks, passes, t_score)
-        notes["rounds"] += 1
-        notes["moves"] += moves
+    t_score = [0.0]  # the longest exact scoring (the even-local split, per cell) so far
+
+    def scorer(p: Placement, lay: Layout) -> tuple:
         t0 = time.perf_counter()
-        key = ev.score_layout(cand, layout, objective).key
-        t_score = max(t_score, time.perf_counter() - t0)
-        if moves == 0 or key >= best:
-            break
-        pl, best = cand, key
-        notes["placements_kept"] += 1
-        if not timed or stopped():
-            break
+        key = ev.score_layout(p, lay, objective).key
+        t_score[0] = max(t_score[0], time.perf_counter() - t0)
+        return key
+
+    def refiner(p: Placement, lay: Layout, rnd: int) -> tuple[Placement, int]:
+        return _replica_moves(window, topology, p, lay, R, clock, ctx.stopped, chunks, passes, t_score[0])
+
+    def packer(p: Placement, lay: Layout, rnd: int) -> Layout:
         # what scoring the re-packing (and, after it, the plan) will cost
-        left = max(0.01, (clock.left() or 0.0) - 2.0 * t_score)
-        res = anneal(window.lengths, ev.rank_loads(pl), topology, cost, R, objective, [layout.arrays()],
-                     config=params.anneal, seed=seed + rnd + 1,
-                     time_limit=0.5 * left if rnd + 1 < max_rounds else left,
-                     max_sweeps=None if max_sweeps is None else max(1, max_sweeps // 2),
-                     stop=stop)
+        left = max(0.01, (clock.left() or 0.0) - 2.0 * t_score[0])
+        res = anneal(window.lengths, ev.rank_loads(p), topology, ctx.cost, R, objective, [lay.arrays()],
+                     config=ctx.params.anneal, seed=ctx.seed + rnd,
+                     time_limit=0.5 * left if rnd < max_rounds else left,
+                     max_sweeps=None if max_sweeps is None else max(1, max_sweeps // 2), stop=ctx.stop)
         found = Layout(res.row, res.slot, R)
-        if Plan.from_layout(topology, pl, found, objective).validate(window):
+        if Plan.from_layout(topology, p, found, objective).validate(window):
             raise RuntimeError("annealer returned an invalid layout")
-        key = ev.score_layout(pl, found, objective).key
-        if key < best:
-            layout, best = found, key
-            notes["packings_kept"] += 1
+        return found
+
+    rules = AlternateRules(max_rounds if timed else 1, strict=True, repack=timed)
+    pl, layout, _, rounds = alternate(refiner, packer, scorer, pl, layout, rules, ctx.stopped)
+    notes = {"rounds": len(rounds), "moves": sum(r.moves for r in rounds),
+             "placements_kept": sum(r.kept for r in rounds), "packings_kept": sum(r.packed for r in rounds)}
     return pl, layout, notes
 
 
@@ -788,10 +810,7 @@ def with_replicas(topology: Topology, num_experts: int, cost: CostModel, redunda
     the replicas' expert state per rank (N / P slots × ``cost.expert_bytes``) within
     ``max_replica_bytes`` (when given)."""
     if redundant_experts is not None:
-        if isinstance(redundant_experts, bool) or not isinstance(redundant_experts, (int, np.integer)) \
-                or redundant_experts < 0:
-            raise InputError(f"redundant_experts must be an integer ≥ 0, got {redundant_experts!r}")
-        topology = dataclasses.replace(topology, redundant_experts=int(redundant_experts))
+        topology = dataclasses.replace(topology, redundant_experts=check_redundant_experts(redundant_experts))
     topology.check_experts(num_experts)
     if max_replica_bytes is not None:
         if isinstance(max_replica_bytes, bool) or not isinstance(max_replica_bytes, (int, float, np.number)) \
@@ -822,10 +841,7 @@ class _Clock:
     seconds stay in hand for the final validation and scoring."""
 
     def __init__(self, time_limit: float | None):
-        if time_limit is not None and not (isinstance(time_limit, (int, float))
-                                           and np.isfinite(time_limit) and time_limit > 0):
-            raise InputError(f"time limit must be a positive number of seconds, got {time_limit!r}")
-        self.limit = None if time_limit is None else float(time_limit)
+        self.limit = None if time_limit is None else check_time_limit(time_limit)
         self.end = None if time_limit is None else time.perf_counter() + float(time_limit)
         self.reserve = 0.0
 

@@ -311,9 +311,9 @@ def _warm_replicas() -> None:
 def _warm_joint() -> None:
     """Joint placement as ``solve(placement="joint", current_placement=...)`` runs it."""
     w, topo, cost, _, pls, R, seeds = _tiny_plan()
-    joint_search(w, topo, cost, R, Objective.MAX_SUM, pls["lpt"], seeds[0], seed=0, max_rounds=3,
+    joint_search(w, topo, cost, R, Objective.MAX_SUM, pls["lpt"], seeds[0], seed=0,
                  current_placement=pls["identity"],
-                 config=JointConfig(refine=RefineConfig(max_passes=4), anneal_sweeps=2))
+                 config=JointConfig(refine=RefineConfig(max_passes=4), anneal_sweeps=2, max_rounds=3))
 
 
 def _warm_joint_kernels() -> None:

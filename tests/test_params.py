@@ -119,7 +119,7 @@ def test_cli_config_reaches_joint_refine_and_certify(run_cli, tmp_path, window, 
     real_joint, real_rows = pipeline.joint_search, pipeline.certified_rows
 
     def joint_spy(*args, **kwargs):
-        seen["max_rounds"] = kwargs["max_rounds"]
+        seen["max_rounds"] = kwargs["config"].max_rounds
         seen["max_passes"] = kwargs["config"].refine.max_passes
         seen["sticky"] = kwargs["config"].sticky
         return real_joint(*args, **kwargs)

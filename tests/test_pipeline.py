@@ -78,7 +78,7 @@ def test_plan_cli_writes_valid_plan_and_keeps_placement(run_cli, tmp_path, windo
     assert res["lower_bound"] <= res["makespan"] and res["certificate"]["status"] in ("optimal", "feasible")
     code, out, err = run_cli("plan", tmp_path / "w.npz", *args, "--placement", tmp_path / "p.json", "-o", tmp_path / "q.json")
     assert code == 0, err
-    assert np.array_equal(load_plan(tmp_path / "q.json").placement, np.tile(np.arange(64), (4, 1)))
+    assert np.array_equal(load_plan(tmp_path / "q.json").placement.first_slots, np.tile(np.arange(64), (4, 1)))
     code, out, err = run_cli("evaluate", tmp_path / "w.npz", tmp_path / "q.json", "--cost", "olmoe-1b-7b", "--json")
     assert code == 0, err
     code, _, err = run_cli("plan", tmp_path / "w.npz", "--dp", 8, "--ep", 3, "--capacity", 4096, "--cost", "olmoe-1b-7b")

@@ -11,7 +11,7 @@ from routepack_opt.cli.common import (
     topology_from_args,
     window_from_args,
 )
-from routepack_opt.core.errors import InputError
+from routepack_opt.core.checks import check_time_limit
 
 
 def register(sub) -> None:
@@ -33,8 +33,7 @@ def register(sub) -> None:
 def run(args) -> dict:
     from routepack_opt.certify import certify_rows
 
-    if not args.time_limit > 0:
-        raise InputError(f"--time-limit must be > 0, got {args.time_limit}")
+    check_time_limit(args.time_limit, "--time-limit")
     topo = topology_from_args(args)
     window = window_from_args(args)
     from routepack_opt.warmup import warm

@@ -121,7 +121,7 @@ def _plot(window, topo, cost, plans, objective, path: Path) -> None:
     for ax, name in zip(axes[0], ("baseline", "reorder")):
         pn = plans[name]
         if pn.replicas is None:
-            Lagg = expert_rank_loads(load, pn.placement, topo.ep)
+            Lagg = expert_rank_loads(load, pn.placement.first_slots, topo.ep)
         else:  # the ranks' window totals under the replica rule
             Lagg = ev.block_loads(pn.replicas, pn.row, pn.slot, pn.rows).reshape(
                 -1, window.num_layers, topo.ep).sum(axis=0).astype(float)

@@ -20,6 +20,7 @@ from routepack_opt.cli.common import (
     positive_int,
     topology_from_args,
 )
+from routepack_opt.core.checks import check_time_limit
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.layout import Layout
 from routepack_opt.core.report import PlanReport
@@ -95,8 +96,7 @@ def run(args) -> dict:
 
     topo = with_replicas(topo, window.num_experts, cost, None, args.max_replica_bytes)
     objective = check_objective(args.objective)
-    if not (args.time_limit and args.time_limit > 0):
-        raise InputError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    check_time_limit(args.time_limit, "--time-limit")
     if topo.redundant_experts:
         if args.placement is not None:
             raise InputError(f"--placement {args.placement}: with --redundant-experts the exact model chooses "

@@ -16,6 +16,26 @@ MAX_STEPS = 1000
 MAX_WORLD = 256
 
 
+def replica_check_placement(load_LE, redundant: int, ep: int):
+    """The replicated placement the replica check runs (``VerifyConfig.placer``): the planner's
+    own (:func:`~routepack_opt.heuristics.placement.replicate.replicated_placement`: EPLB's
+    greedy counts, LPT on distinct ranks, swaps) for E + ``redundant`` slots. Where ``ep`` ranks
+    cannot hold that many copies on distinct ranks (one process: ep = 1), it is planned for the
+    fewest ranks that can (a divisor of the slot count) and re-stated for ``ep`` (the same
+    slots; copies of an expert then share a rank)."""
+    import numpy as np
+
+    from routepack_opt.core.placement import Placement
+    from routepack_opt.heuristics.placement.replicate import replicated_placement
+
+    load_LE = np.asarray(load_LE, dtype=np.float64)
+    E = load_LE.shape[1]
+    S = E + redundant
+    ranks = next(d for d in [ep, *range(2, S + 1)] if S % d == 0 and S <= E * d)
+    pl = replicated_placement(load_LE, ranks, S)
+    return pl if ranks == ep else Placement(pl.phy2log, ep, E)
+
+
 @contextlib.contextmanager
 def _deadline(seconds: float):
     """A TimeoutError in the main thread after ``seconds`` (SIGALRM; nothing where signals cannot
@@ -80,7 +100,8 @@ def run(args) -> None:
     cfg = dataclasses.replace(VerifyConfig(), steps=args.steps, seed=args.seed,
                               timeout_s=args.timeout, start_method=args.start_method,
                               device=args.device, dp=args.world_size, ep=ep,
-                              redundant=args.redundant_experts)
+                              redundant=args.redundant_experts,
+                              placer=replica_check_placement if args.redundant_experts else None)
     try:
         # --timeout covers the whole command, not just the processes
         with _deadline(max(0.01, args.timeout - (time.monotonic() - t0))):

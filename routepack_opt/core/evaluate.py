@@ -28,7 +28,7 @@ from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.layout import Layout
 from routepack_opt.core.objective import Objective, check_objective
-from routepack_opt.core.placement import Placement
+from routepack_opt.core.placement import Placement, as_placement
 from routepack_opt.core.plan import Plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
@@ -267,14 +267,12 @@ class Evaluation:
         return d
 
 
-PlacementLike = Placement | np.ndarray
-
-
 class Evaluator:
     """Cost authority for one window, topology and cost model (PyVRP's ``CostEvaluator`` habit).
 
-    A placement is a :class:`Placement` (with or without replicas) or today's ``π[l, e]`` array
-    (a permutation). Without replicas a layout is scored from per-sample rank loads ``b_NLP``,
+    A placement is a :class:`Placement`; a permutation ``π[l, e]`` array is taken as the
+    placement without replicas (:func:`~routepack_opt.core.placement.as_placement`, the one
+    conversion). Without replicas a layout is scored from per-sample rank loads ``b_NLP``,
     cached for the last placement, so scoring many layouts under one placement projects counts
     once. With replicas the expert term depends on each micro-batch's per-expert counts (the
     integer even-local split, core.placement), so it is computed per layout
@@ -286,29 +284,29 @@ class Evaluator:
         self.topology = topology
         self.cost = cost
         self._load_LE = window.expert_loads()
-        self._cache_key: bytes | None = None
+        self._cache_key: tuple | None = None
         self._b: np.ndarray | None = None
 
-    def _split(self, placement: PlacementLike) -> tuple[np.ndarray | None, Placement | None]:
-        """(permutation array, None) or (None, placement with replicas)."""
-        if isinstance(placement, Placement):
-            if placement.is_permutation:
-                return placement.permutation(), None
-            if placement.ep != self.topology.ep or placement.num_experts != self.window.num_experts:
-                raise InputError(f"placement: built for ep={placement.ep}, E={placement.num_experts}; "
-                                 f"window and topology have E={self.window.num_experts}, ep={self.topology.ep}")
-            return None, placement
-        return np.ascontiguousarray(placement, dtype=np.int64), None
+    def _placement(self, placement) -> Placement:
+        pl = as_placement(placement, self.topology.ep)
+        L, E = self.window.num_layers, self.window.num_experts
+        if (pl.num_layers, pl.num_experts) != (L, E) or pl.ep != self.topology.ep:
+            raise InputError(f"placement: built for L={pl.num_layers}, E={pl.num_experts}, ep={pl.ep}; "
+                             f"window and topology have L={L}, E={E}, ep={self.topology.ep}")
+        return pl
+
+    def _terms(self, placement) -> _ExpertTerms:
+        """How the expert term of ``placement`` is computed: from the exact per-sample rank loads
+        (no replicas), or per cell under the even-local split (replicas)."""
+        pl = self._placement(placement)
+        return _PlainTerms(self, pl) if pl.is_permutation else _ReplicaTerms(self, pl)
 
     def rank_loads(self, placement) -> np.ndarray:
         """Per-sample rank loads ``b_NLP``: exact without replicas, the linear surrogate with."""
-        arr, rep = self._split(placement)
-        key = (b"R" + rep.phy2log.tobytes()) if rep is not None else arr.tobytes()  # type: ignore[union-attr]
+        pl = self._placement(placement)
+        key = (pl.phy2log.shape, pl.phy2log.tobytes())
         if key != self._cache_key:
-            if rep is not None:
-                self._b = replica_rank_loads(self.window.counts, rep)
-            else:
-                self._b = rank_loads(self.window.counts, arr, self.topology.ep)
+            self._b = self._terms(pl).rank_loads()
             self._cache_key = key
         assert self._b is not None
         return self._b
@@ -318,15 +316,7 @@ class Evaluator:
         return self._costs_W(placement, row_N, slot_N, rows, False)[1]
 
     def _costs_W(self, placement, row_N, slot_N, rows: int, parts: bool):
-        arr, rep = self._split(placement)
-        if rep is None:
-            return _row_shard_costs_W(self.window.lengths, self.rank_loads(arr), row_N, slot_N, rows,
-                                      self.topology, self.cost, parts)
-        W = replica_block_W(self.window.counts, rep, row_N, slot_N, rows, self.topology)
-        lengths_N = np.asarray(self.window.lengths, dtype=np.float64)
-        r_N, d_N = _check_cells(lengths_N.shape[0], row_N, slot_N, rows, self.topology.dp)
-        return _costs_from_W(lengths_N, r_N, d_N, W, rows, self.topology, self.cost,
-                             self.window.num_layers, parts), W
+        return self._terms(placement).costs_W(row_N, slot_N, rows, parts)
 
     def costs(self, placement, row_N, slot_N, rows: int, parts: bool = False):
         return self._costs_W(placement, row_N, slot_N, rows, parts)[0]
@@ -336,11 +326,7 @@ class Evaluator:
 
     def lower_bound(self, placement, rows: int) -> float:
         """The bound that applies to ``placement`` (see :class:`Evaluation`)."""
-        arr, rep = self._split(placement)
-        if rep is not None:
-            return self.placement_free_lower_bound(rows, rep.redundant)
-        Lagg_LP = expert_rank_loads(self._load_LE, arr, self.topology.ep)
-        return layout_lower_bound(self.window.lengths, Lagg_LP, rows, self.topology, self.cost)
+        return self._terms(placement).lower_bound(rows)
 
     def placement_free_lower_bound(self, rows: int, redundant: int = 0) -> float:
         return placement_free_lower_bound(self.window.lengths, self._load_LE, rows, self.topology, self.cost,
@@ -352,8 +338,7 @@ class Evaluator:
     def evaluate(self, placement, row_N, slot_N, rows: int,
                  objective: Objective | str = Objective.MAX_SUM) -> Evaluation:
         J, W = self._costs_W(placement, row_N, slot_N, rows, False)
-        _, rep = self._split(placement)
-        red = rep.redundant if rep is not None else 0
+        red = self._placement(placement).redundant
         return Evaluation(objective=check_objective(objective), J=J,
                           scores={o: score_from_J(J, o) for o in Objective},
                           lower_bound=self.lower_bound(placement, rows),
@@ -376,10 +361,56 @@ class Evaluator:
         if errs:
             more = f" (+{len(errs) - 5} more)" if len(errs) > 5 else ""
             raise InputError("invalid plan: " + "; ".join(errs[:5]) + more)
-        return self.evaluate_layout(plan.expert_placement, plan.layout, objective or plan.objective)
+        return self.evaluate_layout(plan.placement, plan.layout, objective or plan.objective)
 
 
 def evaluate_plan(window: Window, plan: Plan, cost: CostModel,
                   objective: Objective | str | None = None) -> Evaluation:
     """Validate ``plan`` against ``window`` and score it (both objectives, bounds, gap)."""
     return Evaluator(window, plan.topology, cost).evaluate_plan(plan, objective)
+
+
+class _PlainTerms:
+    """The expert term of a placement without replicas: exact per-sample rank loads ``b_NLP``
+    (cached by the evaluator), summed per block; the layout bound of that placement."""
+
+    def __init__(self, ev: Evaluator, pl: Placement):
+        self.ev, self.pl = ev, pl
+
+    def rank_loads(self) -> np.ndarray:
+        return rank_loads(self.ev.window.counts, self.pl.permutation(), self.ev.topology.ep)
+
+    def costs_W(self, row_N, slot_N, rows: int, parts: bool):
+        ev = self.ev
+        return _row_shard_costs_W(ev.window.lengths, ev.rank_loads(self.pl), row_N, slot_N, rows,
+                                  ev.topology, ev.cost, parts)
+
+    def lower_bound(self, rows: int) -> float:
+        ev = self.ev
+        Lagg_LP = expert_rank_loads(ev._load_LE, self.pl.permutation(), ev.topology.ep)
+        return layout_lower_bound(ev.window.lengths, Lagg_LP, rows, ev.topology, ev.cost)
+
+
+class _ReplicaTerms:
+    """The expert term of a placement with replicas: the linear surrogate for the search's
+    ``b_NLP``, the exact even-local split per cell for scoring, the placement-free bound."""
+
+    def __init__(self, ev: Evaluator, pl: Placement):
+        self.ev, self.pl = ev, pl
+
+    def rank_loads(self) -> np.ndarray:
+        return replica_rank_loads(self.ev.window.counts, self.pl)
+
+    def costs_W(self, row_N, slot_N, rows: int, parts: bool):
+        ev = self.ev
+        W = replica_block_W(ev.window.counts, self.pl, row_N, slot_N, rows, ev.topology)
+        lengths_N = np.asarray(ev.window.lengths, dtype=np.float64)
+        r_N, d_N = _check_cells(lengths_N.shape[0], row_N, slot_N, rows, ev.topology.dp)
+        return _costs_from_W(lengths_N, r_N, d_N, W, rows, ev.topology, ev.cost,
+                             ev.window.num_layers, parts), W
+
+    def lower_bound(self, rows: int) -> float:
+        return self.ev.placement_free_lower_bound(rows, self.pl.redundant)
+
+
+_ExpertTerms = _PlainTerms | _ReplicaTerms

@@ -28,12 +28,13 @@ uses the linear surrogate c·n_p/k (n_p: replicas of e on rank p), which
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
 from routepack_opt.core.errors import InputError
 
-__all__ = ["Placement", "REPLICA_RULE", "split_counts"]
+__all__ = ["Placement", "REPLICA_RULE", "split_counts", "as_placement", "slot_array"]
 
 REPLICA_RULE = "even-local"
 
@@ -197,11 +198,17 @@ class Placement:
         s = self.log2phy()
         return np.where(s >= 0, s // self.slots_per_rank, -1)
 
+    @functools.cached_property
+    def first_slots(self) -> np.ndarray:
+        """``[L, E]``: the slot of each logical expert's first replica (the lowest slot holding
+        it); ``π[l, e]`` without replicas, and a plan file's ``placement`` (docs/formats.md)."""
+        return _frozen(self.log2phy()[:, :, 0])
+
     def permutation(self) -> np.ndarray:
         """``π[l, e]`` (slot of logical expert e) of a placement without replicas."""
-        if not self.is_permutation:
+        if self.redundant:
             raise InputError("placement: a placement with replicas is not a permutation")
-        return self.log2phy()[:, :, 0]
+        return self.first_slots
 
     def surrogate_rank_matrix(self) -> np.ndarray:
         """``F[l, e, p] = n_{e,p} / logcnt[l, e]``: the share of e's tokens the linear surrogate
@@ -216,6 +223,16 @@ class Placement:
     def extra_slots_per_rank(self) -> float:
         """Slots a rank holds beyond E/P: redundant / P."""
         return self.redundant / self.ep
+
+    def __eq__(self, other) -> bool:
+        """Equal slots for the same ranks, experts and rule (an immutable value)."""
+        if not isinstance(other, type(self)):
+            return NotImplemented
+        return (self.ep, self.num_experts, self.rule) == (other.ep, other.num_experts, other.rule) \
+            and np.array_equal(self.phy2log, other.phy2log)
+
+    def __hash__(self) -> int:
+        return hash((self.ep, self.num_experts, self.rule, self.phy2log.shape, self.phy2log.tobytes()))
 
     # --- JSON -----------------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -235,3 +252,27 @@ class Placement:
         if cnt.shape != pl.logcnt.shape or not np.array_equal(cnt, pl.logcnt):
             raise InputError("plan: logcnt does not match phy2log (logcnt[l][e] must count e's slots)")
         return pl
+
+
+def slot_array(name: str, value) -> np.ndarray:
+    """``value`` as an [L, E] int64 array, or an InputError naming ``name`` (ragged lists,
+    floats, booleans and the like are refused, not truncated)."""
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{name}: cannot be read as an [L, E] array of expert slots ({exc})") from None
+    if arr.dtype == object or arr.ndim != 2:
+        raise InputError(f"{name}: expected an [L, E] array of integers, got "
+                         f"{'a ragged or mixed list' if arr.dtype == object else f'shape {tuple(arr.shape)}'}")
+    if arr.dtype.kind not in "iu":
+        raise InputError(f"{name}: expected integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def as_placement(value, ep: int, name: str = "placement") -> Placement:
+    """The one conversion at the boundary: a :class:`Placement` as it is, or a permutation
+    ``π[l, e]`` (an [L, E] array of slots) as the placement without replicas. Every layer below
+    takes a :class:`Placement`."""
+    if isinstance(value, Placement):
+        return value
+    return Placement.from_permutation(slot_array(name, value), ep)

@@ -1,4 +1,4 @@
-"""The plan: per-layer expert placement plus a packing of samples into R rows × D cells (docs/formats.md).
+"""The plan: a :class:`Placement` of experts plus a packing of samples into R rows × D cells (docs/formats.md).
 
 Internally a layout is two arrays, ``row_N`` and ``slot_N`` (the cell of each sample); the JSON
 form lists cells as ``R × D`` lists of sample ids.
@@ -17,7 +17,7 @@ from routepack_opt.core.inputs import INT_MAX, check_memory, int_matrix, is_int
 from routepack_opt.core.io import atomic_write_text
 from routepack_opt.core.layout import Layout, check_rows
 from routepack_opt.core.objective import Objective, check_objective
-from routepack_opt.core.placement import Placement
+from routepack_opt.core.placement import Placement, as_placement
 from routepack_opt.core.report import PlanReport
 from routepack_opt.core.topology import Topology
 
@@ -92,17 +92,21 @@ def placement_from_ranks(rank_LE, load_LE, ep: int) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A plan. ``placement[l, e]`` is the physical slot of logical expert e at layer l (rank =
-    slot // (E/P)); ``row`` and ``slot`` give each sample's cell, ``rows`` is R — together the
-    plan's :attr:`layout`. ``score``, ``lower_bound``, ``certificate`` and ``report`` are reports:
+    """A plan. ``placement`` is its :class:`Placement` (``phy2log[l, s]``, the logical expert
+    of physical slot s; rank = slot // (S/P)), with or without replicas; ``row`` and ``slot``
+    give each sample's cell, ``rows`` is R — together the plan's :attr:`layout`. ``score``,
+    ``lower_bound``, ``certificate`` and ``report`` are reports:
     :func:`routepack_opt.core.evaluate.evaluate_plan` recomputes the scores.
+
+    ``placement`` may be given as a permutation ``π[l, e]`` (an [L, E] array of slots): it is
+    converted once, here, into the :class:`Placement` without replicas.
 
     Immutable: built once, complete (``routepack_opt.pipeline.build_plan`` builds a scored one;
     ``dataclasses.replace`` gives a changed copy). ``info`` is the report's JSON form."""
 
     topology: Topology
     rows: int
-    placement: np.ndarray
+    placement: Placement
     row: np.ndarray
     slot: np.ndarray
     objective: Objective = Objective.MAX_SUM
@@ -110,21 +114,12 @@ class Plan:
     lower_bound: float | None = None
     certificate: dict | None = None
     report: PlanReport = PlanReport()
-    replicas: Placement | None = None
     layout: Layout = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.replicas is not None:
-            if not isinstance(self.replicas, Placement):
-                raise InputError(f"plan: replicas must be a Placement, got {type(self.replicas).__name__}")
-            if self.replicas.is_permutation:  # no replicas: the plain permutation form
-                object.__setattr__(self, "placement", self.replicas.permutation())
-                object.__setattr__(self, "replicas", None)
-            else:
-                object.__setattr__(self, "placement", self.replicas.log2phy()[:, :, 0])
-        placement = np.array(self.placement, dtype=np.int64)
-        placement.flags.writeable = False
-        object.__setattr__(self, "placement", placement)
+        if not isinstance(self.topology, Topology):
+            raise InputError(f"plan: topology must be a Topology, got {type(self.topology).__name__}")
+        object.__setattr__(self, "placement", as_placement(self.placement, self.topology.ep))
         try:
             object.__setattr__(self, "objective", check_objective(self.objective))
         except InputError as exc:
@@ -150,23 +145,22 @@ class Plan:
         """A plan from a :class:`Layout` (``reports``: ``score``, ``lower_bound``,
         ``certificate``, ``report``). ``placement``: a :class:`Placement` or a permutation
         ``π[l, e]``."""
-        if isinstance(placement, Placement):
-            return cls(topology, layout.rows, placement.log2phy()[:, :, 0], layout.row, layout.slot,
-                       check_objective(objective), replicas=placement, **reports)
-        return cls(topology, layout.rows, placement, layout.row, layout.slot, check_objective(objective),
-                   **reports)
+        return cls(topology, layout.rows, placement, layout.row, layout.slot, check_objective(objective), **reports)
 
     @property
-    def expert_placement(self) -> Placement | np.ndarray:
-        """What the evaluator scores: the :class:`Placement` with replicas, or the permutation
-        ``π[l, e]`` of a plan without them."""
-        return self.replicas if self.replicas is not None else self.placement
+    def replicas(self) -> Placement | None:
+        """The placement when it holds replicas, else None (a shorthand for
+        ``placement.redundant > 0``)."""
+        return None if self.placement.is_permutation else self.placement
+
+    @property
+    def expert_placement(self) -> Placement:
+        """The placement the evaluator scores (the same object as :attr:`placement`)."""
+        return self.placement
 
     def placement_object(self) -> Placement:
-        """The plan's placement as a :class:`Placement` (replicas or not)."""
-        if self.replicas is not None:
-            return self.replicas
-        return Placement.from_permutation(self.placement, self.topology.ep)
+        """The plan's :class:`Placement` (the same object as :attr:`placement`)."""
+        return self.placement
 
     @property
     def info(self) -> dict:
@@ -201,23 +195,15 @@ class Plan:
         L = E = None
         if window is not None:
             L, E = window.num_layers, window.num_experts
-        if self.replicas is not None:
-            rep = self.replicas
-            if L is not None and (rep.num_layers, rep.num_experts) != (L, E):
-                errs.append(f"placement: replicas for L={rep.num_layers}, E={rep.num_experts}; "
-                            f"window has L={L}, E={E}")
-            if rep.ep != topo.ep:
-                errs.append(f"placement: replicas built for ep={rep.ep}, topology has ep={topo.ep}")
-            if rep.redundant != topo.redundant_experts:
-                errs.append(f"placement: {rep.redundant} redundant slots per layer, topology has "
-                            f"redundant_experts={topo.redundant_experts}")
-        else:
-            errs += check_placement(self.placement, L, E)
-            if self.placement.ndim == 2 and self.placement.shape[1] % topo.ep:
-                errs.append(f"placement: E={self.placement.shape[1]} not divisible by ep={topo.ep}")
-            if topo.redundant_experts:
-                errs.append(f"placement: topology has redundant_experts={topo.redundant_experts} "
-                            "but the plan has no replicas (phy2log)")
+        pl = self.placement
+        if L is not None and (pl.num_layers, pl.num_experts) != (L, E):
+            errs.append(f"placement: for L={pl.num_layers}, E={pl.num_experts}; window has L={L}, E={E}")
+        if pl.ep != topo.ep:
+            errs.append(f"placement: built for ep={pl.ep}, topology has ep={topo.ep}")
+        if pl.redundant != topo.redundant_experts:
+            errs.append(f"placement: {pl.redundant} redundant slots per layer"
+                        f"{'' if pl.redundant else ' (the plan has no replicas, no phy2log)'}, "
+                        f"topology has redundant_experts={topo.redundant_experts}")
         n = self.num_samples if window is None else window.num_samples
         if self.row.shape != (n,) or self.slot.shape != (n,):
             errs.append(f"cells: cover {self.row.size} samples, window has {n}")
@@ -258,10 +244,10 @@ class Plan:
     # --- JSON ----------------------------------------------------------------------------------
     def to_json(self) -> dict:
         d = {"format": PLAN_FORMAT, "topology": self.topology.to_dict(), "rows": int(self.rows),
-             "placement": self.placement.tolist(), "cells": self.cells(),
+             "placement": self.placement.first_slots.tolist(), "cells": self.cells(),
              "objective": self.objective}
-        if self.replicas is not None:
-            d.update(self.replicas.to_json())
+        if self.placement.redundant:  # the format: phy2log and logcnt only when replicated
+            d.update(self.placement.to_json())
         if self.score is not None:
             d["score"] = self.score
         if self.lower_bound is not None:
@@ -299,16 +285,18 @@ class Plan:
         if bad is not None:
             raise InputError(f"plan: sample id {bad} is outside 0..{INT_MAX}")
         placement = int_matrix(d["placement"], "plan: placement")  # no floats, strings or booleans
-        replicas = None
         if "phy2log" in d:
-            replicas = Placement.from_json(d, topo.ep)
-            if not np.array_equal(placement, replicas.log2phy()[:, :, 0]):
+            pl = Placement.from_json(d, topo.ep)
+            if not np.array_equal(placement, pl.first_slots):
                 raise InputError("plan: placement must list each logical expert's first replica slot "
                                  "(the lowest slot holding it in phy2log)")
         else:
             errs = check_placement(placement)
             if errs:
                 raise InputError("plan: " + errs[0])
+            if placement.shape[1] % topo.ep:
+                raise InputError(f"plan: placement: E={placement.shape[1]} not divisible by ep={topo.ep}")
+            pl = Placement.from_permutation(placement, topo.ep)
         # Without the window's N, a plan holds samples 0..n-1, n the number of ids it lists: the
         # arrays are sized by that count, never by the largest id (id 10^8 would cost 1.6 GB).
         n = num_samples if num_samples is not None else sum(len(c) for r in cells for c in r)
@@ -318,10 +306,9 @@ class Plan:
         info = d.get("info", {})
         if not isinstance(info, dict):
             raise InputError(f"plan: info must be a JSON object, got {type(info).__name__} {info!r:.40}")
-        return cls(topology=topo, rows=rows, placement=placement, row=row_N, slot=slot_N,
+        return cls(topology=topo, rows=rows, placement=pl, row=row_N, slot=slot_N,
                    objective=objective, score=d.get("score"), lower_bound=d.get("lower_bound"),
-                   certificate=d.get("certificate"), report=PlanReport.from_json(info),
-                   replicas=replicas)
+                   certificate=d.get("certificate"), report=PlanReport.from_json(info))
 
 
 def _jsonable(x):

@@ -77,11 +77,11 @@ class PlannedCells:
 
     @property
     def logical_to_physical(self) -> np.ndarray:
-        return self.plan.placement
+        return self.plan.placement.first_slots
 
     @property
     def physical_to_logical(self) -> np.ndarray:
-        return np.argsort(self.plan.placement, axis=1).astype(np.int64)
+        return np.argsort(self.plan.placement.first_slots, axis=1).astype(np.int64)
 
 
 def plan_cells(window: Window, topology: Topology, cost, *, objective: str = "max-sum",

@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 
+from routepack_opt.core.checks import check_redundant_experts
 from routepack_opt.core.errors import InputError
 from routepack_opt.integrations._seam import Recorder
 
@@ -59,6 +60,4 @@ def _bubble_order(cost_R, key_R) -> list[int]:
 
 
 def _redundant(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise InputError(f"redundant_experts: expected an integer ≥ 0, got {value!r}")
-    return int(value)
+    return check_redundant_experts(value)

@@ -78,7 +78,8 @@ def _check_map_LE(map_LE: np.ndarray, what: str) -> None:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ExpertMap:
-    """An expert placement whose direction is part of its type.
+    """A :class:`~routepack_opt.core.placement.Placement` without replicas, built from a map
+    whose direction is named (a thin adapter: :attr:`placement` is what the seam uses).
 
     ``logical_to_physical[l, e]``: the slot (physical expert, ``p·M + i`` on EP rank p) of logical
     expert e at MoE layer l; ``physical_to_logical[l, s]``: the logical expert in slot s, its
@@ -90,6 +91,7 @@ class ExpertMap:
     """
 
     logical_to_physical: np.ndarray  # [L, E]
+    placement: Placement = dataclasses.field(init=False, repr=False)  # phy2log = physical_to_logical
 
     def __post_init__(self):
         l2p = _as_int_map(self.logical_to_physical, "logical_to_physical")
@@ -98,6 +100,8 @@ class ExpertMap:
         _check_map_LE(l2p, "logical_to_physical")
         l2p.setflags(write=False)
         object.__setattr__(self, "logical_to_physical", l2p)
+        # one rank holds every slot: the map carries no EP size (Megatron's p·M + i is the caller's)
+        object.__setattr__(self, "placement", Placement.from_permutation(l2p, 1))
 
     @classmethod
     def from_logical_to_physical(cls, logical_to_physical) -> ExpertMap:
@@ -115,7 +119,7 @@ class ExpertMap:
     @property
     def physical_to_logical(self) -> np.ndarray:
         """``[L, E]``: the logical expert in each slot."""
-        return np.argsort(self.logical_to_physical, axis=1).astype(np.int64)
+        return self.placement.phy2log.copy()
 
     @property
     def num_layers(self) -> int:
@@ -127,9 +131,7 @@ class ExpertMap:
 
     def layer(self, l: int) -> ExpertMap:
         """MoE layer l's map alone (``[1, E]``)."""
-        if isinstance(l, bool) or not isinstance(l, (int, np.integer)) or not 0 <= l < self.num_layers:
-            raise InputError(f"layer: expected an index in 0..{self.num_layers - 1}, got {l!r}")
-        return ExpertMap(self.logical_to_physical[int(l)][None])
+        return ExpertMap(self.logical_to_physical[_layer_index(self.placement, l)][None])
 
     def __eq__(self, other) -> bool:
         return isinstance(other, ExpertMap) and np.array_equal(self.logical_to_physical, other.logical_to_physical)
@@ -142,6 +144,20 @@ def physical_to_logical(logical_to_physical_LE) -> np.ndarray:
     l2p = _as_int_map(logical_to_physical_LE, "logical_to_physical")
     _check_map_LE(l2p, "logical_to_physical")
     return np.argsort(l2p, axis=-1).astype(np.int64)
+
+
+def _placement_of(value) -> Placement | None:
+    """The :class:`Placement` behind a map object (an :class:`ExpertMap`'s, or a Placement
+    itself); None for a bare array or list, which carries no direction."""
+    if isinstance(value, ExpertMap):
+        return value.placement
+    return value if isinstance(value, Placement) else None
+
+
+def _layer_index(pl: Placement, layer) -> int:
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < pl.num_layers:
+        raise InputError(f"layer: expected an index in 0..{pl.num_layers - 1}, got {layer!r}")
+    return int(layer)
 
 
 _DIRECTION = ("pass physical_to_logical= (slot → expert), logical_to_physical= (expert → slot, what the "
@@ -157,12 +173,14 @@ def _one_layer_p2l(who: str, placement, physical_to_logical, logical_to_physical
         raise InputError(f"{who}: {_DIRECTION}" if not any(given) else f"{who}: give one map (an ExpertMap, "
                          "physical_to_logical= or logical_to_physical=), not several")
     if placement is not None:
-        if not isinstance(placement, ExpertMap):
+        pl = _placement_of(placement)
+        if pl is None:
             raise InputError(f"{who}: a bare array has no direction; {_DIRECTION}")
-        if layer is None and placement.num_layers != 1:
-            raise InputError(f"{who}: the ExpertMap has {placement.num_layers} layers; pass layer=l for this MoE layer")
-        one = placement if layer is None else placement.layer(layer)
-        row_E = one.physical_to_logical[0]
+        if pl.redundant:
+            raise InputError(f"{who}: a replicated Placement needs source_rank= (this rank's EP rank)")
+        if layer is None and pl.num_layers != 1:
+            raise InputError(f"{who}: the map has {pl.num_layers} layers; pass layer=l for this MoE layer")
+        row_E = pl.phy2log[0 if layer is None else _layer_index(pl, layer)]
     else:
         if layer is not None:
             raise InputError(f"{who}: layer= selects a row of an ExpertMap; pass this layer's [E] map alone")
@@ -191,13 +209,16 @@ def _layer_num_experts(moe_layer) -> int | None:
 def _perm_index(physical_to_logical_E, E: int, device):
     torch = _deps.torch()
 
-    if isinstance(physical_to_logical_E, ExpertMap):
-        if physical_to_logical_E.num_layers != 1:
-            raise InputError(f"physical_to_logical: the ExpertMap has {physical_to_logical_E.num_layers} "
-                             "layers; pass .layer(l)")
-        row = physical_to_logical_E.physical_to_logical[0]
-    else:
+    pl = _placement_of(physical_to_logical_E)
+    if pl is None:
         row = _as_int_map(physical_to_logical_E, "physical_to_logical")
+    elif pl.redundant:
+        raise InputError("remap_routing: a replicated Placement needs source_rank= (this rank's EP "
+                         "rank q: the even-local rule starts each expert's round-robin at q)")
+    elif pl.num_layers != 1:
+        raise InputError(f"physical_to_logical: the map has {pl.num_layers} layers; pass .layer(l)")
+    else:
+        row = pl.phy2log[0]
     if row.ndim != 1:
         raise InputError(f"physical_to_logical: expected one layer's map [E], got shape {row.shape}")
     if row.shape[0] != E:
@@ -207,7 +228,7 @@ def _perm_index(physical_to_logical_E, E: int, device):
     err = _permutation_error(row, "physical_to_logical")
     if err:
         raise InputError(err)
-    return torch.as_tensor(row, dtype=torch.long, device=device)
+    return torch.as_tensor(np.array(row), dtype=torch.long, device=device)
 
 
 def _check_router_outputs(probs, routing_map) -> None:
@@ -229,13 +250,13 @@ def remap_routing(probs, routing_map, physical_to_logical_E, *, source_rank: int
     With replicas, ``physical_to_logical_E`` is a :class:`~routepack_opt.core.placement.Placement`
     (``layer=`` picks its MoE layer when it has several) and ``source_rank`` this rank's EP rank
     q: see :func:`remap_routing_replicated`."""
-    if isinstance(physical_to_logical_E, Placement):
-        if source_rank is None:
-            raise InputError("remap_routing: a replicated Placement needs source_rank= (this rank's EP "
-                             "rank q: the even-local rule starts each expert's round-robin at q)")
-        return remap_routing_replicated(probs, routing_map, physical_to_logical_E, source_rank, layer)
-    if source_rank is not None or layer is not None:
-        raise InputError("remap_routing: source_rank= and layer= go with a replicated Placement only")
+    if source_rank is not None:
+        pl = _placement_of(physical_to_logical_E)
+        if pl is None:
+            raise InputError("remap_routing: source_rank= goes with a Placement (a bare array has no replicas)")
+        return remap_routing_replicated(probs, routing_map, pl, source_rank, layer)
+    if layer is not None:
+        raise InputError("remap_routing: layer= goes with a replicated Placement and source_rank=")
     _check_router_outputs(probs, routing_map)
     idx = _perm_index(physical_to_logical_E, probs.shape[1], probs.device)
     return probs.index_select(1, idx), routing_map.index_select(1, idx)
@@ -251,8 +272,7 @@ def _replica_columns(placement: Placement, layer: int | None, E: int):
         if placement.num_layers != 1:
             raise InputError(f"remap_routing: the placement has {placement.num_layers} layers; pass layer=l")
         layer = 0
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < placement.num_layers:
-        raise InputError(f"layer: expected an index in 0..{placement.num_layers - 1}, got {layer!r}")
+    layer = _layer_index(placement, layer)
     p2l_S = placement.phy2log[int(layer)]
     log2phy_EK = placement.log2phy()[int(layer)]
     j_S = np.empty_like(p2l_S)
@@ -320,25 +340,24 @@ class PlacementHandle:
                 source_rank=None) -> None:
         torch = _deps.torch()
 
-        if isinstance(placement, Placement):
-            if physical_to_logical is not None or logical_to_physical is not None:
-                raise InputError(f"{who}: give one map (a Placement or an ExpertMap), not several")
+        if source_rank is not None:  # the even-local replica rule (any Placement, or an ExpertMap: k = 1)
+            pl = _placement_of(placement)
+            if pl is None or physical_to_logical is not None or logical_to_physical is not None:
+                raise InputError(f"{who}: source_rank= goes with one map, a Placement (or an ExpertMap)")
             if isinstance(source_rank, bool) or not isinstance(source_rank, (int, np.integer)) or source_rank < 0:
-                raise InputError(f"{who}: a replicated Placement needs source_rank= (this rank's EP rank), "
+                raise InputError(f"{who}: source_rank= must be this rank's EP rank (an integer ≥ 0), "
                                  f"got {source_rank!r}")
-            if self.num_experts is not None and placement.num_experts != self.num_experts:
-                raise InputError(f"{who}: the placement has {placement.num_experts} logical experts, the "
+            if self.num_experts is not None and pl.num_experts != self.num_experts:
+                raise InputError(f"{who}: the placement has {pl.num_experts} logical experts, the "
                                  f"router {self.num_experts}")
-            _replica_columns(placement, layer, placement.num_experts)  # checks layer now
-            self.replicated = (placement, int(source_rank), layer)
+            _replica_columns(pl, layer, pl.num_experts)  # checks layer now
+            self.replicated = (pl, int(source_rank), layer)
             self.physical_to_logical = None
             return
-        if source_rank is not None:
-            raise InputError(f"{who}: source_rank= goes with a replicated Placement only")
         self.replicated = None
         row_E = _one_layer_p2l(who, placement, physical_to_logical, logical_to_physical, layer, self.num_experts)
         self.num_experts = int(row_E.shape[0])
-        self.physical_to_logical = torch.as_tensor(row_E, dtype=torch.long)
+        self.physical_to_logical = torch.as_tensor(np.array(row_E), dtype=torch.long)
 
     def remove(self) -> None:
         if "route" in vars(self.layer):
@@ -368,7 +387,7 @@ def apply_expert_placement(moe_layer, placement: ExpertMap | Placement | None = 
     if "route" in vars(moe_layer):
         raise InputError("apply_expert_placement: this layer already has a placement; use the handle's set()")
     orig = moe_layer.route
-    n_logical = num_logical_experts if isinstance(placement, Placement) else _layer_num_experts(moe_layer)
+    n_logical = num_logical_experts if source_rank is not None else _layer_num_experts(moe_layer)
     handle = PlacementHandle(moe_layer, None, orig, n_logical)
     handle._switch("apply_expert_placement", placement, physical_to_logical, logical_to_physical, layer,
                    source_rank)
@@ -462,18 +481,17 @@ def sum_replica_grads(experts, placement: Placement, *, ep_rank: int = 0, group=
     from routepack_opt.runtime.replicas import exchange_plan, sum_slot_partials
 
     who = "sum_replica_grads"
-    if not isinstance(placement, Placement):
+    pl = _placement_of(placement)
+    if pl is None:
         raise InputError(f"{who}: expected a routepack_opt.core.placement.Placement, got {type(placement).__name__}")
+    placement = pl
     if grad_attr not in (None, "main_grad", "grad"):
         raise InputError(f"{who}: grad_attr must be None, 'main_grad' or 'grad', got {grad_attr!r}")
     P = placement.ep
     if isinstance(ep_rank, bool) or not isinstance(ep_rank, (int, np.integer)) or not 0 <= ep_rank < P:
         raise InputError(f"{who}: ep_rank must be in 0..{P - 1} (the placement has ep={P}), got {ep_rank!r}")
     if layer is not None:
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or \
-                not 0 <= layer < placement.num_layers:
-            raise InputError(f"layer: expected an index in 0..{placement.num_layers - 1}, got {layer!r}")
-        p2l_LS = placement.phy2log[int(layer)][None]
+        p2l_LS = placement.phy2log[_layer_index(placement, layer)][None]
         experts_L = [experts]
     else:
         if isinstance(experts, (list, tuple)) and not _is_slot_lists(experts):
@@ -525,6 +543,19 @@ def _optimizer_tensors(optimizer, p, torch) -> list:
     return [state[k] for k in sorted(state) if torch.is_tensor(state[k]) and state[k].dim() > 0]
 
 
+def _slot_map(value, what: str) -> Placement:
+    """A map for :func:`migrate_experts`: a Placement, an ExpertMap's, or a bare ``[L, E]``
+    array read as slot → logical expert (the direction that function documents)."""
+    pl = _placement_of(value)
+    if pl is not None:
+        return pl
+    p2l = _as_int_map(value, what)
+    if p2l.ndim != 2:
+        raise InputError(f"{what}: expected [L, E] (one permutation per MoE layer), got shape {p2l.shape}")
+    _check_map_LE(p2l, what)
+    return Placement(p2l, 1, p2l.shape[1])
+
+
 def _raw(tensors) -> torch.Tensor:
     torch = _deps.torch()
 
@@ -555,23 +586,12 @@ def migrate_experts(slot_tensors, old_physical_to_logical, new_physical_to_logic
     dist = _deps.torch_distributed()
 
     L = len(slot_tensors)
-    replicated = [isinstance(m, Placement) for m in (old_physical_to_logical, new_physical_to_logical)]
-    if any(replicated):
-        if not all(replicated):
-            raise InputError("migrate_experts: with replicas both maps must be Placements (phy2log [L, S])")
-        old, new = old_physical_to_logical.phy2log, new_physical_to_logical.phy2log
-        if old.shape != new.shape or old.shape[0] != L or \
-                old_physical_to_logical.num_experts != new_physical_to_logical.num_experts:
-            raise InputError(f"placements must both be [L={L}, S] over the same experts, got {old.shape} "
-                             f"and {new.shape} (the number of slots S = E + redundant is fixed)")
-    else:
-        old, new = (m.physical_to_logical if isinstance(m, ExpertMap)
-                    else _as_int_map(m, f"{name}_physical_to_logical")
-                    for name, m in (("old", old_physical_to_logical), ("new", new_physical_to_logical)))
-        if old.shape != new.shape or old.ndim != 2 or old.shape[0] != L:
-            raise InputError(f"placements must both be [L={L}, E], got {old.shape} and {new.shape}")
-        for name, m in (("old", old), ("new", new)):
-            _check_map_LE(m, f"{name}_physical_to_logical")
+    old_pl, new_pl = (_slot_map(m, f"{name}_physical_to_logical")
+                      for name, m in (("old", old_physical_to_logical), ("new", new_physical_to_logical)))
+    old, new = old_pl.phy2log, new_pl.phy2log
+    if old.shape != new.shape or old.shape[0] != L or old_pl.num_experts != new_pl.num_experts:
+        raise InputError(f"placements must both be [L={L}, S] over the same experts, got {old.shape} "
+                         f"and {new.shape} (the number of slots S = E + redundant is fixed)")
     E = old.shape[1]  # slots per layer (E, or S = E + redundant with replicas)
     if E % ep_size:
         raise InputError(f"E={E} is not divisible by ep_size={ep_size}")

@@ -80,6 +80,7 @@ from typing import Any
 
 import numpy as np
 
+from routepack_opt.core.checks import check_redundant_experts
 from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.placement import Placement
@@ -344,9 +345,7 @@ def plan_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, g
     ``train_async.py``: no, rollout k + 1 is generated and scheduled while rollout k trains), so
     the records' ``net_saving_us`` subtracts the planning time only where it is paid.
     """
-    if isinstance(redundant_experts, bool) or not isinstance(redundant_experts, (int, np.integer)) or \
-            redundant_experts < 0:
-        raise InputError(f"redundant_experts: expected an integer ≥ 0, got {redundant_experts!r}")
+    check_redundant_experts(redundant_experts)
     if redundant_experts and routed_experts is None:
         raise InputError("redundant_experts needs routed_experts: replicas follow the experts' loads")
     if settings is None:

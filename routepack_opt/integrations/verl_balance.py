@@ -118,8 +118,7 @@ def balance_batch_partitions(batch, dp_size: int, *, max_token_len: int, num_exp
     mbs = [[list(pc.cells[r][d]) for r in range(pc.rows)] for d in range(D)]
     parts = [[i for mb in mbs[d] for i in mb] for d in range(D)]
     p = pc.plan
-    J_RG = Evaluator(window, p.topology, as_cost(cost)).costs(p.replicas if p.replicas is not None else p.placement,
-                                                              p.row, p.slot, p.rows)
+    J_RG = Evaluator(window, p.topology, as_cost(cost)).costs(p.placement, p.row, p.slot, p.rows)
     order = _bubble_order(J_RG.max(axis=1), [min(min(c) for c in pc.cells[r]) for r in range(pc.rows)])
     return GlobalBalance(parts, mbs, p, tuple(order))
 
@@ -388,7 +387,7 @@ def _search_mini_batches(mini: list[dict], topo: Topology, settings: SeamSetting
                                 max_sweeps=settings.max_sweeps, seed=settings.seed)
                 if pc.plan.score["makespan"] <= m["ours"]:
                     p = pc.plan
-                    placement = p.replicas if p.replicas is not None else p.placement
+                    placement = p.placement
                     lay = Layout(p.row, p.slot, p.rows)
                     m["ours"] = float(p.score["makespan"])
             except Exception as exc:  # the quick path's layout stands

@@ -16,7 +16,7 @@ import numpy as np
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
-from routepack_opt.core.placement import Placement
+from routepack_opt.core.placement import as_placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.models.layout_common import (
@@ -180,8 +180,7 @@ def _check_replica_start(inst: ReplicaLayoutInstance, warm_start):
         row_N, slot_N = np.asarray(row_N, dtype=np.int64), np.asarray(slot_N, dtype=np.int64)
     except (TypeError, ValueError):
         raise InputError("warm start must be (row_N, slot_N, Placement)") from None
-    if not isinstance(pl, Placement):
-        raise InputError("warm start: the third item must be a Placement")
+    pl = as_placement(pl, inst.topology.ep, "warm start")  # a permutation: outside the model below
     if row_N.shape != (inst.num_samples,) or slot_N.shape != (inst.num_samples,):
         raise InputError(f"warm start must give a cell for each of the {inst.num_samples} samples")
     ranks = pl.replica_ranks().reshape(-1, pl.replica_ranks().shape[-1])

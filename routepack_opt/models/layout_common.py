@@ -46,6 +46,7 @@ from routepack_opt.core.cost import CostModel
 from routepack_opt.core.evaluate import Evaluator, Score
 from routepack_opt.core.layout import check_rows
 from routepack_opt.core.objective import Objective, check_objective
+from routepack_opt.core.placement import Placement, as_placement
 from routepack_opt.core.plan import Plan
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
@@ -84,7 +85,7 @@ class LayoutInstance:
     window: Window
     topology: Topology
     cost: CostModel
-    placement: np.ndarray  # [L, E]
+    placement: Placement  # fixed (given as a Placement or a permutation π[l, e])
     rows: int
     objective: Objective
     evaluator: Evaluator
@@ -99,7 +100,7 @@ class LayoutInstance:
         objective = check_objective(objective)
         check_rows(rows)
         evaluator = evaluator or Evaluator(window, topology, cost)
-        placement = np.asarray(placement, dtype=np.int64)
+        placement = as_placement(placement, topology.ep)
         b_NLP = evaluator.rank_loads(placement)
         lengths = window.lengths.astype(np.float64)
         coef_SN = (np.asarray(cost.alphas)[:, None] * lengths[None]

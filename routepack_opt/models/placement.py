@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from routepack_opt.core.bounds import layer_lower_bound
+from routepack_opt.core.checks import check_time_limit
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import expert_rank_loads
 from routepack_opt.core.plan import check_placement, placement_from_ranks
@@ -203,8 +204,7 @@ def exact_placement(load_LE, ep: int, hint_LE, lpt_LE=None, time_limit: float = 
         raise InputError(f"placement: E={E} experts is not divisible by ep={ep}")
     if (load_LE < 0).any():
         raise InputError("placement: expert loads must be ≥ 0")
-    if time_limit <= 0:
-        raise InputError(f"placement: time_limit must be > 0, got {time_limit}")
+    check_time_limit(time_limit, "placement: time_limit")
     t0 = time.perf_counter()
     M = E // ep
     hint_LE = np.asarray(hint_LE, dtype=np.int64)

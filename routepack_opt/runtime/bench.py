@@ -382,7 +382,7 @@ def _scaled_plan(window: Window, plan: Plan, cfg: BenchConfig, scale: float | No
 
 def _rank_of_experts(plan: Plan, l: int, per_rank: int) -> np.ndarray:
     """[E] the EP rank holding each expert at layer l."""
-    return plan.placement[l] // per_rank
+    return plan.placement.first_slots[l] // per_rank
 
 
 def _measure_kernels(kb: KernelBench, plan: Plan, sp: _ScaledPlan) -> tuple[np.ndarray, np.ndarray]:
@@ -460,7 +460,7 @@ def measure_plan(window: Window, plan: Plan, cost: CostModel | None = None, devi
     seconds_measuring = time.perf_counter() - t_meas
     J_meas = A_RD[:, topo.slots_of_shard()].max(axis=2) + X_RGLP.max(axis=3).sum(axis=2)
     # prediction: the one evaluator, same scaled window, same layers
-    b_NLP = rank_loads(sp.counts_s, plan.placement[:Lm], topo.ep)
+    b_NLP = rank_loads(sp.counts_s, plan.placement.first_slots[:Lm], topo.ep)
     J_pred = row_shard_costs(sp.len_s, b_NLP, plan.row, plan.slot, plan.rows, topo, cost)
     # per-kernel agreement: attention per cell and expert per workload, intercepts included
     A_pred_RD, X_pred = _predicted_kernels(plan, sp, cost, calib_report)

@@ -33,8 +33,7 @@ import torch
 import torch.distributed as dist
 
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.placement import Placement
-from routepack_opt.core.plan import check_placement
+from routepack_opt.core.placement import as_placement
 from routepack_opt.runtime.moe import MoELayer
 
 __all__ = ["MoveReport", "materialize", "slot_state_tensors"]
@@ -100,29 +99,21 @@ def _write_expert(tensors: list[torch.Tensor], s: int, raw: torch.Tensor) -> Non
 
 
 def _new_phy2log(layers: list[MoELayer], new) -> np.ndarray:
-    """``[L, S]`` phy2log of ``new``: a :class:`Placement` or an ``[L, E]`` permutation."""
+    """``[L, S]`` phy2log of ``new``: a :class:`Placement` (an ``[L, E]`` permutation is taken
+    as the one without replicas)."""
     L = len(layers)
     E = layers[0].num_experts if layers else 0
     S = layers[0].num_slots if layers else 0
-    if isinstance(new, Placement):
-        if new.num_layers != L or new.num_experts != E or new.num_slots != S:
-            raise InputError(f"new placement: {new.num_layers} layers × {new.num_slots} slots for "
-                             f"{new.num_experts} experts; the model has {L} × {S} for {E} (the "
-                             f"number of redundant slots is fixed at {S - E})")
-        if layers and layers[0].ep_size > 1 and new.ep != layers[0].ep_size:  # one process: any ep
-            raise InputError(f"new placement: ep={new.ep}, the model's EP size is {layers[0].ep_size}")
-        return np.asarray(new.phy2log)
-    new_LE = np.asarray(new, dtype=np.int64)
-    errs = check_placement(new_LE, L, E)
-    if errs:
-        raise InputError("new placement: " + "; ".join(errs[:3]))
-    if S != E:
-        raise InputError(f"new placement: a permutation [L, E] for a model with {S - E} redundant "
-                         f"slots; pass a Placement (phy2log)")
-    p2l = np.empty_like(new_LE)
-    for l in range(L):
-        p2l[l, new_LE[l]] = np.arange(E)
-    return p2l
+    ep = layers[0].ep_size if layers else 1
+    new = as_placement(new, ep, "new placement")
+    if new.num_layers != L or new.num_experts != E or new.num_slots != S:
+        raise InputError(f"new placement: {new.num_layers} layers × {new.num_slots} slots for "
+                         f"{new.num_experts} experts; the model has {L} × {S} for {E} (the "
+                         f"number of redundant slots is fixed at {S - E}; a permutation [L, E] "
+                         f"has none)")
+    if ep > 1 and new.ep != ep:  # one process: any ep
+        raise InputError(f"new placement: ep={new.ep}, the model's EP size is {ep}")
+    return np.asarray(new.phy2log)
 
 
 @torch.no_grad()

@@ -10,7 +10,8 @@ bitwise equal (see :mod:`routepack_opt.runtime.moe` for why).
 
 Replicas (``redundant`` > 0, docs/pipeline.md, step 5): three runs on the same data. The
 *reference* has one holder per expert. The *replicated* run starts from placement A (the hottest
-experts replicated, EPLB's greedy on the window's loads) and after ``replace_after`` steps
+experts replicated: ``cfg.placer``'s placement of the window's loads, a planner's, passed in)
+and after ``replace_after`` steps
 migrates to B, a different replica set (new replicas copy weights, grads and Adam state from a
 holder; dropped ones are overwritten). It equals the reference within float32 reassociation
 (replica partial gradients are summed: :mod:`routepack_opt.runtime.replicas`). The *moved* run
@@ -28,12 +29,14 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from routepack_opt.core.checks import check_redundant_experts
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.placement import Placement
 from routepack_opt.core.plan import Plan
@@ -46,7 +49,7 @@ from routepack_opt.runtime.model import TinyMoE, TinyMoEConfig, logical_expert_t
 from routepack_opt.runtime.replicas import replica_max_diff, sum_replica_grads
 
 __all__ = ["VerifyConfig", "RunResult", "verify_runtime", "run_single", "run_distributed",
-           "compare_runs", "make_setup", "replica_placement", "REPLICA_TOL"]
+           "compare_runs", "make_setup", "REPLICA_TOL"]
 
 # replicated vs one holder: float32 reassociation of k partial gradient sums, amplified by Adam's
 # normalisation m/√v where a gradient is near 0 (an update is ±lr whatever the gradient's size):
@@ -75,6 +78,10 @@ class VerifyConfig:
     start_method: str = "forkserver"  # or "spawn" (see routepack_opt.runtime.dist.launch)
     device: str = "cpu"  # "cuda": one GPU per rank, nccl (bitwise equality is only claimed on CPU)
     redundant: int = 0  # redundant expert slots per layer: the replica check (module doc)
+    # redundant > 0: placer(load_LE, redundant, ep) -> the replicated Placement of those loads (a
+    # planner's; runtime plans nothing: `routepack verify-runtime` passes
+    # cli.verify_runtime.replica_check_placement). A module-level function: every process gets it.
+    placer: Callable[[np.ndarray, int, int], Placement] | None = None
 
     def __post_init__(self):
         E = self.model.num_experts
@@ -96,15 +103,16 @@ class VerifyConfig:
             raise InputError(f"verify-runtime: start_method must be forkserver or spawn, got {self.start_method!r}")
         if not 1 <= self.replace_after < self.steps:
             raise InputError("verify-runtime: need 1 ≤ replace_after < steps")
-        R = self.redundant
-        if isinstance(R, bool) or not isinstance(R, int) or R < 0:
-            raise InputError(f"--redundant-experts must be an integer ≥ 0, got {R!r}")
+        R = check_redundant_experts(self.redundant, "--redundant-experts")
         if R and (E + R) % self.ep:
             raise InputError(f"--redundant-experts {R}: E={E} + {R} = {E + R} slots is not divisible "
                              f"by ep={self.ep}; choose N with ({E} + N) % {self.ep} == 0")
         if R > E * max(self.ep - 1, 1):
             raise InputError(f"--redundant-experts {R}: at most {E * max(self.ep - 1, 1)} with E={E}, "
                              f"ep={self.ep} (every replica of an expert on its own rank)")
+        if R and self.placer is None:
+            raise InputError("verify-runtime: the replica check needs placer= (the replicated placement "
+                             "of a window's loads; e.g. cli.verify_runtime.replica_check_placement)")
 
 
 @dataclasses.dataclass
@@ -113,7 +121,7 @@ class Setup:
     plan: Plan
     routes_TLK: np.ndarray
     tokens_per_step: list[np.ndarray]
-    new_placement_LE: np.ndarray
+    new_placement: Placement  # the permutation materialized after replace_after steps (no replicas)
     denom: float  # target tokens of the window: loss = Σ token CE / denom
     replicas: dict | None = None  # redundant > 0: Placements "start" (A), "new" (B), "moved" (B')
 
@@ -134,50 +142,19 @@ def make_setup(cfg: VerifyConfig) -> Setup:
     replicas = None
     if cfg.redundant:
         load = window.expert_loads().astype(np.float64)
-        start = replica_placement(load, cfg.redundant, cfg.ep)
+        start = cfg.placer(load, cfg.redundant, cfg.ep)
         # the next window's loads: the hot set shifts (a replica-set change)
         other = random_window(cfg.num_samples, m.num_layers, m.num_experts, m.top_k, cfg.max_len,
                               seed=cfg.seed + 1000, min_len=2).expert_loads().astype(np.float64)
-        new = replica_placement(other, cfg.redundant, cfg.ep)
+        new = cfg.placer(other, cfg.redundant, cfg.ep)
         if np.array_equal(new.logcnt, start.logcnt):  # force a change: reverse the hotness
-            new = replica_placement(load[:, ::-1], cfg.redundant, cfg.ep)
+            new = cfg.placer(load[:, ::-1].copy(), cfg.redundant, cfg.ep)
         perm = np.stack([rng.permutation(new.num_slots) for _ in range(m.num_layers)])
         moved = Placement(np.take_along_axis(new.phy2log, perm, axis=1), cfg.ep, m.num_experts)
         replicas = {"start": start, "new": new, "moved": moved}
-    return Setup(window, plan, routes_from_counts(window, seed=cfg.seed), tokens, new_pl,
+    return Setup(window, plan, routes_from_counts(window, seed=cfg.seed), tokens,
+                 Placement.from_permutation(new_pl, cfg.ep),
                  float((window.lengths - 1).sum()), replicas)
-
-
-def replica_placement(load_LE, redundant: int, ep: int) -> Placement:
-    """A replicated placement for the check: EPLB's greedy replica counts (each redundant slot to
-    the expert with the largest load per replica, at most max(ep, 2) replicas of one expert)
-    and the replicas on ranks by LPT (heaviest per-replica load first, to the least loaded rank
-    with room that holds no copy of the expert yet; any rank with room if none)."""
-    load_LE = np.asarray(load_LE, dtype=np.float64)
-    L, E = load_LE.shape
-    S = E + redundant
-    M = S // ep
-    cnt = np.ones((L, E), dtype=np.int64)
-    K = max(ep, 2)
-    rank_LEK = np.full((L, E, K), -1, dtype=np.int64)
-    for l in range(L):
-        for _ in range(redundant):
-            per = load_LE[l] / cnt[l] + 1e-9 * (E - np.arange(E))  # ties: lower id
-            per[cnt[l] >= K] = -1.0
-            cnt[l, int(np.argmax(per))] += 1
-        items = sorted(((load_LE[l, e] / cnt[l, e], e, j) for e in range(E) for j in range(cnt[l, e])),
-                       key=lambda x: (-x[0], x[1], x[2]))
-        room = np.full(ep, M)
-        rank_load = np.zeros(ep)
-        for w, e, j in items:
-            held = set(rank_LEK[l, e, :j].tolist())
-            ok = [p for p in range(ep) if room[p] > 0 and p not in held] or \
-                 [p for p in range(ep) if room[p] > 0]
-            p = min(ok, key=lambda q: (rank_load[q], q))
-            rank_LEK[l, e, j] = p
-            room[p] -= 1
-            rank_load[p] += w
-    return Placement.from_ranks(rank_LEK, cnt, ep, load_LE)
 
 
 @dataclasses.dataclass
@@ -209,7 +186,7 @@ def _runs(cfg: VerifyConfig, setup: Setup) -> dict[str, tuple]:
     or None), in run order; the first is the reference."""
     if setup.replicas is None:
         return {"reference": (None, None, torch.float32),
-                "replaced": (None, setup.new_placement_LE, torch.float32)}
+                "replaced": (None, setup.new_placement, torch.float32)}
     r = setup.replicas
     f32, f64 = torch.float32, torch.float64
     return {"reference": (None, None, f32), "replicated": (r["start"], r["new"], f32),
@@ -218,20 +195,20 @@ def _runs(cfg: VerifyConfig, setup: Setup) -> dict[str, tuple]:
             "reference64": (None, None, f64), "replicated64": (r["start"], r["new"], f64)}
 
 
-def _for_ep(pl, ep: int):
+def _for_ep(pl: Placement | None, ep: int) -> Placement | None:
     """A Placement re-stated for ``ep`` ranks (one process holds all slots: ep = 1)."""
-    return Placement(pl.phy2log, ep, pl.num_experts) if isinstance(pl, Placement) and pl.ep != ep else pl
+    return pl if pl is None or pl.ep == ep else Placement(pl.phy2log, ep, pl.num_experts)
 
 
 def run_single(cfg: VerifyConfig, replace: bool, setup: Setup | None = None, start=None,
                new=None, dtype=torch.float32) -> RunResult:
     """One process, all slots local; the plan's D slots run in turn (gradient accumulation).
-    ``replace`` (without ``new``): materialize ``setup.new_placement_LE``; ``start`` / ``new``:
+    ``replace`` (without ``new``): materialize ``setup.new_placement``; ``start`` / ``new``:
     the starting placement and the one materialized after ``replace_after`` steps. DP slot d
     dispatches as source rank d mod ep, as it would in the EP run."""
     setup = setup or make_setup(cfg)
     if replace and new is None:
-        new = setup.new_placement_LE
+        new = setup.new_placement
     dev = torch.device(cfg.device)
     with deterministic(cfg.seed):
         model = TinyMoE(cfg.model, phy2log_LS=None if start is None else start.phy2log).to(dev, dtype)
@@ -530,7 +507,7 @@ def verify_runtime(cfg: VerifyConfig | None = None, world_size: int = 4, ep: int
         return _verify_replicas(cfg, setup, single, REPLICA_TOL if tol is None else tol, report)
     tol = 0.0 if tol is None else tol
     report["tolerance"] = tol
-    moved_pl = int((setup.new_placement_LE != setup.plan.placement).sum())
+    moved_pl = int((setup.new_placement.first_slots != setup.plan.placement.first_slots).sum())
     report["experts_replaced"] = moved_pl
     diffs = []
     single_ref = None

@@ -91,14 +91,17 @@ def test_plan_json_round_trip(tmp_path, rng):
 
 
 def test_plan_validate_lists_every_violation(rng):
-    """validate() names coverage, nonempty, capacity, placement and row-rule violations."""
+    """validate() names coverage, nonempty, capacity and row-rule violations; a placement that
+    is not one (a layer that is no permutation) is refused when the plan is built."""
     w = random_window(10, 2, 4, 2, max_len=50, seed=4)
     p = _plan(rng)
     assert p.validate(w) == []
-    bad = Plan(Topology(dp=4, ep=2, capacity=1, min_rows=3, row_multiple=2), 2,
-               np.array([[0, 0, 1, 2], [0, 1, 2, 3]]), p.row, p.slot)
+    topo = Topology(dp=4, ep=2, capacity=1, min_rows=3, row_multiple=2)
+    with pytest.raises(InputError, match="layer 0 is not a permutation"):
+        Plan(topo, 2, np.array([[0, 0, 1, 2], [0, 1, 2, 3]]), p.row, p.slot)
+    bad = Plan(topo, 2, np.array([[1, 0, 3, 2], [0, 1, 2, 3]]), p.row, p.slot)
     errs = " | ".join(bad.validate(w))
-    assert "min_rows" in errs and "not a permutation" in errs and "capacity" in errs
+    assert "min_rows" in errs and "capacity" in errs
     row = p.row.copy()  # a plan is immutable: a sample out of every cell is a new plan
     row[0] = -1
     assert any("coverage" in e for e in Plan(p.topology, p.rows, p.placement, row, p.slot).validate(w))

@@ -686,3 +686,24 @@ def test_gpu_check_dry_run_runs_on_cpu():
     bad = subprocess.run([sys.executable, script, "--dry-run", "--topk", "0"], capture_output=True, text=True,
                          env=env, timeout=300)
     assert bad.returncode == 2 and "topk" in bad.stderr
+
+
+def test_expert_map_is_a_placement_and_every_map_routes_alike():
+    """ExpertMap is a thin adapter over a Placement (its phy2log is physical_to_logical); a
+    Placement without replicas routes as the same column permutation, and one with replicas
+    needs source_rank= (the even-local rule) or is refused."""
+    from routepack_opt.core.placement import Placement
+
+    T, E, k = 6, 8, 2
+    probs, rmap = _route(T, E, k, seed=5)
+    p2l = np.array([3, 1, 0, 2, 7, 6, 5, 4])
+    emap = rp_mg.ExpertMap.from_physical_to_logical(p2l)
+    assert emap.placement == Placement(p2l[None], 1, E)
+    ref = rp_mg.remap_routing(probs, rmap, p2l)
+    for m in (emap, emap.placement):
+        got = rp_mg.remap_routing(probs, rmap, m)
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    replicated = Placement(np.concatenate([p2l, [0, 1]])[None], 2, E)
+    with pytest.raises(InputError, match="needs source_rank="):
+        rp_mg.remap_routing(probs, rmap, replicated)
+    assert rp_mg.remap_routing(probs, rmap, replicated, source_rank=0)[0].shape == (T, E + 2)

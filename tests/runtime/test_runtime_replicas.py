@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from routepack_opt.cli.verify_runtime import replica_check_placement as replica_placement
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.placement import Placement, split_counts
 from routepack_opt.runtime.dist import deterministic
@@ -16,7 +17,7 @@ from routepack_opt.runtime.materialize import materialize
 from routepack_opt.runtime.model import TinyMoE, TinyMoEConfig, logical_expert_tensors
 from routepack_opt.runtime.moe import replica_slots
 from routepack_opt.runtime.replicas import replica_max_diff, sum_replica_grads
-from routepack_opt.runtime.verify import VerifyConfig, replica_placement, verify_runtime
+from routepack_opt.runtime.verify import VerifyConfig, verify_runtime
 
 CFG = TinyMoEConfig(num_layers=2, num_experts=8, top_k=2)
 
@@ -90,7 +91,7 @@ def test_replicas_equal_one_holder_single_process():
     """One process, 4 DP slots (q = d mod 2), 4 redundant slots, a replica-set change after
     step 1: replicated == reference within float32 reassociation (and within 1e-9 in float64),
     the shuffled-slot run is bitwise equal, every copy identical."""
-    rep = verify_runtime(dataclasses.replace(VerifyConfig(), steps=2, redundant=4, dp=4), world_size=1, ep=1)
+    rep = verify_runtime(dataclasses.replace(VerifyConfig(), steps=2, redundant=4, dp=4, placer=replica_placement), world_size=1, ep=1)
     sp = rep["single_process"]
     assert rep["ok"] and sp["moved_bitwise_equal"] and sp["replica_max_diff"] == 0.0
     assert 0.0 < sp["max_abs_diff"] <= 1e-3 and sp["max_abs_diff_float64"] <= 1e-9
@@ -101,7 +102,7 @@ def test_replicas_equal_one_holder_with_4_gloo_processes():
     """D=4 gloo ranks, EP P=2, 2 redundant slots, replica-set change after step 1: replicated ==
     reference within float32 reassociation (float64: ≤ 1e-9), the run whose replicas sit on other
     slots and ranks is bitwise equal, all copies on all ranks identical, gradients exchanged."""
-    cfg = dataclasses.replace(VerifyConfig(), steps=2, redundant=2, timeout_s=150)
+    cfg = dataclasses.replace(VerifyConfig(), steps=2, redundant=2, timeout_s=150, placer=replica_placement)
     rep = verify_runtime(cfg, world_size=4, ep=2, single=False)
     d = rep["distributed"]
     assert rep["ok"] and d["moved_bitwise_equal"] and d["replica_max_diff"] == 0.0
@@ -112,7 +113,7 @@ def test_replicas_equal_one_holder_with_4_gloo_processes():
 @pytest.mark.slow
 def test_replicas_equal_one_holder_with_8_gloo_processes():
     """D=8 gloo ranks, EP P=4 (up to 3 replicas of an expert), 4 redundant slots: as with 4 ranks."""
-    cfg = dataclasses.replace(VerifyConfig(), steps=2, redundant=4, timeout_s=200)
+    cfg = dataclasses.replace(VerifyConfig(), steps=2, redundant=4, timeout_s=200, placer=replica_placement)
     rep = verify_runtime(cfg, world_size=8, ep=4, single=False)
     d = rep["distributed"]
     assert rep["ok"] and rep["max_replicas"] >= 3 and d["moved_bitwise_equal"]

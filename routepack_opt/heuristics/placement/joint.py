@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator, Score
 from routepack_opt.core.objective import check_objective
+from routepack_opt.core.placement import Placement, as_placement
 from routepack_opt.core.plan import check_placement
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
@@ -43,7 +45,8 @@ from routepack_opt.heuristics.anneal import AnnealConfig, anneal
 from routepack_opt.heuristics.placement.migration import Migration, align_slots, migration_cost
 from routepack_opt.heuristics.placement.refine import RefineConfig, refine_placement
 
-__all__ = ["JointConfig", "JointResult", "joint_search", "anneal_packer", "Packer"]
+__all__ = ["JointConfig", "JointResult", "joint_search", "anneal_packer", "Packer", "alternate",
+           "AlternateRules", "Round"]
 
 # packer(b_NLP, seeds=[(row_N, slot_N), ...], seed, time_limit) -> (row_N, slot_N): a packing
 # search at fixed rows for the placement whose per-rank loads are b_NLP.
@@ -52,7 +55,8 @@ Packer = Callable[[np.ndarray, list, int, "float | None"], tuple]
 
 @dataclasses.dataclass(frozen=True)
 class JointConfig:
-    """``refine``: the placement search per round. ``anneal_sweeps``: the packer's iteration
+    """``max_rounds``: at most this many (refine, pack) rounds per start. ``refine``: the
+    placement search per round. ``anneal_sweeps``: the packer's iteration
     budget per round (None: its default, or the time share). ``migration_weight``: multiplies
     migration time in the key (1/k = amortized over k steps). ``sticky``: with a current
     placement, also try keeping it. ``min_rel_gain``: a round must lower the makespan by this
@@ -60,6 +64,7 @@ class JointConfig:
 
     refine: RefineConfig = RefineConfig()
     anneal_sweeps: int | None = None
+    max_rounds: int = 4
     migration_weight: float = 1.0
     sticky: bool = True
     min_rel_gain: float = 1e-6
@@ -67,6 +72,9 @@ class JointConfig:
     def __post_init__(self):
         if not np.isfinite(self.migration_weight) or self.migration_weight < 0:
             raise InputError(f"joint: migration_weight must be finite and ≥ 0, got {self.migration_weight!r}")
+        if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, (int, np.integer)) \
+                or self.max_rounds < 1:
+            raise InputError(f"joint: max_rounds must be an integer ≥ 1, got {self.max_rounds!r}")
         if self.anneal_sweeps is not None and self.anneal_sweeps < 0:
             raise InputError("joint: anneal_sweeps must be ≥ 0")
         if not 0 <= self.min_rel_gain < 1:
@@ -80,7 +88,7 @@ class JointResult:
     ``objective_value`` = makespan + w·migration time when migration was optimised, else the
     makespan. ``stats``: rounds, per-start keys, wall time, chosen start."""
 
-    placement: np.ndarray
+    placement: Placement
     row: np.ndarray
     slot: np.ndarray
     score: Score
@@ -119,58 +127,159 @@ class _Scorer:
         return (s.makespan + mig, s.total, s.peak)
 
 
-def _alternate(window, topology, cost, rows, objective, scorer: _Scorer, packer: Packer,
-               placement, row, slot, current, config: JointConfig, seed: int, max_rounds: int,
-               deadline: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple, list]:
-    """Block-coordinate descent: refine placement | layout, then pack | placement."""
-    key = scorer.key(placement, row, slot)
-    history = [{"round": 0, "key": key}]
-    refine_cfg = dataclasses.replace(config.refine, migration_weight=config.migration_weight)
-    for rnd in range(1, max_rounds + 1):
-        now = time.perf_counter()
-        if deadline is not None and now >= deadline:
+@dataclasses.dataclass(frozen=True)
+class AlternateRules:
+    """How :func:`alternate` keeps a step and when it stops. ``rounds``: at most this many
+    (refine, pack) rounds. ``strict``: a refinement is kept only if it moves something and
+    lowers the key, else the loop ends (replica moves, which are not monotone in the exact
+    score); otherwise a refinement that raises the key is undone (the row-aware swap
+    refinement is monotone: a guard against drift) and the loop ends when one after the first
+    moves nothing. ``repack``: pack again after each refinement kept (else refinement only).
+    ``min_rel_gain``: a round that lowers the makespan by less than this fraction ends it."""
+
+    rounds: int
+    strict: bool = False
+    repack: bool = True
+    min_rel_gain: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """One round of :func:`alternate`: the refinement's moves and key, the packing's key (None:
+    not packed), the key after the round, whether the refinement and the packing were kept, and
+    why the loop stopped there (None: it went on)."""
+
+    index: int
+    moves: int
+    refine_key: tuple
+    pack_key: tuple | None
+    key: tuple
+    kept: bool
+    packed: bool
+    stop: str | None = None
+
+
+# refiner(placement, layout, round) -> (candidate placement, moves); packer(placement, layout,
+# round) -> layout; scorer(placement, layout) -> lexicographic key (the one evaluator's)
+Refiner = Callable[[Any, Any, int], tuple]
+LayoutPacker = Callable[[Any, Any, int], Any]
+Scorer = Callable[[Any, Any], tuple]
+
+
+def alternate(refiner: Refiner, packer: LayoutPacker, scorer: Scorer, placement, layout,
+              rules: AlternateRules, stopped: Callable[[], bool] = lambda: False,
+              start_key: tuple | None = None) -> tuple:
+    """Block-coordinate descent on the true objective: refine the placement for the layout,
+    then pack the layout for the placement, each step kept only as ``rules`` say, so the result
+    is never worse than the start. Serves the joint placement search (row-aware swaps of a
+    permutation) and the replica rounds of the pipeline (row-aware replica moves). ``stopped``
+    is polled before each refinement and each packing; ``start_key``: the start's key when the
+    caller has it. Returns ``(placement, layout, key, rounds)``."""
+    key = scorer(placement, layout) if start_key is None else start_key
+    rounds: list[Round] = []
+    for rnd in range(1, rules.rounds + 1):
+        if stopped():
             break
-        left = None if deadline is None else deadline - now
-        ref = refine_placement(window, topology, cost, placement, row, slot, rows, objective,
-                               current_placement=current, config=refine_cfg, seed=seed + rnd,
-                               time_limit=None if left is None else 0.5 * left)
-        new_pl = ref.placement
-        k_ref = scorer.key(new_pl, row, slot)
-        if k_ref > key:  # cannot happen (refinement is monotone); guard against drift anyway
-            new_pl, k_ref = placement, key
-        if rnd > 1 and ref.swaps == 0:
-            history.append({"round": rnd, "key": key, "swaps": 0, "stop": "placement converged"})
+        cand, moves = refiner(placement, layout, rnd)
+        k_ref = scorer(cand, layout)
+        if rules.strict and (moves == 0 or k_ref >= key):
+            rounds.append(Round(rnd, moves, k_ref, None, key, False, False, "no gain"))
             break
-        left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
-        b_NLP = scorer.ev.rank_loads(new_pl)
-        new_row, new_slot = packer(b_NLP, [(row.copy(), slot.copy())], seed + 1000 * rnd,
-                                   None if left is None else left / max(max_rounds - rnd + 1, 1))
-        k_pack = scorer.key(new_pl, new_row, new_slot)
-        if k_pack < k_ref:
-            row, slot, new_key = np.asarray(new_row), np.asarray(new_slot), k_pack
-        else:
-            new_key = k_ref
-        placement = new_pl
+        if k_ref > key:  # cannot happen (the refinement is monotone); guard against drift anyway
+            cand, k_ref = placement, key
+        if not rules.strict and rnd > 1 and moves == 0:
+            rounds.append(Round(rnd, 0, k_ref, None, key, False, False, "placement converged"))
+            break
+        placement = cand
+        if not rules.repack or stopped():
+            rounds.append(Round(rnd, moves, k_ref, None, k_ref, True, False, "no packing"))
+            key = k_ref
+            break
+        new_layout = packer(placement, layout, rnd)
+        k_pack = scorer(placement, new_layout)
+        packed = k_pack < k_ref
+        new_key = k_pack if packed else k_ref
+        if packed:
+            layout = new_layout
         gain = (key[0] - new_key[0]) / key[0] if key[0] > 0 else 0.0
-        history.append({"round": rnd, "key": new_key, "swaps": ref.swaps,
-                        "refine_key": k_ref, "pack_key": k_pack})
+        stop = "small gain" if gain < rules.min_rel_gain else None
+        rounds.append(Round(rnd, moves, k_ref, k_pack, new_key, True, packed, stop))
         key = new_key
-        if gain < config.min_rel_gain:
+        if stop:
             break
+    return placement, layout, key, rounds
+
+
+@dataclasses.dataclass(frozen=True)
+class _JointRun:
+    """What every start of one :func:`joint_search` shares."""
+
+    window: Window
+    topology: Topology
+    cost: CostModel
+    rows: int
+    objective: str
+    scorer: _Scorer
+    packer: Packer
+    config: JointConfig
+
+
+def _alternate(run: _JointRun, placement, row, slot, current, seed: int,
+               deadline: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple, list]:
+    """:func:`alternate` with the row-aware swap refinement and ``run.packer``, from
+    ``(placement, (row, slot))``; returns ``(placement, row, slot, key, history)``."""
+    refine_cfg = dataclasses.replace(run.config.refine, migration_weight=run.config.migration_weight)
+
+    def left() -> float | None:
+        return None if deadline is None else max(deadline - time.perf_counter(), 0.0)
+
+    def refiner(pl, layout, rnd):
+        t = left()
+        ref = refine_placement(run.window, run.topology, run.cost, pl, *layout, run.rows, run.objective,
+                               current_placement=current, config=refine_cfg, seed=seed + rnd,
+                               time_limit=None if t is None else 0.5 * t)
+        return ref.placement, ref.swaps
+
+    def packer(pl, layout, rnd):
+        t = left()
+        new_row, new_slot = run.packer(run.scorer.ev.rank_loads(pl), [(layout[0].copy(), layout[1].copy())],
+                                       seed + 1000 * rnd,
+                                       None if t is None else t / max(run.config.max_rounds - rnd + 1, 1))
+        return np.asarray(new_row), np.asarray(new_slot)
+
+    def scorer(pl, layout):
+        return run.scorer.key(pl, *layout)
+
+    def stopped() -> bool:
+        return deadline is not None and time.perf_counter() >= deadline
+
+    rules = AlternateRules(run.config.max_rounds, min_rel_gain=run.config.min_rel_gain)
+    key0 = scorer(placement, (row, slot))
+    placement, (row, slot), key, rounds = alternate(refiner, packer, scorer, placement, (row, slot), rules,
+                                                    stopped, key0)
+    history: list[dict] = [{"round": 0, "key": key0}]
+    for r in rounds:
+        if r.stop == "placement converged":
+            history.append({"round": r.index, "key": r.key, "swaps": 0, "stop": r.stop})
+        else:
+            history.append({"round": r.index, "key": r.key, "swaps": r.moves,
+                            "refine_key": r.refine_key, "pack_key": r.pack_key})
     return placement, row, slot, key, history
 
 
 def joint_search(window: Window, topology: Topology, cost: CostModel, rows: int, objective: str,
                  placement0, layout0, time_limit: float | None = None, seed: int = 0,
-                 max_rounds: int = 4, current_placement=None, config: JointConfig = JointConfig(),
+                 current_placement=None, config: JointConfig = JointConfig(),
                  packer: Packer | None = None) -> JointResult:
     """Alternate row-aware placement refinement and packing from ``(placement0, layout0)``
-    (module doc). ``layout0`` is ``(row_N, slot_N)``, feasible at ``rows``; ``packer`` defaults to
-    the population annealer with ``config.anneal_sweeps``."""
+    (module doc). ``placement0``: a :class:`Placement` without replicas (or its permutation
+    array); the result's placement is a :class:`Placement`. ``layout0`` is ``(row_N, slot_N)``,
+    feasible at ``rows``; ``packer`` defaults to the population annealer with
+    ``config.anneal_sweeps``."""
     t0 = time.perf_counter()
     objective = check_objective(objective)
     L, E = window.num_layers, window.num_experts
-    placement0 = np.asarray(placement0, dtype=np.int64)
+    placement0 = as_placement(placement0, topology.ep, "placement0").permutation()  # refined as π
     errs = check_placement(placement0, L, E)
     if errs:
         raise InputError("placement0: " + "; ".join(errs[:3]))
@@ -188,6 +297,7 @@ def joint_search(window: Window, topology: Topology, cost: CostModel, rows: int,
     ev = Evaluator(window, topology, cost)
     weight = config.migration_weight if current is not None else 0.0
     scorer = _Scorer(ev, objective, topology, cost, rows, current, weight)
+    run = _JointRun(window, topology, cost, rows, objective, scorer, packer, config)
     deadline = None if time_limit is None else t0 + time_limit
 
     def share(frac):
@@ -207,13 +317,9 @@ def joint_search(window: Window, topology: Topology, cost: CostModel, rows: int,
             r_a, s_a, k_a = row0, slot0, k_0
         starts["stay"] = (current.copy(), r_a, s_a, k_a, [{"round": 0, "key": k_a}])
         # (b) refine from the materialized placement (moves only what pays)
-        starts["from-current"] = _alternate(window, topology, cost, rows, objective, scorer, packer,
-                                            current.copy(), r_a, s_a, current, config, seed + 1,
-                                            max_rounds, share(0.5))
+        starts["from-current"] = _alternate(run, current.copy(), r_a, s_a, current, seed + 1, share(0.5))
     # (c) refine from placement0 (e.g. LPT) and layout0 (e.g. the routepack packing)
-    starts["from-placement0"] = _alternate(window, topology, cost, rows, objective, scorer, packer,
-                                           placement0, row0, slot0, current, config, seed + 2,
-                                           max_rounds, deadline)
+    starts["from-placement0"] = _alternate(run, placement0, row0, slot0, current, seed + 2, deadline)
     name = min(starts, key=lambda n: starts[n][3])
     placement, row, slot, key, _ = starts[name]
     ref = current if current is not None else placement0
@@ -232,5 +338,6 @@ def joint_search(window: Window, topology: Topology, cost: CostModel, rows: int,
              "lower_bound_start": ev.lower_bound(placement0, rows),
              "migration_optimised": current is not None, "migration": mig.as_dict(),
              "objective_value": value}
-    return JointResult(placement=placement, row=row, slot=slot, score=score, migration=mig,
+    return JointResult(placement=Placement.from_permutation(placement, topology.ep), row=row, slot=slot,
+                       score=score, migration=mig,
                        objective_value=value, stats=stats)

@@ -18,7 +18,7 @@ import numba
 import numpy as np
 
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.placement import Placement
+from routepack_opt.core.placement import as_placement
 from routepack_opt.core.plan import placement_from_ranks
 
 __all__ = ["identity_placement", "lpt_placement", "lpt_assign", "placement_ranks",
@@ -165,22 +165,15 @@ def swap_refine(load_LE, placement_LE, ep: int, max_rounds: int = 10_000) -> np.
 
 def rank_load_matrix(load_LE, placement_LE, ep: int) -> np.ndarray:
     """``Lagg_LP[l, p]``: the window's tokens on rank p at layer l (float64; exact for integer
-    loads below 2^53). A :class:`~routepack_opt.core.placement.Placement` with replicas splits
-    each expert's tokens evenly over its copies (its surrogate rank matrix)."""
+    loads below 2^53). ``placement_LE``: a :class:`~routepack_opt.core.placement.Placement` (or
+    a permutation ``π[l, e]``); with replicas each expert's tokens split evenly over its copies
+    (its surrogate rank matrix, 0/1 without replicas)."""
     load_LE = _check_loads(load_LE, ep)
-    if isinstance(placement_LE, Placement):
-        if placement_LE.ep != ep or (placement_LE.num_layers, placement_LE.num_experts) != load_LE.shape:
-            raise InputError(f"placement: L={placement_LE.num_layers}, E={placement_LE.num_experts}, "
-                             f"ep={placement_LE.ep} does not match loads {load_LE.shape} and ep={ep}")
-        return np.einsum("le,lep->lp", load_LE.astype(np.float64), placement_LE.surrogate_rank_matrix())
-    placement_LE = np.asarray(placement_LE, dtype=np.int64)
-    if placement_LE.shape != load_LE.shape:
-        raise InputError(f"placement: shape {placement_LE.shape} does not match loads {load_LE.shape}")
-    L, E = load_LE.shape
-    rank_LE = placement_LE // (E // ep)
-    Lagg_LP = np.zeros((L, ep), dtype=np.float64)
-    np.add.at(Lagg_LP, (np.repeat(np.arange(L), E), rank_LE.ravel()), load_LE.ravel().astype(np.float64))
-    return Lagg_LP
+    pl = as_placement(placement_LE, ep)
+    if pl.ep != ep or (pl.num_layers, pl.num_experts) != load_LE.shape:
+        raise InputError(f"placement: L={pl.num_layers}, E={pl.num_experts}, "
+                         f"ep={pl.ep} does not match loads {load_LE.shape} and ep={ep}")
+    return np.einsum("le,lep->lp", load_LE.astype(np.float64), pl.surrogate_rank_matrix())
 
 
 def rank_load_cv(load_LE, placement_LE, ep: int, per_layer: bool = False) -> float:
