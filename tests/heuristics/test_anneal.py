@@ -18,7 +18,7 @@ from routepack_opt.core.evaluate import Evaluator, rank_loads, row_shard_costs, 
 from routepack_opt.core.plan import Plan
 from routepack_opt.core.testing import random_window
 from routepack_opt.core.topology import Topology
-from routepack_opt.heuristics.anneal import AnnealConfig, anneal, greedy_layout, layout_energy
+from routepack_opt.heuristics.anneal import AnnealConfig, Hooks, anneal, greedy_layout, layout_energy
 from routepack_opt.heuristics.anneal.kernels import pairwise_sum
 from routepack_opt.heuristics.anneal.moves import run, run_one
 from routepack_opt.heuristics.anneal.problem import Instance
@@ -281,7 +281,7 @@ def test_time_limit_returns_valid_best_so_far():
     seeds = [feasible_layout(w.lengths, topo, R, np.random.default_rng(2))]
     fractions = []
     res = anneal(w.lengths, b, topo, COST, R, "max-sum", seeds, time_limit=0.3,
-                   progress=fractions.append)
+                   hooks=Hooks(progress=fractions.append))
     plan = Plan(topo, R, pl, res.row, res.slot)
     assert plan.validate(w) == []
     ev = Evaluator(w, topo, COST)

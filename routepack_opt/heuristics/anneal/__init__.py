@@ -19,11 +19,12 @@ from routepack_opt.heuristics.anneal.greedy import greedy_layout
 from routepack_opt.heuristics.anneal.search import (
     STORAGE_PARTS,
     STORAGES,
+    Hooks,
     anneal,
     drive_storage,
     layout_energy,
     warm_storage,
 )
 
-__all__ = ["AnnealConfig", "AnnealResult", "anneal", "greedy_layout", "layout_energy",
+__all__ = ["AnnealConfig", "AnnealResult", "Hooks", "anneal", "greedy_layout", "layout_energy",
            "warm_storage", "drive_storage", "STORAGE_PARTS", "STORAGES"]
