@@ -38,12 +38,13 @@ def rotation_partner(s0, s1, s2, s3, st, pb, mv, i, r0, w):
     return -1, s0, s1, s2, s3
 
 
-@njit(cache=True, _nrt=False, inline='always')
+@njit(cache=True, _nrt=False)
 def propose_rotation(s0, s1, s2, s3, st, pb, mv, i, r0, w):
     """A rotation of i (in cell a) with a partner j in another block and a member k of another
     cell c of a's block: a ROTATE :class:`~routepack_opt.heuristics.anneal.proposal.Proposal`
     with the three cells' token sums after it, or none (P = 1, no partner, j in a's block, or
-    over capacity)."""
+    over capacity). A call, not inlined: the default move loop never runs it and stays as small
+    as without it."""
     P, D = pb.P, pb.D
     ra = np.int64(st.row[i])
     da = np.int64(st.slot[i])

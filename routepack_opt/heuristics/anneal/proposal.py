@@ -27,7 +27,7 @@ from numba import njit
 from routepack_opt.heuristics.anneal.kernels import attn, attn_one, block_cost, delta, msum_swap
 
 __all__ = ["Proposal", "Evaluation", "NONE", "RELOCATE", "SWAP", "ROTATE", "no_move", "n_moved",
-           "move_delta"]
+           "attn_two_cells", "move_delta"]
 
 # Move kinds (Proposal.kind).
 NONE = -1  # no feasible proposal (rejected before any cost work)
@@ -70,6 +70,14 @@ def n_moved(p):
     return 1 if p.kind == RELOCATE else (2 if p.kind == SWAP else 3)
 
 
+@njit(cache=True, _nrt=False)
+def attn_two_cells(st, pb, p):
+    """Block A's attention with cells a and cc overridden (a rotation). A call, not inlined:
+    the default move loop never runs it and stays as small as without it."""
+    return attn(st.T, st.Q, p.ra, p.ga, pb.P, pb.alpha, pb.beta, pb.D, p.a, p.Ta, p.Qa, p.cc,
+                p.Tc, p.Qc)
+
+
 @njit(cache=True, _nrt=False, inline='always')
 def move_delta(st, pb, sc, p):
     """The :class:`Evaluation` of proposal ``p`` on replica state ``st``.
@@ -90,8 +98,7 @@ def move_delta(st, pb, sc, p):
         dms, dtot, dpk = delta(st, pb, p.ra, p.ga, JA, -1, -1, 0.0)
     else:
         if p.cc >= 0:
-            attA = attn(st.T, st.Q, p.ra, p.ga, pb.P, pb.alpha, pb.beta, pb.D, p.a, p.Ta, p.Qa,
-                        p.cc, p.Tc, p.Qc)
+            attA = attn_two_cells(st, pb, p)
         else:
             attA = attn_one(st.At, A, p.a, p.Ta, p.Qa, pb.alpha, pb.beta)
         attB = attn_one(st.At, B, p.bc, p.Tb, p.Qb, pb.alpha, pb.beta)

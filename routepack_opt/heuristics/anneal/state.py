@@ -38,7 +38,7 @@ from routepack_opt.heuristics.anneal.problem import Instance
 from routepack_opt.heuristics.anneal.proposal import ROTATE, SWAP
 
 __all__ = ["State", "Walk", "Scratch", "LOG_SIZE", "Population", "init_state", "init_population",
-           "move_members", "apply_move", "replica_state", "replica_walk", "scratch", "set_open"]
+           "move_members", "rotate_members", "apply_move", "replica_state", "replica_walk", "scratch", "set_open"]
 
 # One replica's layout and everything derived from it (what resampling copies between replicas).
 State = namedtuple("State", (
@@ -170,12 +170,12 @@ def init_population(S, pb):
 
 @njit(cache=True, _nrt=False, inline='always')
 def move_members(st, pb, p):
-    """The member lists, counts and (row, slot) of the samples that proposal ``p`` moves
-    (a relocation takes i out of a's list by swap-with-last; a swap or rotation exchanges list
-    places, so the counts stay)."""
+    """The member lists, counts and (row, slot) of the samples that a relocation or swap ``p``
+    moves (a relocation takes i out of a's list by swap-with-last; a swap exchanges list places,
+    so the counts stay)."""
     n_cells = pb.R * pb.D
     memb, pos = st.memb, st.pos
-    i, j, k, a, bc = p.i, p.j, p.k, p.a, p.bc
+    i, j, a, bc = p.i, p.j, p.a, p.bc
     if p.kind == SWAP:
         pi = pos[i]
         pj = pos[j]
@@ -185,20 +185,6 @@ def move_members(st, pb, p):
         pos[j] = pi
         st.row[j] = p.ra
         st.slot[j] = p.da
-    elif p.kind == ROTATE:  # i takes j's place in bc, j takes k's in cc, k takes i's in a
-        pi = pos[i]
-        pj = pos[j]
-        pk = pos[k]
-        memb[pi * n_cells + a] = k
-        memb[pj * n_cells + bc] = i
-        memb[pk * n_cells + p.cc] = j
-        pos[i] = pj
-        pos[j] = pk
-        pos[k] = pi
-        st.row[j] = p.ra
-        st.slot[j] = p.dc
-        st.row[k] = p.ra
-        st.slot[k] = p.da
     else:
         tail = memb[(st.cnt[a] - 1) * n_cells + a]
         memb[pos[i] * n_cells + a] = tail
@@ -211,6 +197,34 @@ def move_members(st, pb, p):
     st.slot[i] = p.db
 
 
+@njit(cache=True, _nrt=False)
+def rotate_members(st, pb, p):
+    """A rotation's member lists and (row, slot) — i takes j's place in bc, j takes k's in cc,
+    k takes i's in a; the counts stay — and its third cell cc (token sums, open-cell entry).
+    A call, not inlined: the default move loop never runs it and stays as small as without it."""
+    n_cells = pb.R * pb.D
+    memb, pos = st.memb, st.pos
+    i, j, k = p.i, p.j, p.k
+    pi = pos[i]
+    pj = pos[j]
+    pk = pos[k]
+    memb[pi * n_cells + p.a] = k
+    memb[pj * n_cells + p.bc] = i
+    memb[pk * n_cells + p.cc] = j
+    pos[i] = pj
+    pos[j] = pk
+    pos[k] = pi
+    st.row[j] = p.ra
+    st.slot[j] = p.dc
+    st.row[k] = p.ra
+    st.slot[k] = p.da
+    st.row[i] = p.rb
+    st.slot[i] = p.db
+    st.T[p.cc] = p.Tc
+    st.Q[p.cc] = p.Qc
+    set_open(st.opn, p.cc, pb.C - p.Tc >= pb.lengths[0], n_cells)
+
+
 @njit(cache=True, _nrt=False, inline='always')
 def apply_move(st, pb, sc, p, ev):
     """Accept proposal ``p`` (a :class:`~routepack_opt.heuristics.anneal.proposal.Proposal`)
@@ -218,7 +232,10 @@ def apply_move(st, pb, sc, p, ev):
     samples' places, the cells' token sums, the open-cell set, the touched blocks' attention
     tables, expert loads, expert sums and costs, and the aggregates."""
     n_cells = pb.R * pb.D
-    move_members(st, pb, p)
+    if p.kind == ROTATE:
+        rotate_members(st, pb, p)
+    else:
+        move_members(st, pb, p)
     a, bc = p.a, p.bc
     st.T[a] = p.Ta
     st.Q[a] = p.Qa
@@ -226,10 +243,6 @@ def apply_move(st, pb, sc, p, ev):
     st.Q[bc] = p.Qb
     set_open(st.opn, a, pb.C - p.Ta >= pb.lengths[0], n_cells)
     set_open(st.opn, bc, pb.C - p.Tb >= pb.lengths[0], n_cells)
-    if p.cc >= 0:  # a rotation's third cell, in block A
-        st.T[p.cc] = p.Tc
-        st.Q[p.cc] = p.Qc
-        set_open(st.opn, p.cc, pb.C - p.Tc >= pb.lengths[0], n_cells)
     ra, ga, rb, gb = p.ra, p.ga, p.rb, p.gb
     A = ra * pb.G + ga
     B = rb * pb.G + gb
