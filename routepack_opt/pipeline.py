@@ -30,7 +30,7 @@ from routepack_opt.core.report import EvaluationSummary, JointStats, PlanReport,
 from routepack_opt.core.timing import Timings
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
-from routepack_opt.heuristics.anneal import anneal
+from routepack_opt.heuristics.anneal import Hooks, anneal
 from routepack_opt.heuristics.anneal.config import MAX_SEEDS, check_sweep_budget
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.joint import AlternateRules, alternate, anneal_packer, joint_search
@@ -438,7 +438,7 @@ def _search(ctx: _Context, pl: Placement, b_NLP, seeds: dict[str, Layout], best_
         res = anneal(ctx.window.lengths, b_NLP, topology, ctx.cost, R, objective,
                      [lay.arrays() for lay in seeds.values()], config=ctx.params.anneal, seed=ctx.seed,
                      time_limit=None if left is None else (0.5 * left if half else left),
-                     max_sweeps=max_sweeps, progress=progress, stop=ctx.stop)
+                     max_sweeps=max_sweeps, hooks=Hooks(progress, ctx.stop))
         found = Layout(res.row, res.slot, R)
         errs = Plan.from_layout(topology, pl, found, objective).validate(ctx.window)
         if errs:
@@ -484,7 +484,7 @@ def _screen(ctx: _Context, pl, b, R: int, sweeps: int, time_limit: float | None,
     # a short run from the length-only seeds and the joint-cost greedy seed
     res = anneal(ctx.window.lengths, b, ctx.topology, ctx.cost, R, objective,
                  [lay.arrays() for lay in seeds.values()][:MAX_SEEDS - 1], config=ctx.params.anneal, seed=ctx.seed,
-                 time_limit=time_limit, max_sweeps=sweeps, stop=ctx.stop)
+                 time_limit=time_limit, max_sweeps=sweeps, hooks=Hooks(stop=ctx.stop))
     found = Layout(res.row, res.slot, R)
     if not Plan.from_layout(ctx.topology, pl, found, objective).validate(ctx.window):
         k = ev.score_layout(pl, found, objective).key
@@ -791,7 +791,8 @@ def _replica_rounds(ctx: _Context, pl: Placement, layout: Layout, R: int, max_sw
         res = anneal(window.lengths, ev.rank_loads(p), topology, ctx.cost, R, objective, [lay.arrays()],
                      config=ctx.params.anneal, seed=ctx.seed + rnd,
                      time_limit=0.5 * left if rnd < max_rounds else left,
-                     max_sweeps=None if max_sweeps is None else max(1, max_sweeps // 2), stop=ctx.stop)
+                     max_sweeps=None if max_sweeps is None else max(1, max_sweeps // 2),
+                     hooks=Hooks(stop=ctx.stop))
         found = Layout(res.row, res.slot, R)
         if Plan.from_layout(topology, p, found, objective).validate(window):
             raise RuntimeError("annealer returned an invalid layout")

@@ -16,7 +16,7 @@ from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
-from routepack_opt.heuristics.anneal import anneal
+from routepack_opt.heuristics.anneal import Hooks, anneal
 from routepack_opt.trace import generate_window
 
 COST = PRESETS["olmoe-1b-7b"].cost
@@ -162,7 +162,7 @@ def test_two_threads_submit_and_result_concurrently(window):
 
 
 def test_anneal_stop_cancels_cooperatively(window):
-    """anneal(stop=...) returning True ends the search after its first chunk with a valid layout."""
+    """anneal(hooks=Hooks(stop=...)) returning True ends the search after its first chunk with a valid layout."""
     from routepack_opt.heuristics.placement.lpt import identity_placement
     from routepack_opt.pipeline import baseline_layouts
 
@@ -170,7 +170,7 @@ def test_anneal_stop_cancels_cooperatively(window):
     b = Evaluator(window, topo, COST).rank_loads(identity_placement(window.num_layers, window.num_experts))
     R = pipeline.resolve_rows(window, topo, None)[0]
     res = anneal(window.lengths, b, topo, COST, R, "max-sum", [lay.arrays() for lay in baseline_layouts(window, topo, R).values()],
-                 max_sweeps=200, seed=0, stop=lambda: True)
+                 max_sweeps=200, seed=0, hooks=Hooks(stop=lambda: True))
     assert res.stats["temperatures_done"] == 1 and res.stats["sweeps"] <= 2
     cells = res.row * topo.dp + res.slot
     assert np.bincount(cells, minlength=R * topo.dp).min() >= 1

@@ -137,14 +137,16 @@ def _eq_instance(ti, seed, n=40):
 
 
 @pytest.mark.parametrize("objective", ["max-sum", "sum-max"])
-@pytest.mark.parametrize("mix", ["relocate", "swap", "guided"])
+@pytest.mark.parametrize("mix", ["relocate", "swap", "guided", "rotate"])
 @pytest.mark.parametrize("ti", [0, 1, 2, 4])
 def test_equal_count_moves_delta_equals_full_reevaluation(objective, mix, ti):
-    """With equal counts, every move's (Δmakespan, Δtotal, Δpeak) equals a full re-evaluation,
-    every slot keeps N/D samples, and relocations stay in their slot."""
+    """With equal counts, every move's (Δmakespan, Δtotal, Δpeak) equals a full re-evaluation
+    (relocate, swap, guided and rotation moves), every slot keeps N/D samples, and relocations
+    stay in their slot."""
     w, topo, pl, b, R, row, slot = _eq_instance(ti, seed=ti, n=42 if ti == 2 else 40)
-    cfg = AnnealConfig(p_swap={"relocate": 0.0, "swap": 1.0, "guided": 0.5}[mix],
-                         p_guide=1.0 if mix == "guided" else 0.0, p_near=0.5, swap_window=3)
+    cfg = AnnealConfig(p_swap={"relocate": 0.0, "swap": 1.0, "guided": 0.5, "rotate": 0.5}[mix],
+                         p_guide={"guided": 1.0, "rotate": 0.3}.get(mix, 0.0), p_near=0.5, swap_window=3,
+                         p_rotate=1.0 if mix == "rotate" else 0.0)
     pb = Instance(w.lengths, b, topo, COST, R, objective, cfg.tie_eps)
     pop = Population(pb, 1)
     r32, s32 = pb.check_layout(row, slot, "layout")

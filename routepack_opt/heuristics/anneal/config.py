@@ -47,6 +47,10 @@ class AnnealConfig:
     # on 24 of them median −0.06 % max-sum, −0.13 % sum-max; worst +0.31 %), most on wide blocks
     p_guide_cell: float = 0.5
     swap_window: int = 16  # length-order neighbourhood (samples each side) of near swaps
+    # probability a proposal is a three-sample rotation (anneal/move_rotate.py; drawn before the
+    # swap/relocation choice). 0 (the default): never drawn, so plans are those without it,
+    # draw for draw (see docs/annealer.md for its measured effect)
+    p_rotate: float = 0.0
     t_hot_quantile: float = 0.5  # T_hot = this quantile of |ΔE| of random moves from the seeds
     # ... or this one on windows of at least near_min_samples samples whose best seed's makespan
     # is within near_gap of the layout lower bound (experiments/results/bench_latency: there a
@@ -85,7 +89,7 @@ class AnnealConfig:
                                  f"default is {getattr(AnnealConfig, name):,})")
             object.__setattr__(self, name, int(v))
         self._check_memory()
-        unit = ("p_swap", "p_guide", "p_near", "p_guide_cell", "random_fraction")
+        unit = ("p_swap", "p_guide", "p_near", "p_guide_cell", "p_rotate", "random_fraction")
         for name in unit:
             v = _float(name, getattr(self, name))
             if not 0.0 <= v <= 1.0:

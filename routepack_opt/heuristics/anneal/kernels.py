@@ -39,8 +39,7 @@ from routepack_opt.core.cost_kernel import (
 
 __all__ = ["attn", "block_attn", "attn_top2", "attn_one", "block_cost", "msum_swap", "msum_swap8", "msum_swap_wide",
            "msum_add", "msum_add8", "msum_add_wide", "msum", "w_swap",
-           "pairwise_sum", "pairwise_sum_ws", "top2", "aggregates", "update_aggregates", "delta",
-           "move_delta"]
+           "pairwise_sum", "pairwise_sum_ws", "top2", "aggregates", "update_aggregates", "delta"]
 
 
 @njit(cache=True, _nrt=False, inline='always')
@@ -312,31 +311,3 @@ def w_swap(W, A, B, b, i, j, n):
         d = b[iu, q] - b[ju, q]
         W[au, q] -= d
         W[bu, q] += d
-
-
-@njit(cache=True, _nrt=False, inline='always')
-def move_delta(st, pb, sc, i, j, a, ra, ga, Ta, Qa, bc, rb, gb, Tb, Qb):
-    """Cost change of moving sample i from cell a = (ra, ·) to cell bc = (rb, ·) while j goes
-    the other way (j = N, the zero row: a relocation), the cells then holding (Ta, Qa) and
-    (Tb, Qb) tokens: (Δmakespan, Δtotal, Δpeak, JA, JB, MA, MB), the new costs and expert sums
-    of blocks A = (ra, ga) and B = (rb, gb) (for :func:`~routepack_opt.heuristics.anneal.state.apply_move`).
-
-    Within one block the attention is recomputed over its cells (O(S·P)); across two blocks it
-    comes from the top-two table in O(S) and the expert sums from :func:`msum_swap`."""
-    A = ra * pb.G + ga
-    B = rb * pb.G + gb
-    if A == B:
-        attA = attn(st, pb, ra, ga, a, Ta, Qa, bc, Tb, Qb)
-        JA = block_cost(attA, st.Msum[A], pb)
-        JB = 0.0
-        MA = st.Msum[A]
-        MB = st.Msum[A]
-        dms, dtot, dpk = delta(st, pb, ra, ga, JA, -1, -1, 0.0)
-    else:
-        attA = attn_one(st.At, A, a, Ta, Qa, pb.alpha, pb.beta)
-        attB = attn_one(st.At, B, bc, Tb, Qb, pb.alpha, pb.beta)
-        MA, MB = msum_swap(st.W, A, B, pb.b, i, j, pb.L, pb.Pp // 8, sc.m)
-        JA = block_cost(attA, MA, pb)
-        JB = block_cost(attB, MB, pb)
-        dms, dtot, dpk = delta(st, pb, ra, ga, JA, rb, gb, JB)
-    return dms, dtot, dpk, JA, JB, MA, MB

@@ -35,9 +35,10 @@ from routepack_opt.heuristics.anneal.kernels import (
     w_swap,
 )
 from routepack_opt.heuristics.anneal.problem import Instance
+from routepack_opt.heuristics.anneal.proposal import ROTATE, SWAP
 
-__all__ = ["State", "Walk", "Scratch", "LOG_SIZE", "Population", "init_state", "init_population", "apply_move",
-           "replica_state", "replica_walk", "scratch", "set_open"]
+__all__ = ["State", "Walk", "Scratch", "LOG_SIZE", "Population", "init_state", "init_population",
+           "move_members", "rotate_members", "apply_move", "replica_state", "replica_walk", "scratch", "set_open"]
 
 # One replica's layout and everything derived from it (what resampling copies between replicas).
 State = namedtuple("State", (
@@ -75,7 +76,7 @@ Scratch = namedtuple("Scratch", (
     "log",      # [n, 3] int32: (sample, old row, old slot) of the moves since the best state
 ))
 
-LOG_SIZE = 4096  # entries of Scratch.log (two per swap)
+LOG_SIZE = 4096  # entries of Scratch.log (one per moved sample: two per swap)
 
 
 @njit(cache=True)
@@ -167,23 +168,22 @@ def init_population(S, pb):
 
 
 @njit(cache=True, _nrt=False, inline='always')
-def apply_move(st, pb, sc, i, j, swap, a, bc, ra, ga, da, rb, gb, db, Ta, Qa, Tb, Qb,
-               JA, JB, MA, MB, dtot):
-    """Accept the move of :func:`~routepack_opt.heuristics.anneal.kernels.move_delta`: sample i
-    from cell a (row ra, shard ga, slot da) to cell bc (rb, gb, db), and with ``swap`` sample j
-    the other way (else j = N, the zero row); the cells' new token sums, the blocks' new costs
-    and expert sums, and the change of the total come from the evaluation."""
+def move_members(st, pb, p):
+    """The member lists, counts and (row, slot) of the samples that a relocation or swap ``p``
+    moves (a relocation takes i out of a's list by swap-with-last; a swap exchanges list places,
+    so the counts stay)."""
     n_cells = pb.R * pb.D
     memb, pos = st.memb, st.pos
-    if swap:
+    i, j, a, bc = p.i, p.j, p.a, p.bc
+    if p.kind == SWAP:
         pi = pos[i]
         pj = pos[j]
         memb[pi * n_cells + a] = j
         memb[pj * n_cells + bc] = i
         pos[i] = pj
         pos[j] = pi
-        st.row[j] = ra
-        st.slot[j] = da
+        st.row[j] = p.ra
+        st.slot[j] = p.da
     else:
         tail = memb[(st.cnt[a] - 1) * n_cells + a]
         memb[pos[i] * n_cells + a] = tail
@@ -192,29 +192,72 @@ def apply_move(st, pb, sc, i, j, swap, a, bc, ra, ga, da, rb, gb, db, Ta, Qa, Tb
         memb[st.cnt[bc] * n_cells + bc] = i
         pos[i] = st.cnt[bc]
         st.cnt[bc] += 1
-    st.row[i] = rb
-    st.slot[i] = db
-    st.T[a] = Ta
-    st.Q[a] = Qa
-    st.T[bc] = Tb
-    st.Q[bc] = Qb
-    set_open(st.opn, a, pb.C - Ta >= pb.lengths[0], n_cells)
-    set_open(st.opn, bc, pb.C - Tb >= pb.lengths[0], n_cells)
+    st.row[i] = p.rb
+    st.slot[i] = p.db
+
+
+@njit(cache=True, _nrt=False)
+def rotate_members(st, pb, p):
+    """A rotation's member lists and (row, slot) — i takes j's place in bc, j takes k's in cc,
+    k takes i's in a; the counts stay — and its third cell cc (token sums, open-cell entry).
+    A call, not inlined: the default move loop never runs it and stays as small as without it."""
+    n_cells = pb.R * pb.D
+    memb, pos = st.memb, st.pos
+    i, j, k = p.i, p.j, p.k
+    pi = pos[i]
+    pj = pos[j]
+    pk = pos[k]
+    memb[pi * n_cells + p.a] = k
+    memb[pj * n_cells + p.bc] = i
+    memb[pk * n_cells + p.cc] = j
+    pos[i] = pj
+    pos[j] = pk
+    pos[k] = pi
+    st.row[j] = p.ra
+    st.slot[j] = p.dc
+    st.row[k] = p.ra
+    st.slot[k] = p.da
+    st.row[i] = p.rb
+    st.slot[i] = p.db
+    st.T[p.cc] = p.Tc
+    st.Q[p.cc] = p.Qc
+    set_open(st.opn, p.cc, pb.C - p.Tc >= pb.lengths[0], n_cells)
+
+
+@njit(cache=True, _nrt=False, inline='always')
+def apply_move(st, pb, sc, p, ev):
+    """Accept proposal ``p`` (a :class:`~routepack_opt.heuristics.anneal.proposal.Proposal`)
+    with its :class:`~routepack_opt.heuristics.anneal.proposal.Evaluation` ``ev``: the moved
+    samples' places, the cells' token sums, the open-cell set, the touched blocks' attention
+    tables, expert loads, expert sums and costs, and the aggregates."""
+    n_cells = pb.R * pb.D
+    if p.kind == ROTATE:
+        rotate_members(st, pb, p)
+    else:
+        move_members(st, pb, p)
+    a, bc = p.a, p.bc
+    st.T[a] = p.Ta
+    st.Q[a] = p.Qa
+    st.T[bc] = p.Tb
+    st.Q[bc] = p.Qb
+    set_open(st.opn, a, pb.C - p.Ta >= pb.lengths[0], n_cells)
+    set_open(st.opn, bc, pb.C - p.Tb >= pb.lengths[0], n_cells)
+    ra, ga, rb, gb = p.ra, p.ga, p.rb, p.gb
     A = ra * pb.G + ga
     B = rb * pb.G + gb
-    dA = JA - st.J[A]
-    st.J[A] = JA
+    dA = ev.JA - st.J[A]
+    st.J[A] = ev.JA
     attn_top2(st.T, st.Q, ra, ga, pb.P, pb.alpha, pb.beta, pb.D, st.At, A)
     if A != B:
         attn_top2(st.T, st.Q, rb, gb, pb.P, pb.alpha, pb.beta, pb.D, st.At, B)
-        w_swap(st.W, A, B, pb.b, i, j, pb.L * pb.Pp)
-        st.Msum[A] = MA
-        st.Msum[B] = MB
-        dB = JB - st.J[B]
-        st.J[B] = JB
-        update_aggregates(st, pb, ra, ga, dA, rb, gb, dB, dtot)
+        w_swap(st.W, A, B, pb.b, p.i, p.j, pb.L * pb.Pp)
+        st.Msum[A] = ev.MA
+        st.Msum[B] = ev.MB
+        dB = ev.JB - st.J[B]
+        st.J[B] = ev.JB
+        update_aggregates(st, pb, ra, ga, dA, rb, gb, dB, ev.dtot)
     else:
-        update_aggregates(st, pb, ra, ga, dA, -1, -1, 0.0, dtot)
+        update_aggregates(st, pb, ra, ga, dA, -1, -1, 0.0, ev.dtot)
 
 
 class Population:
