@@ -143,6 +143,63 @@ def _seed_columns(w_M, b_M, C, packs) -> list[np.ndarray]:
     return cols
 
 
+class _Pricing:
+    """Exact pricing of the master's duals (rounded down to multiples of 1/SCALE), keeping the
+    best proved bound ⌈Σ b u / U⌉ with its integer duals and the stability centre ``pi_in`` (the
+    duals of the best Σ b u / U so far). With ``min_load`` > 0 only patterns loading at least
+    that much count. On large capacities (few items a bin) the next best Pareto states of a
+    pricing go to ``extra`` as columns too."""
+
+    def __init__(self, w_M, b_M, C: int, min_load: int):
+        self.w_M, self.b_M, self.C, self.min_load = w_M, b_M, C, min_load
+        self.extra: list[np.ndarray] = []
+        self.best, self.best_u, self.best_U = 0, np.zeros(w_M.size, dtype=np.int64), 0
+        self.pi_in = None
+        self.best_frac = -1.0
+        self.iterations = 0
+
+    def price(self, pi):
+        """(U, the best column) at ``pi``; records the bound it proves."""
+        w_M, b_M, C = self.w_M, self.b_M, self.C
+        u = np.floor(np.maximum(pi, 0.0) * SCALE).astype(np.int64)
+        if C > 4096 and self.min_load <= 0:
+            v_T, a_TM = knapsack_top(w_M, b_M, u, C, _TOP)
+            self.extra.extend(a_TM[q] for q in range(1, v_T.size) if v_T[q] > SCALE)
+            U, a_M = int(v_T[0]), a_TM[0]
+        else:
+            U, a_M = knapsack_max(w_M, b_M, u, C, self.min_load)
+        num = int((b_M * u).sum())
+        self.iterations += 1
+        if U > 0 and num / U > self.best_frac:
+            self.best_frac, self.pi_in = num / U, pi
+            if -(-num // U) > self.best:
+                self.best, self.best_u, self.best_U = -(-num // U), u, U
+        return U, a_M
+
+
+def _cg_round(master: _Master, pricing: _Pricing, pi_out) -> str:
+    """One pricing round at the master's duals ``pi_out``: Wentges smoothing (price at a point
+    between the stability centre and ``pi_out``), and on a misprice (or with no centre yet) at
+    ``pi_out`` itself. Returns ``added`` (a column entered the master), ``converged`` (none
+    prices out) or ``stuck`` (the column was there already: cannot happen with exact pricing)."""
+    added = False
+    if pricing.pi_in is not None:
+        pi_sep = _ALPHA * pricing.pi_in + (1 - _ALPHA) * pi_out
+        _, a_M = pricing.price(pi_sep)
+        if float(pi_out @ a_M) > 1 + 1e-9:
+            added = master.add(a_M)
+    if not added:
+        U, a_M = pricing.price(pi_out)
+        if U <= SCALE:
+            return "converged"
+        if not master.add(a_M):
+            return "stuck"
+    for a in pricing.extra:
+        master.add(a)
+    pricing.extra.clear()
+    return "added"
+
+
 def gilmore_gomory(w_M, b_M, C: int, *, columns=(), time_limit: float = 10.0, target: int | None = None,
                    stop_at_ceiling: bool = True, dual_cuts: bool = True, max_bins: int | None = None) -> LPBound:
     """The Gilmore–Gomory LP bound of the types (``w_M``, ``b_M``) in bins of capacity ``C``.
@@ -168,32 +225,13 @@ def gilmore_gomory(w_M, b_M, C: int, *, columns=(), time_limit: float = 10.0, ta
         a = np.minimum(np.asarray(a, dtype=np.int64), b_M)
         if int((a * w_M).sum()) <= C:
             master.add(a)
-    best = 0
-    best_u, best_U = np.zeros(m, dtype=np.int64), 0
-    pi_in = None  # the duals of the best bound so far (the stability centre)
-    best_frac = -1.0
-    it = 0
-    value, x_P, converged = float("inf"), np.zeros(0), False
-
-    extra: list[np.ndarray] = []
-
-    def price(pi):
-        """Exact pricing at ``pi`` (rounded down): (U, column, bound numerator, u). On large
-        capacities (few items a bin) the next best Pareto states go to ``extra`` as columns too."""
-        u = np.floor(np.maximum(pi, 0.0) * SCALE).astype(np.int64)
-        if C > 4096 and min_load <= 0:
-            v_T, a_TM = knapsack_top(w_M, b_M, u, C, _TOP)
-            extra.extend(a_TM[q] for q in range(1, v_T.size) if v_T[q] > SCALE)
-            return int(v_T[0]), a_TM[0], int((b_M * u).sum()), u
-        U, a = knapsack_max(w_M, b_M, u, C, min_load)
-        return U, a, int((b_M * u).sum()), u
-
     if max_bins is not None and knapsack_max(w_M, b_M, np.zeros(m, np.int64), C, min_load)[0] < 0:
         # no bin can load as much as K bins need
         return LPBound(bound=int(cap), lp_value=float("inf"), converged=True, u_M=np.zeros(m, np.int64), U=0,
                        cols_PM=np.zeros((0, m), np.int64), x_P=np.zeros(0), iterations=0,
                        seconds=time.perf_counter() - t0)
-
+    pricing = _Pricing(w_M, b_M, C, min_load)
+    value, x_P, converged = float("inf"), np.zeros(0), False
     while True:
         left = time_limit - (time.perf_counter() - t0)
         if left <= 0:
@@ -203,44 +241,18 @@ def gilmore_gomory(w_M, b_M, C: int, *, columns=(), time_limit: float = 10.0, ta
             break
         value, pi_out, x_P = out
         ceiling = int(np.ceil(value - 1e-6))
-        added = False
-        if pi_in is not None:  # Wentges smoothing: price at a point between the centre and the master's duals
-            pi_sep = _ALPHA * pi_in + (1 - _ALPHA) * pi_out
-            U, a_M, num, u_M = price(pi_sep)
-            it += 1
-            if U > 0 and num / U > best_frac:
-                best_frac, pi_in = num / U, pi_sep
-                if -(-num // U) > best:
-                    best, best_u, best_U = -(-num // U), u_M, U
-            if float(pi_out @ a_M) > 1 + 1e-9:
-                added = master.add(a_M)
-        if not added:  # misprice (or no centre yet): price at the master's duals
-            U, a_M, num, u_M = price(pi_out)
-            it += 1
-            if U > 0 and num / U > best_frac:
-                best_frac, pi_in = num / U, pi_out
-                if -(-num // U) > best:
-                    best, best_u, best_U = -(-num // U), u_M, U
-            if U <= SCALE:
-                converged = True
-                break
-            added = master.add(a_M)
-            if not added:  # (cannot happen with exact pricing; guard against a loop)
-                break
-        for a in extra:
-            master.add(a)
-        extra.clear()
-        if best >= cap:
-            break
-        if target is not None and best >= target:
-            break
-        if stop_at_ceiling and best >= ceiling:
+        step = _cg_round(master, pricing, pi_out)
+        converged = step == "converged"
+        best = pricing.best
+        if step != "added" or best >= cap or (target is not None and best >= target) or \
+                (stop_at_ceiling and best >= ceiling):
             break
     cols = np.array(master.cols, dtype=np.int64).reshape(-1, m)
     if x_P.size < cols.shape[0]:  # columns added after the last master solve are at zero
         x_P = np.concatenate([x_P, np.zeros(cols.shape[0] - x_P.size)])
-    return LPBound(bound=int(min(best, cap)), lp_value=value, converged=converged, u_M=best_u, U=int(best_U),
-                   cols_PM=cols, x_P=x_P, iterations=it, seconds=time.perf_counter() - t0)
+    return LPBound(bound=int(min(pricing.best, cap)), lp_value=value, converged=converged, u_M=pricing.best_u,
+                   U=int(pricing.best_U), cols_PM=cols, x_P=x_P, iterations=pricing.iterations,
+                   seconds=time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------- primal side
