@@ -20,8 +20,11 @@ Primal side (:func:`lp_pack`), for a packing into exactly K bins with K ≥ ⌈L
    re-solve the LP of the residual by column generation (columns carried over, cut to the
    residual demands) and repeat while ⌈LP⌉ + fixed bins ≤ K; after every step the residual is
    tried by FFD/BFD into the bins left. A dive that fails is retried with its first choice forbidden.
-2. the restricted master as an integer program over every column generated (price-and-branch,
-   HiGHS MIP), with Σ x ≤ K;
+   After ``_DIVE_NODES`` LP solves the dive restarts (``_DIVE_RESTART_NODES`` each) with the order
+   of its fractional moves perturbed by a seeded factor in [0.5, 1] (seed 1, 2, …): other roundings
+   near the top of the tree, where a plain dive's backtracking never returns;
+2. the restricted master as an integer program over every column generated, the root's and every
+   dive node's (price-and-branch, HiGHS MIP), with Σ x ≤ K;
 3. CP-SAT on the residual of the deepest dive with the bin count fixed to the bins left.
 
 Every packing returned is re-checked in integer arithmetic by the caller.
@@ -45,6 +48,8 @@ _ALPHA = 0.7  # Wentges smoothing weight of the stability centre
 _TOP = 8  # columns per pricing on large capacities
 _DIVE_STOP_AT_CEILING = False  # the dive re-solves each residual LP to optimality (better x to round)
 _DIVE_SHARE = 0.7  # of lp_pack's time: the dive; the master IP and the CP-SAT residual share the rest
+# LP solves of the first dive (the successful dives on Hard28 took 26–133) and of each restart
+_DIVE_NODES, _DIVE_RESTART_NODES = 150, 50
 
 
 def types_of(sizes_N: np.ndarray):
@@ -300,16 +305,19 @@ def _residual_cpsat(w_M, r_M, C, K, time_limit):
     return bins
 
 
-def _dive(w_M, b_M, C, K, columns, deadline, width: int = 3, max_nodes: int = 100_000):
+def _dive(w_M, b_M, C, K, columns, deadline, width: int = 3, max_nodes: int = 100_000, pool=None, seed: int = 0):
     """Diving with backtracking: depth-first over roundings of the residual's LP solution.
 
     At each node the residual LP is re-solved by column generation (columns carried over, cut to
     the residual demands; no exchange columns, so x alone covers the demands). The node's moves,
     tried in order: all columns with x ≥ 1 at ⌊x⌋ copies together (if any), then single copies of
     the ``width`` columns of largest fractional x. A node whose ⌈LP⌉ plus its fixed bins exceeds K
-    is pruned; FFD/BFD closing the residual into the bins left ends the search. Returns (bins or
-    None, deepest LP-feasible residual, its fixed bins)."""
+    is pruned; FFD/BFD closing the residual into the bins left ends the search. ``seed`` > 0
+    perturbs the order of the fractional moves (x · a seeded factor in [0.5, 1]); ``pool`` (a dict)
+    collects every column of every node's LP. Returns (bins or None, deepest LP-feasible residual,
+    its fixed bins)."""
     m = w_M.size
+    rng = np.random.default_rng(seed)
     cols0 = [np.asarray(a) for a in columns]
     best_depth, deepest = -1, (b_M.copy(), [])
     # stack of [r_M, fixed, moves, next move index]
@@ -338,6 +346,9 @@ def _dive(w_M, b_M, C, K, columns, deadline, width: int = 3, max_nodes: int = 10
             full = np.zeros((lp.cols_PM.shape[0], m), dtype=np.int64)
             full[:, live] = lp.cols_PM
             cols = list(full)
+            if pool is not None:  # every residual's pattern is a pattern of the whole instance
+                for a in cols:
+                    pool.setdefault(a.tobytes(), a)
             # only patterns that can be a bin of a packing into the bins left
             x = np.where(lp.cols_PM @ w_M[live] >= min_load, lp.x_P, 0.0)
             if len(fixed) > best_depth:
@@ -347,7 +358,8 @@ def _dive(w_M, b_M, C, K, columns, deadline, width: int = 3, max_nodes: int = 10
             if whole.any():
                 moves.append([(p, int(whole[p])) for p in np.argsort(-x, kind="stable") if whole[p] > 0])
             frac = x - whole
-            for p in np.argsort(-frac, kind="stable")[:width]:
+            rank = frac if seed == 0 else frac * rng.uniform(0.5, 1.0, frac.size)
+            for p in np.argsort(-rank, kind="stable")[:width]:
                 if frac[p] > 1e-6:
                     moves.append([(p, 1)])
             stack.append([r_M, fixed, moves, 0, cols])
@@ -413,14 +425,24 @@ def lp_pack(w_M, b_M, C: int, K: int, lp: LPBound, *, time_limit: float = 5.0):
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     cols = list(lp.cols_PM)
-    # 1. diving with backtracking
-    bins, r_M, fixed = _dive(w_M, b_M, C, K, cols, t0 + _DIVE_SHARE * time_limit)
+    pool = {a.tobytes(): a for a in cols}
+    # 1. diving with backtracking, then restarts with their moves' order perturbed (seeded)
+    dive_end = t0 + _DIVE_SHARE * time_limit
+    bins, r_M, fixed = _dive(w_M, b_M, C, K, cols, dive_end, max_nodes=_DIVE_NODES, pool=pool)
+    seed = 1
+    while bins is None and time.perf_counter() < dive_end - 0.05:
+        bins, r2_M, fixed2 = _dive(w_M, b_M, C, K, cols, dive_end, max_nodes=_DIVE_RESTART_NODES, pool=pool,
+                                   seed=seed)
+        if len(fixed2) > len(fixed):  # the deepest residual goes to CP-SAT below
+            r_M, fixed = r2_M, fixed2
+        seed += 1
     if bins is not None:
         return bins, "LP diving"
-    # 2. price-and-branch on the columns generated
+    # 2. price-and-branch on the columns generated (the root's and every dive node's)
     left = deadline - time.perf_counter()
     if left > 0.05:
-        bins = _master_ip(w_M, b_M, C, K, lp.cols_PM, 0.5 * left)
+        bins = _master_ip(w_M, b_M, C, K, np.array(list(pool.values()), dtype=np.int64).reshape(-1, w_M.size),
+                          0.5 * left)
         if bins is not None:
             return bins, "restricted master IP"
     # 3. CP-SAT on the deepest dive's residual, bins fixed to what is left
