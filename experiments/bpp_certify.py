@@ -8,6 +8,7 @@ there) and the per-set summary table is rewritten after every set.
 
     python experiments/bpp_certify.py                         # all sets, 10 s per instance
     python experiments/bpp_certify.py --sets hard28 --limit 5 --out /tmp/x.md
+    python experiments/bpp_certify.py --sets hard28 --only BPP14 BPP40 --out /tmp/x.md  # by name
     python experiments/bpp_certify.py --render --time-limit 10 --workers 1  # markdown from the .jsonl
     python experiments/bpp_certify.py --lp-bound --time-limit 10  # the certified LP bound vs the optimum
 
@@ -158,10 +159,20 @@ def by_set(records: list[dict], sets=SETS) -> dict[str, list[dict]]:
     return {name: [r for r in records if r.get("set") == name] for name in sets}
 
 
+def _selected(path: Path, only) -> list[dict]:
+    """The instances of one set's JSON lines; with ``only``, those named one of them (the full
+    name, or its part after the set's prefix: ``BPP14`` is ``Hard28_BPP14``, not ``Hard28_BPP144``)."""
+    recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return recs if not only else [r for r in recs if any(r["name"] in (o, r["name"].split("_", 1)[0] + "_" + o)
+                                                         for o in only)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sets", nargs="*", default=SETS, choices=SETS)
     ap.add_argument("--limit", type=int, default=None, help="first K instances of each set")
+    ap.add_argument("--only", nargs="*", default=None, metavar="NAME",
+                    help="only these instances (full name, or without the set prefix: BPP14 TEST0022)")
     ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per instance")
     ap.add_argument("--workers", type=int, default=2, help="CP-SAT workers")
     here = settings.RESULTS / "bpp_certify"
@@ -189,7 +200,7 @@ def main(argv=None) -> int:
         rows_by_set = {}
         with jsonl.open("a") as fh:
             for name in args.sets:
-                recs = [json.loads(x) for x in (DATA / f"{name}.jsonl").read_text().splitlines() if x.strip()]
+                recs = _selected(DATA / f"{name}.jsonl", args.only)
                 rows_by_set[name] = []
                 for rec in recs[: args.limit]:
                     row = done.get(rec["name"])
@@ -212,7 +223,7 @@ def main(argv=None) -> int:
     with jsonl.open("a") as fh:
         for name in args.sets:
             rows_by_set[name] = []
-            recs = [json.loads(x) for x in (DATA / f"{name}.jsonl").read_text().splitlines() if x.strip()]
+            recs = _selected(DATA / f"{name}.jsonl", args.only)
             for rec in recs[: args.limit]:
                 if rec["name"] in done:
                     rows_by_set[name].append(done[rec["name"]])

@@ -145,10 +145,24 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     """
     t0 = time.perf_counter()
     lengths_N = _lengths_of(window)
-    N, D, C = lengths_N.size, topology.dp, topology.capacity
     if topology.equal_samples_per_slot:
-        topology.check_samples(N)
+        topology.check_samples(lengths_N.size)
         return _certify_equal(lengths_N, topology, time_limit, t0, method, num_workers)
+    r_max = _check_rows_input(lengths_N, topology)
+    sizes_N, _ = check_sizes(lengths_N, topology.capacity)
+    s = _Search(sizes_N, topology.capacity, topology, r_max, time_limit, t0, method, num_workers)
+    # The steps of the module docstring, each returning a certificate once K is decided.
+    for step in (_by_bounds, _by_lp_bound, _by_heuristics, _by_lp_packing, _by_exact_model):
+        cert = step(s)
+        if cert is not None:
+            return cert
+    return s.undecided()
+
+
+def _check_rows_input(lengths_N, topology: Topology) -> int:
+    """The largest valid R (R·D ≤ N, a multiple of row_multiple); InputError when a sample is
+    longer than the capacity, N < D·min_rows, or no valid R exists."""
+    N, D, C = lengths_N.size, topology.dp, topology.capacity
     long_ = np.flatnonzero(lengths_N > C)
     if long_.size:
         more = f" (and {long_.size - 5} more)" if long_.size > 5 else ""
@@ -169,135 +183,184 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
             f"row_multiple={topology.row_multiple} and have R·D ≤ N (D={D}, N={N}); "
             f"the largest R with R·D ≤ N is {N // D}"
         )
-    sizes_N, _ = check_sizes(lengths_N, C)
-    elapsed = lambda: time.perf_counter() - t0  # noqa: E731
+    return r_max
 
-    # Cheap bounds first (L1, L2 are O(N log N) and usually close with FFD/BFD); the DFF
-    # family only when they do not.
-    l1, l2 = lower_bound_l1(sizes_N, C), lower_bound_l2(sizes_N, C)
-    lb_bins, lb_name = (l1, "L1") if l1 >= l2 else (l2, "L2")
-    pack_N, ub_bins, ub_name = best_packing(sizes_N, C)
 
-    def cert(rows, status, lb_rows, how, detail, packing):
-        if how == "bounds" and lb_name.startswith("LP"):  # the bound came from column generation
-            how = "colgen"
-        return Certificate(rows=int(rows), status=status, lower_bound=int(lb_rows), method=how,
-                           seconds=elapsed(), bins_lower_bound=int(lb_bins),
-                           bins_upper_bound=int(ub_bins), detail=detail, packing_N=packing)
+class _Search:
+    """What :func:`certify_rows` knows so far about the bins of ``sizes_N``: the proved lower
+    bound (``lb_bins``, ``lb_name``), the best packing (``pack_N``, ``ub_bins``, ``ub_name``),
+    the least valid rows ``r_lo`` for the bound and its cells ``K`` (the decision "K bins?"),
+    and the LP of column generation once it has run."""
 
-    def no_rows(lb):
-        raise InputError(
-            f"no valid rows: the lengths need at least {lb} micro-batches of capacity {C}, but "
-            f"the valid R ≤ {r_max} (min_rows={topology.min_rows}, row_multiple="
-            f"{topology.row_multiple}) give at most {r_max * D} ≤ N={N} cells"
-        )
+    def __init__(self, sizes_N, C: int, topology: Topology, r_max: int, time_limit: float, t0: float,
+                 method: str, num_workers: int):
+        self.sizes_N, self.C, self.topology, self.r_max = sizes_N, C, topology, r_max
+        self.time_limit, self.t0, self.method, self.num_workers = time_limit, t0, method, num_workers
+        # Cheap bounds first (L1, L2 are O(N log N) and usually close with FFD/BFD); the DFF
+        # family only when they do not.
+        l1, l2 = lower_bound_l1(sizes_N, C), lower_bound_l2(sizes_N, C)
+        self.lb_bins, self.lb_name = (l1, "L1") if l1 >= l2 else (l2, "L2")
+        self.pack_N, self.ub_bins, self.ub_name = best_packing(sizes_N, C)
+        self.r_lo, self.K = self.rows_for(self.lb_bins)
+        self.lp = None
+        self.small_exact = False
+        self.used = "bounds"  # the exact model that ran last (for an undecided certificate)
 
-    def rows_for(lb):
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def rows_for(self, lb: int) -> tuple[int, int]:
         """The least valid row count for ``lb`` bins (InputError when none is) and its cells."""
-        r = _next_valid(-(-lb // D), topology)
-        if r > r_max:
-            no_rows(lb)
+        D = self.topology.dp
+        r = _next_valid(-(-lb // D), self.topology)
+        if r > self.r_max:
+            raise InputError(
+                f"no valid rows: the lengths need at least {lb} micro-batches of capacity {self.C}, but "
+                f"the valid R ≤ {self.r_max} (min_rows={self.topology.min_rows}, row_multiple="
+                f"{self.topology.row_multiple}) give at most {self.r_max * D} ≤ N={self.sizes_N.size} cells"
+            )
         return r, r * D
 
-    r_lo, K = rows_for(lb_bins)
-    if ub_bins > K:
-        full_lb, full_name = bin_lower_bound(sizes_N, C)
-        if full_lb > lb_bins:
-            lb_bins, lb_name = full_lb, full_name
-            r_lo, K = rows_for(lb_bins)
-    if ub_bins <= K:
-        return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, {ub_name}={ub_bins} bins", pack_N)
-    # A short overflow tabu search on exactly K bins from FFD/BFD: milliseconds on production
-    # windows (many small bins), often enough on the benchmarks too.
-    ts_N = fixed_bins_search(sizes_N, C, K, start=pack_N,
-                             time_limit=min(_TABU_FIRST_S, _TABU_SHARE * time_limit))
-    if ts_N is not None:
-        pack_N, ub_bins, ub_name = ts_N, int(np.unique(ts_N).size), "tabu search"
-        return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, tabu search={ub_bins} bins", pack_N)
-    # A small arc-flow graph on K (little slack: e.g. triplets filling every bin exactly) goes
-    # straight to the exact model (its LP is the Gilmore–Gomory LP), which then decides quickly.
-    small_exact = method in ("auto", "arcflow") and _arcflow_arcs(sizes_N, C, K) <= _SMALL_ARCFLOW_ARCS
-    # The Gilmore–Gomory LP bound by column generation: it may rule K out.
-    lp = None
-    lp_res = None if small_exact else _lp_bound(sizes_N, C, K, pack_N, ub_bins, time_limit, elapsed)
-    if lp_res is not None:
-        lp_lb, lp_name, lp = lp_res
-        if lp_lb > lb_bins:
-            lb_bins, lb_name = lp_lb, lp_name
-            r_lo, K = rows_for(lb_bins)
-        if ub_bins <= K:
-            return cert(r_lo, "optimal", r_lo, "colgen", f"{lb_name}={lb_bins} bins, {ub_name}={ub_bins} bins",
-                        pack_N)
-    # MBS' restarts: cheap and usually enough when the bound is tight.
-    # (with an LP at hand MBS' and the tabu search get less: the LP-guided search follows)
-    mbs_max, tabu_max = (_MBS_MAX_S, _TABU_MAX_S) if lp is None else (_MBS_MAX_LP_S, _TABU_MAX_LP_S)
-    if small_exact:
+    def raise_bound(self, lb: int, name: str) -> None:
+        self.lb_bins, self.lb_name = lb, name
+        self.r_lo, self.K = self.rows_for(lb)
+
+    def take_tabu(self, ts_N) -> bool:
+        """Adopt a packing of the tabu search (None: it found none)."""
+        if ts_N is None:
+            return False
+        self.pack_N, self.ub_bins, self.ub_name = ts_N, int(np.unique(ts_N).size), "tabu search"
+        return True
+
+    def cert(self, rows, status, how, detail) -> Certificate:
+        if how == "bounds" and self.lb_name.startswith("LP"):  # the bound came from column generation
+            how = "colgen"
+        return Certificate(rows=int(rows), status=status, lower_bound=int(self.r_lo), method=how,
+                           seconds=self.elapsed(), bins_lower_bound=int(self.lb_bins),
+                           bins_upper_bound=int(self.ub_bins), detail=detail, packing_N=self.pack_N)
+
+    def proved(self, how: str, detail: str | None = None) -> Certificate:
+        """R* = r_lo: the bound met by the best packing."""
+        if detail is None:
+            detail = f"{self.lb_name}={self.lb_bins} bins, {self.ub_name}={self.ub_bins} bins"
+        return self.cert(self.r_lo, "optimal", how, detail)
+
+    def undecided(self) -> Certificate:
+        """Undecided within the limit: best known rows from the best packing."""
+        r_ub = _next_valid(-(-self.ub_bins // self.topology.dp), self.topology)
+        if r_ub > self.r_max:  # neither a valid R proved impossible nor a packing that fits one
+            raise BinPackUndecided(
+                f"undecided in {self.time_limit:g}s: the best packing needs {self.ub_bins} bins > "
+                f"{self.r_max * self.topology.dp} valid cells and no proof rules them out (lower bound "
+                f"{self.lb_bins} bins)")
+        return self.cert(r_ub, "feasible", self.used, f"undecided in {self.time_limit:g}s: {self.lb_name} ≥ "
+                         f"{self.lb_bins} bins, {self.ub_name}={self.ub_bins} bins")
+
+
+def _by_bounds(s: _Search) -> Certificate | None:
+    """Step 1's start: L1/L2 (the DFF family when they do not close) against FFD/BFD, then a
+    short overflow tabu search on exactly K bins from FFD/BFD: milliseconds on production
+    windows (many small bins), often enough on the benchmarks too."""
+    if s.ub_bins > s.K:
+        full_lb, full_name = bin_lower_bound(s.sizes_N, s.C)
+        if full_lb > s.lb_bins:
+            s.raise_bound(full_lb, full_name)
+    if s.ub_bins <= s.K:
+        return s.proved("bounds")
+    if s.take_tabu(fixed_bins_search(s.sizes_N, s.C, s.K, start=s.pack_N,
+                                     time_limit=min(_TABU_FIRST_S, _TABU_SHARE * s.time_limit))):
+        return s.proved("bounds")
+    return None
+
+
+def _by_lp_bound(s: _Search) -> Certificate | None:
+    """Step 2's bound: the Gilmore–Gomory LP bound by column generation, which may rule K out.
+    A small arc-flow graph on K (little slack: e.g. triplets filling every bin exactly) skips it
+    and goes straight to the exact model (its LP is the Gilmore–Gomory LP), which then decides
+    quickly."""
+    s.small_exact = s.method in ("auto", "arcflow") and _arcflow_arcs(s.sizes_N, s.C, s.K) <= _SMALL_ARCFLOW_ARCS
+    if s.small_exact:
+        return None
+    lp_res = _lp_bound(s.sizes_N, s.C, s.K, s.pack_N, s.ub_bins, s.time_limit, s.elapsed)
+    if lp_res is None:
+        return None
+    lp_lb, lp_name, s.lp = lp_res
+    if lp_lb > s.lb_bins:
+        s.raise_bound(lp_lb, lp_name)
+    if s.ub_bins <= s.K:
+        return s.proved("colgen")
+    return None
+
+
+def _by_heuristics(s: _Search) -> Certificate | None:
+    """Step 1's rest: MBS' restarts (cheap and usually enough when the bound is tight), then the
+    overflow tabu search on exactly K bins again, from the MBS' packing. With an LP at hand they
+    get less time: the LP-guided search follows."""
+    mbs_max, tabu_max = (_MBS_MAX_S, _TABU_MAX_S) if s.lp is None else (_MBS_MAX_LP_S, _TABU_MAX_LP_S)
+    if s.small_exact:
         mbs_max, tabu_max = 0.1, 0.1
-    mbs_N, mbs_bins = minimum_bin_slack(sizes_N, C, restarts=200, target=K, node_limit=_mbs_nodes(N),
-                                        time_limit=max(0.01, min(mbs_max, _MBS_SHARE * time_limit,
-                                                                 time_limit - elapsed())))
-    if mbs_bins < ub_bins:
-        pack_N, ub_bins, ub_name = mbs_N, mbs_bins, "MBS'"
-    if ub_bins <= K:
-        return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, MBS'={ub_bins} bins", pack_N)
-    # Overflow tabu search on exactly K bins again, from the MBS' packing.
-    ts_N = fixed_bins_search(sizes_N, C, K, start=pack_N, seed=1,
-                             time_limit=max(0.01, min(tabu_max, _TABU_SHARE * time_limit, time_limit - elapsed())))
-    if ts_N is not None:
-        pack_N, ub_bins, ub_name = ts_N, int(np.unique(ts_N).size), "tabu search"
-        return cert(r_lo, "optimal", r_lo, "bounds", f"{lb_name}={lb_bins} bins, tabu search={ub_bins} bins", pack_N)
-    # An LP-guided packing into K bins (the columns of the LP above).
-    if lp is not None and not small_exact:
-        lp_N = _lp_packing(sizes_N, C, K, lp, time_limit, elapsed)
+    tl = s.time_limit
+    mbs_N, mbs_bins = minimum_bin_slack(s.sizes_N, s.C, restarts=200, target=s.K,
+                                        node_limit=_mbs_nodes(s.sizes_N.size),
+                                        time_limit=max(0.01, min(mbs_max, _MBS_SHARE * tl, tl - s.elapsed())))
+    if mbs_bins < s.ub_bins:
+        s.pack_N, s.ub_bins, s.ub_name = mbs_N, mbs_bins, "MBS'"
+    if s.ub_bins <= s.K:
+        return s.proved("bounds")
+    if s.take_tabu(fixed_bins_search(s.sizes_N, s.C, s.K, start=s.pack_N, seed=1,
+                                     time_limit=max(0.01, min(tabu_max, _TABU_SHARE * tl, tl - s.elapsed())))):
+        return s.proved("bounds")
+    return None
+
+
+def _by_lp_packing(s: _Search) -> Certificate | None:
+    """Step 2's packing: the LP-guided search for a packing into K bins (the columns of the LP).
+    Then, with D > 1 slots, fewer rows than the best packing's (:func:`_fewer_rows`)."""
+    if s.lp is not None and not s.small_exact:
+        lp_N = _lp_packing(s.sizes_N, s.C, s.K, s.lp, s.time_limit, s.elapsed)
         if lp_N is not None:
-            pack_N, ub_bins, ub_name = lp_N, int(np.unique(lp_N).size), "LP-guided search"
-            return cert(r_lo, "optimal", r_lo, "colgen", f"{lb_name}={lb_bins} bins, {ub_name}={ub_bins} bins",
-                        pack_N)
+            s.pack_N, s.ub_bins, s.ub_name = lp_N, int(np.unique(lp_N).size), "LP-guided search"
+            return s.proved("colgen")
     # K is still open. With D > 1 slots a row is D bins, so the rows between r_lo and the best
     # packing's leave the tabu search D bins of slack each: it often fills one of them when K
     # itself stays undecided (N = 32,768, D = 32: 363 rows in 0.7 s, against FFD's 364 and
     # K's 362), and the plan then gets that many rows whatever the exact model below decides
     # (one micro-batch fewer per slot; there the predicted step stayed within 0.003 %).
-    if D > 1:
-        pack_N, ub_bins, ub_name = _fewer_rows(sizes_N, C, topology, r_lo, pack_N, ub_bins, ub_name,
-                                               min(_TABU_MAX_S, _TABU_SHARE * time_limit,
-                                                   time_limit - elapsed()))
-    used = "bounds"
+    if s.topology.dp > 1:
+        s.pack_N, s.ub_bins, s.ub_name = _fewer_rows(
+            s.sizes_N, s.C, s.topology, s.r_lo, s.pack_N, s.ub_bins, s.ub_name,
+            min(_TABU_MAX_S, _TABU_SHARE * s.time_limit, s.time_limit - s.elapsed()))
+    return None
+
+
+def _by_exact_model(s: _Search) -> Certificate | None:
+    """Step 3: the exact model on "K bins?"; when it proves K impossible, the next valid R (and
+    the tabu search on its K) until a packing meets the bound or the time is spent."""
     while True:
-        left = time_limit - elapsed()
+        left = s.time_limit - s.elapsed()
         if left <= _EXACT_MIN_S:
-            break
-        res = solve_bin_packing(sizes_N, C, max_bins=K, method=method, time_limit=left,
-                                lower_bound_hint=lb_bins, hint=pack_N, decision=True,
-                                num_workers=num_workers)
-        used = res.method
+            return None
+        K = s.K
+        res = solve_bin_packing(s.sizes_N, s.C, max_bins=K, method=s.method, time_limit=left,
+                                lower_bound_hint=s.lb_bins, hint=s.pack_N, decision=True,
+                                num_workers=s.num_workers)
+        s.used = res.method
         if res.bins is not None and res.bins <= K:
-            if res.bins < ub_bins:
-                pack_N, ub_bins, ub_name = res.bin_N, res.bins, res.method
-            return cert(r_lo, "optimal", r_lo, res.method,
-                        f"{lb_name}={lb_bins} bins, {res.method} packing in {res.bins} ≤ {K} bins", pack_N)
+            if res.bins < s.ub_bins:
+                s.pack_N, s.ub_bins, s.ub_name = res.bin_N, res.bins, res.method
+            return s.proved(res.method, f"{s.lb_name}={s.lb_bins} bins, {res.method} packing in "
+                                        f"{res.bins} ≤ {K} bins")
         if res.status != "infeasible":
-            lb_bins = max(lb_bins, res.lower_bound)
-            break
+            s.lb_bins = max(s.lb_bins, res.lower_bound)
+            return None
         # K bins proved impossible: next valid R.
-        lb_bins, lb_name = max(lb_bins, K + 1, res.lower_bound), f"{res.method} proof"
-        r_lo, K = rows_for(lb_bins)
-        if ub_bins > K:  # the tabu search again, on the new K
-            ts_N = fixed_bins_search(sizes_N, C, K, start=pack_N, seed=1,
-                                     time_limit=min(_TABU_MAX_S, _TABU_SHARE * time_limit))
-            if ts_N is not None:
-                pack_N, ub_bins, ub_name = ts_N, int(np.unique(ts_N).size), "tabu search"
-        if ub_bins <= K:
-            return cert(r_lo, "optimal", r_lo, res.method,
-                        f"{res.method} proved > {lb_bins - 1} bins, {ub_name}={ub_bins} bins", pack_N)
-    # Undecided within the limit: best known rows from the best packing.
-    r_ub = _next_valid(-(-ub_bins // D), topology)
-    if r_ub > r_max:  # neither a valid R proved impossible nor a packing that fits one
-        raise BinPackUndecided(
-            f"undecided in {time_limit:g}s: the best packing needs {ub_bins} bins > {r_max * D} "
-            f"valid cells and no proof rules them out (lower bound {lb_bins} bins)")
-    return cert(r_ub, "feasible", r_lo, used,
-                f"undecided in {time_limit:g}s: {lb_name} ≥ {lb_bins} bins, {ub_name}={ub_bins} bins", pack_N)
+        s.raise_bound(max(s.lb_bins, K + 1, res.lower_bound), f"{res.method} proof")
+        if s.ub_bins > s.K:  # the tabu search again, on the new K
+            s.take_tabu(fixed_bins_search(s.sizes_N, s.C, s.K, start=s.pack_N, seed=1,
+                                          time_limit=min(_TABU_MAX_S, _TABU_SHARE * s.time_limit)))
+        if s.ub_bins <= s.K:
+            return s.proved(res.method, f"{res.method} proved > {s.lb_bins - 1} bins, "
+                                        f"{s.ub_name}={s.ub_bins} bins")
 
 
 def _arcflow_arcs(sizes_N, C: int, K: int) -> int:

@@ -74,6 +74,24 @@ def _knapsack_dp(w_M, b_M, v_M, C, min_load):
     return best, a_M
 
 
+@numba.njit(cache=True, inline='always')
+def _dantzig_bound(ow, ov, ob, i, capl, val):
+    """The value ``val`` so far plus the capacity ``capl`` left filled from level ``i`` on in
+    order, the last type fractionally (an upper bound of any completion)."""
+    n = ow.size
+    ub = float(val)
+    k = i
+    while k < n and capl > 0:
+        t = min(ob[k], capl // ow[k])
+        ub += t * ov[k]
+        capl -= t * ow[k]
+        if t < ob[k] and capl > 0:
+            ub += capl * ov[k] / ow[k]
+            capl = 0
+        k += 1
+    return ub
+
+
 @numba.njit(cache=True)
 def _knapsack_bb(w_M, b_M, v_M, C, min_load, node_limit):
     """Bounded knapsack by depth-first branch and bound (Horowitz–Sahni): types by decreasing
@@ -125,18 +143,7 @@ def _knapsack_bb(w_M, b_M, v_M, C, min_load, node_limit):
             nodes += 1
             if nodes > node_limit:
                 return best, best_a, False, order
-            # bound: fractional fill of the capacity left from level i on
-            capl = C - load
-            ub = float(val)
-            k = i
-            while k < n and capl > 0:
-                t = min(ob[k], capl // ow[k])
-                ub += t * ov[k]
-                capl -= t * ow[k]
-                if t < ob[k] and capl > 0:
-                    ub += capl * ov[k] / ow[k]
-                    capl = 0
-                k += 1
+            ub = _dantzig_bound(ow, ov, ob, i, C - load, val)
             if ub <= best or load + min(reach[i], C - load) < min_load:
                 descending = False
                 i -= 1
@@ -217,17 +224,8 @@ def _knapsack_pareto(w_M, b_M, v_M, C, state_limit, top):
                     if val > last:
                         if ns == cap:
                             cap *= 2
-                            sl2 = np.empty(cap, dtype=np.int64)
-                            sv2 = np.empty(cap, dtype=np.int64)
-                            sp2 = np.empty(cap, dtype=np.int64)
-                            st2 = np.empty(cap, dtype=np.int64)
-                            sk2 = np.empty(cap, dtype=np.int64)
-                            sl2[:ns] = sl[:ns]
-                            sv2[:ns] = sv[:ns]
-                            sp2[:ns] = sp[:ns]
-                            st2[:ns] = st[:ns]
-                            sk2[:ns] = sk[:ns]
-                            sl, sv, sp, st, sk = sl2, sv2, sp2, st2, sk2
+                            sl, sv, sp = _grown(sl, ns, cap), _grown(sv, ns, cap), _grown(sp, ns, cap)
+                            st, sk = _grown(st, ns, cap), _grown(sk, ns, cap)
                         sl[ns] = sl[cur[b]] + wi
                         sv[ns] = val
                         sp[ns] = cur[b]
@@ -247,7 +245,22 @@ def _knapsack_pareto(w_M, b_M, v_M, C, state_limit, top):
             cur = out[:no].copy()
             if ns > state_limit:
                 return -1, np.zeros((1, m), dtype=np.int64), np.zeros(1, dtype=np.int64), False
-    # the ``top`` most valuable final states (the heaviest ones: values rise with the load)
+    a_TM, v_T = _top_states(cur, sv, sp, st, sk, top, m)
+    return v_T[0], a_TM, v_T, True
+
+
+@numba.njit(cache=True, inline='always')
+def _grown(arr, ns, cap):
+    """``arr`` in a new array of ``cap`` entries, its first ``ns`` kept."""
+    out = np.empty(cap, dtype=np.int64)
+    out[:ns] = arr[:ns]
+    return out
+
+
+@numba.njit(cache=True, inline='always')
+def _top_states(cur, sv, sp, st, sk, top, m):
+    """The ``top`` most valuable final states of the Pareto list ``cur`` (the heaviest ones:
+    values rise with the load) as patterns, each traced back through its parents: (a_TM, v_T)."""
     kk = min(top, cur.size)
     a_TM = np.zeros((kk, m), dtype=np.int64)
     v_T = np.empty(kk, dtype=np.int64)
@@ -257,4 +270,4 @@ def _knapsack_pareto(w_M, b_M, v_M, C, state_limit, top):
         while x > 0:
             a_TM[q, st[x]] += sk[x]
             x = sp[x]
-    return v_T[0], a_TM, v_T, True
+    return a_TM, v_T

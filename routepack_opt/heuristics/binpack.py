@@ -184,13 +184,54 @@ def bins_used(bin_N) -> int:
 # ---------------------------------------------------------------- minimum bin slack (MBS')
 
 
+@numba.njit(cache=True, inline='always')
+def _least_slack_subset(cs, m, res0, suffix, node_limit, chosen, best, next_start, last_tried):
+    """MBS' search for one bin: a subset of ``cs[:m]`` (sizes in order; ``suffix`` their suffix
+    sums) of least slack under ``res0``, depth first, equal sizes tried once per level, pruned
+    by suffix sums; stops at slack 0 or after ``node_limit`` nodes. Its positions go to
+    ``best``; returns how many."""
+    best_slack = res0
+    best_cnt = 0
+    if suffix[0] <= res0:  # everything left fits: take it all
+        for p in range(m):
+            best[p] = p
+        return m
+    res = res0
+    depth = 0
+    next_start[0] = 0
+    last_tried[0] = -1
+    nodes = 0
+    while depth >= 0 and best_slack > 0 and nodes < node_limit:
+        p = next_start[depth]
+        while p < m and (cs[p] > res or cs[p] == last_tried[depth]):
+            p += 1
+        if p < m and res - suffix[p] < best_slack:
+            nodes += 1
+            last_tried[depth] = cs[p]
+            next_start[depth] = p + 1
+            chosen[depth] = p
+            res -= cs[p]
+            if res < best_slack:
+                best_slack = res
+                best_cnt = depth + 1
+                for q in range(depth + 1):
+                    best[q] = chosen[q]
+            depth += 1
+            next_start[depth] = p + 1
+            last_tried[depth] = -1
+        else:
+            depth -= 1
+            if depth >= 0:
+                res += cs[chosen[depth]]
+    return best_cnt
+
+
 @numba.njit(cache=True)
 def _mbs_kernel(s, C, node_limit, out, nbins, deadline):
     """MBS' (Fleszar & Hindi 2002) over items in the given order (roughly decreasing).
 
     Bin by bin: fix the first remaining item, then a depth-first search over the other
-    remaining items (in order, equal sizes tried once per level, pruned by suffix sums) finds a
-    subset of least slack; stop at slack 0 or after ``node_limit`` nodes. Continues the packing
+    remaining items (:func:`_least_slack_subset`) finds a subset of least slack. Continues the packing
     ``out`` (−1: not yet packed; ``nbins`` bins so far); after each bin the clock is read (an
     object-mode call, ~µs) and past ``deadline`` (a ``time.perf_counter()`` value; ``inf`` for
     none) it stops. Returns (bins, done). A bin scans every remaining item (O(N) per bin): tens
@@ -231,41 +272,7 @@ def _mbs_kernel(s, C, node_limit, out, nbins, deadline):
         suffix[m] = 0
         for p in range(m - 1, -1, -1):
             suffix[p] = suffix[p + 1] + cs[p]
-        best_slack = res0
-        best_cnt = 0
-        if suffix[0] <= res0:  # everything left fits: take it all
-            for p in range(m):
-                best[p] = p
-            best_cnt = m
-            best_slack = res0 - suffix[0]
-        else:
-            res = res0
-            depth = 0
-            next_start[0] = 0
-            last_tried[0] = -1
-            nodes = 0
-            while depth >= 0 and best_slack > 0 and nodes < node_limit:
-                p = next_start[depth]
-                while p < m and (cs[p] > res or cs[p] == last_tried[depth]):
-                    p += 1
-                if p < m and res - suffix[p] < best_slack:
-                    nodes += 1
-                    last_tried[depth] = cs[p]
-                    next_start[depth] = p + 1
-                    chosen[depth] = p
-                    res -= cs[p]
-                    if res < best_slack:
-                        best_slack = res
-                        best_cnt = depth + 1
-                        for q in range(depth + 1):
-                            best[q] = chosen[q]
-                    depth += 1
-                    next_start[depth] = p + 1
-                    last_tried[depth] = -1
-                else:
-                    depth -= 1
-                    if depth >= 0:
-                        res += cs[chosen[depth]]
+        best_cnt = _least_slack_subset(cs, m, res0, suffix, node_limit, chosen, best, next_start, last_tried)
         for q in range(best_cnt):
             i = cand[best[q]]
             alive[i] = False
@@ -336,6 +343,88 @@ def _ov(load, C):
 
 
 @numba.njit(cache=True)
+def _group_by_bin(bin_of, K, cnt, start, members):
+    """Bins → members (counting sort): bin b's items are members[start[b]:start[b + 1]]."""
+    n = bin_of.size
+    cnt[:] = 0
+    for i in range(n):
+        cnt[bin_of[i]] += 1
+    start[0] = 0
+    for b in range(K):
+        start[b + 1] = start[b] + cnt[b]
+    cnt[:] = 0
+    for i in range(n):
+        b = bin_of[i]
+        members[start[b] + cnt[b]] = i
+        cnt[b] += 1
+
+
+@numba.njit(cache=True)
+def _best_exchange(s, C, K, a, load, start, members, tabu, it, F, best_F, mv):
+    """The best exchange between the overflowing bin ``a`` and another bin into ``mv`` (i1, i2, j1,
+    j2, b; see :func:`_overflow_tabu`); a tabu move only when it reaches a new best overflow.
+    Returns its change of overflow."""
+    best_d = 1 << 60
+    ties = 0
+    for b in range(K):
+        if b == a:
+            continue
+        before = _ov(load[a], C) + _ov(load[b], C)
+        for p in range(start[a], start[a + 1]):
+            i1 = members[p]
+            # (1-0) and (1-1) and (1-2)
+            for q in range(start[b] - 1, start[b + 1]):
+                j1 = -1 if q < start[b] else members[q]
+                for r in range(q, start[b + 1]):
+                    j2 = -1
+                    if r > q:
+                        j2 = members[r]
+                    elif r == q and q >= start[b]:
+                        j2 = -1
+                    if j1 < 0 and j2 >= 0:
+                        continue
+                    moved_b = (s[j1] if j1 >= 0 else 0) + (s[j2] if j2 >= 0 else 0)
+                    diff = s[i1] - moved_b
+                    if diff == 0:
+                        continue
+                    d = _ov(load[a] - diff, C) + _ov(load[b] + diff, C) - before
+                    is_tabu = tabu[i1] > it or (j1 >= 0 and tabu[j1] > it) or (j2 >= 0 and tabu[j2] > it)
+                    if is_tabu and F + d >= best_F:
+                        continue
+                    if d < best_d:
+                        best_d = d
+                        ties = 1
+                        mv[0], mv[1], mv[2], mv[3], mv[4] = i1, -1, j1, j2, b
+                    elif d == best_d:
+                        ties += 1
+                        if np.random.randint(ties) == 0:
+                            mv[0], mv[1], mv[2], mv[3], mv[4] = i1, -1, j1, j2, b
+                    if j1 < 0:
+                        break
+            # (2-1)
+            for p2 in range(p + 1, start[a + 1]):
+                i2 = members[p2]
+                for q in range(start[b], start[b + 1]):
+                    j1 = members[q]
+                    diff = s[i1] + s[i2] - s[j1]
+                    if diff == 0:
+                        continue
+                    d = _ov(load[a] - diff, C) + _ov(load[b] + diff, C) - before
+                    is_tabu = tabu[i1] > it or tabu[i2] > it or tabu[j1] > it
+                    if is_tabu and F + d >= best_F:
+                        continue
+                    if d < best_d:
+                        best_d = d
+                        ties = 1
+                        mv[0], mv[1], mv[2], mv[3], mv[4] = i1, i2, j1, -1, b
+                    elif d == best_d:
+                        ties += 1
+                        if np.random.randint(ties) == 0:
+                            mv[0], mv[1], mv[2], mv[3], mv[4] = i1, i2, j1, -1, b
+    return best_d
+
+
+@numba.njit(cache=True)
 def _overflow_tabu(s, C, K, bin_init, max_iters, seed, tenure, deadline):
     """Tabu search on K bins minimising total overflow Σ max(0, load − C).
 
@@ -369,18 +458,7 @@ def _overflow_tabu(s, C, K, bin_init, max_iters, seed, tenure, deadline):
                 break
         if F == 0:
             break
-        # bins → members (counting sort)
-        cnt[:] = 0
-        for i in range(n):
-            cnt[bin_of[i]] += 1
-        start[0] = 0
-        for b in range(K):
-            start[b + 1] = start[b] + cnt[b]
-        cnt[:] = 0
-        for i in range(n):
-            b = bin_of[i]
-            members[start[b] + cnt[b]] = i
-            cnt[b] += 1
+        _group_by_bin(bin_of, K, cnt, start, members)
         # a random overflowing bin
         n_over = 0
         for b in range(K):
@@ -394,64 +472,8 @@ def _overflow_tabu(s, C, K, bin_init, max_iters, seed, tenure, deadline):
                     a = b
                     break
                 pick -= 1
-        best_d = 1 << 60
-        ties = 0
         mv = np.full(5, -1, dtype=np.int64)  # i1, i2, j1, j2, b
-        for b in range(K):
-            if b == a:
-                continue
-            before = _ov(load[a], C) + _ov(load[b], C)
-            for p in range(start[a], start[a + 1]):
-                i1 = members[p]
-                # (1-0) and (1-1) and (1-2)
-                for q in range(start[b] - 1, start[b + 1]):
-                    j1 = -1 if q < start[b] else members[q]
-                    for r in range(q, start[b + 1]):
-                        j2 = -1
-                        if r > q:
-                            j2 = members[r]
-                        elif r == q and q >= start[b]:
-                            j2 = -1
-                        if j1 < 0 and j2 >= 0:
-                            continue
-                        moved_b = (s[j1] if j1 >= 0 else 0) + (s[j2] if j2 >= 0 else 0)
-                        diff = s[i1] - moved_b
-                        if diff == 0:
-                            continue
-                        d = _ov(load[a] - diff, C) + _ov(load[b] + diff, C) - before
-                        is_tabu = tabu[i1] > it or (j1 >= 0 and tabu[j1] > it) or (j2 >= 0 and tabu[j2] > it)
-                        if is_tabu and F + d >= best_F:
-                            continue
-                        if d < best_d:
-                            best_d = d
-                            ties = 1
-                            mv[0], mv[1], mv[2], mv[3], mv[4] = i1, -1, j1, j2, b
-                        elif d == best_d:
-                            ties += 1
-                            if np.random.randint(ties) == 0:
-                                mv[0], mv[1], mv[2], mv[3], mv[4] = i1, -1, j1, j2, b
-                        if j1 < 0:
-                            break
-                # (2-1)
-                for p2 in range(p + 1, start[a + 1]):
-                    i2 = members[p2]
-                    for q in range(start[b], start[b + 1]):
-                        j1 = members[q]
-                        diff = s[i1] + s[i2] - s[j1]
-                        if diff == 0:
-                            continue
-                        d = _ov(load[a] - diff, C) + _ov(load[b] + diff, C) - before
-                        is_tabu = tabu[i1] > it or tabu[i2] > it or tabu[j1] > it
-                        if is_tabu and F + d >= best_F:
-                            continue
-                        if d < best_d:
-                            best_d = d
-                            ties = 1
-                            mv[0], mv[1], mv[2], mv[3], mv[4] = i1, i2, j1, -1, b
-                        elif d == best_d:
-                            ties += 1
-                            if np.random.randint(ties) == 0:
-                                mv[0], mv[1], mv[2], mv[3], mv[4] = i1, i2, j1, -1, b
+        best_d = _best_exchange(s, C, K, a, load, start, members, tabu, it, F, best_F, mv)
         if mv[4] < 0:
             continue
         b = mv[4]

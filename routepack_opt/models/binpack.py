@@ -251,22 +251,62 @@ def arcflow_graph(sizes, capacity, max_bins: int | None = None) -> dict:
 
 
 def _solve_arcflow(sizes_N, C, lb, max_bins, hint_N, time_limit, graph=None):
-    pyo = _solvers.pyomo()
-    Highs, _ = _solvers.appsi_highs()
     t0 = time.perf_counter()
     g = graph if graph is not None else arcflow_graph(sizes_N, C, max_bins)
     if not g["alive_source"]:  # no bin path wastes little enough: K bins are impossible
         return "infeasible", None, max_bins + 1, None
-    w, b, type_N = g["w"], g["b"], g["type_N"]
+    built = _arcflow_model(g, lb, max_bins)
+    if built is None:  # some item fits in no bin wasting ≤ slack
+        return "infeasible", None, max_bins + 1, None
+    mdl, tails, heads = built
+    Highs, _ = _solvers.appsi_highs()
+    opt = Highs()
+    if hint_N is not None and int(hint_N.max()) < max_bins and _arcflow_warm_start(mdl, g, hint_N):
+        opt.config.warmstart = True
+    opt.config.load_solution = False
+    opt.config.mip_gap = 0.0
+    opt.highs_options = {"threads": _solvers.highs_threads(1), "random_seed": 0, "mip_abs_gap": 1 - 1e-6}
+    # appsi copies the model into HiGHS inside solve() (about as long as building it took) and
+    # loading the solution costs as much again: keep the whole call within the time limit.
+    built_s = time.perf_counter() - t0
+    if 3.0 * built_s > time_limit:
+        return "unknown", None, lb, None
+    # HiGHS checks its clock between LP solves and nodes: on Hard28's arc-flow models it stopped
+    # 0.42-0.45 s past its limit (1.5 s and 3.3 s limits), so it gets 90 % of what is left, less 0.4 s
+    opt.config.time_limit = max(0.05, float(0.9 * (time_limit - 3.0 * built_s) - 0.4))
+    with _solvers.quiet_appsi_highs():
+        res = opt.solve(mdl)
+    tc = res.termination_condition.name
+    if tc in ("infeasible", "infeasibleOrUnbounded"):
+        return "infeasible", None, max_bins + 1, None
+    bound = res.best_objective_bound
+    proved = lb if bound is None or not math.isfinite(bound) else max(lb, int(math.ceil(bound - 1e-6)))
+    if res.best_feasible_objective is None:
+        return "unknown", None, proved, None
+    res.solution_loader.load_vars()
+    x = mdl.x
+    flow = np.array([int(round(x[a].value or 0)) for a in range(tails.size)], dtype=np.int64)
+    bin_N = _decompose(flow, tails, heads, g["type_A"], g["tail_A"].size, g["type_N"])
+    if bin_N is None:
+        return "unknown", None, proved, None
+    bin_N = _compact(bin_N)
+    nb = int(bin_N.max()) + 1 if bin_N.size else 0
+    proved = min(proved, nb)
+    return ("optimal" if proved >= nb else "feasible"), nb, proved, bin_N
+
+
+def _arcflow_model(g: dict, lb: int, max_bins: int):
+    """The arc-flow MILP of graph ``g`` in Pyomo: (model, arc tails, arc heads), item arcs first,
+    then the loss arcs (load → sink, head −1; node 0's is an empty bin, harmless); None when an
+    item type has no arc."""
+    pyo = _solvers.pyomo()
+    w, b = g["w"], g["b"]
     tail_A, type_A, nodes, loss_from = g["tail_A"], g["type_A"], g["nodes"], g["loss_from"]
-    head_A = tail_A + w[type_A]
     A, V = tail_A.size, loss_from.size
     SINK = -1
-    # Loss arcs: load → sink (A .. A+V-1); node 0's loss arc is an empty bin (harmless).
     tails = np.concatenate([tail_A, loss_from])
-    heads = np.concatenate([head_A, np.full(V, SINK)])
+    heads = np.concatenate([tail_A + w[type_A], np.full(V, SINK)])
     ub_A = np.concatenate([b[type_A], np.full(V, max_bins)])
-
     mdl = pyo.ConcreteModel()
     mdl.x = pyo.Var(range(A + V), domain=pyo.NonNegativeIntegers,
                     bounds=lambda _m, a: (0, int(ub_A[a])))
@@ -287,68 +327,37 @@ def _solve_arcflow(sizes_N, C, lb, max_bins, hint_N, time_limit, graph=None):
     by_type = [[] for _ in range(w.size)]
     for a in range(A):
         by_type[int(type_A[a])].append(a)
-    if any(not arcs for arcs in by_type):  # some item fits in no bin wasting ≤ slack
-        return "infeasible", None, max_bins + 1, None
+    if any(not arcs for arcs in by_type):
+        return None
     mdl.demand = pyo.Constraint(range(w.size), rule=lambda _m, j: pyo.quicksum(x[a] for a in by_type[j])
                                 >= int(b[j]))
     mdl.obj = pyo.Objective(expr=mdl.z, sense=pyo.minimize)
+    return mdl, tails, heads
 
-    opt = Highs()
-    # Warm start: each heuristic bin is a path of decreasing items from load 0, then a loss arc.
-    if hint_N is not None and int(hint_N.max()) < max_bins:
-        arc_of = {(int(t), int(j)): a for a, (t, j) in enumerate(zip(tail_A, type_A))}
-        loss_of = {int(v): A + i for i, v in enumerate(loss_from)}
-        flow = np.zeros(A + V, dtype=np.int64)
-        ok = True
-        for k in np.unique(hint_N):
-            d = 0
-            for j in sorted(type_N[hint_N == k].tolist()):
-                a = arc_of.get((d, j))
-                if a is None:
-                    ok = False
-                    break
-                flow[a] += 1
-                d += int(w[j])
-            if not ok:
-                break
-            if d not in loss_of:
-                ok = False
-                break
-            flow[loss_of[d]] += 1
-        if ok:
-            for a in range(A + V):
-                x[a].set_value(int(flow[a]))
-            mdl.z.set_value(int(np.unique(hint_N).size))
-            opt.config.warmstart = True
-    opt.config.load_solution = False
-    opt.config.mip_gap = 0.0
-    opt.highs_options = {"threads": _solvers.highs_threads(1), "random_seed": 0, "mip_abs_gap": 1 - 1e-6}
-    # appsi copies the model into HiGHS inside solve() (about as long as building it took) and
-    # loading the solution costs as much again: keep the whole call within the time limit.
-    built = time.perf_counter() - t0
-    if 3.0 * built > time_limit:
-        return "unknown", None, lb, None
-    # HiGHS checks its clock between LP solves and nodes: on Hard28's arc-flow models it stopped
-    # 0.42-0.45 s past its limit (1.5 s and 3.3 s limits), so it gets 90 % of what is left, less 0.4 s
-    opt.config.time_limit = max(0.05, float(0.9 * (time_limit - 3.0 * built) - 0.4))
-    with _solvers.quiet_appsi_highs():
-        res = opt.solve(mdl)
-    tc = res.termination_condition.name
-    if tc in ("infeasible", "infeasibleOrUnbounded"):
-        return "infeasible", None, max_bins + 1, None
-    bound = res.best_objective_bound
-    proved = lb if bound is None or not math.isfinite(bound) else max(lb, int(math.ceil(bound - 1e-6)))
-    if res.best_feasible_objective is None:
-        return "unknown", None, proved, None
-    res.solution_loader.load_vars()
-    flow = np.array([int(round(x[a].value or 0)) for a in range(A + V)], dtype=np.int64)
-    bin_N = _decompose(flow, tails, heads, type_A, A, type_N)
-    if bin_N is None:
-        return "unknown", None, proved, None
-    bin_N = _compact(bin_N)
-    nb = int(bin_N.max()) + 1 if bin_N.size else 0
-    proved = min(proved, nb)
-    return ("optimal" if proved >= nb else "feasible"), nb, proved, bin_N
+
+def _arcflow_warm_start(mdl, g: dict, hint_N) -> bool:
+    """Set the model's values to the packing ``hint_N``: each bin a path of non-increasing items
+    from load 0, then a loss arc. False (nothing set) when a bin is no path of the graph."""
+    w, type_N, tail_A, type_A, loss_from = g["w"], g["type_N"], g["tail_A"], g["type_A"], g["loss_from"]
+    A, V = tail_A.size, loss_from.size
+    arc_of = {(int(t), int(j)): a for a, (t, j) in enumerate(zip(tail_A, type_A))}
+    loss_of = {int(v): A + i for i, v in enumerate(loss_from)}
+    flow = np.zeros(A + V, dtype=np.int64)
+    for k in np.unique(hint_N):
+        d = 0
+        for j in sorted(type_N[hint_N == k].tolist()):
+            a = arc_of.get((d, j))
+            if a is None:
+                return False
+            flow[a] += 1
+            d += int(w[j])
+        if d not in loss_of:
+            return False
+        flow[loss_of[d]] += 1
+    for a in range(A + V):
+        mdl.x[a].set_value(int(flow[a]))
+    mdl.z.set_value(int(np.unique(hint_N).size))
+    return True
 
 
 def _decompose(flow, tails, heads, type_A, A, type_N):

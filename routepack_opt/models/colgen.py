@@ -20,8 +20,11 @@ Primal side (:func:`lp_pack`), for a packing into exactly K bins with K ≥ ⌈L
    re-solve the LP of the residual by column generation (columns carried over, cut to the
    residual demands) and repeat while ⌈LP⌉ + fixed bins ≤ K; after every step the residual is
    tried by FFD/BFD into the bins left. A dive that fails is retried with its first choice forbidden.
-2. the restricted master as an integer program over every column generated (price-and-branch,
-   HiGHS MIP), with Σ x ≤ K;
+   After ``_DIVE_NODES`` LP solves the dive restarts (``_DIVE_RESTART_NODES`` each) with the order
+   of its fractional moves perturbed by a seeded factor in [0.5, 1] (seed 1, 2, …): other roundings
+   near the top of the tree, where a plain dive's backtracking never returns;
+2. the restricted master as an integer program over every column generated, the root's and every
+   dive node's (price-and-branch, HiGHS MIP), with Σ x ≤ K;
 3. CP-SAT on the residual of the deepest dive with the bin count fixed to the bins left.
 
 Every packing returned is re-checked in integer arithmetic by the caller.
@@ -45,6 +48,8 @@ _ALPHA = 0.7  # Wentges smoothing weight of the stability centre
 _TOP = 8  # columns per pricing on large capacities
 _DIVE_STOP_AT_CEILING = False  # the dive re-solves each residual LP to optimality (better x to round)
 _DIVE_SHARE = 0.7  # of lp_pack's time: the dive; the master IP and the CP-SAT residual share the rest
+# LP solves of the first dive (the successful dives on Hard28 took 26–133) and of each restart
+_DIVE_NODES, _DIVE_RESTART_NODES = 150, 50
 
 
 def types_of(sizes_N: np.ndarray):
@@ -143,6 +148,63 @@ def _seed_columns(w_M, b_M, C, packs) -> list[np.ndarray]:
     return cols
 
 
+class _Pricing:
+    """Exact pricing of the master's duals (rounded down to multiples of 1/SCALE), keeping the
+    best proved bound ⌈Σ b u / U⌉ with its integer duals and the stability centre ``pi_in`` (the
+    duals of the best Σ b u / U so far). With ``min_load`` > 0 only patterns loading at least
+    that much count. On large capacities (few items a bin) the next best Pareto states of a
+    pricing go to ``extra`` as columns too."""
+
+    def __init__(self, w_M, b_M, C: int, min_load: int):
+        self.w_M, self.b_M, self.C, self.min_load = w_M, b_M, C, min_load
+        self.extra: list[np.ndarray] = []
+        self.best, self.best_u, self.best_U = 0, np.zeros(w_M.size, dtype=np.int64), 0
+        self.pi_in = None
+        self.best_frac = -1.0
+        self.iterations = 0
+
+    def price(self, pi):
+        """(U, the best column) at ``pi``; records the bound it proves."""
+        w_M, b_M, C = self.w_M, self.b_M, self.C
+        u = np.floor(np.maximum(pi, 0.0) * SCALE).astype(np.int64)
+        if C > 4096 and self.min_load <= 0:
+            v_T, a_TM = knapsack_top(w_M, b_M, u, C, _TOP)
+            self.extra.extend(a_TM[q] for q in range(1, v_T.size) if v_T[q] > SCALE)
+            U, a_M = int(v_T[0]), a_TM[0]
+        else:
+            U, a_M = knapsack_max(w_M, b_M, u, C, self.min_load)
+        num = int((b_M * u).sum())
+        self.iterations += 1
+        if U > 0 and num / U > self.best_frac:
+            self.best_frac, self.pi_in = num / U, pi
+            if -(-num // U) > self.best:
+                self.best, self.best_u, self.best_U = -(-num // U), u, U
+        return U, a_M
+
+
+def _cg_round(master: _Master, pricing: _Pricing, pi_out) -> str:
+    """One pricing round at the master's duals ``pi_out``: Wentges smoothing (price at a point
+    between the stability centre and ``pi_out``), and on a misprice (or with no centre yet) at
+    ``pi_out`` itself. Returns ``added`` (a column entered the master), ``converged`` (none
+    prices out) or ``stuck`` (the column was there already: cannot happen with exact pricing)."""
+    added = False
+    if pricing.pi_in is not None:
+        pi_sep = _ALPHA * pricing.pi_in + (1 - _ALPHA) * pi_out
+        _, a_M = pricing.price(pi_sep)
+        if float(pi_out @ a_M) > 1 + 1e-9:
+            added = master.add(a_M)
+    if not added:
+        U, a_M = pricing.price(pi_out)
+        if U <= SCALE:
+            return "converged"
+        if not master.add(a_M):
+            return "stuck"
+    for a in pricing.extra:
+        master.add(a)
+    pricing.extra.clear()
+    return "added"
+
+
 def gilmore_gomory(w_M, b_M, C: int, *, columns=(), time_limit: float = 10.0, target: int | None = None,
                    stop_at_ceiling: bool = True, dual_cuts: bool = True, max_bins: int | None = None) -> LPBound:
     """The Gilmore–Gomory LP bound of the types (``w_M``, ``b_M``) in bins of capacity ``C``.
@@ -168,32 +230,13 @@ def gilmore_gomory(w_M, b_M, C: int, *, columns=(), time_limit: float = 10.0, ta
         a = np.minimum(np.asarray(a, dtype=np.int64), b_M)
         if int((a * w_M).sum()) <= C:
             master.add(a)
-    best = 0
-    best_u, best_U = np.zeros(m, dtype=np.int64), 0
-    pi_in = None  # the duals of the best bound so far (the stability centre)
-    best_frac = -1.0
-    it = 0
-    value, x_P, converged = float("inf"), np.zeros(0), False
-
-    extra: list[np.ndarray] = []
-
-    def price(pi):
-        """Exact pricing at ``pi`` (rounded down): (U, column, bound numerator, u). On large
-        capacities (few items a bin) the next best Pareto states go to ``extra`` as columns too."""
-        u = np.floor(np.maximum(pi, 0.0) * SCALE).astype(np.int64)
-        if C > 4096 and min_load <= 0:
-            v_T, a_TM = knapsack_top(w_M, b_M, u, C, _TOP)
-            extra.extend(a_TM[q] for q in range(1, v_T.size) if v_T[q] > SCALE)
-            return int(v_T[0]), a_TM[0], int((b_M * u).sum()), u
-        U, a = knapsack_max(w_M, b_M, u, C, min_load)
-        return U, a, int((b_M * u).sum()), u
-
     if max_bins is not None and knapsack_max(w_M, b_M, np.zeros(m, np.int64), C, min_load)[0] < 0:
         # no bin can load as much as K bins need
         return LPBound(bound=int(cap), lp_value=float("inf"), converged=True, u_M=np.zeros(m, np.int64), U=0,
                        cols_PM=np.zeros((0, m), np.int64), x_P=np.zeros(0), iterations=0,
                        seconds=time.perf_counter() - t0)
-
+    pricing = _Pricing(w_M, b_M, C, min_load)
+    value, x_P, converged = float("inf"), np.zeros(0), False
     while True:
         left = time_limit - (time.perf_counter() - t0)
         if left <= 0:
@@ -203,44 +246,18 @@ def gilmore_gomory(w_M, b_M, C: int, *, columns=(), time_limit: float = 10.0, ta
             break
         value, pi_out, x_P = out
         ceiling = int(np.ceil(value - 1e-6))
-        added = False
-        if pi_in is not None:  # Wentges smoothing: price at a point between the centre and the master's duals
-            pi_sep = _ALPHA * pi_in + (1 - _ALPHA) * pi_out
-            U, a_M, num, u_M = price(pi_sep)
-            it += 1
-            if U > 0 and num / U > best_frac:
-                best_frac, pi_in = num / U, pi_sep
-                if -(-num // U) > best:
-                    best, best_u, best_U = -(-num // U), u_M, U
-            if float(pi_out @ a_M) > 1 + 1e-9:
-                added = master.add(a_M)
-        if not added:  # misprice (or no centre yet): price at the master's duals
-            U, a_M, num, u_M = price(pi_out)
-            it += 1
-            if U > 0 and num / U > best_frac:
-                best_frac, pi_in = num / U, pi_out
-                if -(-num // U) > best:
-                    best, best_u, best_U = -(-num // U), u_M, U
-            if U <= SCALE:
-                converged = True
-                break
-            added = master.add(a_M)
-            if not added:  # (cannot happen with exact pricing; guard against a loop)
-                break
-        for a in extra:
-            master.add(a)
-        extra.clear()
-        if best >= cap:
-            break
-        if target is not None and best >= target:
-            break
-        if stop_at_ceiling and best >= ceiling:
+        step = _cg_round(master, pricing, pi_out)
+        converged = step == "converged"
+        best = pricing.best
+        if step != "added" or best >= cap or (target is not None and best >= target) or \
+                (stop_at_ceiling and best >= ceiling):
             break
     cols = np.array(master.cols, dtype=np.int64).reshape(-1, m)
     if x_P.size < cols.shape[0]:  # columns added after the last master solve are at zero
         x_P = np.concatenate([x_P, np.zeros(cols.shape[0] - x_P.size)])
-    return LPBound(bound=int(min(best, cap)), lp_value=value, converged=converged, u_M=best_u, U=int(best_U),
-                   cols_PM=cols, x_P=x_P, iterations=it, seconds=time.perf_counter() - t0)
+    return LPBound(bound=int(min(pricing.best, cap)), lp_value=value, converged=converged, u_M=pricing.best_u,
+                   U=int(pricing.best_U), cols_PM=cols, x_P=x_P, iterations=pricing.iterations,
+                   seconds=time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------- primal side
@@ -288,16 +305,19 @@ def _residual_cpsat(w_M, r_M, C, K, time_limit):
     return bins
 
 
-def _dive(w_M, b_M, C, K, columns, deadline, width: int = 3, max_nodes: int = 100_000):
+def _dive(w_M, b_M, C, K, columns, deadline, width: int = 3, max_nodes: int = 100_000, pool=None, seed: int = 0):
     """Diving with backtracking: depth-first over roundings of the residual's LP solution.
 
     At each node the residual LP is re-solved by column generation (columns carried over, cut to
     the residual demands; no exchange columns, so x alone covers the demands). The node's moves,
     tried in order: all columns with x ≥ 1 at ⌊x⌋ copies together (if any), then single copies of
     the ``width`` columns of largest fractional x. A node whose ⌈LP⌉ plus its fixed bins exceeds K
-    is pruned; FFD/BFD closing the residual into the bins left ends the search. Returns (bins or
-    None, deepest LP-feasible residual, its fixed bins)."""
+    is pruned; FFD/BFD closing the residual into the bins left ends the search. ``seed`` > 0
+    perturbs the order of the fractional moves (x · a seeded factor in [0.5, 1]); ``pool`` (a dict)
+    collects every column of every node's LP. Returns (bins or None, deepest LP-feasible residual,
+    its fixed bins)."""
     m = w_M.size
+    rng = np.random.default_rng(seed)
     cols0 = [np.asarray(a) for a in columns]
     best_depth, deepest = -1, (b_M.copy(), [])
     # stack of [r_M, fixed, moves, next move index]
@@ -326,6 +346,9 @@ def _dive(w_M, b_M, C, K, columns, deadline, width: int = 3, max_nodes: int = 10
             full = np.zeros((lp.cols_PM.shape[0], m), dtype=np.int64)
             full[:, live] = lp.cols_PM
             cols = list(full)
+            if pool is not None:  # every residual's pattern is a pattern of the whole instance
+                for a in cols:
+                    pool.setdefault(a.tobytes(), a)
             # only patterns that can be a bin of a packing into the bins left
             x = np.where(lp.cols_PM @ w_M[live] >= min_load, lp.x_P, 0.0)
             if len(fixed) > best_depth:
@@ -335,7 +358,8 @@ def _dive(w_M, b_M, C, K, columns, deadline, width: int = 3, max_nodes: int = 10
             if whole.any():
                 moves.append([(p, int(whole[p])) for p in np.argsort(-x, kind="stable") if whole[p] > 0])
             frac = x - whole
-            for p in np.argsort(-frac, kind="stable")[:width]:
+            rank = frac if seed == 0 else frac * rng.uniform(0.5, 1.0, frac.size)
+            for p in np.argsort(-rank, kind="stable")[:width]:
                 if frac[p] > 1e-6:
                     moves.append([(p, 1)])
             stack.append([r_M, fixed, moves, 0, cols])
@@ -401,14 +425,24 @@ def lp_pack(w_M, b_M, C: int, K: int, lp: LPBound, *, time_limit: float = 5.0):
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     cols = list(lp.cols_PM)
-    # 1. diving with backtracking
-    bins, r_M, fixed = _dive(w_M, b_M, C, K, cols, t0 + _DIVE_SHARE * time_limit)
+    pool = {a.tobytes(): a for a in cols}
+    # 1. diving with backtracking, then restarts with their moves' order perturbed (seeded)
+    dive_end = t0 + _DIVE_SHARE * time_limit
+    bins, r_M, fixed = _dive(w_M, b_M, C, K, cols, dive_end, max_nodes=_DIVE_NODES, pool=pool)
+    seed = 1
+    while bins is None and time.perf_counter() < dive_end - 0.05:
+        bins, r2_M, fixed2 = _dive(w_M, b_M, C, K, cols, dive_end, max_nodes=_DIVE_RESTART_NODES, pool=pool,
+                                   seed=seed)
+        if len(fixed2) > len(fixed):  # the deepest residual goes to CP-SAT below
+            r_M, fixed = r2_M, fixed2
+        seed += 1
     if bins is not None:
         return bins, "LP diving"
-    # 2. price-and-branch on the columns generated
+    # 2. price-and-branch on the columns generated (the root's and every dive node's)
     left = deadline - time.perf_counter()
     if left > 0.05:
-        bins = _master_ip(w_M, b_M, C, K, lp.cols_PM, 0.5 * left)
+        bins = _master_ip(w_M, b_M, C, K, np.array(list(pool.values()), dtype=np.int64).reshape(-1, w_M.size),
+                          0.5 * left)
         if bins is not None:
             return bins, "restricted master IP"
     # 3. CP-SAT on the deepest dive's residual, bins fixed to what is left
