@@ -14,6 +14,7 @@ from rich.table import Table
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout
+from routepack_opt.core.objective import Objective
 from routepack_opt.core.plan import Plan
 from routepack_opt.core.report import PlanReport
 from routepack_opt.core.timing import Timings
@@ -38,7 +39,7 @@ __all__ = ["plan_metrics", "compare_plans", "format_table"]
 EXACT_MAX_SAMPLES = 24
 
 
-def plan_metrics(ev: Evaluator, plan: Plan, objective: str, seconds: float) -> dict:
+def plan_metrics(ev: Evaluator, plan: Plan, objective: Objective, seconds: float) -> dict:
     """Makespans under both objectives, LB gap, EP-rank CV, worst row-local EP peak, attention tail."""
     pl = plan.placement
     e = ev.evaluate_layout(pl, plan.layout, objective)
@@ -132,7 +133,7 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, *, object
     return table, plans
 
 
-def format_table(table: list[dict], objective: str):
+def format_table(table: list[dict], objective: Objective):
     """A rich Table of the comparison."""
     t = Table(title=f"RoutePack comparison (objective {objective}, times in ms)")
     for col in ("plan", "max-sum", "sum-max", f"gain ({objective})", "gap to LB", "EP-rank CV",

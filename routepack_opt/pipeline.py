@@ -22,7 +22,7 @@ from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout, check_rows
-from routepack_opt.core.objective import check_objective
+from routepack_opt.core.objective import Objective, check_objective
 from routepack_opt.core.placement import Placement, as_placement
 from routepack_opt.core.placement import slot_array as as_placement_array
 from routepack_opt.core.plan import Plan, check_placement
@@ -206,7 +206,7 @@ def _certificate_layout(lengths_N, topology: Topology, rows: int, packing_N) -> 
 _NO_REPORT = PlanReport()  # immutable: a safe default
 
 
-def build_plan(evaluator: Evaluator, placement, layout: Layout, objective: str, *,
+def build_plan(evaluator: Evaluator, placement, layout: Layout, objective: Objective, *,
                report: PlanReport = _NO_REPORT, certificate: dict | None = None) -> Plan:
     """The complete :class:`Plan` of ``(placement, layout)``: validated, and scored (score, bound,
     gap in ``report.evaluation``) by ``evaluator``."""
@@ -317,7 +317,7 @@ class _Context:
     window: Window
     topology: Topology
     cost: CostModel
-    objective: str
+    objective: Objective
     placement: object  # the caller's placement argument ("lpt", "joint", an array, ...)
     params: PlannerParams
     seed: int
@@ -417,7 +417,7 @@ def _plan_at(ctx: _Context, pl: Placement, pl_kind: str, R: int, max_sweeps: int
                    search, joint, fallback, replica_notes)
 
 
-def _scored_seeds(ev: Evaluator, pl: Placement, seeds: dict[str, Layout], objective) -> tuple[dict, str]:
+def _scored_seeds(ev: Evaluator, pl: Placement, seeds: dict[str, Layout], objective: Objective) -> tuple[dict, str]:
     """Each seed's score key under ``pl`` and the best seed's name."""
     scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
     return scores, min(scores, key=lambda name: scores[name])

@@ -13,6 +13,7 @@ from routepack_opt.core.cost import CostModel, resolve_cost
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout
+from routepack_opt.core.objective import Objective
 from routepack_opt.core.plan import Plan, assignment_from_cells
 from routepack_opt.core.report import PlanReport, SearchStats
 from routepack_opt.core.topology import Topology
@@ -84,7 +85,7 @@ class PlannedCells:
         return np.argsort(self.plan.placement.first_slots, axis=1).astype(np.int64)
 
 
-def plan_cells(window: Window, topology: Topology, cost, *, objective: str = "max-sum",
+def plan_cells(window: Window, topology: Topology, cost, *, objective: Objective = Objective.MAX_SUM,
                placement="lpt", rows: int | None = None, time_limit: float | None = None,
                max_sweeps: int | None = None, seed: int = 0, current_placement=None,
                certificate=None) -> PlannedCells:
@@ -109,7 +110,7 @@ _FIXED_COUNT_ANNEAL = AnnealConfig(p_swap=1.0, greedy_seed=False)
 
 
 def plan_fixed_cells(window: Window, topology: Topology, cost, seeds: list[list[list[list[int]]]], *,
-                     objective: str = "max-sum", placement="lpt", time_limit: float | None = None,
+                     objective: Objective = Objective.MAX_SUM, placement="lpt", time_limit: float | None = None,
                      max_sweeps: int | None = None, seed: int = 0) -> PlannedCells:
     """Plan with every cell's sample count fixed: ``seeds`` are layouts as ``cells[r][d]`` lists
     with the same count per cell (e.g. slime's static micro-batches of ``micro_batch_size``
@@ -135,7 +136,7 @@ def plan_fixed_cells(window: Window, topology: Topology, cost, seeds: list[list[
     return PlannedCells(p.cells(), p, rep)
 
 
-def score_cells(window: Window, topology: Topology, cost, cells, objective: str,
+def score_cells(window: Window, topology: Topology, cost, cells, objective: Objective,
                 placement=None) -> float:
     """The evaluator's makespan of ``cells[r][d]`` (a layout such as the framework's own) with
     ``placement`` (default: the identity, the expert order a framework leaves as it is)."""

@@ -34,7 +34,7 @@ from collections import deque
 
 from routepack_opt.core.cost import CostModel, resolve_cost
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.objective import check_objective
+from routepack_opt.core.objective import Objective, check_objective
 
 __all__ = ["FrameworkAssertionError", "SeamSettings", "seam_settings", "SeamRecord", "Recorder", "CallBudget",
            "import_skip",
@@ -72,7 +72,7 @@ class SeamSettings:
     """A seam's planner settings, resolved and checked. ``time_limit`` None: unbounded."""
 
     cost: CostModel
-    objective: str
+    objective: Objective
     time_limit: float | None
     max_sweeps: int | None = None
     seed: int = 0

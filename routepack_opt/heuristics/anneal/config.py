@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from routepack_opt.core.errors import InputError, load_document
+from routepack_opt.core.objective import Objective
 from routepack_opt.core.window import available_memory
 
 __all__ = ["AnnealConfig", "AnnealResult", "check_sweep_budget"]
@@ -172,7 +173,7 @@ class AnnealResult:
     slot: np.ndarray
     energy: float
     score: tuple[float, float, float]
-    objective: str
+    objective: Objective
     stats: dict
 
     @property

@@ -49,6 +49,7 @@ import numpy as np
 from routepack_opt.core.bounds import layout_lower_bound
 from routepack_opt.core.cost import CostModel, Stage
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.objective import Objective
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import available_memory
 from routepack_opt.heuristics.anneal.config import AnnealConfig, AnnealResult
@@ -78,7 +79,7 @@ def check_population_memory(inst: Instance, K: int) -> None:
                          f"{avail / 2**30:.1f} GiB is available: lower [anneal] population")
 
 
-def layout_energy(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, objective: str,
+def layout_energy(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, objective: Objective,
                   row_N, slot_N, tie_eps: float = 1e-9) -> tuple[float, tuple[float, float, float]]:
     """(energy, (makespan, total, peak)) of one layout by the search's own compiled state."""
     inst = Instance(lengths_N, b_NLP, topology, cost, rows, objective, tie_eps)
@@ -99,7 +100,7 @@ class Hooks:
     stop: Callable[[], bool] | None = None
 
 
-def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, objective: str,
+def anneal(lengths_N, b_NLP, topology: Topology, cost: CostModel, rows: int, objective: Objective,
            seeds: Sequence[tuple] = (), config: AnnealConfig | None = None, seed: int = 0,
            time_limit: float | None = None, max_sweeps: int | None = None,
            hooks: Hooks | None = None) -> AnnealResult:
@@ -337,7 +338,7 @@ class _Search:
                            "min_energy": float(E.min()), "sweeps": self.sweeps_done,
                            "seconds": time.perf_counter() - self.clock.t0})
 
-    def result(self, objective: str) -> AnnealResult:
+    def result(self, objective: Objective) -> AnnealResult:
         """The best layout, or the best seed when the evaluator scores it no worse; its state's
         score, and the statistics of the search."""
         inst = self.inst

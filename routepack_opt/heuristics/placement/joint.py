@@ -36,7 +36,7 @@ import numpy as np
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator, Score
-from routepack_opt.core.objective import check_objective
+from routepack_opt.core.objective import Objective, check_objective
 from routepack_opt.core.placement import Placement, as_placement
 from routepack_opt.core.plan import check_placement
 from routepack_opt.core.topology import Topology
@@ -97,7 +97,7 @@ class JointResult:
     stats: dict
 
 
-def anneal_packer(window: Window, topology: Topology, cost: CostModel, rows: int, objective: str,
+def anneal_packer(window: Window, topology: Topology, cost: CostModel, rows: int, objective: Objective,
                   config=None, max_sweeps: int | None = None) -> Packer:
     """The population annealer (:mod:`routepack_opt.heuristics.anneal`) as a packer."""
     cfg = config if config is not None else AnnealConfig()
@@ -115,7 +115,7 @@ def anneal_packer(window: Window, topology: Topology, cost: CostModel, rows: int
 class _Scorer:
     """Key = (makespan + w·migration time, total, peak), all through the one evaluator."""
 
-    def __init__(self, ev: Evaluator, objective: str, topology, cost, rows, current, weight):
+    def __init__(self, ev: Evaluator, objective: Objective, topology, cost, rows, current, weight):
         self.ev, self.objective, self.topology, self.cost = ev, objective, topology, cost
         self.rows, self.current, self.weight = rows, current, weight
 
@@ -218,7 +218,7 @@ class _JointRun:
     topology: Topology
     cost: CostModel
     rows: int
-    objective: str
+    objective: Objective
     scorer: _Scorer
     packer: Packer
     config: JointConfig
@@ -267,7 +267,7 @@ def _alternate(run: _JointRun, placement, row, slot, current, seed: int,
     return placement, row, slot, key, history
 
 
-def joint_search(window: Window, topology: Topology, cost: CostModel, rows: int, objective: str,
+def joint_search(window: Window, topology: Topology, cost: CostModel, rows: int, objective: Objective,
                  placement0, layout0, time_limit: float | None = None, seed: int = 0,
                  current_placement=None, config: JointConfig = JointConfig(),
                  packer: Packer | None = None) -> JointResult:
