@@ -49,7 +49,7 @@ from routepack_opt.core import inputs
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.io import atomic_write_text
-from routepack_opt.core.objective import check_objective
+from routepack_opt.core.objective import Objective, check_objective
 from routepack_opt.core.topology import Topology
 from routepack_opt.params import PlannerParams
 from routepack_opt.report_html import (  # summary.json and report.html, re-exported
@@ -78,7 +78,7 @@ class ReportConfig:
 
     topology: Topology
     cost: CostModel
-    objective: str = "max-sum"
+    objective: Objective = Objective.MAX_SUM  # a string is parsed once, here
     params: PlannerParams = PlannerParams()
     time_limit: float | None = None
     max_sweeps: int | None = None
@@ -90,6 +90,7 @@ class ReportConfig:
     cost_name: str | None = None  # how the run named its cost (shown in the options; not compared on resume)
 
     def __post_init__(self):
+        object.__setattr__(self, "objective", check_objective(self.objective))
         if self.format not in FORMATS:
             raise InputError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.format != "window" and self.num_experts is None:
@@ -203,12 +204,12 @@ def check_dirs(run_dir, out_dir) -> Path:
 # ---------------------------------------------------------------------------------------------
 
 
-def _critical_split(ev, placement, row, slot, rows: int, objective: str) -> dict:
+def _critical_split(ev, placement, row, slot, rows: int, objective: Objective) -> dict:
     """Attention / experts / overhead on the critical path (module docstring); sums to the makespan."""
     J_RG, A_SRG, M_RGL = ev.costs(placement, row, slot, rows, parts=True)
     att_RG = A_SRG.sum(axis=0)
     exp_RG = ev.cost.gamma * M_RGL.sum(axis=2)
-    pick = check_objective(objective).critical_blocks(J_RG)
+    pick = objective.critical_blocks(J_RG)
     return {"attention": float(att_RG[pick].sum()), "experts": float(exp_RG[pick].sum()),
             "overhead": float(rows * ev.cost.row_overhead)}
 
@@ -239,7 +240,7 @@ def _seed_packing(lengths, capacity: int, num_bins: int, certified) -> tuple[np.
     return certified, False
 
 
-def _judge(ev, window, topology: Topology, placement, row, slot, rows: int, R_star: int, objective: str) -> dict:
+def _judge(ev, window, topology: Topology, placement, row, slot, rows: int, R_star: int, objective: Objective) -> dict:
     from routepack_opt.heuristics.frameworks import cap_violations
 
     e = ev.evaluate(placement, row, slot, rows, objective)
@@ -304,7 +305,7 @@ def _baseline_layouts(window, topology: Topology, R: int, full) -> tuple[dict[st
     return layouts, errors
 
 
-def _judge_baselines(ev, window, placements: dict, layouts: dict, errors: dict, R: int, objective: str,
+def _judge_baselines(ev, window, placements: dict, layouts: dict, errors: dict, R: int, objective: Objective,
                      ours: float) -> dict[str, dict]:
     """Every ``packer/placement`` baseline scored by the evaluator (or its packer's error), with
     its saving against our makespan ``ours``."""
@@ -368,7 +369,7 @@ def _analyze(path, cfg: ReportConfig, t0: float) -> dict:
            "objective": obj, "makespan": ours, "lower_bound": m["lower_bound"], "gap": m["gap"],
            "lower_bound_any_placement": ev.placement_free_lower_bound(plan.rows),
            # plan_metrics names each objective's makespan "makespan_<objective with _>"
-           "makespan_other_objective": m["makespan_" + check_objective(obj).other.replace("-", "_")],
+           "makespan_other_objective": m["makespan_" + obj.other.replace("-", "_")],
            "ep_imbalance": {"routepack": m["ep_rank_cv"],
                             **{k: rank_load_cv(load_LE, pl, topo.ep) for k, pl in placements.items()}},
            "time_split": _critical_split(ev, plan.expert_placement, plan.row, plan.slot, plan.rows, obj),

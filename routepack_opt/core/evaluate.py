@@ -348,11 +348,11 @@ class Evaluator:
                           redundant_experts=red,
                           replica_bytes_per_rank=red / self.topology.ep * self.cost.expert_bytes)
 
-    def score_layout(self, placement, layout: Layout, objective: str) -> Score:
+    def score_layout(self, placement, layout: Layout, objective: Objective | str) -> Score:
         """:meth:`score` of a :class:`Layout`."""
         return self.score(placement, layout.row, layout.slot, layout.rows, objective)
 
-    def evaluate_layout(self, placement, layout: Layout, objective: str = "max-sum") -> Evaluation:
+    def evaluate_layout(self, placement, layout: Layout, objective: Objective | str = Objective.MAX_SUM) -> Evaluation:
         """:meth:`evaluate` of a :class:`Layout`."""
         return self.evaluate(placement, layout.row, layout.slot, layout.rows, objective)
 
