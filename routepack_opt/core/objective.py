@@ -65,7 +65,11 @@ class Objective(StrEnum):
 
 def check_objective(objective) -> Objective:
     """``objective`` (a string or an :class:`Objective`) as an :class:`Objective`; InputError
-    naming the choices otherwise."""
+    naming the choices otherwise. Strings are parsed at the boundary (``solve``, the CLI, a TOML
+    config, the seams' settings, ``ReportConfig``); the public types that also accept a string
+    (``Plan``, the evaluator) pass an :class:`Objective` through unchanged."""
+    if type(objective) is Objective:
+        return objective
     try:
         return Objective(objective)
     except ValueError:
