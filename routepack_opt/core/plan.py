@@ -144,8 +144,8 @@ class Plan:
                     objective: Objective | str = Objective.MAX_SUM, **reports) -> Plan:
         """A plan from a :class:`Layout` (``reports``: ``score``, ``lower_bound``,
         ``certificate``, ``report``). ``placement``: a :class:`Placement` or a permutation
-        ``π[l, e]``. ``objective`` is parsed by ``__post_init__``."""
-        return cls(topology, layout.rows, placement, layout.row, layout.slot, objective, **reports)
+        ``π[l, e]``."""
+        return cls(topology, layout.rows, placement, layout.row, layout.slot, check_objective(objective), **reports)
 
     @property
     def replicas(self) -> Placement | None:
