@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 
+from routepack_opt.core.checks import check_time_limit
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
@@ -74,8 +75,7 @@ def solve_layout(window: Window, topology: Topology, cost: CostModel, placement,
     options = options or ExactOptions()
     if solver not in SOLVERS:
         raise InputError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
-    if not (time_limit > 0):
-        raise InputError(f"time limit must be > 0 seconds, got {time_limit}")
+    check_time_limit(time_limit)
     topology.check_experts(window.num_experts)
     topology.check_samples(window.num_samples)  # equal_samples_per_slot needs D | N
     inst = LayoutInstance.build(window, topology, cost, placement, rows, objective, evaluator)
@@ -142,8 +142,7 @@ def solve_layout_replicas(window: Window, topology: Topology, cost: CostModel, r
     variables is an :class:`InputError`."""
     if solver not in SOLVERS:
         raise InputError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
-    if not (time_limit > 0):
-        raise InputError(f"time limit must be > 0 seconds, got {time_limit}")
+    check_time_limit(time_limit)
     topology.check_samples(window.num_samples)
     inst = ReplicaLayoutInstance.build_replicas(window, topology, cost, rows, objective, evaluator)
     size = inst.num_cells * window.num_layers * window.num_experts * inst.nmax

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from routepack_opt.core.checks import check_time_limit
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator, Score
@@ -76,8 +77,7 @@ def solve_best_rows(window: Window, topology: Topology, cost: CostModel, rows: S
         raise InputError(f"rows must be a nonempty list of positive row counts, got {list(rows)!r}")
     if not replicas and placement is None:
         raise InputError("a fixed placement is needed without replicas")
-    if not (time_limit > 0):
-        raise InputError(f"time limit must be > 0 seconds, got {time_limit}")
+    check_time_limit(time_limit)
     ev = evaluator or Evaluator(window, topology, cost)
     t0 = time.perf_counter()
     end = t0 + time_limit

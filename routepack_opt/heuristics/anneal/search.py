@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from routepack_opt.core.bounds import layout_lower_bound
+from routepack_opt.core.checks import check_time_limit
 from routepack_opt.core.cost import CostModel, Stage
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.objective import Objective
@@ -142,8 +143,8 @@ def _checked_config(config, time_limit, max_sweeps) -> AnnealConfig:
     cfg = AnnealConfig() if config is None else config
     if not isinstance(cfg, AnnealConfig):
         raise InputError("anneal: config must be an AnnealConfig")
-    if time_limit is not None and not (isinstance(time_limit, (int, float)) and time_limit > 0):
-        raise InputError(f"anneal: time_limit must be a positive number of seconds, got {time_limit!r}")
+    if time_limit is not None:
+        check_time_limit(time_limit, "anneal: time_limit")
     if max_sweeps is not None and (isinstance(max_sweeps, bool)
                                    or not isinstance(max_sweeps, (int, np.integer))
                                    or max_sweeps < 1):
