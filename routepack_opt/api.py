@@ -22,7 +22,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
-import math
 import threading
 import time
 from concurrent.futures import Future
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from routepack_opt import pipeline
+from routepack_opt.core.checks import check_time_limit
 from routepack_opt.core.cost import CostModel, resolve_cost
 from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
@@ -129,7 +129,7 @@ class PlanOptions:
         if not isinstance(self.cost, (str, CostModel)):
             raise InputError(f"cost must be a preset name, a TOML path or a CostModel, got {self.cost!r}")
         if self.time_limit is not None:
-            _check_seconds("time_limit", self.time_limit)
+            check_time_limit(self.time_limit, "time_limit")
         for name, lo in (("max_sweeps", 1), ("num_micro_batches", 1), ("max_micro_batches", 1), ("seed", 0)):
             v = getattr(self, name)
             if v is None and name != "seed":
@@ -168,13 +168,6 @@ class PlanOptions:
 
     def cost_model(self) -> CostModel:
         return self.cost if isinstance(self.cost, CostModel) else resolve_cost(self.cost)
-
-
-def _check_seconds(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(v) or v <= 0:
-        raise InputError(f"{name} must be a positive finite number of seconds, got {v!r}")
-    return float(v)
 
 
 def window_from(lengths, counts=None, routes=None, num_experts: int | None = None, top_k=None) -> Window:
@@ -293,7 +286,7 @@ class AsyncPlanner:
     """
 
     def __init__(self, grace: float = 1.0, warm: bool = True):
-        self.grace = _check_seconds("grace", grace) if grace != 0 else 0.0
+        self.grace = check_time_limit(grace, "grace") if grace != 0 else 0.0
         self.last_error: BaseException | None = None
         self._cv = threading.Condition(threading.Lock())
         self._pending: _Job | None = None  # submitted, not yet picked up by the worker
@@ -314,7 +307,7 @@ class AsyncPlanner:
         :func:`plan_micro_batches` checks it (the window's invariants, shapes, the cost, the
         placements, E divisible by ``ep_size``, lengths within ``max_tokens``, enough samples
         for the cells); never because an earlier window is still running."""
-        deadline = _check_seconds("deadline", deadline)
+        deadline = check_time_limit(deadline, "deadline")
         opts = PlanOptions.of(options)
         # every input checked here, in the caller's thread (one pass over the counts)
         window = checked_window(lengths, counts, routes, num_experts, opts)

@@ -26,12 +26,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import threading
 import time
 from collections import deque
 
+from routepack_opt.core.checks import check_time_limit
 from routepack_opt.core.cost import CostModel, resolve_cost
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.objective import Objective, check_objective
@@ -166,9 +166,7 @@ def _check_time_limit(value, where: str) -> float | None:
             value = float(text)
         except ValueError:
             raise InputError(f"{where}: expected a positive number of seconds or 'none', got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise InputError(f"{where}: expected a positive number of seconds or None, got {value!r}")
-    return float(value)
+    return check_time_limit(value, where)
 
 
 def _strip_flag(msg: str) -> str:
