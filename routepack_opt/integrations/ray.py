@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from routepack_opt.core.checks import check_time_limit
 from routepack_opt.core.errors import InputError
 from routepack_opt.integrations._ray_cluster import (  # the cluster, re-exported
     RayCluster,
@@ -179,12 +180,10 @@ class RayPlanner:
 
     def __init__(self, grace: float = 1.0, *, warm: bool = True, num_cpus: float = 1,
                  actor_options: dict | None = None):
-        from routepack_opt.api import _check_seconds
-
         ray = _ray()
         if not ray.is_initialized():
             raise InputError("RayPlanner needs a running Ray: call ray.init() (or ray.init(address=...)) first")
-        self.grace = _check_seconds("grace", grace) if grace != 0 else 0.0
+        self.grace = check_time_limit(grace, "grace") if grace != 0 else 0.0
         self.last_error: BaseException | None = None
         self._warm = warm
         # two threads: result() of one window may still wait while the next submit arrives
@@ -209,12 +208,12 @@ class RayPlanner:
                **options: Any) -> None:
         """Start planning a window in the actor (see the class docstring); returns at once.
         Raises only ``InputError`` for bad options (and ``RuntimeError`` after ``close()``)."""
-        from routepack_opt.api import PlanOptions, _check_seconds, checked_window
+        from routepack_opt.api import PlanOptions, checked_window
 
         ray = _ray()
         if self._closed:
             raise RuntimeError("RayPlanner: closed")
-        deadline = _check_seconds("deadline", deadline)
+        deadline = check_time_limit(deadline, "deadline")
         if (counts is None) == (routes is None):
             raise InputError("give exactly one of counts=[N, L, E] or routes=[T, L, k]")
         opts = PlanOptions.of(options)
