@@ -34,6 +34,26 @@ CASES = [  # (name, window args, topology args)
 KEYS = ("rows", "placement", "cells", "objective", "score", "lower_bound")
 
 
+def _golden(path: Path, plans: dict) -> dict:
+    """The committed record at ``path`` (rewritten from ``plans`` under ROUTEPACK_REGEN_GOLDEN),
+    after checking that it holds the same plans."""
+    if os.environ.get("ROUTEPACK_REGEN_GOLDEN"):
+        path.write_text(json.dumps(plans, indent=1, sort_keys=True) + "\n")
+    golden = json.loads(path.read_text())
+    assert sorted(plans) == sorted(golden)
+    return golden
+
+
+def _check_fields(key: str, got: dict, want: dict, exact: tuple, close: tuple) -> None:
+    """``exact`` fields equal; the scores and the ``close`` fields to 1e-12 relative."""
+    for field in exact:
+        assert got[field] == want[field], (key, field)
+    for field in ("makespan", "total", "peak"):
+        assert got["score"][field] == pytest.approx(want["score"][field], rel=1e-12), (key, field)
+    for field in close:
+        assert got[field] == pytest.approx(want[field], rel=1e-12), (key, field)
+
+
 def _plans():
     out = {}
     for name, wargs, targs in CASES:
@@ -58,17 +78,10 @@ def plans():
 def test_plans_equal_the_golden_record(plans):
     """Plans (placement, cells, rows, scores, certificate) for fixed windows, both objectives,
     lpt and joint placement, seed 3 and 8 sweeps equal the committed record."""
-    if os.environ.get("ROUTEPACK_REGEN_GOLDEN"):
-        GOLDEN.write_text(json.dumps(plans, indent=1, sort_keys=True) + "\n")
-    golden = json.loads(GOLDEN.read_text())
-    assert sorted(plans) == sorted(golden)
+    golden = _golden(GOLDEN, plans)
     for key, want in golden.items():
-        got = plans[key]
-        for field in ("rows", "placement", "cells", "objective", "certificate", "placement_kind"):
-            assert got[field] == want[field], (key, field)
-        for field in ("makespan", "total", "peak"):
-            assert got["score"][field] == pytest.approx(want["score"][field], rel=1e-12), (key, field)
-        assert got["lower_bound"] == pytest.approx(want["lower_bound"], rel=1e-12), key
+        _check_fields(key, plans[key], want, ("rows", "placement", "cells", "objective", "certificate", "placement_kind"),
+                      ("lower_bound",))
 
 
 # a cost whose attention is mostly quadratic and whose micro-batches are cheap: on the third
@@ -99,17 +112,10 @@ def test_row_search_plans_equal_the_golden_record():
     """The default planner (R searched in [R*, R* + 4], seed 3, 16 sweeps) gives the committed
     plans: the chosen R, the cells and scores, and the makespan it screened at R*."""
     plans = _row_plans()
-    if os.environ.get("ROUTEPACK_REGEN_GOLDEN"):
-        GOLDEN_ROWS.write_text(json.dumps(plans, indent=1, sort_keys=True) + "\n")
-    golden = json.loads(GOLDEN_ROWS.read_text())
-    assert sorted(plans) == sorted(golden)
+    golden = _golden(GOLDEN_ROWS, plans)
     for key, want in golden.items():
-        got = plans[key]
-        for field in ("rows", "placement", "cells", "objective", "r_star", "chosen"):
-            assert got[field] == want[field], (key, field)
-        for field in ("makespan", "total", "peak"):
-            assert got["score"][field] == pytest.approx(want["score"][field], rel=1e-12), (key, field)
-        assert got["makespan_r_star"] == pytest.approx(want["makespan_r_star"], rel=1e-12), key
+        _check_fields(key, plans[key], want, ("rows", "placement", "cells", "objective", "r_star", "chosen"),
+                      ("makespan_r_star",))
     assert any(g["chosen"] > g["r_star"] for g in golden.values())  # the record covers a count above R*
 
 
@@ -144,10 +150,7 @@ def test_replica_plans_equal_the_golden_record():
     fixed windows, both objectives, lpt and joint, seed 5 and 8 sweeps equal the committed record
     exactly (scores included: bit-identical floats)."""
     plans = _replica_plans()
-    if os.environ.get("ROUTEPACK_REGEN_GOLDEN"):
-        GOLDEN_REPLICAS.write_text(json.dumps(plans, indent=1, sort_keys=True) + "\n")
-    golden = json.loads(GOLDEN_REPLICAS.read_text())
-    assert sorted(plans) == sorted(golden)
+    golden = _golden(GOLDEN_REPLICAS, plans)
     for key, want in golden.items():
         assert plans[key] == want, key
     assert all(g["phy2log"] for g in golden.values())  # every record carries replica slots
