@@ -61,6 +61,7 @@ def test_params_toml_round_trip(tmp_path):
     ("[certify]\nmethod = 'magic'\n", "magic"),
     ("[certify]\nshare = 0\n", "share"),
     ("[joint]\nmax_rounds = 0\n", "max_rounds"),
+    ("[anneal]\np_rotate = 1.5\n", "p_rotate"),  # the rotation move's switch is a probability
     ("population = 4\nbogus = 1\n", "bogus"),  # no sections: the older ANNEAL.toml form
 ])
 def test_params_errors_name_the_culprit(tmp_path, text, named):
