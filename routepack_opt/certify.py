@@ -13,8 +13,10 @@ K ≥ the bin lower bound, so the certifier escalates and stops as soon as that 
 2. the Gilmore–Gomory LP bound by column generation (:mod:`routepack_opt.models.colgen`;
    certified by integer duals and an exact knapsack, :func:`routepack_opt.core.bounds.dual_bound`),
    which may raise K, then a second bound on K itself (only patterns wasting at most K bins'
-   slack) and an LP-guided search for a packing into K bins (diving with backtracking, the
-   restricted master as an integer program, CP-SAT on the residual); ``method="colgen"``.
+   slack), an LP-guided search for a packing into K bins (diving with backtracking, the
+   restricted master as an integer program, CP-SAT on the residual), then branch-and-price on
+   "K bins?" (Ryan–Foster branching, :mod:`routepack_opt.models.branch_price`), which proves K
+   impossible where ⌈LP⌉ < the optimum or finds the packing; ``method="colgen"``.
    Skipped when one pricing DP would exceed ``_CG_MAX_CELLS`` cells or the sizes
    ``_CG_MAX_TYPES`` distinct values (production windows, where the heuristics above close);
 3. an exact model (``auto``: arc-flow MILP in Pyomo/HiGHS when its graph is small, else
@@ -54,7 +56,7 @@ from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.heuristics.binpack import best_packing, fixed_bins_search, minimum_bin_slack
 from routepack_opt.heuristics.equal_counts import equal_count_layout
-from routepack_opt.models import colgen
+from routepack_opt.models import branch_price, colgen
 from routepack_opt.models.binpack import arcflow_graph, solve_bin_packing
 from routepack_opt.models.equal_counts import decide_equal_counts
 
@@ -69,11 +71,13 @@ _TABU_FIRST_S = 0.5  # the first, short tabu run straight from FFD/BFD
 # Column generation: share of the time limit for the LP bound(s) and for the LP-guided packing,
 # and the largest pricing it is run for: DP cells (0/1 items × capacity, ~1 ns each) and
 # distinct sizes (the master's rows; production windows have thousands and close before).
-_CG_BOUND_SHARE, _CG_PACK_SHARE = 0.4, 0.45
+_CG_BOUND_SHARE, _CG_PACK_SHARE = 0.4, 0.2
 _MBS_MAX_LP_S, _TABU_MAX_LP_S = 1.5, 1.0  # MBS' and the tabu search when an LP is at hand
 # The exact model straight after the LP bound when the arc-flow graph on K has at most this many arcs.
 _SMALL_ARCFLOW_ARCS, _SMALL_ARCFLOW_MAX_CELLS = 10_000, 5_000_000
 _EXACT_MIN_S = 0.25  # the exact model is not started with less time left (its build alone overruns)
+_BP_RESERVE_S = 0.1  # branch-and-price leaves this much of the limit (its last node overruns by ms)
+_BP_MAX_CELLS = 20_000_000  # its pricing's choice table: 4 bytes a cell
 _CG_MAX_CELLS, _CG_MAX_TYPES = 25_000_000, 600
 
 
@@ -152,7 +156,7 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     sizes_N, _ = check_sizes(lengths_N, topology.capacity)
     s = _Search(sizes_N, topology.capacity, topology, r_max, time_limit, t0, method, num_workers)
     # The steps of the module docstring, each returning a certificate once K is decided.
-    for step in (_by_bounds, _by_lp_bound, _by_heuristics, _by_lp_packing, _by_exact_model):
+    for step in (_by_bounds, _by_lp_bound, _by_heuristics, _by_lp_packing, _by_branch_price, _by_exact_model):
         cert = step(s)
         if cert is not None:
             return cert
@@ -330,6 +334,29 @@ def _by_lp_packing(s: _Search) -> Certificate | None:
         s.pack_N, s.ub_bins, s.ub_name = _fewer_rows(
             s.sizes_N, s.C, s.topology, s.r_lo, s.pack_N, s.ub_bins, s.ub_name,
             min(_TABU_MAX_S, _TABU_SHARE * s.time_limit, s.time_limit - s.elapsed()))
+    return None
+
+
+def _by_branch_price(s: _Search) -> Certificate | None:
+    """Step 2's decision: branch-and-price on "K bins?" (:mod:`routepack_opt.models.branch_price`)
+    with the time left, less ``_BP_RESERVE_S``; it settles the instances whose optimum is ⌈LP⌉ + 1
+    (a proof) and finds the packings the dive missed. When it proves K impossible, the next valid
+    R is tried. Skipped where its DP tables would pass ``_BP_MAX_CELLS`` (distinct sizes × capacity)."""
+    w_M, b_M, type_N = colgen.types_of(s.sizes_N)
+    if s.lp is not None and not s.small_exact and w_M.size * (s.C + 1) <= _BP_MAX_CELLS:
+        while (left := s.time_limit - s.elapsed() - _BP_RESERVE_S) > _EXACT_MIN_S:
+            K = s.K
+            res = branch_price.decide_bins(w_M, b_M, s.C, K, columns=s.lp.cols_PM, time_limit=left)
+            if res.status == "feasible":
+                bin_N = colgen.assignment(res.bins, type_N)
+                if is_packing(s.sizes_N, s.C, bin_N, K):  # re-checked item by item
+                    s.pack_N, s.ub_bins, s.ub_name = bin_N, int(np.unique(bin_N).size), "branch-and-price"
+                    return s.proved("colgen")
+            if res.status != "infeasible":
+                break
+            s.raise_bound(K + 1, f"branch-and-price on {K} bins ({res.nodes} nodes)")
+            if s.ub_bins <= s.K:
+                return s.proved("colgen")
     return None
 
 

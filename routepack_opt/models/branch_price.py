@@ -1,0 +1,520 @@
+"""Branch-and-price on the decision "do the types fit in K bins?" (Ryan–Foster branching).
+
+The question is the one :func:`routepack_opt.models.colgen.lp_pack` can only answer yes to: a
+packing of the types (``w_M`` decreasing, counts ``b_M``) into at most ``K`` bins of capacity
+``C``, or a proof that none exists. It decides the instances where ⌈LP⌉ = K but the optimum is
+K + 1 (the non-IRUP ones), which no bound and no heuristic settles.
+
+Model at a node: the pattern LP min Σ x_p s.t. Σ_p a_jp x_p = b_j (every item in one bin), plus
+the node's branching rows (below), x ≥ 0, over the patterns that waste at most the slack
+S = K·C − Σ b w (a packing into K bins wastes S in all, so no bin of it wastes more) and that the
+node's rows do not bar. Each row has an artificial column of cost
+``_BIG`` so that every restricted master is feasible. Columns come from an exact pricing
+(:func:`_price`, compiled): a bounded knapsack DP over the types no branching row names, and an
+enumeration of the counts of the types that one does.
+
+Branching (Ryan & Foster 1981, on types): for two types i ≠ j, Q_ij = Σ_{p ∋ i, j} x_p is the
+number of bins holding both, and Q_ii the number holding type i; in a packing both are integers.
+The node branches on the most fractional Q (ties: the larger sizes) into Q ≤ ⌊Q⌋ and Q ≥ ⌈Q⌉,
+the nearer side first, depth first. When every Q is integral the master's x is integral too in
+the classical case (all counts 1); otherwise the node is left open and the search says
+``unknown``, never a wrong answer.
+
+A row Q_ij ≤ 0 bars the patterns holding both types, and Q_ij ≥ 1 on two types of one item each
+bars the patterns holding one without the other (Ryan–Foster's "apart" and "together"); the
+pricing skips them and the pool's copies get an upper bound of 0 at that node.
+
+Pruning is proved in integer arithmetic: the duals are rounded to integers u (cover rows, any
+sign) and ν (branching rows, with the sign their sense allows), U is the exact pricing maximum of
+(u, ν) over the admissible patterns, and D = Σ b u + Σ_r rhs_r ν_r. Every x of the node satisfies
+Σ x ≥ D / U (Farley's bound), so D > K·U proves that the node holds no packing into K bins, and
+so does U < 0 (no admissible pattern) when D > 0. A node is only pruned on that test, so an
+``infeasible`` answer rests on integer checks, not on the LP solver's tolerances. A packing is
+returned as count vectors; the caller re-checks it item by item.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numba
+import numpy as np
+
+from routepack_opt.models import _solvers
+from routepack_opt.models.colgen import SCALE
+
+__all__ = ["BranchPriceResult", "decide_bins"]
+
+_BIG = 1e4  # cost of an artificial column: any positive value keeps pruning valid; larger prunes more
+_NEG = -(1 << 62)
+_FRAC = 1e-6  # a branching quantity this far from an integer is fractional
+
+
+@dataclasses.dataclass
+class BranchPriceResult:
+    """``status``: ``feasible`` (``bins`` is a packing into ≤ K bins, as count vectors),
+    ``infeasible`` (proved: no packing into K bins), ``unknown`` (time or a node left open).
+    ``nodes``: nodes solved; ``columns``: patterns generated."""
+
+    status: str
+    bins: list | None
+    nodes: int
+    columns: int
+    seconds: float
+
+
+@numba.njit(cache=True)
+def _price(w_M, b_M, u_M, free_M, C, min_load, bt_T, rows_i, rows_j, rows_k, rows_e, E_QM, rows_v, kinds):
+    """Exact pricing: max of Σ_j u_j a_j + Σ_r v_r [a in row r] over the patterns 0 ≤ a ≤ b with
+    ``min_load`` ≤ Σ w a ≤ C that no row bars (``kinds``: see :func:`_kind`). Row r holds the
+    patterns with a_{i_r} ≥ k_r and (j_r < 0 or a_{j_r} > 0), or, when e_r ≥ 0, the pattern
+    ``E_QM[e_r]`` alone (its types are among ``bt_T``). Types with ``free_M`` go through a
+    bounded-knapsack DP over the exact weight; the types ``bt_T`` (those the rows name) are
+    enumerated, each combination completed by the best DP weight in its range. Returns (value,
+    a_M); value < −2^61 when no pattern qualifies."""
+    m = w_M.size
+    f = np.full(C + 1, _NEG, dtype=np.int64)
+    f[0] = 0
+    choice = np.zeros((m, C + 1), dtype=np.int32)
+    for j in range(m):
+        if not free_M[j]:
+            continue
+        wj = w_M[j]
+        kmax = min(b_M[j], C // wj)
+        if kmax == 0:
+            continue
+        uj = u_M[j]
+        g = f.copy()
+        for x in range(wj, C + 1):
+            best = g[x]
+            bk = 0
+            for k in range(1, kmax + 1):
+                y = x - k * wj
+                if y < 0:
+                    break
+                if f[y] > _NEG and f[y] + k * uj > best:
+                    best = f[y] + k * uj
+                    bk = k
+            g[x] = best
+            choice[j, x] = bk
+        f = g
+    # best completion for a combination of load L: max f over [max(min_load − L, 0), C − L]; the
+    # window has the fixed width C − min_load while min_load ≥ L (sliding maximum, monotone
+    # deque), else it starts at 0 (prefix maximum)
+    width = C - max(min_load, 0)
+    win = np.full(C + 1, -1, dtype=np.int64)
+    pre = np.full(C + 1, -1, dtype=np.int64)
+    dq = np.empty(C + 1, dtype=np.int64)
+    head = 0
+    tail = 0
+    for hi in range(C + 1):
+        if f[hi] > _NEG:
+            while tail > head and f[dq[tail - 1]] <= f[hi]:
+                tail -= 1
+            dq[tail] = hi
+            tail += 1
+        while tail > head and dq[head] < hi - width:
+            head += 1
+        win[hi] = dq[head] if tail > head else -1
+        if f[hi] > _NEG and (hi == 0 or pre[hi - 1] < 0 or f[hi] > f[pre[hi - 1]]):
+            pre[hi] = hi
+        else:
+            pre[hi] = pre[hi - 1] if hi > 0 else -1
+    T = bt_T.size
+    cnt = np.full(T, -1, dtype=np.int64)
+    best_cnt = np.zeros(T, dtype=np.int64)
+    count = np.zeros(m, dtype=np.int64)
+    best_val = _NEG
+    best_x = -1
+    # depth-first over the counts of the enumerated types (odometer with a capacity cut)
+    t = 0
+    load = 0
+    val = 0
+    while t >= 0:
+        if t == T:
+            hi = C - load
+            x = win[hi] if min_load >= load else pre[hi]
+            # the best completion, and the empty one (exact-pattern rows hold only that)
+            for cand in range(2):
+                if cand == 1:
+                    if x == 0 or min_load > load or rows_e.size == 0:
+                        break
+                    x = 0
+                if x < 0:
+                    continue
+                bonus = 0
+                barred = False
+                for r in range(rows_i.size):
+                    if rows_e[r] >= 0:
+                        member = x == 0
+                        for q in range(T):
+                            if E_QM[rows_e[r], bt_T[q]] != count[bt_T[q]]:
+                                member = False
+                                break
+                    else:
+                        member = count[rows_i[r]] >= rows_k[r] and (rows_j[r] < 0 or count[rows_j[r]] > 0)
+                    if member:
+                        bonus += rows_v[r]
+                        barred |= kinds[r] == 1
+                    elif kinds[r] == 2 and (count[rows_i[r]] > 0) != (count[rows_j[r]] > 0):
+                        barred = True
+                tot = val + f[x] + bonus
+                if not barred and tot > best_val:
+                    best_val = tot
+                    best_x = x
+                    best_cnt[:] = cnt
+            t -= 1
+            continue
+        j = bt_T[t]
+        if cnt[t] < 0:
+            cnt[t] = 0
+        else:
+            load -= cnt[t] * w_M[j]
+            val -= cnt[t] * u_M[j]
+            cnt[t] += 1
+        if cnt[t] > b_M[j] or load + cnt[t] * w_M[j] > C:
+            cnt[t] = -1
+            count[j] = 0
+            t -= 1
+            continue
+        load += cnt[t] * w_M[j]
+        val += cnt[t] * u_M[j]
+        count[j] = cnt[t]
+        t += 1
+        if t < T:
+            cnt[t] = -1
+    a_M = np.zeros(m, dtype=np.int64)
+    if best_x < 0:
+        return best_val, a_M
+    for q in range(T):
+        a_M[bt_T[q]] = best_cnt[q]
+    x = best_x
+    for j in range(m - 1, -1, -1):
+        if free_M[j]:
+            k = choice[j, x]
+            a_M[j] += k
+            x -= k * w_M[j]
+    return best_val, a_M
+
+
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    """A branching row: the bins holding ≥ ``k`` copies of type ``i`` (and type ``j`` when
+    j ≥ 0) — or, with ``exact``, the bins packed as that pattern — number ≥ ``rhs`` (``ge``) or
+    ≤ ``rhs``."""
+
+    i: int
+    j: int
+    ge: bool
+    rhs: int
+    k: int = 1
+    exact: tuple | None = None
+
+    def types(self) -> set[int]:
+        if self.exact is not None:
+            return {q for q, c in enumerate(self.exact) if c}
+        return {self.i} | ({self.j} if self.j >= 0 else set())
+
+
+# what a row rules out in every packing of its node, beyond its own inequality
+_BONUS, _NOT_BOTH, _NOT_ONE = 0, 1, 2
+
+
+def _kind(row: _Row, b_M) -> int:
+    """``_NOT_BOTH``: no bin holds the row's types (≤ 0); ``_NOT_ONE``: two single items in one
+    bin (≥ 1 with b_i = b_j = 1), so no bin holds one without the other; else ``_BONUS``."""
+    if not row.ge and row.rhs <= 0:
+        return _NOT_BOTH
+    if row.ge and row.exact is None and row.j >= 0 and row.rhs >= 1 and b_M[row.i] == 1 and b_M[row.j] == 1:
+        return _NOT_ONE
+    return _BONUS
+
+
+class _Pool:
+    """Every pattern generated so far, rows of ``A`` (all are patterns of the instance; a node
+    bars those its rows rule out)."""
+
+    def __init__(self, m: int):
+        self.A = np.zeros((256, m), dtype=np.int64)
+        self.n = 0
+        self.keys: set[bytes] = set()
+
+    def add(self, a_M) -> bool:
+        a_M = np.asarray(a_M, dtype=np.int64)
+        key = a_M.tobytes()
+        if key in self.keys or not a_M.any():
+            return False
+        self.keys.add(key)
+        if self.n == self.A.shape[0]:
+            self.A = np.concatenate([self.A, np.zeros_like(self.A)])
+        self.A[self.n] = a_M
+        self.n += 1
+        return True
+
+    @property
+    def cols(self) -> np.ndarray:
+        return self.A[:self.n]
+
+
+def _member(A_PM: np.ndarray, r: _Row) -> np.ndarray:
+    """(P,) bool: the patterns row ``r`` counts."""
+    if r.exact is not None:
+        return np.all(A_PM == np.array(r.exact, dtype=np.int64), axis=1)
+    return (A_PM[:, r.i] >= r.k) & ((A_PM[:, r.j] > 0) if r.j >= 0 else True)
+
+
+def _membership(A_PM: np.ndarray, rows: list[_Row]) -> np.ndarray:
+    """(P, R) bool: pattern p counts in row r."""
+    out = np.zeros((A_PM.shape[0], len(rows)), dtype=np.bool_)
+    for q, r in enumerate(rows):
+        out[:, q] = _member(A_PM, r)
+    return out
+
+
+def _barred(A_PM: np.ndarray, rows: list[_Row], kinds: list[int]) -> np.ndarray:
+    """(P,) bool: patterns the node's rows rule out (see :func:`_kind`)."""
+    pres = A_PM > 0
+    out = np.zeros(A_PM.shape[0], dtype=np.bool_)
+    for r, k in zip(rows, kinds):
+        if k == _NOT_BOTH:
+            out |= _member(A_PM, r)
+        elif k == _NOT_ONE:
+            out |= pres[:, r.i] != pres[:, r.j]
+    return out
+
+
+class _NodeLP:
+    """The restricted master of one node in HiGHS: cover rows and the node's branching rows;
+    the pool's patterns (those the node bars at 0), an artificial column per row, then the
+    patterns added as they price out. Warm-started from the parent's basis (the new row's
+    slack basic) when one is given."""
+
+    def __init__(self, b_M, rows: list[_Row], kinds: list[int], pool: _Pool, basis=None):
+        hs = self.hs = _solvers.highspy()
+        self.h = h = hs.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", _solvers.highs_threads(1))
+        h.setOptionValue("random_seed", 0)
+        h.setOptionValue("presolve", "off")
+        h.setOptionValue("solver", "simplex")
+        m, R = b_M.size, len(rows)
+        self.m, self.rows, self.kinds = m, rows, kinds
+        lo = np.concatenate([b_M.astype(np.float64), [r.rhs if r.ge else -np.inf for r in rows]])
+        hi = np.concatenate([b_M.astype(np.float64), [np.inf if r.ge else r.rhs for r in rows]])
+        h.addRows(m + R, lo, hi, 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float64))
+        self.P0 = pool.n
+        self._add_cols(pool.cols, np.where(_barred(pool.cols, rows, kinds), 0.0, np.inf))
+        sign = np.array([1.0] * m + [1.0 if r.ge else -1.0 for r in rows])
+        h.addCols(m + R, np.full(m + R, _BIG), np.zeros(m + R), np.full(m + R, np.inf), m + R,
+                  np.arange(m + R, dtype=np.int32), np.arange(m + R, dtype=np.int32), sign)
+        self.n_art = m + R
+        if basis is not None:
+            self._set_basis(basis)
+
+    def _add_cols(self, A_PM: np.ndarray, ub: np.ndarray) -> None:
+        P = A_PM.shape[0]
+        if P == 0:
+            return
+        M = np.concatenate([A_PM.astype(np.float64), _membership(A_PM, self.rows).astype(np.float64)], axis=1)
+        nz_p, nz_r = np.nonzero(M)  # row-major: grouped by column p, as HiGHS' CSC wants
+        starts = np.searchsorted(nz_p, np.arange(P)).astype(np.int32)
+        self.h.addCols(P, np.ones(P), np.zeros(P), ub, nz_p.size, starts, nz_r.astype(np.int32),
+                       M[nz_p, nz_r])
+
+    def add(self, a_M: np.ndarray) -> None:
+        self._add_cols(a_M[None, :], np.array([np.inf]))
+
+    def pool_index(self, x: np.ndarray) -> np.ndarray:
+        """LP column values → (pattern values in pool order, artificial values)."""
+        return np.concatenate([x[:self.P0], x[self.P0 + self.n_art:]]), x[self.P0:self.P0 + self.n_art]
+
+    def _set_basis(self, basis) -> None:
+        col_p, art, row = basis
+        hs = self.hs
+        lower = hs.HighsBasisStatus.kLower
+        n_pool = self.h.getNumCol() - self.n_art
+        col_p = list(col_p[:n_pool]) + [lower] * (n_pool - len(col_p))
+        art = list(art) + [lower] * (self.n_art - len(art))
+        row = list(row) + [hs.HighsBasisStatus.kBasic] * (self.m + len(self.rows) - len(row))
+        b = hs.HighsBasis()
+        b.col_status = col_p[:self.P0] + art + col_p[self.P0:]
+        b.row_status = row
+        b.valid = True
+        self.h.setBasis(b)
+
+    def basis(self):
+        """The final basis in pool order: (pattern statuses, artificial statuses, row statuses)."""
+        b = self.h.getBasis()
+        cs = list(b.col_status)
+        return (cs[:self.P0] + cs[self.P0 + self.n_art:], cs[self.P0:self.P0 + self.n_art], list(b.row_status))
+
+    def solve(self, time_limit: float):
+        """(row duals, pattern x in pool order, artificial x) or None when HiGHS stops short of optimal."""
+        h = self.h
+        h.setOptionValue("time_limit", float(max(time_limit, 0.01)))
+        h.run()
+        if h.getModelStatus() != self.hs.HighsModelStatus.kOptimal:
+            return None
+        sol = h.getSolution()
+        x, art = self.pool_index(np.asarray(sol.col_value, dtype=np.float64))
+        return np.asarray(sol.row_dual, dtype=np.float64), x, art
+
+
+def _integer_duals(pi, rows: list[_Row], m: int):
+    """Duals rounded to integers at scale SCALE, with the signs the rows allow."""
+    u_M = np.floor(pi[:m] * SCALE).astype(np.int64)
+    nu = []
+    for q, r in enumerate(rows):
+        v = int(np.floor(pi[m + q] * SCALE))
+        nu.append(max(v, 0) if r.ge else min(v, 0))
+    return u_M, nu
+
+
+class _Pricer:
+    """The node's exact pricing (:func:`_price`) with its rows' data laid out for the kernel."""
+
+    def __init__(self, w_M, b_M, C: int, min_load: int, rows: list[_Row], kinds: list[int]):
+        self.w_M, self.b_M, self.C, self.min_load = w_M, b_M, C, min_load
+        named = sorted(set().union(*[r.types() for r in rows]))
+        self.bt_T = np.array(named, dtype=np.int64)
+        self.free_M = np.ones(w_M.size, dtype=np.bool_)
+        self.free_M[self.bt_T] = False
+        self.rows_i = np.array([r.i for r in rows], dtype=np.int64)
+        self.rows_j = np.array([r.j for r in rows], dtype=np.int64)
+        self.rows_k = np.array([r.k for r in rows], dtype=np.int64)
+        exact = [r.exact for r in rows if r.exact is not None]
+        self.E_QM = np.array(exact, dtype=np.int64).reshape(len(exact), w_M.size)
+        self.rows_e = np.cumsum([r.exact is not None for r in rows], dtype=np.int64) - 1
+        self.rows_e[[r.exact is None for r in rows]] = -1
+        self.kinds = np.array(kinds, dtype=np.int64)
+
+    def price(self, u_M, nu) -> tuple[int, np.ndarray]:
+        v, a_M = _price(self.w_M, self.b_M, u_M, self.free_M, self.C, self.min_load, self.bt_T,
+                        self.rows_i, self.rows_j, self.rows_k, self.rows_e, self.E_QM,
+                        np.array(nu, dtype=np.int64), self.kinds)
+        return int(v), a_M
+
+
+def _node(w_M, b_M, C, K, min_load, rows, pool, deadline, basis):
+    """Column generation at one node. Returns (kind, payload, basis): ("pruned", None),
+    ("packing", bins), ("branch", x over the pool) or ("time", None)."""
+    m = w_M.size
+    kinds = [_kind(r, b_M) for r in rows]
+    lp = _NodeLP(b_M, rows, kinds, pool, basis)
+    pricer = _Pricer(w_M, b_M, C, min_load, rows, kinds)
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return "time", None, None
+        out = lp.solve(left)
+        if out is None:
+            return "time", None, None
+        pi, x, art = out
+        u_M, nu = _integer_duals(pi, rows, m)
+        U, a_M = pricer.price(u_M, nu)
+        D = sum(int(b) * int(u) for b, u in zip(b_M.tolist(), u_M.tolist()))
+        D += sum(r.rhs * nu[q] for q, r in enumerate(rows))
+        if (U < 0 and D > 0) or (U > 0 and D > K * U):
+            return "pruned", None, None
+        if U > SCALE and pool.add(a_M):
+            lp.add(a_M)
+            continue
+        # converged: no pattern prices out at the rounded duals
+        xi = np.rint(x)
+        if art.max(initial=0.0) < 1e-9 and np.all(np.abs(x - xi) < 1e-6) and xi.sum() <= K:
+            bins = _bins_of(xi.astype(np.int64), pool, b_M)
+            if bins is not None:
+                return "packing", bins, None
+        return "branch", x, lp.basis()
+
+
+def _bins_of(x_P, pool: _Pool, b_M):
+    """Integral pattern counts → count vectors, surplus copies cut (covers are ≥)."""
+    r_M = b_M.copy()
+    bins = []
+    for p in np.flatnonzero(x_P > 0):
+        for _ in range(int(x_P[p])):
+            a = np.minimum(pool.cols[p], r_M)
+            r_M -= a
+            if a.any():
+                bins.append(a)
+    return bins if not r_M.any() else None
+
+
+def _branch_on(x_P, pool: _Pool, w_M, b_M) -> _Row | None:
+    """The row to branch on (its ``rhs`` = the fractional value's floor), or None when x is
+    integral. In order: the most fractional Q_ij (the bins holding types i and j; Q_ii: holding
+    i), ties to the larger sizes; then the bins holding ≥ k copies of a type; then a fractional
+    pattern itself (always there when x is fractional, so the search is complete)."""
+    sup = np.flatnonzero(x_P > 1e-9)
+    if sup.size == 0:
+        return None
+    A = pool.cols[sup]
+    pres = (A > 0).astype(np.float64)
+    Q = (pres * x_P[sup, None]).T @ pres
+    F = np.triu(np.abs(Q - np.rint(Q)))
+    m = w_M.size
+    if F.max() >= _FRAC:
+        # most fractional first, then the larger sizes (smaller type indices)
+        key = np.round(F, 9) * 4 * m - (np.arange(m)[:, None] + np.arange(m)[None, :]) / (m * m)
+        i, j = np.unravel_index(int(np.argmax(np.where(F >= _FRAC, key, -np.inf))), F.shape)
+        return _Row(int(i), int(j) if j != i else -1, False, int(np.floor(Q[i, j] + _FRAC)))
+    for i in np.flatnonzero(b_M > 1):
+        for k in range(2, int(A[:, i].max(initial=0)) + 1):
+            v = float(x_P[sup][A[:, i] >= k].sum())
+            if abs(v - round(v)) >= _FRAC:
+                return _Row(int(i), -1, False, int(np.floor(v + _FRAC)), k=k)
+    frac = np.abs(x_P[sup] - np.rint(x_P[sup]))
+    if frac.max() < _FRAC:
+        return None
+    p = int(np.argmax(frac))
+    return _Row(-1, -1, False, int(np.floor(x_P[sup[p]] + _FRAC)), exact=tuple(int(c) for c in A[p]))
+
+
+def decide_bins(w_M, b_M, C: int, K: int, *, columns=(), time_limit: float = 10.0,
+                max_nodes: int = 1_000_000) -> BranchPriceResult:
+    """Decide whether the types fit in ``K`` bins by branch-and-price (module docstring).
+
+    ``columns``: patterns to start the pool with (e.g. the root LP's); those wasting more than
+    the slack are dropped. Deterministic for its input up to the time limit."""
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit
+    w_M = np.asarray(w_M, dtype=np.int64)
+    b_M = np.asarray(b_M, dtype=np.int64)
+    m = w_M.size
+    min_load = int((w_M * b_M).sum()) - (int(K) - 1) * int(C)
+    pool = _Pool(m)
+
+    def result(status, bins=None, nodes=0):
+        return BranchPriceResult(status, bins, nodes, len(pool.cols), time.perf_counter() - t0)
+
+    if min_load > C:
+        return result("infeasible")
+    for a in columns:
+        a = np.minimum(np.asarray(a, dtype=np.int64), b_M)
+        if min_load <= int((a * w_M).sum()) <= C:
+            pool.add(a)
+    stack: list[tuple[list[_Row], object]] = [([], None)]
+    nodes = 0
+    while stack:
+        if nodes >= max_nodes:
+            return result("unknown", nodes=nodes)
+        rows, basis = stack.pop()
+        nodes += 1
+        kind, out, basis = _node(w_M, b_M, C, K, min_load, rows, pool, deadline, basis)
+        if kind == "time":
+            return result("unknown", nodes=nodes)
+        if kind == "packing" and out is not None:
+            return result("feasible", out, nodes)
+        if kind == "pruned":
+            continue
+        down = _branch_on(out, pool, w_M, b_M)
+        if down is None:  # x integral yet no packing read off (cannot happen: covers are equalities)
+            return result("unknown", nodes=nodes)
+        up = dataclasses.replace(down, ge=True, rhs=down.rhs + 1)
+        # depth first, the nearer side first (pushed last)
+        q = float(out @ _member(pool.cols, down))
+        pair = [(rows + [down], basis), (rows + [up], basis)]
+        stack.extend(pair if q - down.rhs > 0.5 else pair[::-1])
+    return result("infeasible", nodes=nodes)
