@@ -72,6 +72,8 @@ _TABU_FIRST_S = 0.5  # the first, short tabu run straight from FFD/BFD
 # and the largest pricing it is run for: DP cells (0/1 items × capacity, ~1 ns each) and
 # distinct sizes (the master's rows; production windows have thousands and close before).
 _CG_BOUND_SHARE, _CG_PACK_SHARE = 0.4, 0.2
+# the LP-guided search's CP-SAT residual builds its model outside its limit: up to 0.3 s on Hard28
+_LP_PACK_MARGIN_S = 0.4
 _MBS_MAX_LP_S, _TABU_MAX_LP_S = 1.5, 1.0  # MBS' and the tabu search when an LP is at hand
 # The exact model straight after the LP bound when the arc-flow graph on K has at most this many arcs.
 _SMALL_ARCFLOW_ARCS, _SMALL_ARCFLOW_MAX_CELLS = 10_000, 5_000_000
@@ -339,24 +341,27 @@ def _by_lp_packing(s: _Search) -> Certificate | None:
 
 def _by_branch_price(s: _Search) -> Certificate | None:
     """Step 2's decision: branch-and-price on "K bins?" (:mod:`routepack_opt.models.branch_price`)
-    with the time left, less ``_BP_RESERVE_S``; it settles the instances whose optimum is ⌈LP⌉ + 1
-    (a proof) and finds the packings the dive missed. When it proves K impossible, the next valid
-    R is tried. Skipped where its DP tables would pass ``_BP_MAX_CELLS`` (distinct sizes × capacity)."""
+    with the time left, less ``_BP_RESERVE_S``: it settles the instances whose optimum is
+    ⌈LP⌉ + 1 (a proof) and finds the packings the heuristics and the dive miss. When it proves K
+    impossible, the next valid R is tried (a new search). Skipped where its DP tables would pass
+    ``_BP_MAX_CELLS`` (distinct sizes × capacity)."""
+    if s.lp is None or s.small_exact:
+        return None
     w_M, b_M, type_N = colgen.types_of(s.sizes_N)
-    if s.lp is not None and not s.small_exact and w_M.size * (s.C + 1) <= _BP_MAX_CELLS:
-        while (left := s.time_limit - s.elapsed() - _BP_RESERVE_S) > _EXACT_MIN_S:
-            K = s.K
-            res = branch_price.decide_bins(w_M, b_M, s.C, K, columns=s.lp.cols_PM, time_limit=left)
-            if res.status == "feasible":
-                bin_N = colgen.assignment(res.bins, type_N)
-                if is_packing(s.sizes_N, s.C, bin_N, K):  # re-checked item by item
-                    s.pack_N, s.ub_bins, s.ub_name = bin_N, int(np.unique(bin_N).size), "branch-and-price"
-                    return s.proved("colgen")
-            if res.status != "infeasible":
-                break
-            s.raise_bound(K + 1, f"branch-and-price on {K} bins ({res.nodes} nodes)")
-            if s.ub_bins <= s.K:
+    if w_M.size * (s.C + 1) > _BP_MAX_CELLS:
+        return None
+    while (left := s.time_limit - s.elapsed() - _BP_RESERVE_S) > _EXACT_MIN_S:
+        res = branch_price.decide_bins(w_M, b_M, s.C, s.K, columns=s.lp.cols_PM, time_limit=left)
+        if res.status == "feasible":
+            bin_N = colgen.assignment(res.bins, type_N)
+            if is_packing(s.sizes_N, s.C, bin_N, s.K):  # re-checked item by item
+                s.pack_N, s.ub_bins, s.ub_name = bin_N, int(np.unique(bin_N).size), "branch-and-price"
                 return s.proved("colgen")
+        if res.status != "infeasible":
+            return None
+        s.raise_bound(s.K + 1, f"branch-and-price on {s.K} bins ({res.nodes} nodes)")
+        if s.ub_bins <= s.K:
+            return s.proved("colgen")
     return None
 
 
@@ -435,8 +440,8 @@ def _lp_bound(sizes_N, C: int, K: int, pack_N, ub_bins: int, time_limit: float, 
 
 def _lp_packing(sizes_N, C: int, K: int, lp, time_limit: float, elapsed):
     """The LP-guided search (:func:`colgen.lp_pack`) for a packing into ≤ K bins, checked; or None."""
-    left = min(_CG_PACK_SHARE * time_limit, time_limit - elapsed())
-    if left <= 0.05:
+    left = min(_CG_PACK_SHARE * time_limit, time_limit - elapsed() - _LP_PACK_MARGIN_S)
+    if left <= _EXACT_MIN_S:
         return None
     w_M, b_M, type_N = colgen.types_of(sizes_N)
     bins, _how = colgen.lp_pack(w_M, b_M, C, K, lp, time_limit=left)

@@ -44,7 +44,7 @@ import numpy as np
 from routepack_opt.models import _solvers
 from routepack_opt.models.colgen import SCALE
 
-__all__ = ["BranchPriceResult", "decide_bins"]
+__all__ = ["BranchAndPrice", "BranchPriceResult", "decide_bins"]
 
 _BIG = 1e4  # cost of an artificial column: any positive value keeps pruning valid; larger prunes more
 _NEG = -(1 << 62)
@@ -472,49 +472,61 @@ def _branch_on(x_P, pool: _Pool, w_M, b_M) -> _Row | None:
     return _Row(-1, -1, False, int(np.floor(x_P[sup[p]] + _FRAC)), exact=tuple(int(c) for c in A[p]))
 
 
+class BranchAndPrice:
+    """The search of :func:`decide_bins`, resumable: :meth:`run` continues the depth-first
+    search where the last call's time ran out (the pool of patterns and the open nodes kept).
+
+    ``columns``: patterns to start the pool with (e.g. the root LP's); those wasting more than
+    the slack are dropped."""
+
+    def __init__(self, w_M, b_M, C: int, K: int, *, columns=()):
+        self.w_M = np.asarray(w_M, dtype=np.int64)
+        self.b_M = np.asarray(b_M, dtype=np.int64)
+        self.C, self.K = int(C), int(K)
+        self.min_load = int((self.w_M * self.b_M).sum()) - (self.K - 1) * self.C
+        self.pool = _Pool(self.w_M.size)
+        for a in columns:
+            a = np.minimum(np.asarray(a, dtype=np.int64), self.b_M)
+            if self.min_load <= int((a * self.w_M).sum()) <= self.C:
+                self.pool.add(a)
+        self.stack: list[tuple[list[_Row], object]] = [([], None)]
+        self.nodes, self.seconds = 0, 0.0
+        self.status, self.bins = ("infeasible" if self.min_load > self.C else "unknown"), None
+
+    def run(self, time_limit: float, max_nodes: int = 1_000_000) -> BranchPriceResult:
+        """Search for at most ``time_limit`` more seconds (or until ``max_nodes`` nodes in all)."""
+        t0 = time.perf_counter()
+        deadline = t0 + time_limit
+        w_M, b_M, C, K, pool = self.w_M, self.b_M, self.C, self.K, self.pool
+        while self.status == "unknown" and self.stack and self.nodes < max_nodes:
+            rows, basis = self.stack.pop()
+            kind, out, child_basis = _node(w_M, b_M, C, K, self.min_load, rows, pool, deadline, basis)
+            if kind == "time":
+                self.stack.append((rows, basis))  # solved again on the next run
+                break
+            self.nodes += 1
+            if kind == "packing" and out is not None:
+                self.status, self.bins = "feasible", out
+            elif kind == "branch":
+                down = _branch_on(out, pool, w_M, b_M)
+                if down is None:  # x integral yet no packing read off (cannot happen: covers are equalities)
+                    self.stack.clear()
+                    break
+                up = dataclasses.replace(down, ge=True, rhs=down.rhs + 1)
+                # depth first, the nearer side first (pushed last)
+                q = float(out @ _member(pool.cols, down))
+                pair = [(rows + [down], child_basis), (rows + [up], child_basis)]
+                self.stack.extend(pair if q - down.rhs > 0.5 else pair[::-1])
+            if self.status == "unknown" and not self.stack and kind != "branch":
+                self.status = "infeasible"  # every node pruned
+        self.seconds += time.perf_counter() - t0
+        return BranchPriceResult(self.status, self.bins, self.nodes, len(pool.cols), self.seconds)
+
+
 def decide_bins(w_M, b_M, C: int, K: int, *, columns=(), time_limit: float = 10.0,
                 max_nodes: int = 1_000_000) -> BranchPriceResult:
     """Decide whether the types fit in ``K`` bins by branch-and-price (module docstring).
 
     ``columns``: patterns to start the pool with (e.g. the root LP's); those wasting more than
     the slack are dropped. Deterministic for its input up to the time limit."""
-    t0 = time.perf_counter()
-    deadline = t0 + time_limit
-    w_M = np.asarray(w_M, dtype=np.int64)
-    b_M = np.asarray(b_M, dtype=np.int64)
-    m = w_M.size
-    min_load = int((w_M * b_M).sum()) - (int(K) - 1) * int(C)
-    pool = _Pool(m)
-
-    def result(status, bins=None, nodes=0):
-        return BranchPriceResult(status, bins, nodes, len(pool.cols), time.perf_counter() - t0)
-
-    if min_load > C:
-        return result("infeasible")
-    for a in columns:
-        a = np.minimum(np.asarray(a, dtype=np.int64), b_M)
-        if min_load <= int((a * w_M).sum()) <= C:
-            pool.add(a)
-    stack: list[tuple[list[_Row], object]] = [([], None)]
-    nodes = 0
-    while stack:
-        if nodes >= max_nodes:
-            return result("unknown", nodes=nodes)
-        rows, basis = stack.pop()
-        nodes += 1
-        kind, out, basis = _node(w_M, b_M, C, K, min_load, rows, pool, deadline, basis)
-        if kind == "time":
-            return result("unknown", nodes=nodes)
-        if kind == "packing" and out is not None:
-            return result("feasible", out, nodes)
-        if kind == "pruned":
-            continue
-        down = _branch_on(out, pool, w_M, b_M)
-        if down is None:  # x integral yet no packing read off (cannot happen: covers are equalities)
-            return result("unknown", nodes=nodes)
-        up = dataclasses.replace(down, ge=True, rhs=down.rhs + 1)
-        # depth first, the nearer side first (pushed last)
-        q = float(out @ _member(pool.cols, down))
-        pair = [(rows + [down], basis), (rows + [up], basis)]
-        stack.extend(pair if q - down.rhs > 0.5 else pair[::-1])
-    return result("infeasible", nodes=nodes)
+    return BranchAndPrice(w_M, b_M, C, K, columns=columns).run(time_limit, max_nodes)

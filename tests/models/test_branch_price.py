@@ -135,3 +135,20 @@ def test_classic_non_irup_proved(set_name, name):
     cert = certify_rows(sizes, Topology(dp=1, ep=1, capacity=C), time_limit=60)
     assert cert.status == "optimal" and cert.rows == opt
 
+
+
+def test_resumed_search_decides_as_one_run():
+    # BranchAndPrice.run continues where its time ran out: many short runs reach the one-run answer
+    rng = np.random.default_rng(8)
+    sizes = rng.integers(25, 60, 20)
+    w_M, b_M, type_N = types_of(sizes)
+    opt = brute_force_bins(sizes, 100)
+    for K, want in ((opt - 1, "infeasible"), (opt, "feasible")):
+        search = bp.BranchAndPrice(w_M, b_M, 100, K)
+        for _ in range(10_000):
+            res = search.run(0.002)
+            if res.status != "unknown":
+                break
+        assert res.status == want == bp.decide_bins(w_M, b_M, 100, K, time_limit=30).status
+        if want == "feasible":
+            assert is_packing(sizes, 100, assignment(res.bins, type_N), K)
