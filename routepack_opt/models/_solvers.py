@@ -12,7 +12,7 @@ import functools
 import logging
 import threading
 
-__all__ = ["cp_model", "pyomo", "appsi_highs", "highspy", "highs_threads", "quiet_appsi_highs"]
+__all__ = ["cp_model", "pyomo", "appsi_highs", "highspy", "highs_threads", "quiet_appsi_highs", "simplex_lp"]
 
 
 @functools.cache
@@ -81,3 +81,15 @@ def highs_threads(threads: int | None) -> int:
             highspy().Highs.resetGlobalScheduler(True)
         _highs_sized_for[:] = [n]
     return n
+
+
+def simplex_lp():
+    """An empty HiGHS model for the column-generation masters: quiet, one thread, seed 0, no
+    presolve, simplex (warm-started as columns and rows are added)."""
+    h = highspy().Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", highs_threads(1))
+    h.setOptionValue("random_seed", 0)
+    h.setOptionValue("presolve", "off")
+    h.setOptionValue("solver", "simplex")
+    return h

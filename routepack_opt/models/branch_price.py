@@ -291,13 +291,8 @@ class _NodeLP:
     slack basic) when one is given."""
 
     def __init__(self, b_M, rows: list[_Row], kinds: list[int], pool: _Pool, basis=None):
-        hs = self.hs = _solvers.highspy()
-        self.h = h = hs.Highs()
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", _solvers.highs_threads(1))
-        h.setOptionValue("random_seed", 0)
-        h.setOptionValue("presolve", "off")
-        h.setOptionValue("solver", "simplex")
+        self.hs = _solvers.highspy()
+        self.h = h = _solvers.simplex_lp()
         m, R = b_M.size, len(rows)
         self.m, self.rows, self.kinds = m, rows, kinds
         lo = np.concatenate([b_M.astype(np.float64), [r.rhs if r.ge else -np.inf for r in rows]])

@@ -93,13 +93,7 @@ class _Master:
     cut column generation's iterations (a larger item's slot can always take a smaller one)."""
 
     def __init__(self, b_M: np.ndarray, dual_cuts: bool = True):
-        hs = _solvers.highspy()
-        self.h = h = hs.Highs()
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", _solvers.highs_threads(1))
-        h.setOptionValue("random_seed", 0)
-        h.setOptionValue("presolve", "off")
-        h.setOptionValue("solver", "simplex")
+        self.h = h = _solvers.simplex_lp()
         m = b_M.size
         h.addRows(m, b_M.astype(np.float64), np.full(m, np.inf), 0,
                   np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float64))
