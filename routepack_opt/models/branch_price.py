@@ -523,5 +523,7 @@ def decide_bins(w_M, b_M, C: int, K: int, *, columns=(), time_limit: float = 10.
     """Decide whether the types fit in ``K`` bins by branch-and-price (module docstring).
 
     ``columns``: patterns to start the pool with (e.g. the root LP's); those wasting more than
-    the slack are dropped. Deterministic for its input up to the time limit."""
+    the slack are dropped. Deterministic for its input up to the time limit. Each pricing holds
+    a choice table of (distinct sizes) × (C + 1) 4-byte cells (certify skips the search above
+    20 M cells)."""
     return BranchAndPrice(w_M, b_M, C, K, columns=columns).run(time_limit, max_nodes)
