@@ -110,7 +110,7 @@ def summarize(rows_by_set: dict[str, list[dict]], time_limit: float, workers: in
         "optimum ($ROUTEPACK_BPP_DIR). *proved* = status `optimal`; *equal* = rows equal to the "
         "known optimum; *proved & equal* is the success criterion. Methods: `bounds` = L1/L2/DFF "
         "lower bound met by FFD/BFD, MBS' or the overflow tabu search; `colgen` = the certified Gilmore–Gomory LP bound "
-        "(column generation) and/or the LP-guided search (diving, restricted master IP, CP-SAT residual) decided; "
+        "(column generation), the LP-guided search (diving, restricted master IP, CP-SAT residual) and/or branch-and-price on K decided; "
         "`arcflow` = arc-flow MILP (Pyomo + HiGHS); `cpsat` = CP-SAT. Seconds are wall time per instance on a shared 2-core machine.",
         "",
     ]
