@@ -16,13 +16,21 @@ enumeration of the counts of the types that one does.
 Branching (Ryan & Foster 1981, on types): for two types i ≠ j, Q_ij = Σ_{p ∋ i, j} x_p is the
 number of bins holding both, and Q_ii the number holding type i; in a packing both are integers.
 The node branches on the most fractional Q (ties: the larger sizes) into Q ≤ ⌊Q⌋ and Q ≥ ⌈Q⌉,
-the nearer side first, depth first. When every Q is integral the master's x is integral too in
-the classical case (all counts 1); otherwise the node is left open and the search says
-``unknown``, never a wrong answer.
+the nearer side first, depth first. When every Q is integral (x itself is then integral in the
+classical case, all counts 1), it branches on the bins holding ≥ k copies of a type, and last on
+one fractional pattern's count: the search is complete.
 
 A row Q_ij ≤ 0 bars the patterns holding both types, and Q_ij ≥ 1 on two types of one item each
 bars the patterns holding one without the other (Ryan–Foster's "apart" and "together"); the
 pricing skips them and the pool's copies get an upper bound of 0 at that node.
+
+Reduced-cost fixing at the root (the listing): with the root's integer duals u, their pricing
+maximum U and D = Σ b u (below), every bin of a packing into K bins has u·a ≥ D − (K − 1)·U, and
+where the root's LP is tight (the hard cases: ⌈LP⌉ = K) few patterns do (Hard28: 400–1,000 of
+billions), listed exactly by a compiled depth-first enumeration with a knapsack bound. When at most
+``_LIST_MAX`` are, they become the only patterns: CP-SAT first decides the set partitioning over
+them (Σ a x = b, Σ x ≤ K, integer x; exact, for up to ``_LIST_CPSAT_S``), then, if undecided,
+the tree below runs over them, priced as a list.
 
 Pruning is proved in integer arithmetic: the duals are rounded to integers u (cover rows, any
 sign) and ν (branching rows, with the sign their sense allows), U is the exact pricing maximum of
@@ -48,6 +56,9 @@ __all__ = ["BranchAndPrice", "BranchPriceResult", "decide_bins"]
 
 _BIG = 1e4  # cost of an artificial column: any positive value keeps pruning valid; larger prunes more
 _NEG = -(1 << 62)
+_LIST_MAX = 20_000  # the root's reduced-cost enumeration is used when it lists at most this many patterns
+# CP-SAT on the listed patterns first, for at most this (Hard28: decided in 0.1–0.7 s, or not in 60 s)
+_LIST_CPSAT_S, _LIST_CPSAT_SHARE = 1.0, 0.25
 _FRAC = 1e-6  # a branching quantity this far from an integer is fractional
 
 
@@ -196,6 +207,83 @@ def _price(w_M, b_M, u_M, free_M, C, min_load, bt_T, rows_i, rows_j, rows_k, row
             a_M[j] += k
             x -= k * w_M[j]
     return best_val, a_M
+
+
+@numba.njit(cache=True)
+def _enumerate(w_M, b_M, u_M, C, min_load, theta, limit):
+    """Every pattern 0 ≤ a ≤ b with ``min_load`` ≤ Σ w a ≤ C and Σ u a ≥ ``theta``, depth first
+    over the types with an exact bound: ``ex[j, c]``, the most Σ u a the types j.. reach at weight
+    exactly c, maximised over the weights a completion may still add. Returns (count, patterns);
+    stops at ``limit`` + 1 (too many)."""
+    m = w_M.size
+    ex = np.full((m + 1, C + 1), _NEG, dtype=np.int64)
+    ex[m, 0] = 0
+    for j in range(m - 1, -1, -1):
+        for c in range(C + 1):
+            v = ex[j + 1, c]
+            for k in range(1, min(b_M[j], c // w_M[j]) + 1):
+                prev = ex[j + 1, c - k * w_M[j]]
+                if prev > _NEG and prev + k * u_M[j] > v:
+                    v = prev + k * u_M[j]
+            ex[j, c] = v
+    # win[j, h]: max ex[j, c] over c in [h − width, h] (completions of a load below min_load);
+    # pre[j, h]: over [0, h]
+    width = C - max(min_load, 0)
+    win = np.full((m + 1, C + 1), _NEG, dtype=np.int64)
+    pre = np.full((m + 1, C + 1), _NEG, dtype=np.int64)
+    dq = np.empty(C + 1, dtype=np.int64)
+    for j in range(m + 1):
+        head = 0
+        tail = 0
+        for h in range(C + 1):
+            v = ex[j, h]
+            pre[j, h] = v if h == 0 else max(pre[j, h - 1], v)
+            if v > _NEG:
+                while tail > head and ex[j, dq[tail - 1]] <= v:
+                    tail -= 1
+                dq[tail] = h
+                tail += 1
+            while tail > head and dq[head] < h - width:
+                head += 1
+            win[j, h] = ex[j, dq[head]] if tail > head else _NEG
+    out = np.zeros((64, m), dtype=np.int64)
+    n = 0
+    a = np.zeros(m, dtype=np.int64)
+    cnt = np.full(m + 1, -1, dtype=np.int64)
+    load = np.zeros(m + 1, dtype=np.int64)
+    val = np.zeros(m + 1, dtype=np.int64)
+    d = 0
+    while d >= 0 and n <= limit:
+        if d == m:
+            if load[m] >= min_load and val[m] >= theta:
+                if n == out.shape[0]:
+                    grown = np.zeros((2 * n, m), dtype=np.int64)
+                    grown[:n] = out
+                    out = grown
+                out[n] = a
+                n += 1
+            d -= 1
+            continue
+        if cnt[d] < 0:
+            hi = C - load[d]
+            bound = win[d, hi] if min_load >= load[d] else pre[d, hi]
+            if bound == _NEG or val[d] + bound < theta:
+                d -= 1
+                continue
+            cnt[d] = min(b_M[d], hi // w_M[d])
+        else:
+            cnt[d] -= 1
+        if cnt[d] < 0:
+            a[d] = 0
+            d -= 1
+            continue
+        a[d] = cnt[d]
+        load[d + 1] = load[d] + cnt[d] * w_M[d]
+        val[d + 1] = val[d] + cnt[d] * u_M[d]
+        d += 1
+        if d < m:
+            cnt[d] = -1
+    return n, out[:n]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,13 +479,32 @@ class _Pricer:
         return int(v), a_M
 
 
-def _node(w_M, b_M, C, K, min_load, rows, pool, deadline, basis):
-    """Column generation at one node. Returns (kind, payload, basis): ("pruned", None),
-    ("packing", bins), ("branch", x over the pool) or ("time", None)."""
+class _ListPricer:
+    """Exact pricing over an explicit list of every admissible pattern (after the root's
+    reduced-cost enumeration, :func:`_enumerate`): one integer product per pattern."""
+
+    def __init__(self, E_PM: np.ndarray, rows: list[_Row], kinds: list[int]):
+        self.E_PM = E_PM
+        self.member = _membership(E_PM, rows).astype(np.int64)
+        self.barred = _barred(E_PM, rows, kinds)
+
+    def price(self, u_M, nu) -> tuple[int, np.ndarray]:
+        v_P = self.E_PM @ u_M + self.member @ np.array(nu, dtype=np.int64)
+        v_P[self.barred] = _NEG
+        if v_P.size == 0 or int(v_P.max()) == _NEG:
+            return _NEG, np.zeros(self.E_PM.shape[1], dtype=np.int64)
+        p = int(np.argmax(v_P))
+        return int(v_P[p]), self.E_PM[p].copy()
+
+
+def _node(w_M, b_M, C, K, min_load, rows, pool, deadline, basis, listed=None):
+    """Column generation at one node (``listed``: every admissible pattern, priced as a list).
+    Returns (kind, payload, basis): ("pruned", None), ("packing", bins), ("branch", (x over the
+    pool, the last (u, U, D))) or ("time", None)."""
     m = w_M.size
     kinds = [_kind(r, b_M) for r in rows]
     lp = _NodeLP(b_M, rows, kinds, pool, basis)
-    pricer = _Pricer(w_M, b_M, C, min_load, rows, kinds)
+    pricer = _Pricer(w_M, b_M, C, min_load, rows, kinds) if listed is None else _ListPricer(listed, rows, kinds)
     while True:
         left = deadline - time.perf_counter()
         if left <= 0:
@@ -421,7 +528,7 @@ def _node(w_M, b_M, C, K, min_load, rows, pool, deadline, basis):
             bins = _bins_of(xi.astype(np.int64), pool, b_M)
             if bins is not None:
                 return "packing", bins, None
-        return "branch", x, lp.basis()
+        return "branch", (x, (u_M, U, D)), lp.basis()
 
 
 def _bins_of(x_P, pool: _Pool, b_M):
@@ -446,21 +553,27 @@ def _branch_on(x_P, pool: _Pool, w_M, b_M) -> _Row | None:
     if sup.size == 0:
         return None
     A = pool.cols[sup]
-    pres = (A > 0).astype(np.float64)
-    Q = (pres * x_P[sup, None]).T @ pres
-    F = np.triu(np.abs(Q - np.rint(Q)))
-    m = w_M.size
-    if F.max() >= _FRAC:
-        # most fractional first, then the larger sizes (smaller type indices)
-        key = np.round(F, 9) * 4 * m - (np.arange(m)[:, None] + np.arange(m)[None, :]) / (m * m)
-        i, j = np.unravel_index(int(np.argmax(np.where(F >= _FRAC, key, -np.inf))), F.shape)
-        return _Row(int(i), int(j) if j != i else -1, False, int(np.floor(Q[i, j] + _FRAC)))
+    xs = x_P[sup]
+    # only types in a fractional pattern can have a fractional Q
+    frac_p = np.abs(xs - np.rint(xs)) > 1e-9
+    cand = np.flatnonzero((A[frac_p] > 0).any(axis=0))
+    if cand.size:
+        pres = (A[:, cand] > 0).astype(np.float64)
+        Q = np.einsum("p,pi,pj->ij", xs, pres, pres)  # no BLAS: its threads cost more than this
+        F = np.triu(np.abs(Q - np.rint(Q)))
+        if F.max() >= _FRAC:
+            # most fractional first, then the larger sizes (smaller type indices)
+            c, m = cand.size, w_M.size
+            key = np.round(F, 9) * 4 * m - (cand[:, None] + cand[None, :]) / (m * m)
+            a, b = np.unravel_index(int(np.argmax(np.where(F >= _FRAC, key, -np.inf))), (c, c))
+            i, j = int(cand[a]), int(cand[b])
+            return _Row(i, j if j != i else -1, False, int(np.floor(Q[a, b] + _FRAC)))
     for i in np.flatnonzero(b_M > 1):
         for k in range(2, int(A[:, i].max(initial=0)) + 1):
-            v = float(x_P[sup][A[:, i] >= k].sum())
+            v = float(xs[A[:, i] >= k].sum())
             if abs(v - round(v)) >= _FRAC:
                 return _Row(int(i), -1, False, int(np.floor(v + _FRAC)), k=k)
-    frac = np.abs(x_P[sup] - np.rint(x_P[sup]))
+    frac = np.abs(xs - np.rint(xs))
     if frac.max() < _FRAC:
         return None
     p = int(np.argmax(frac))
@@ -485,6 +598,7 @@ class BranchAndPrice:
             if self.min_load <= int((a * self.w_M).sum()) <= self.C:
                 self.pool.add(a)
         self.stack: list[tuple[list[_Row], object]] = [([], None)]
+        self.listed: np.ndarray | None = None  # every admissible pattern, once enumerated
         self.nodes, self.seconds = 0, 0.0
         self.status, self.bins = ("infeasible" if self.min_load > self.C else "unknown"), None
 
@@ -492,30 +606,80 @@ class BranchAndPrice:
         """Search for at most ``time_limit`` more seconds (or until ``max_nodes`` nodes in all)."""
         t0 = time.perf_counter()
         deadline = t0 + time_limit
-        w_M, b_M, C, K, pool = self.w_M, self.b_M, self.C, self.K, self.pool
+        w_M, b_M, C, K = self.w_M, self.b_M, self.C, self.K
         while self.status == "unknown" and self.stack and self.nodes < max_nodes:
             rows, basis = self.stack.pop()
-            kind, out, child_basis = _node(w_M, b_M, C, K, self.min_load, rows, pool, deadline, basis)
+            pool = self.pool
+            kind, out, child_basis = _node(w_M, b_M, C, K, self.min_load, rows, pool, deadline, basis,
+                                           self.listed)
             if kind == "time":
                 self.stack.append((rows, basis))  # solved again on the next run
                 break
             self.nodes += 1
             if kind == "packing" and out is not None:
                 self.status, self.bins = "feasible", out
+            elif kind == "branch" and not rows and self.listed is None and self._enumerate(*out[1]):
+                budget = min(_LIST_CPSAT_S, _LIST_CPSAT_SHARE * (deadline - time.perf_counter()))
+                self.status, self.bins = _decide_listed(self.listed, b_M, K, budget)
+                self.stack.append(([], None))  # if undecided: the root again, over the listed patterns alone
             elif kind == "branch":
-                down = _branch_on(out, pool, w_M, b_M)
+                x = out[0]
+                down = _branch_on(x, pool, w_M, b_M)
                 if down is None:  # x integral yet no packing read off (cannot happen: covers are equalities)
                     self.stack.clear()
                     break
                 up = dataclasses.replace(down, ge=True, rhs=down.rhs + 1)
                 # depth first, the nearer side first (pushed last)
-                q = float(out @ _member(pool.cols, down))
+                q = float(x @ _member(pool.cols, down))
                 pair = [(rows + [down], child_basis), (rows + [up], child_basis)]
                 self.stack.extend(pair if q - down.rhs > 0.5 else pair[::-1])
             if self.status == "unknown" and not self.stack and kind != "branch":
                 self.status = "infeasible"  # every node pruned
         self.seconds += time.perf_counter() - t0
-        return BranchPriceResult(self.status, self.bins, self.nodes, len(pool.cols), self.seconds)
+        return BranchPriceResult(self.status, self.bins, self.nodes, len(self.pool.cols), self.seconds)
+
+    def _enumerate(self, u_M, U: int, D: int) -> bool:
+        """Reduced-cost fixing at the root: with the root's integer duals (u, U, D), a packing
+        into K bins has Σ_p (U − u·a_p) = K·U − D − (K − Σ x)·U ≤ K·U − D over its bins, so each of
+        its bins has u·a ≥ D − (K − 1)·U. When at most ``_LIST_MAX`` patterns (that waste at most
+        the slack) do, they replace the pool and every later pricing is over them alone. True
+        when that happened."""
+        if U <= 0:
+            return False
+        n, E = _enumerate(self.w_M, self.b_M, u_M, self.C, self.min_load, D - (self.K - 1) * U, _LIST_MAX)
+        if n > _LIST_MAX:
+            return False
+        self.listed = E
+        self.pool = _Pool(self.w_M.size)
+        for a in E:
+            self.pool.add(a)
+        return True
+
+
+def _decide_listed(E_PM: np.ndarray, b_M, K: int, time_limit: float):
+    """CP-SAT on the set partitioning over the listed patterns: Σ_p a_p x_p = b, Σ x ≤ K, x
+    integer. Its answer is exact (integer arithmetic): ("feasible", bins), ("infeasible",
+    None), or ("unknown", None) when the time runs out."""
+    if time_limit <= 0.01:
+        return "unknown", None
+    from routepack_opt.models.binpack import cpsat_solver
+
+    cp_model = _solvers.cp_model()
+    model = cp_model.CpModel()
+    P = E_PM.shape[0]
+    ub = [int(min(K, *(b_M[j] // E_PM[p, j] for j in np.flatnonzero(E_PM[p])))) for p in range(P)]
+    x = [model.new_int_var(0, ub[p], f"x[{p}]") for p in range(P)]
+    for j in range(b_M.size):
+        model.add(sum(int(E_PM[p, j]) * x[p] for p in np.flatnonzero(E_PM[:, j])) == int(b_M[j]))
+    model.add(sum(x) <= K)
+    solver = cpsat_solver(time_limit, 1)
+    st = solver.solve(model)
+    if st == cp_model.INFEASIBLE:
+        return "infeasible", None
+    if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        bins = [E_PM[p] for p in range(P) for _ in range(int(solver.value(x[p])))]
+        return "feasible", bins
+    return "unknown", None
 
 
 def decide_bins(w_M, b_M, C: int, K: int, *, columns=(), time_limit: float = 10.0,

@@ -87,8 +87,44 @@ def test_price_matches_enumeration(seed):
     assert int((a_M * u_M).sum()) + sum(n for n, mb in zip(nu, member) if mb) == v
 
 
+def _brute_enumerate(w_M, b_M, u_M, C, min_load, theta):
+    out = []
+    for combo in itertools.product(*[range(int(b) + 1) for b in b_M]):
+        a = np.array(combo, dtype=np.int64)
+        if max(min_load, 0) <= int((a * w_M).sum()) <= C and int((a * u_M).sum()) >= theta and a.any():
+            out.append(tuple(combo))
+    return sorted(out)
+
+
 @pytest.mark.parametrize("seed", range(30))
-def test_decide_bins_against_brute_force(seed):
+def test_enumerate_matches_brute_force(seed):
+    rng = np.random.default_rng(500 + seed)
+    m = int(rng.integers(2, 6))
+    w_M = np.sort(rng.choice(np.arange(3, 30), m, replace=False))[::-1].astype(np.int64)
+    b_M = rng.integers(1, 4, m).astype(np.int64)
+    C = int(rng.integers(30, 70))
+    u_M = rng.integers(-10, 40, m).astype(np.int64)
+    min_load = int(rng.integers(-5, C))
+    theta = int(rng.integers(-20, 60))
+    n, E = bp._enumerate(w_M, b_M, u_M, C, min_load, theta, 10_000)
+    got = sorted(tuple(int(c) for c in a) for a in E if a.any())
+    assert got == _brute_enumerate(w_M, b_M, u_M, C, min_load, theta)
+    assert n == E.shape[0]
+    # the limit stops the listing one past it
+    if n > 1:
+        assert bp._enumerate(w_M, b_M, u_M, C, min_load, theta, n - 2)[0] == n - 1
+
+
+# the three ways a node's patterns are priced: the listed set decided by CP-SAT first; the tree over
+# the listed set (CP-SAT given no time); the compiled DP pricing (no listing)
+MODES = {"listed+cpsat": {}, "listed tree": {"_LIST_CPSAT_S": 0.0}, "dp pricing": {"_LIST_MAX": -1}}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("seed", range(30))
+def test_decide_bins_against_brute_force(seed, mode, monkeypatch):
+    for name, value in MODES[mode].items():
+        monkeypatch.setattr(bp, name, value)
     rng = np.random.default_rng(100 + seed)
     n = int(rng.integers(5, 11))
     C = int(rng.integers(15, 60))
