@@ -188,3 +188,13 @@ def test_resumed_search_decides_as_one_run():
         assert res.status == want == bp.decide_bins(w_M, b_M, 100, K, time_limit=30).status
         if want == "feasible":
             assert is_packing(sizes, 100, assignment(res.bins, type_N), K)
+
+
+def test_non_irup_proof_sets_rows_on_slots():
+    # D = 3 slots: ⌈LP⌉ = 15 bins allows R = 5 rows (15 cells); only the proof that 15 bins are
+    # impossible gives R* = 6 (the optimum, 16 bins, needs 6 rows of 3)
+    sizes, C, opt = _instance("waescher", "Waescher_TEST0065")
+    assert opt == 16
+    cert = certify_rows(sizes, Topology(dp=3, ep=1, capacity=C), time_limit=60)
+    assert cert.status == "optimal" and cert.rows == 6 and cert.lower_bound == 6
+    assert "branch-and-price on 15 bins" in cert.detail
