@@ -40,6 +40,17 @@ def _brute_price(w_M, b_M, u_M, C, min_load, rows, nu):
     return best
 
 
+def _random_types(rng, u_low: int):
+    """A tiny random instance for the kernels: sizes (decreasing), counts, capacity, integer
+    values in [u_low, 40) and a least load."""
+    m = int(rng.integers(2, 6))
+    w_M = np.sort(rng.choice(np.arange(3, 30), m, replace=False))[::-1].astype(np.int64)
+    b_M = rng.integers(1, 4, m).astype(np.int64)
+    C = int(rng.integers(30, 70))
+    u_M = rng.integers(u_low, 40, m).astype(np.int64)
+    return w_M, b_M, C, u_M, int(rng.integers(-5, C))
+
+
 def _random_rows(rng, b_M, m):
     rows = []
     for _ in range(int(rng.integers(0, 4))):
@@ -61,12 +72,8 @@ def _random_rows(rng, b_M, m):
 @pytest.mark.parametrize("seed", range(40))
 def test_price_matches_enumeration(seed):
     rng = np.random.default_rng(seed)
-    m = int(rng.integers(2, 6))
-    w_M = np.sort(rng.choice(np.arange(3, 30), m, replace=False))[::-1].astype(np.int64)
-    b_M = rng.integers(1, 4, m).astype(np.int64)
-    C = int(rng.integers(30, 70))
-    u_M = rng.integers(-5, 40, m).astype(np.int64)
-    min_load = int(rng.integers(-5, C))
+    w_M, b_M, C, u_M, min_load = _random_types(rng, u_low=-5)
+    m = w_M.size
     rows = _random_rows(rng, b_M, m)
     nu = [int(rng.integers(0, 30)) if r.ge else -int(rng.integers(0, 30)) for r in rows]
     kinds = [bp._kind(r, b_M) for r in rows]
@@ -99,12 +106,7 @@ def _brute_enumerate(w_M, b_M, u_M, C, min_load, theta):
 @pytest.mark.parametrize("seed", range(30))
 def test_enumerate_matches_brute_force(seed):
     rng = np.random.default_rng(500 + seed)
-    m = int(rng.integers(2, 6))
-    w_M = np.sort(rng.choice(np.arange(3, 30), m, replace=False))[::-1].astype(np.int64)
-    b_M = rng.integers(1, 4, m).astype(np.int64)
-    C = int(rng.integers(30, 70))
-    u_M = rng.integers(-10, 40, m).astype(np.int64)
-    min_load = int(rng.integers(-5, C))
+    w_M, b_M, C, u_M, min_load = _random_types(rng, u_low=-10)
     theta = int(rng.integers(-20, 60))
     n, E = bp._enumerate(w_M, b_M, u_M, C, min_load, theta, 10_000)
     got = sorted(tuple(int(c) for c in a) for a in E if a.any())
