@@ -78,8 +78,11 @@ _MBS_MAX_LP_S, _TABU_MAX_LP_S = 1.5, 1.0  # MBS' and the tabu search when an LP 
 # The exact model straight after the LP bound when the arc-flow graph on K has at most this many arcs.
 _SMALL_ARCFLOW_ARCS, _SMALL_ARCFLOW_MAX_CELLS = 10_000, 5_000_000
 _EXACT_MIN_S = 0.25  # the exact model is not started with less time left (its build alone overruns)
-_BP_RESERVE_S = 0.1  # branch-and-price leaves this much of the limit (its last node overruns by ms)
-_BP_MAX_CELLS = 20_000_000  # its pricing's choice table: 4 bytes a cell
+# branch-and-price leaves this much of the limit (its last node, or the CP-SAT model over the
+# listed patterns, is built before its clock is checked)
+_BP_RESERVE_S = 0.3
+# its tables: the pricing's choice table (4 bytes a cell) and the listing's three (24 bytes a cell)
+_BP_MAX_CELLS = 5_000_000
 _CG_MAX_CELLS, _CG_MAX_TYPES = 25_000_000, 600
 
 

@@ -56,7 +56,7 @@ __all__ = ["BranchAndPrice", "BranchPriceResult", "decide_bins"]
 
 _BIG = 1e4  # cost of an artificial column: any positive value keeps pruning valid; larger prunes more
 _NEG = -(1 << 62)
-_LIST_MAX = 20_000  # the root's reduced-cost enumeration is used when it lists at most this many patterns
+_LIST_MAX = 5_000  # the root's reduced-cost enumeration is used when it lists at most this many patterns
 # CP-SAT on the listed patterns first, for at most this (Hard28: decided in 0.1–0.7 s, or not in 60 s)
 _LIST_CPSAT_S, _LIST_CPSAT_SHARE = 1.0, 0.25
 _FRAC = 1e-6  # a branching quantity this far from an integer is fractional
@@ -687,7 +687,7 @@ def decide_bins(w_M, b_M, C: int, K: int, *, columns=(), time_limit: float = 10.
     """Decide whether the types fit in ``K`` bins by branch-and-price (module docstring).
 
     ``columns``: patterns to start the pool with (e.g. the root LP's); those wasting more than
-    the slack are dropped. Deterministic for its input up to the time limit. Each pricing holds
-    a choice table of (distinct sizes) × (C + 1) 4-byte cells (certify skips the search above
-    20 M cells)."""
+    the slack are dropped. Deterministic for its input up to the time limit. Memory: (distinct
+    sizes) × (C + 1) cells of 4 bytes for each pricing's choice table and of 24 bytes for the
+    root's listing (certify skips the search above 5 M cells)."""
     return BranchAndPrice(w_M, b_M, C, K, columns=columns).run(time_limit, max_nodes)
