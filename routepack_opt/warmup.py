@@ -74,7 +74,7 @@ from routepack_opt.heuristics.placement.refine import RefineConfig, refine_place
 from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
 from routepack_opt.heuristics.placement.replicate import replicated_placement
 from routepack_opt.models import binpack as exact_binpack
-from routepack_opt.models import layout_blocks
+from routepack_opt.models import branch_price, layout_blocks
 from routepack_opt.models.layout_common import LayoutInstance
 
 __all__ = ["warm", "groups_for", "GROUPS", "UNITS", "numba_kernels", "run_unit", "default_jobs"]
@@ -102,7 +102,8 @@ GROUPS = {
     # them (anneal.warm_storage), so only ``routepack warmup`` does them ahead of time
     "storage": _ANNEAL,
     # exact models and the certifier's column generation (its knapsack pricing)
-    "exact": ("routepack_opt.models.binpack", "routepack_opt.models.layout_blocks", "routepack_opt.core._knapsack"),
+    "exact": ("routepack_opt.models.binpack", "routepack_opt.models.layout_blocks", "routepack_opt.core._knapsack",
+              "routepack_opt.models.branch_price"),
 }
 
 _lock = threading.RLock()
@@ -344,6 +345,7 @@ def _warm_exact() -> None:
         knapsack_max(w_M, b_M, w_M, C)
         knapsack_max(w_M, b_M, w_M, C, min_load=40)
         knapsack_top(w_M, b_M, w_M, C, 4)
+    branch_price.warm_kernels()
     _warm_blocks()
 
 
