@@ -29,7 +29,8 @@ maximum U and D = Σ b u (below), every bin of a packing into K bins has u·a �
 where the root's LP is tight (the hard cases: ⌈LP⌉ = K) few patterns do (Hard28: 400–1,000 of
 billions), listed exactly by a compiled depth-first enumeration with a knapsack bound. When at most
 ``_LIST_MAX`` are, they become the only patterns: CP-SAT first decides the set partitioning over
-them (Σ a x = b, Σ x ≤ K, integer x; exact, for up to ``_LIST_CPSAT_S``), then, if undecided,
+them (Σ a x = b, Σ x ≤ K, integer x; exact, for ``_LIST_CPSAT_S`` units of its deterministic
+time, so that the answer does not depend on the load), then, if undecided,
 the tree below runs over them, priced as a list.
 
 Pruning is proved in integer arithmetic: the duals are rounded to integers u (cover rows, any
@@ -57,7 +58,8 @@ __all__ = ["BranchAndPrice", "BranchPriceResult", "decide_bins", "warm_kernels"]
 _BIG = 1e4  # cost of an artificial column: any positive value keeps pruning valid; larger prunes more
 _NEG = -(1 << 62)
 _LIST_MAX = 5_000  # the root's reduced-cost enumeration is used when it lists at most this many patterns
-# CP-SAT on the listed patterns first, for at most this (Hard28: decided within 0.3 s, or not in 60 s)
+# CP-SAT on the listed patterns first, for this much deterministic time (about seconds; Hard28:
+# decided within 0.3 s, or not in 60 s), and at most this share of the wall time left
 _LIST_CPSAT_S, _LIST_CPSAT_SHARE = 0.4, 0.25
 _FRAC = 1e-6  # a branching quantity this far from an integer is fractional
 
@@ -619,8 +621,8 @@ class BranchAndPrice:
             if kind == "packing" and out is not None:
                 self.status, self.bins = "feasible", out
             elif kind == "branch" and not rows and self.listed is None and self._enumerate(*out[1]):
-                budget = min(_LIST_CPSAT_S, _LIST_CPSAT_SHARE * (deadline - time.perf_counter()))
-                self.status, self.bins = _decide_listed(self.listed, b_M, K, budget)
+                wall = _LIST_CPSAT_SHARE * (deadline - time.perf_counter())
+                self.status, self.bins = _decide_listed(self.listed, b_M, K, _LIST_CPSAT_S, wall)
                 self.stack.append(([], None))  # if undecided: the root again, over the listed patterns alone
             elif kind == "branch":
                 x = out[0]
@@ -656,11 +658,13 @@ class BranchAndPrice:
         return True
 
 
-def _decide_listed(E_PM: np.ndarray, b_M, K: int, time_limit: float):
+def _decide_listed(E_PM: np.ndarray, b_M, K: int, work: float, time_limit: float):
     """CP-SAT on the set partitioning over the listed patterns: Σ_p a_p x_p = b, Σ x ≤ K, x
     integer. Its answer is exact (integer arithmetic): ("feasible", bins), ("infeasible",
-    None), or ("unknown", None) when the time runs out."""
-    if time_limit <= 0.01:
+    None), or ("unknown", None) when it stops first. It stops after ``work`` units of CP-SAT's
+    deterministic time (so the answer does not depend on the machine's speed or load), or at
+    ``time_limit`` seconds of wall time, whichever comes first."""
+    if time_limit <= 0.01 or work <= 0:
         return "unknown", None
     from routepack_opt.models.binpack import cpsat_solver
 
@@ -673,6 +677,7 @@ def _decide_listed(E_PM: np.ndarray, b_M, K: int, time_limit: float):
         model.add(sum(int(E_PM[p, j]) * x[p] for p in np.flatnonzero(E_PM[:, j])) == int(b_M[j]))
     model.add(sum(x) <= K)
     solver = cpsat_solver(time_limit, 1)
+    solver.parameters.max_deterministic_time = float(work)
     st = solver.solve(model)
     if st == cp_model.INFEASIBLE:
         return "infeasible", None
