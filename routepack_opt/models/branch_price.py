@@ -51,7 +51,7 @@ import numba
 import numpy as np
 
 from routepack_opt.models import _solvers
-from routepack_opt.models.colgen import SCALE
+from routepack_opt.models.colgen import SCALE, bins_of_counts
 
 __all__ = ["BranchAndPrice", "BranchPriceResult", "decide_bins", "warm_kernels"]
 
@@ -527,23 +527,10 @@ def _node(w_M, b_M, C, K, min_load, rows, pool, deadline, basis, listed=None):
         # converged: no pattern prices out at the rounded duals
         xi = np.rint(x)
         if art.max(initial=0.0) < 1e-9 and np.all(np.abs(x - xi) < 1e-6) and xi.sum() <= K:
-            bins = _bins_of(xi.astype(np.int64), pool, b_M)
+            bins = bins_of_counts(xi.astype(np.int64), pool.cols, b_M)
             if bins is not None:
                 return "packing", bins, None
         return "branch", (x, (u_M, U, D)), lp.basis()
-
-
-def _bins_of(x_P, pool: _Pool, b_M):
-    """Integral pattern counts → count vectors, surplus copies cut (covers are ≥)."""
-    r_M = b_M.copy()
-    bins = []
-    for p in np.flatnonzero(x_P > 0):
-        for _ in range(int(x_P[p])):
-            a = np.minimum(pool.cols[p], r_M)
-            r_M -= a
-            if a.any():
-                bins.append(a)
-    return bins if not r_M.any() else None
 
 
 def _branch_on(x_P, pool: _Pool, w_M, b_M) -> _Row | None:
@@ -682,8 +669,8 @@ def _decide_listed(E_PM: np.ndarray, b_M, K: int, work: float, time_limit: float
     if st == cp_model.INFEASIBLE:
         return "infeasible", None
     if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        bins = [E_PM[p] for p in range(P) for _ in range(int(solver.value(x[p])))]
-        return "feasible", bins
+        bins = bins_of_counts(np.array([solver.value(x[p]) for p in range(P)]), E_PM, b_M)
+        return ("feasible", bins) if bins is not None else ("unknown", None)
     return "unknown", None
 
 

@@ -40,7 +40,8 @@ import numpy as np
 from routepack_opt.core.bounds import knapsack_max, knapsack_top
 from routepack_opt.models import _solvers
 
-__all__ = ["LPBound", "gilmore_gomory", "lp_pack", "types_of", "assignment", "SCALE", "pricing_cost"]
+__all__ = ["LPBound", "gilmore_gomory", "lp_pack", "types_of", "assignment", "bins_of_counts", "SCALE",
+           "pricing_cost"]
 
 SCALE = 1 << 30  # duals are rounded down to multiples of 1/SCALE before the exact knapsack
 _EPS = 1e-9
@@ -401,16 +402,22 @@ def _master_ip(w_M, b_M, C, K, cols_PM, time_limit):
     x = np.rint(np.asarray(sol.col_value)).astype(np.int64)
     if x.sum() > K:
         return None
-    r_M = b_M.copy()
+    return bins_of_counts(x, cols_PM, b_M)
+
+
+def bins_of_counts(x_P: np.ndarray, cols_PM: np.ndarray, b_M: np.ndarray):
+    """Integral pattern counts ``x_P`` over the patterns ``cols_PM`` → one count vector per bin,
+    copies beyond the demands ``b_M`` cut (a covering solution may over-cover); None when the
+    patterns do not cover every demand."""
+    r_M = np.asarray(b_M, dtype=np.int64).copy()
     bins = []
-    for p in np.flatnonzero(x > 0):
-        for _ in range(int(x[p])):
+    for p in np.flatnonzero(x_P > 0):
+        for _ in range(int(x_P[p])):
             a = np.minimum(cols_PM[p], r_M)
             r_M -= a
-            bins.append(a)
-    if r_M.any():
-        return None
-    return bins
+            if a.any():
+                bins.append(a)
+    return None if r_M.any() else bins
 
 
 def lp_pack(w_M, b_M, C: int, K: int, lp: LPBound, *, time_limit: float = 5.0):
