@@ -52,7 +52,8 @@ def run_summary(records: Iterable[dict], options: dict | None = None) -> dict:
     """The run in seconds: ``windows``; ``seconds_saved`` (predicted, Σ over the steps of the best
     cap-keeping baseline's makespan − ours); ``planning_seconds`` (measured: R* and the plan, per
     window, summed); ``net_seconds_saved`` = the difference; ``options`` (every option of the
-    run); the percentages of :func:`summarize` beside them."""
+    run) and ``budget`` (the search budget in words, :meth:`ReportConfig.budget`); the percentages
+    of :func:`summarize` beside them."""
     recs = list(records)
     saved = planning = 0.0
     for r in recs:
@@ -63,7 +64,7 @@ def run_summary(records: Iterable[dict], options: dict | None = None) -> dict:
     return {"windows": s["windows"], "ok": s["ok"], "failed": s["failed"], "seconds_saved": saved,
             "planning_seconds": planning, "net_seconds_saved": saved - planning,
             "mean_saving": s["mean_saving"], "median_saving": s["median_saving"], "rows_saved": s["rows_saved"],
-            "options": dict(options or {})}
+            "budget": (options or {}).get("budget"), "options": dict(options or {})}
 
 
 def write_summary(out_dir, records: Iterable[dict], options: dict | None = None) -> Path:
@@ -138,10 +139,11 @@ def summarize(records: Iterable[dict]) -> dict:
 
 
 def render_report(records: list[dict], path, *, title: str = "", windows: list[str] | None = None,
-                  options: dict | None = None) -> Path:
+                  options: dict | None = None, notes: list[str] | None = None) -> Path:
     """Write the self-contained ``report.html`` (plots as base64 PNGs) for ``records``: the net
-    seconds first, then the options (``options``: :meth:`ReportConfig.options`), the plots and
-    the tables."""
+    seconds first, then the search budget and the options (``options``:
+    :meth:`ReportConfig.options`), the notes (``notes``: the ``steps.jsonl`` lines left out, see
+    :func:`routepack_opt.report_run.read_steps`), the plots and the tables."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -153,7 +155,7 @@ def render_report(records: list[dict], path, *, title: str = "", windows: list[s
     s = summarize(recs)
     figs = _figures(plt, ok, s) if ok else []
     path = Path(path)
-    doc = _report_html(recs, s, figs, title, options)
+    doc = _report_html(recs, s, figs, title, options, notes or [])
     atomic_write_bytes(path, doc.encode("utf-8", "backslashreplace"))  # any name's bytes: still UTF-8
     return path
 
@@ -231,8 +233,16 @@ def _gap_figure(plt, x, ok: list[dict]) -> str:
     return _png(fig)
 
 
-def _report_html(recs: list[dict], s: dict, figs: list[tuple[str, str]], title: str, options: dict | None) -> str:
-    """The report's page: headline, options, the baselines' table, the plots, the steps' table."""
+def _r_star(r: dict):
+    """R* of a step line: its certificate's rows (the row search's R* where that is missing)."""
+    cert = r.get("certificate") or {}
+    return cert.get("rows") if cert.get("rows") is not None else (r.get("row_search") or {}).get("r_star")
+
+
+def _report_html(recs: list[dict], s: dict, figs: list[tuple[str, str]], title: str, options: dict | None,
+                 notes: list[str]) -> str:
+    """The report's page: headline, budget, options, notes, the baselines' table, the plots, the
+    steps' table."""
     esc = html.escape
     rows_html = "".join(
         f"<tr><td>{esc(n)}</td><td>{b['windows']}</td><td>{_fmt_pct(b['mean_saving'])}</td>"
@@ -240,8 +250,9 @@ def _report_html(recs: list[dict], s: dict, figs: list[tuple[str, str]], title: 
         f"<td>{b['mean_gap']:.4f}</td></tr>" for n, b in sorted(s["baselines"].items()))
     steps_html = "".join(
         f"<tr><td>{esc(inputs.display_name(r['window']))}</td>" + (
-            f"<td colspan=6 class=err>{esc(r['error'])}</td>" if "error" in r else
-            f"<td>{r['rows']}</td><td>{r['makespan'] / 1e3:,.2f}</td><td>{r['lower_bound'] / 1e3:,.2f}</td>"
+            f"<td colspan=7 class=err>{esc(r['error'])}</td>" if "error" in r else
+            f"<td>{r['rows']}</td><td>{'–' if _r_star(r) is None else _r_star(r)}</td>"
+            f"<td>{r['makespan'] / 1e3:,.2f}</td><td>{r['lower_bound'] / 1e3:,.2f}</td>"
             f"<td>{r['gap']:.4f}</td><td>{esc(str(r['best_baseline']))}</td><td>{_fmt_pct(r['saving'])}</td>")
         + "</tr>" for r in recs)
     summary = (f"<p>{s['windows']} windows, {s['ok']} planned, {s['failed']} failed. Saving over the best "
@@ -249,27 +260,31 @@ def _report_html(recs: list[dict], s: dict, figs: list[tuple[str, str]], title: 
                f"{_fmt_pct(s['median_saving'])}, min {_fmt_pct(s['min_saving'])}, max {_fmt_pct(s['max_saving'])}; "
                f"rows saved in all: <b>{s['rows_saved']}</b>; mean gap to the lower bound "
                f"{'–' if s['mean_gap'] is None else format(s['mean_gap'], '.4f')}.</p>")
+    budget = (f"<p id=budget>Search budget: {esc(str(options['budget']))}.</p>"
+              if options and options.get("budget") else "")
+    notes_html = ("<h2>Notes</h2><ul id=notes>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>"
+                  if notes else "")
     imgs = "".join(f"<h2>{esc(t)}</h2><img alt='{esc(t)}' src='data:image/png;base64,{b}'>" for t, b in figs)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>RoutePack replay report</title>
 <style>body{{font-family:sans-serif;margin:1.5em;max-width:1100px}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}td:first-child{{text-align:left}}
 .err{{color:#b00;text-align:left}}img{{max-width:100%}}.headline{{font-size:20px}}</style></head><body>
 <h1>RoutePack replay report</h1>{_headline_html(recs, options)}<p>{esc(inputs.display_name(title))}</p>{summary}
-{_options_html(options)}
+{budget}{_options_html(options)}{notes_html}
 <p>Saving = (best cap-keeping baseline − RoutePack) / best, every layout scored by RoutePack's one evaluator.
 Baselines: each framework's own packer at the rows it picks, under identity or EPLB placement
 (cap violations: micro-batches over the token cap; extra rows: rows − R*).</p>
 <h2>Baselines (all windows)</h2><table><tr><th>baseline</th><th>windows</th><th>mean saving vs it</th>
 <th>cap violations</th><th>windows over cap</th><th>extra rows</th><th>mean gap to LB</th></tr>{rows_html}</table>
 {imgs}
-<h2>Steps</h2><table><tr><th>window</th><th>rows R*</th><th>makespan ms</th><th>LB ms</th><th>gap</th>
+<h2>Steps</h2><table><tr><th>window</th><th>rows</th><th>R*</th><th>makespan ms</th><th>LB ms</th><th>gap</th>
 <th>best baseline</th><th>saving</th></tr>{steps_html}</table></body></html>
 """
 
 
 def _rows_bars(ax, x, packers: list[str], ok: list[dict]) -> None:
-    """Rows each framework uses beyond R* per step, as grouped bars (integer, mostly 0/1: a line
-    between steps would draw values that do not exist)."""
+    """Rows each framework uses beyond our plan per step (its rows − ours: the rows saved), as
+    grouped bars (integer, mostly 0/1: a line between steps would draw values that do not exist)."""
     width = 0.8 / max(1, len(packers))
     top = 0.0
     for j, p in enumerate(packers):
@@ -279,6 +294,7 @@ def _rows_bars(ax, x, packers: list[str], ok: list[dict]) -> None:
         top = max(top, float(ys.max(initial=0.0)))
         ax.bar(x - 0.4 + (j + 0.5) * width, ys, width=width, label=p)
     ax.set_ylim(top=max(1.0, top) * 1.4)  # room for the legend above the bars
-    ax.set(xlabel="step", ylabel="rows − R*", title="Rows saved: micro-batches each framework uses beyond R*")
+    ax.set(xlabel="step", ylabel="baseline rows − our rows",
+           title="Rows saved: micro-batches each framework uses beyond our plan")
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=8, ncol=3)

@@ -48,7 +48,7 @@ import numpy as np
 from routepack_opt.core import inputs
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.io import atomic_write_text
+from routepack_opt.core.io import append_bytes, atomic_write_text, check_output_path, truncate_file
 from routepack_opt.core.objective import Objective, check_objective
 from routepack_opt.core.topology import Topology
 from routepack_opt.params import PlannerParams
@@ -63,7 +63,8 @@ from routepack_opt.report_html import (  # summary.json and report.html, re-expo
 
 __all__ = ["ReportConfig", "list_windows", "load_step_window", "analyze_window", "append_step", "read_steps",
            "prepare_out_dir", "render_report", "summarize", "strip_timings", "check_dirs", "FORMATS",
-           "STEPS", "REPORT", "RUN", "SUMMARY", "run_summary", "write_summary"]
+           "STEPS", "REPORT", "RUN", "SUMMARY", "OUTPUTS", "run_summary", "write_summary", "run_records",
+           "check_out_files"]
 
 FORMATS = ("window", "slime", "verl", "routes")
 _REPLAY_SUFFIXES = (".pt", ".pth", ".npy", ".npz", ".safetensors")
@@ -88,6 +89,7 @@ class ReportConfig:
     moe_layer_freq: object = None
     top_k: int | None = None
     cost_name: str | None = None  # how the run named its cost (shown in the options; not compared on resume)
+    budget_source: str | None = None  # where the time limit came from (shown with the budget; not compared)
 
     def __post_init__(self):
         object.__setattr__(self, "objective", check_objective(self.objective))
@@ -103,7 +105,20 @@ class ReportConfig:
         return {**topo, "cost": self.cost_name or "custom", "objective": self.objective,
                 "time_limit": self.time_limit, "max_sweeps": self.max_sweeps, "seed": self.seed,
                 "format": self.format, "num_experts": self.num_experts, "moe_layer_freq": self.moe_layer_freq,
-                "top_k": self.top_k, "params": self.params.to_dict()}
+                "top_k": self.top_k, "budget": self.budget(), "params": self.params.to_dict()}
+
+    def budget(self) -> str:
+        """The search budget of every window, in words: its time limit and sweep budget, and where
+        the limit came from (``budget_source``: the seams' default, ``--time-limit``)."""
+        parts = []
+        if self.time_limit is not None:
+            parts.append(f"{self.time_limit:g} s of search per window")
+        if self.max_sweeps is not None:
+            parts.append(f"at most {self.max_sweeps} sweeps per window")
+        text = " and ".join(parts) if parts else "no time limit and no sweep budget (the search runs to its end)"
+        if self.time_limit is None and parts:
+            text += " (no time limit)"
+        return f"{text}; {self.budget_source}" if self.budget_source else text
 
     def fingerprint(self) -> dict:
         """The options that change the numbers (not the workers): compared on resume."""
@@ -196,7 +211,28 @@ def check_dirs(run_dir, out_dir) -> Path:
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"{out}: directory {parent} does not exist")
+    if out.is_dir():
+        check_out_files(out, run)
     return out
+
+
+OUTPUTS = (STEPS, RUN, SUMMARY, REPORT)  # every file the report writes in OUT_DIR
+
+
+def check_out_files(out: Path, run: Path) -> None:
+    """Refuse, before any work, an OUT_DIR file the report would write (``steps.jsonl``,
+    ``run.json``, ``summary.json``, ``report.html``) that is not a regular file (a symlink — into
+    RUN_DIR or anywhere —, a FIFO, a device) or that is a file of RUN_DIR (a hard link)
+    (:func:`routepack_opt.core.io.check_output_path`)."""
+    names = [out / n for n in OUTPUTS if os.path.lexists(out / n)]
+    if not names:
+        return
+    try:
+        run_files = [p for p in run.iterdir() if p.is_file()]
+    except OSError:
+        run_files = []
+    for path in names:
+        check_output_path(path, *run_files)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,26 +452,20 @@ def _dumps(rec: dict) -> str:
 
 def append_step(path, rec: dict) -> None:
     """Append ``rec`` as one line: one ``os.write`` of the whole line to an ``O_APPEND`` file
-    descriptor, then ``fsync``. A reader never sees a finished line half written; a kill during
+    descriptor, then ``fsync`` (:func:`routepack_opt.core.io.append_bytes`: never through a link,
+    never into a FIFO or device). A reader never sees a finished line half written; a kill during
     the write leaves at most a torn last line, which :func:`read_steps` ignores."""
-    data = (_dumps(rec) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-    try:
-        view = memoryview(data)
-        while view:  # a regular file takes it in one write; a short write (disk full) goes on
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot append ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
+    append_bytes(path, (_dumps(rec) + "\n").encode("utf-8"))
 
 
-def read_steps(path) -> tuple[list[dict], bool]:
-    """(records, torn): every complete line of ``steps.jsonl``; ``torn`` when the last line was
-    cut by a kill (no newline, or not JSON) and was left out. A bad line before the last one is
-    an InputError (the file was edited or is not ours)."""
+def read_steps(path, notes: list[str] | None = None) -> tuple[list[dict], bool]:
+    """(records, torn): every complete line of ``steps.jsonl`` that holds a step record as a run
+    writes it; ``torn`` when the last line was cut by a kill (no newline, or not JSON) and was
+    left out. A JSON line that fails the record's schema (:func:`routepack_opt.core.inputs.
+    check_step_record`: a negative makespan, a saving of 1e300, a step of 2^70, a float where an
+    integer belongs) is skipped, its reason appended to ``notes``: it counts nowhere, and its
+    window is planned again on a resume. A line before the last one that is not JSON at all is an
+    InputError (the file was edited or is not ours)."""
     p = Path(path)
     if not os.path.lexists(p):
         return [], False
@@ -448,7 +478,7 @@ def read_steps(path) -> tuple[list[dict], bool]:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = json.loads(line)  # NaN/Infinity load, and the schema refuses them
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             if k == len(lines) - 1 and not tail:
                 torn = True
@@ -457,9 +487,29 @@ def read_steps(path) -> tuple[list[dict], bool]:
         try:  # the one schema check of a line, before any work (api: core/inputs.py)
             inputs.check_step_record(rec, f"line {k + 1}")
         except InputError as exc:
-            raise InputError(f"{inputs.display_name(p)}: {exc}; move the file away to start over") from None
+            if notes is not None:
+                notes.append(f"{inputs.display_name(p)}: ignored {exc} (not a line a run writes)")
+            continue
         out.append(rec)
     return out, torn
+
+
+def run_records(records: list[dict], windows: list[str], notes: list[str] | None = None) -> list[dict]:
+    """The lines the report counts: the newest line of each window of RUN_DIR (``windows``, the
+    names :func:`list_windows` found), in the order read. A line for any other name
+    (``ghost.npz``, ``../../etc/passwd``: a window this run never had) is left out, with a note
+    in ``notes`` that does not repeat the name."""
+    names = set(windows)
+    latest: dict[str, dict] = {}
+    stray = 0
+    for r in records:
+        if r["window"] in names:
+            latest[r["window"]] = r  # a retried window: its newest line
+        else:
+            stray += 1
+    if stray and notes is not None:
+        notes.append(f"steps.jsonl: ignored {stray} line(s) for windows that are not in RUN_DIR")
+    return list(latest.values())
 
 
 def _trim_torn_tail(path) -> None:
@@ -478,10 +528,7 @@ def _trim_torn_tail(path) -> None:
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             keep = last
     if keep != len(data):
-        with open(p, "r+b") as fh:
-            fh.truncate(keep)
-            fh.flush()
-            os.fsync(fh.fileno())
+        truncate_file(p, keep)
 
 
 def strip_timings(rec: dict) -> dict:
@@ -508,8 +555,10 @@ def prepare_out_dir(out_dir, cfg: ReportConfig) -> None:
         if not isinstance(old, dict):
             raise InputError(f"{inputs.display_name(run)}: not a JSON object of options; move OUT_DIR away to "
                              "start over")
-        if old != fp:
-            diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
+        # compared as JSON text, not as Python values: "seed": 0.0 or true is not the 0 or 1 a run writes
+        same = lambda k: k in old and k in fp and _dumps({"v": old[k]}) == _dumps({"v": fp[k]})
+        diff = sorted(k for k in set(old) | set(fp) if not same(k))
+        if diff:
             raise InputError(f"{out}: holds a run made with other options ({', '.join(diff)}); use the same "
                              "options to resume, or another OUT_DIR")
     else:

@@ -115,8 +115,8 @@ def good_files(d: Path) -> dict[str, Path]:
     except ImportError:
         pass
     rec = {"window": "step_0.npz", "step": 0, "rows": 2, "makespan": 10.0, "lower_bound": 9.0, "gap": 1.1,
-           "saving": 0.1, "rows_saved": 0, "best_baseline": "a/identity",
-           "baselines": {"a/identity": {"makespan": 11.0, "saving": 0.1, "gap": 1.2, "cap_violations": 0,
+           "saving": 1 / 11, "rows_saved": 0, "best_baseline": "a/identity",
+           "baselines": {"a/identity": {"makespan": 11.0, "saving": 1 / 11, "gap": 1.2, "cap_violations": 0,
                                         "extra_rows": 0, "rows": 2}, "b/eplb": {"error": "x"}},
            "ep_imbalance": {"routepack": 0.1, "identity": 0.2, "eplb": 0.15},
            "time_split": {"attention": 1.0, "experts": 2.0, "overhead": 0.5}}

@@ -36,9 +36,10 @@ def register(sub) -> None:
     add_objective(p)
     g = p.add_argument_group("search (per window)")
     g.add_argument("--time-limit", type=positive_float, help="search time limit per window (anytime; results "
-                   "then depend on the machine's speed)")
-    g.add_argument("--max-sweeps", type=positive_int, help="sweep budget per window: with --seed, the same "
-                   "numbers on any number of workers")
+                   "then depend on the machine's speed); default: the seams' per-step budget (0.1 s as verl's "
+                   "seam, 0.25 s with --format slime), unless --max-sweeps is given")
+    g.add_argument("--max-sweeps", type=positive_int, help="sweep budget per window: with --seed and no "
+                   "--time-limit, the same numbers on any number of workers")
     g.add_argument("--seed", type=nonneg_int, default=0)
     g.add_argument("--config", metavar="PARAMS.toml", help="planner parameters (as for plan)")
     r = p.add_argument_group("Ray")
@@ -56,6 +57,23 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def search_budget(args) -> tuple[float | None, str]:
+    """(time limit per window, where it came from): ``--time-limit`` as given; with neither it nor
+    ``--max-sweeps``, the per-step budget the seams plan with by default
+    (:data:`routepack_opt.integrations._seam.DEFAULT_TIME_LIMIT`: verl's, or slime's for
+    ``--format slime``), so that the report predicts what a seam would save; with ``--max-sweeps``
+    alone, no time limit (the numbers do not depend on the machine)."""
+    if args.time_limit is not None:
+        return args.time_limit, "given with --time-limit"
+    if args.max_sweeps is not None:
+        return None, "given with --max-sweeps"
+    from routepack_opt.integrations._seam import DEFAULT_TIME_LIMIT
+
+    seam = "slime" if args.format == "slime" else "verl"
+    return DEFAULT_TIME_LIMIT[seam], (f"the {seam} seam's default per-step budget (give --time-limit or "
+                                      "--max-sweeps to change it)")
+
+
 def run(args) -> None:
     from routepack_opt.cli.import_replay import _freq
     from routepack_opt.cli.plan import load_params
@@ -63,10 +81,12 @@ def run(args) -> None:
 
     if args.workers is not None and args.address is not None:
         raise InputError("give --workers N (a local cluster) or --address ADDR (a running one), not both")
+    time_limit, source = search_budget(args)
     cfg = ReportConfig(topology=topology_from_args(args), cost=cost_from_args(args), objective=args.objective,
-                       params=load_params(args), time_limit=args.time_limit, max_sweeps=args.max_sweeps,
+                       params=load_params(args), time_limit=time_limit, max_sweeps=args.max_sweeps,
                        seed=args.seed, format=args.format, num_experts=args.num_experts,
-                       moe_layer_freq=_freq(args.moe_layer_freq), top_k=args.top_k, cost_name=args.cost)
+                       moe_layer_freq=_freq(args.moe_layer_freq), top_k=args.top_k, cost_name=args.cost,
+                       budget_source=source)
     check_dirs(args.run_dir, args.output)  # before Ray starts: bad paths cost nothing
     paths = list_windows(args.run_dir, args.format)
     if cfg.topology.redundant_experts or args.max_replica_bytes is not None:
@@ -102,7 +122,10 @@ def run(args) -> None:
             f"  saving over the best cap-keeping baseline: mean {pct(s['mean_saving'])}, median "
             f"{pct(s['median_saving'])}; rows saved {s['rows_saved']}\n"
             f"  wrote {res['steps']}, {res['summary_json']} and {res['report']}")
+    text += f"\n  budget: {cfg.budget()}"
     emit(args, res, text)
+    for note in res.get("notes", []):
+        print(f"note: {note}", file=sys.stderr)
     if s["failed"]:
         print(f"note: {s['failed']} window(s) failed; their error is in steps.jsonl "
               "(--retry-errors plans them again)", file=sys.stderr)

@@ -538,15 +538,20 @@ class _StSlice:
         return list(self._owner.header[self._key][1])
 
     def __getitem__(self, idx) -> np.ndarray:
-        return self._owner._convert(self._key, self._owner._raw(self._key)[idx])
+        owner, key = self._owner, self._key
+        shape = owner.header[key][1]
+        if isinstance(idx, slice) and shape and idx.step in (None, 1):
+            a, b, _ = idx.indices(shape[0])  # rows a..b only: the one sample the reader wants
+            return owner._convert(key, owner._raw(key, a, max(a, b)))
+        return owner._convert(key, owner._raw(key)[idx])
 
 
 class SafetensorsFile:
     """A ``.safetensors`` file read without the safetensors library's surprises: the header (an
     8-byte length, then JSON) is checked whole — every dtype an integer or float one, every shape
     non-negative, every tensor's bytes inside the file at its declared size — before any tensor is
-    mapped. The interface of ``safe_open(..., framework="np")``: :meth:`keys`, :meth:`get_tensor`,
-    :meth:`get_slice` (lazy ``[a:b]``)."""
+    read (into memory, never mapped). The interface of ``safe_open(..., framework="np")``:
+    :meth:`keys`, :meth:`get_tensor`, :meth:`get_slice` (lazy ``[a:b]``)."""
 
     def __init__(self, path, what: str = "safetensors file"):
         self.where = _shown(path)
@@ -596,14 +601,37 @@ class SafetensorsFile:
     def keys(self) -> list[str]:
         return list(self.header)
 
-    def _raw(self, key: str) -> np.ndarray:
+    def _raw(self, key: str, first: int | None = None, stop: int | None = None) -> np.ndarray:
+        """The tensor's raw values (rows ``first:stop`` of its first axis, else all), read into
+        memory with ``pread`` — never memory-mapped: a file truncated while a mapping of it is
+        read kills the process with SIGBUS. A read that returns fewer bytes than the header
+        promised (the file was cut meanwhile) is an InputError."""
         dt, shape, lo, hi = self.header[key]
+        dtype = np.dtype(_ST_DTYPES[dt])
+        if first is not None and shape:
+            per_row = _nbytes(shape[1:], dtype)
+            shape = (stop - first, *shape[1:])
+            lo, hi = lo + first * per_row, lo + stop * per_row
         if hi == lo:
-            return np.zeros(shape, dtype=_ST_DTYPES[dt])
+            return np.zeros(shape, dtype=dtype)
+        where = f"{self.where}[{display_name(key)}]"
+        check_memory(hi - lo, where)
+        parts, at, need = [], self.data_start + lo, hi - lo
         try:
-            return np.memmap(self.path, dtype=_ST_DTYPES[dt], mode="r", offset=self.data_start + lo, shape=shape)
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{self.where}[{display_name(key)}]: cannot map ({_brief(exc, 60)})") from None
+            with open_input(self.path, "safetensors file") as fh:
+                while need:
+                    chunk = os.pread(fh.fileno(), min(need, 1 << 30), at)
+                    if not chunk:
+                        break
+                    parts.append(chunk)
+                    at += len(chunk)
+                    need -= len(chunk)
+        except OSError as exc:
+            raise InputError(f"{where}: cannot read ({_brief(exc, 60)})") from None
+        if need:
+            raise InputError(f"{where}: truncated while it was read ({hi - lo - need:,} of {hi - lo:,} bytes); "
+                             "read it again once its writer has finished")
+        return np.frombuffer(b"".join(parts), dtype=dtype).reshape(shape)
 
     def _convert(self, key: str, raw: np.ndarray) -> np.ndarray:
         dt = self.header[key][0]
@@ -709,46 +737,108 @@ def _need(ok: bool, where: str, what: str) -> None:
         raise InputError(f"{where}: {what}")
 
 
+_STEP_INT_MAX = 2**62  # steps, rows, counts: far beyond any run, far inside int64
+_STEP_SECONDS_MAX = 1e9  # a timing no run writes (31 years)
+
+
+def _brief_value(x) -> str:
+    """A JSON value as the file wrote it, cut to 40 characters."""
+    text = json.dumps(x) if isinstance(x, (int, float, str, bool)) or x is None else type(x).__name__
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _is_count(x, lo: int = 0, hi: int = _STEP_INT_MAX) -> bool:
+    return is_int(x) and lo <= x <= hi
+
+
+def _is_nonneg(x) -> bool:
+    return _is_num(x) and x >= 0
+
+
+def _is_saving(x) -> bool:
+    """A saving (b − ours) / b of a makespan ours ≥ 0: finite and at most 1."""
+    return _is_num(x) and x <= 1.0
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
 def check_step_record(rec, where: str) -> dict:
-    """One ``steps.jsonl`` line of ``replay-report`` (report_run's record): its fields' types
-    checked before the run starts, so that a line of the right JSON but the wrong shape is one
-    InputError naming the line, never a failure after the whole run."""
+    """One ``steps.jsonl`` line of ``replay-report`` (report_run's record), checked field by field
+    against what a run writes: integers (never a float, a bool or a string) in range for the
+    step, the rows and the counts; makespans, bounds and gaps finite and ≥ 0; savings finite,
+    at most 1 and equal to (baseline − ours) / baseline of the line's own makespans; the best
+    baseline one that keeps the cap, with the least makespan of those; timings finite seconds
+    ≥ 0. An InputError names the line and the field (``report_run.read_steps`` skips such a
+    line with a note)."""
     _need(isinstance(rec, dict), where, "not a step record (a JSON object)")
     _need(isinstance(rec.get("window"), str) and rec["window"] != "", where, "'window' must be a file name")
     if "step" in rec:
-        _need(is_int(rec["step"]) and rec["step"] >= 0, where, "'step' must be an integer ≥ 0")
+        _need(_is_count(rec["step"]), where, f"'step' must be an integer in 0..2^62, got {_brief_value(rec['step'])}")
+    t = rec.get("timings", {})
+    _need(isinstance(t, dict) and all(_is_nonneg(v) and v <= _STEP_SECONDS_MAX for v in t.values()), where,
+          "'timings' must be an object of seconds (finite numbers ≥ 0)")
     if "error" in rec:
         _need(isinstance(rec["error"], str), where, "'error' must be a string")
         return rec
-    _need(is_int(rec.get("rows")) and rec["rows"] >= 1, where, "'rows' must be an integer ≥ 1")
+    for k in ("samples", "tokens", "layers", "experts"):
+        if k in rec:
+            _need(_is_count(rec[k]), where, f"'{k}' must be an integer in 0..2^62, got {_brief_value(rec[k])}")
+    top = rec["samples"] if _is_count(rec.get("samples"), 1) else _STEP_INT_MAX
+    _need(_is_count(rec.get("rows"), 1, top), where,
+          f"'rows' must be an integer in 1..{top}, got {_brief_value(rec.get('rows'))}")
     for k in ("makespan", "lower_bound", "gap"):
-        _need(_is_num(rec.get(k)), where, f"'{k}' must be a finite number")
-    _need(rec.get("saving") is None or _is_num(rec["saving"]), where, "'saving' must be a number or null")
-    _need(rec.get("rows_saved") is None or is_int(rec["rows_saved"]), where, "'rows_saved' must be an integer or null")
+        _need(_is_nonneg(rec.get(k)), where, f"'{k}' must be a finite number ≥ 0, got {_brief_value(rec.get(k))}")
+    _need(rec.get("saving") is None or _is_saving(rec["saving"]), where,
+          f"'saving' must be a finite number ≤ 1 or null, got {_brief_value(rec.get('saving'))}")
+    _need(rec.get("rows_saved") is None or _is_count(rec["rows_saved"], -_STEP_INT_MAX), where,
+          "'rows_saved' must be an integer or null")
     _need(rec.get("best_baseline") is None or isinstance(rec["best_baseline"], str), where,
           "'best_baseline' must be a string or null")
+    cert = rec.get("certificate")
+    if isinstance(cert, dict) and cert.get("rows") is not None:
+        _need(_is_count(cert["rows"], 1, rec["rows"]), where, "'certificate.rows' (R*) must be an integer in 1..rows")
     base = rec.get("baselines")
     _need(isinstance(base, dict), where, "'baselines' must be an object")
     for name, b in base.items():
         _need(isinstance(b, dict), where, f"baselines[{name!r:.30}] must be an object")
         if "makespan" in b:
-            for k in ("makespan", "saving", "gap"):
-                _need(_is_num(b.get(k)), where, f"baselines[{name!r:.30}].{k} must be a finite number")
-            for k in ("cap_violations", "extra_rows", "rows"):
-                _need(is_int(b.get(k)), where, f"baselines[{name!r:.30}].{k} must be an integer")
+            for k in ("makespan", "gap"):
+                _need(_is_nonneg(b.get(k)), where, f"baselines[{name!r:.30}].{k} must be a finite number ≥ 0")
+            _need(_is_saving(b.get("saving")), where, f"baselines[{name!r:.30}].saving must be a finite number ≤ 1")
+            if b["makespan"] > 0:
+                _need(_close(b["saving"], (b["makespan"] - rec["makespan"]) / b["makespan"]), where,
+                      f"baselines[{name!r:.30}].saving is not (its makespan − the plan's) / its makespan")
+            _need(_is_count(b.get("cap_violations")), where, f"baselines[{name!r:.30}].cap_violations must be "
+                  "an integer ≥ 0")
+            _need(_is_count(b.get("rows"), 1), where, f"baselines[{name!r:.30}].rows must be an integer ≥ 1")
+            _need(_is_count(b.get("extra_rows"), -_STEP_INT_MAX), where,
+                  f"baselines[{name!r:.30}].extra_rows must be an integer")
         else:
             _need(isinstance(b.get("error"), str), where, f"baselines[{name!r:.30}] needs makespan or error")
-    if rec.get("best_baseline") is not None:
-        _need(rec["best_baseline"] in base and "makespan" in base[rec["best_baseline"]], where,
-              "'best_baseline' names no baseline of the line")
+    best = rec.get("best_baseline")
+    if best is not None:
+        _need(best in base and "makespan" in base[best], where, "'best_baseline' names no baseline of the line")
+        b = base[best]
+        _need(b["cap_violations"] == 0, where, f"'best_baseline' {best!r:.30} breaks the cap")
+        _need(all(o["makespan"] >= b["makespan"] for o in base.values()
+                  if "makespan" in o and o["cap_violations"] == 0), where,
+              f"'best_baseline' {best!r:.30} is not the cap-keeping baseline of least makespan")
+        _need(rec.get("saving") is not None and _close(rec["saving"], b["saving"]), where,
+              "'saving' is not the best baseline's saving")
+        _need(rec.get("rows_saved") is None or rec["rows_saved"] == b["rows"] - rec["rows"], where,
+              "'rows_saved' is not the best baseline's rows − the plan's rows")
+    else:
+        _need(rec.get("saving") is None, where, "'saving' without a best baseline")
     ep = rec.get("ep_imbalance")
-    _need(isinstance(ep, dict) and all(v is None or _is_num(v) for v in ep.values()), where,
-          "'ep_imbalance' must be an object of numbers")
+    _need(isinstance(ep, dict) and all(v is None or _is_nonneg(v) for v in ep.values()), where,
+          "'ep_imbalance' must be an object of numbers ≥ 0")
     _need("routepack" in ep and all(k in ep for k in ("identity", "eplb")), where,
           "'ep_imbalance' needs routepack, identity and eplb")
     for key in ("time_split", "time_split_best_baseline"):
         if key == "time_split" or key in rec:
             ts = rec.get(key)
-            _need(isinstance(ts, dict) and all(_is_num(ts.get(k)) for k in ("attention", "experts", "overhead")),
-                  where, f"'{key}' must hold attention, experts and overhead numbers")
+            _need(isinstance(ts, dict) and all(_is_nonneg(ts.get(k)) for k in ("attention", "experts", "overhead")),
+                  where, f"'{key}' must hold attention, experts and overhead numbers ≥ 0")
     return rec

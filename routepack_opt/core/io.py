@@ -1,19 +1,28 @@
 """Output where the user means it: a reader sees the old file or the complete new one, never a
-torn or empty file, and a path that is not a regular file is written through, never replaced.
+torn or empty file, and a write never goes through a link into anything else.
 
 Every writer of the package goes through here. Where the output goes (:func:`output_target`):
 
-- ``-`` is standard output, written directly;
-- a symlink is followed: the write goes beside the file it points to (the link stays a link);
-- a path that is (or resolves to) a FIFO or a character device (``/dev/stdout``, ``/dev/null``, a
-  named pipe), or any path under ``/dev`` or ``/proc``, is opened and written directly: replacing it
-  would destroy the device node (as root) or the pipe; atomicity is the reader's business there;
-- a socket, a block device or a directory is refused;
-- anything else (a regular file, or a new name) is written atomically: to a temporary file in the
-  target's directory (same file system, so the final ``os.replace`` is atomic), flushed and
-  fsynced, then renamed over the target. On any failure (disk full, EFBIG under a file-size limit,
-  EACCES, SIGINT/SIGTERM delivered as an exception) the temporary file is removed and the old file
-  is left as it was.
+- ``-`` (and ``/dev/stdout``, ``/dev/fd/1``, ``/proc/self/fd/1``, by name) is standard output,
+  written through the process's own stream; the path is never opened;
+- a new name, or an existing regular file, is written atomically: to a temporary file in the same
+  directory (same file system, so the final ``os.replace`` is atomic), created with
+  ``O_CREAT | O_EXCL | O_NOFOLLOW`` (never an existing file, never through a link), flushed and
+  fsynced, then renamed over the final name (``rename`` replaces the name itself, never what a
+  link there points to). On any failure (disk full, EFBIG under a file-size limit, EACCES,
+  SIGINT/SIGTERM delivered as an exception) the temporary file is removed and the old file is
+  left as it was;
+- anything else already at the final name is refused before any work, never opened: a symbolic
+  link (its target could be an input: ``OUT_DIR/report.html`` linked to a window of RUN_DIR), a
+  FIFO (opening it would block until a reader comes), a character or block device, a socket, a
+  directory. The final path is looked at with ``lstat``, so a link is seen as a link; the
+  directories above it may be links;
+- an output that is one of the command's inputs (the same path after ``realpath``, or the same
+  ``st_dev``/``st_ino``: a hard link, another spelling) is refused (:func:`check_output_path`).
+
+``steps.jsonl`` is appended, not replaced (:func:`append_bytes`): opened with ``O_APPEND |
+O_NOFOLLOW | O_NONBLOCK`` and used only when it is a regular file, so a link or a FIFO there is
+refused the same way and never waited on.
 
 The temporary file is named ``.NAME.PID-XXXXXXXX.tmp`` with the writer's process id. A writer
 killed by SIGKILL cannot remove its own; the next write to the same target removes every such file
@@ -30,10 +39,11 @@ import errno
 import hashlib
 import os
 import re
+import secrets
 import signal
 import stat
 import sys
-import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -41,36 +51,49 @@ import numpy as np
 from routepack_opt.core.errors import InputError
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_open", "save_npz", "check_output_path",
-           "output_target", "is_stdout", "sweep_stale_temps", "NAME_MAX"]
+           "output_target", "is_stdout", "sweep_stale_temps", "append_bytes", "truncate_file", "NAME_MAX"]
 
 # The longest file name (one path component, in bytes) Linux file systems take, and the longest path.
 NAME_MAX = 255
 PATH_MAX = 4096
-# Paths the user names to reach a stream, even where they resolve to a regular file (``/dev/stdout``
-# redirected to a file by the shell): written through, never renamed over.
-_STREAM_ROOTS = ("/dev/", "/proc/")
+# Names of standard output: written through the process's own stream, the path never opened.
 _STDOUT_NAMES = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+# What stands at a final path and is never written through or replaced (lstat's mode → why).
+_REFUSED_KINDS = (
+    (stat.S_ISLNK, "is a symbolic link; outputs are never written through a link (its target could be "
+                   "an input): remove the link or name the file itself"),
+    (stat.S_ISFIFO, "is a named pipe (FIFO); outputs are written to regular files only (opening a FIFO "
+                    "would wait for a reader): give a file name, or - for standard output"),
+    (stat.S_ISCHR, "is a character device; outputs are written to regular files only: give a file name, "
+                   "or - for standard output"),
+    (stat.S_ISBLK, "is a block device; refusing to write over it"),
+    (stat.S_ISSOCK, "is a socket; refusing to write a file over it"),
+    (stat.S_ISDIR, "is a directory; give a file name for the output"),
+)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 def is_stdout(path) -> bool:
-    """``path`` names standard output: ``-``, ``/dev/stdout``, ``/dev/fd/1``, or another stream
-    path (a FIFO, a device, a link into /proc) that is the very file standard output writes to."""
-    if path is None or str(path) == "":
-        return False
-    if str(path) in _STDOUT_NAMES:
-        return True
-    try:
-        return output_target(path)[0] == "stdout"
-    except InputError:
-        return False
+    """``path`` names standard output: ``-``, ``/dev/stdout``, ``/dev/fd/1`` or ``/proc/self/fd/1``."""
+    return path is not None and os.fspath(path) in _STDOUT_NAMES
+
+
+def _refuse_kind(text: str, mode: int) -> None:
+    for test, why in _REFUSED_KINDS:
+        if test(mode):
+            raise InputError(f"{text}: {why}")
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{text}: not a regular file; outputs replace regular files only")
 
 
 def output_target(path) -> tuple[str, Path]:
-    """Where a write to ``path`` goes: ``("stdout", path)``, ``("stream", path)`` (opened and
-    written directly: a FIFO, a character device, anything under /dev or /proc) or ``("file",
-    resolved)`` (written atomically beside ``resolved``, the path with symlinks followed).
-    Raises InputError for names a write can never succeed on (empty, too long, a directory, a
-    socket, a block device)."""
+    """Where a write to ``path`` goes: ``("stdout", path)`` or ``("file", path)`` (written
+    atomically at ``path`` itself, never at what a link there points to). Raises InputError for
+    names a write can never succeed on (empty, too long, ending in ``/``) and for anything but a
+    regular file already at the final name (a symlink, a FIFO, a device, a socket, a directory):
+    looked at with ``lstat``, never opened."""
     text = os.fspath(path)
     if text == "":
         raise InputError("output: the file name is empty; give a file name (or - for standard output)")
@@ -84,10 +107,11 @@ def output_target(path) -> tuple[str, Path]:
             shown = os.fsdecode(part)
             raise InputError(f"{shown[:40]}…: a file name of {len(part)} bytes; at most {NAME_MAX} "
                              "per name: choose a shorter output name")
-    if text.endswith(os.sep) or text.endswith(os.sep + ".") or text.endswith(os.sep + ".."):
+    if text.endswith(os.sep) or text.endswith(os.sep + ".") or text.endswith(os.sep + "..") \
+            or text in (".", ".."):
         raise InputError(f"{text}: names a directory; give a file name for the output")
     try:
-        st = os.stat(text)  # follows symlinks
+        st = os.lstat(text)  # the final name itself: a link is seen as a link
     except FileNotFoundError:
         st = None
     except NotADirectoryError:
@@ -98,35 +122,8 @@ def output_target(path) -> tuple[str, Path]:
             raise InputError(f"{text}: too many levels of symbolic links") from None
         raise InputError(f"{text}: cannot write ({exc.strerror or exc})") from None
     if st is not None:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            if (not stat.S_ISREG(st.st_mode) or _reaches_stream_root(text)) \
-                    and os.path.samestat(st, os.fstat(sys.stdout.fileno())):
-                return "stdout", Path(text)  # one stream, one writer: no second file description
-        mode = st.st_mode
-        if stat.S_ISDIR(mode):
-            raise InputError(f"{text}: is a directory; give a file name for the output")
-        if stat.S_ISSOCK(mode):
-            raise InputError(f"{text}: is a socket; refusing to write a file over it")
-        if stat.S_ISBLK(mode):
-            raise InputError(f"{text}: is a block device; refusing to write over it")
-        if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
-            return "stream", Path(text)
-    if _reaches_stream_root(text):
-        return "stream", Path(text)
-    return "file", Path(os.path.realpath(text))
-
-
-def _reaches_stream_root(text: str) -> bool:
-    """The path, or a symlink on its way to a file, lies under /dev or /proc (``/dev/stdout`` →
-    ``/proc/self/fd/1`` → the shell's redirect target: written through, never renamed over)."""
-    p = os.path.abspath(text)
-    for _ in range(40):
-        if p.startswith(_STREAM_ROOTS):
-            return True
-        if not os.path.islink(p):
-            return False
-        p = os.path.normpath(os.path.join(os.path.dirname(p), os.readlink(p)))
-    return False
+        _refuse_kind(text, st.st_mode)
+    return "file", Path(text)
 
 
 def _temp_prefix(name: str) -> str:
@@ -174,22 +171,38 @@ def sweep_stale_temps(target: Path) -> list[str]:
     return removed
 
 
+def _make_temp(directory: Path, target: Path, path) -> tuple[int, str]:
+    """A new temporary file beside ``target``: ``O_CREAT | O_EXCL | O_NOFOLLOW`` (never an
+    existing name, never through a link), mode 0666 less the umask as any new file."""
+    prefix = f"{_temp_prefix(target.name)}{os.getpid()}-"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+    for _ in range(100):
+        tmp = os.path.join(directory, f"{prefix}{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    raise InputError(f"{path}: cannot create a temporary file in {directory} (every name taken)")
+
+
 @contextlib.contextmanager
-def atomic_open(path, mode: str = "wb"):
+def atomic_open(path, mode: str = "wb", inputs: Iterable = ()):
     """``with atomic_open(path) as fh: ...`` writes ``path`` where the user means it (see the
-    module doc): atomically for a file, directly for standard output, a FIFO or a device."""
+    module doc): atomically for a file, directly for standard output; refused (InputError, before
+    anything is written) for a link, a FIFO, a device, a socket or a directory at ``path``, and for
+    any of ``inputs``."""
+    if inputs:
+        check_output_path(path, *inputs)
     kind, target = output_target(path)
-    if kind != "file":
-        with _stream_open(kind, target, mode) as fh:
+    if kind == "stdout":
+        with _stdout_open(mode) as fh:
             yield fh
         return
-    directory = target.parent
+    directory = target.parent if str(target.parent) else Path(".")
     sweep_stale_temps(target)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f"{_temp_prefix(target.name)}{os.getpid()}-", suffix=".tmp",
-                                   dir=directory)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    fd, tmp = _make_temp(directory, target, path)
     # SIGXFSZ kills the process by default when a write crosses RLIMIT_FSIZE; ignoring it turns the
     # write into an EFBIG error we can clean up after (only possible in the main thread).
     old_xfsz = _ignore_sigxfsz()
@@ -198,9 +211,8 @@ def atomic_open(path, mode: str = "wb"):
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        with contextlib.suppress(OSError):
-            os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, target)
+        output_target(target)  # what appeared at the name meanwhile (a link, a FIFO) is refused too
+        os.replace(tmp, target)  # renames over the name itself: a link there is replaced, not followed
     except OSError as exc:
         _remove(tmp)
         raise InputError(f"{path}: cannot write ({exc.strerror or exc}); the previous file, if any, "
@@ -214,38 +226,32 @@ def atomic_open(path, mode: str = "wb"):
 
 
 @contextlib.contextmanager
-def _stream_open(kind: str, target: Path, mode: str):
-    """Standard output, a FIFO or a device, written through (no temporary file, no rename)."""
+def _stdout_open(mode: str):
+    """Standard output, written through (no temporary file, no rename)."""
     old_xfsz = _ignore_sigxfsz()
     try:
-        if kind == "stdout":
-            sys.stdout.flush()
-            raw = getattr(sys.stdout, "buffer", None)
-            if raw is None and "b" in mode:
-                raise InputError("standard output takes text only here (no binary buffer); give a file name")
-            fh = raw if "b" in mode else sys.stdout
-            yield fh
-            fh.flush()
-        else:
-            with open(target, mode) as fh:
-                yield fh
-                fh.flush()
+        sys.stdout.flush()
+        raw = getattr(sys.stdout, "buffer", None)
+        if raw is None and "b" in mode:
+            raise InputError("standard output takes text only here (no binary buffer); give a file name")
+        fh = raw if "b" in mode else sys.stdout
+        yield fh
+        fh.flush()
     except OSError as exc:
         if exc.errno == errno.EPIPE:
             raise
-        name = "standard output" if kind == "stdout" else str(target)
-        raise InputError(f"{name}: cannot write ({exc.strerror or exc})") from None
+        raise InputError(f"standard output: cannot write ({exc.strerror or exc})") from None
     finally:
         _restore_sigxfsz(old_xfsz)
 
 
-def atomic_write_bytes(path, data: bytes) -> None:
-    with atomic_open(path, "wb") as fh:
+def atomic_write_bytes(path, data: bytes, inputs: Iterable = ()) -> None:
+    with atomic_open(path, "wb", inputs) as fh:
         fh.write(data)
 
 
-def atomic_write_text(path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path, text: str, inputs: Iterable = ()) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), inputs)
 
 
 def save_npz(path, compressed: bool = True, **arrays) -> None:
@@ -254,40 +260,79 @@ def save_npz(path, compressed: bool = True, **arrays) -> None:
         (np.savez_compressed if compressed else np.savez)(fh, **arrays)
 
 
+@contextlib.contextmanager
+def _open_regular(path, flags: int, verb: str):
+    """A file descriptor on the regular file ``path`` (``flags`` | ``O_NOFOLLOW | O_NONBLOCK``):
+    a link at the name is refused (ELOOP), a FIFO never waited on (``O_NONBLOCK``: ENXIO without
+    a reader, else refused by ``fstat``), a device never written."""
+    output_target(path)  # the plain reasons first: a link, a FIFO, a device, a directory
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK | _CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):  # swapped for a link / FIFO / directory
+            output_target(path)
+        raise InputError(f"{path}: cannot {verb} ({exc.strerror or exc})") from None
+    try:
+        _refuse_kind(str(path), os.fstat(fd).st_mode)
+        yield fd
+    except OSError as exc:
+        raise InputError(f"{path}: cannot {verb} ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def append_bytes(path, data: bytes) -> None:
+    """Append ``data`` to the regular file ``path`` (created if missing) in one ``write`` to an
+    ``O_APPEND`` descriptor (a short write, a full disk, goes on), then ``fsync``; a link, a FIFO
+    or a device at ``path`` is refused, never opened for writing."""
+    with _open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "append") as fd:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+
+
+def truncate_file(path, size: int) -> None:
+    """Cut the regular file ``path`` to ``size`` bytes and ``fsync`` it (as :func:`append_bytes`:
+    never through a link, never a FIFO or device)."""
+    with _open_regular(path, os.O_WRONLY, "truncate") as fd:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+
+
 def check_output_path(out, *inputs) -> Path | None:
     """Refuse, before any work starts, an output no write can succeed on (:func:`output_target`:
-    empty, a name over 255 bytes, a directory or a name ending in ``/``, a socket, a block device),
-    one that is an input (through links and other spellings), in a missing directory or in one we
-    cannot write. Standard output, FIFOs and character devices pass (they are written through).
-    Returns ``Path(out)`` (None for None)."""
+    empty, a name over 255 bytes, a name ending in ``/``, anything but a regular file at the final
+    name — a symlink, a FIFO, a device, a socket, a directory), one that is one of ``inputs``
+    (the same real path, or the same file through a hard link), in a missing directory or in one
+    we cannot write. Standard output passes. Returns ``Path(out)`` (None for None)."""
     if out is None:
         return None
     kind, target = output_target(out)
     if kind == "stdout":
         return Path(out)
     for inp in inputs:
-        if inp is None:
+        if inp is None or is_stdout(inp):
             continue
         if _same_file(target, Path(inp)):
             raise InputError(f"{out}: the output would overwrite the input {inp}; choose another name")
-    if kind == "stream":
-        return Path(out)
-    parent = target.parent
+    parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
-        raise InputError(f"{out}: directory {Path(out).parent} does not exist")
+        raise InputError(f"{out}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{out}: directory {parent} is not writable")
     return Path(out)
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def _same_file(out: Path, inp: Path) -> bool:
+    """``out`` (the final name, not followed) is ``inp``: the same real path, or the same inode."""
     try:
-        if str(b) == "-" or is_stdout(a):
-            return False
-        if a.exists() and b.exists():
-            return os.path.samefile(a, b)
-        return a.resolve() == b.resolve()
-    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+        if os.path.realpath(out) == os.path.realpath(inp):
+            return True
+        a, b = os.lstat(out), os.stat(inp)
+        return os.path.samestat(a, b)
+    except (OSError, ValueError, RuntimeError):  # missing; RuntimeError: a symlink loop (Python < 3.13)
         return False
 
 
@@ -304,12 +349,6 @@ def _fsync_dir(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _ignore_sigxfsz():

@@ -326,16 +326,18 @@ def run_report(run_dir, out_dir, cfg, *, workers: int | None = None, address: st
                 if on_step is not None:
                     on_step(rec)
     wall = time.perf_counter() - t0
-    records, _ = rr.read_steps(steps_path)
-    latest = {r["window"]: r for r in records}  # a retried window: its newest line
+    notes: list[str] = []
+    records, _ = rr.read_steps(steps_path, notes)  # lines no run writes: skipped, with a note
+    names = [p.name for p in files]
+    latest = rr.run_records(records, names, notes)  # only RUN_DIR's windows, each its newest line
     options = cfg.options()
-    rr.render_report(list(latest.values()), out / rr.REPORT, title=str(run_dir), windows=[p.name for p in files],
-                     options=options)
-    summary_json = rr.write_summary(out, list(latest.values()), options)
+    rr.render_report(latest, out / rr.REPORT, title=str(run_dir), windows=names, options=options,
+                     notes=notes)
+    summary_json = rr.write_summary(out, latest, options)
     return {"windows": len(files), "planned": len(todo), "skipped": len(files) - len(todo), "failed": failed,
             "seconds": wall, "steps": str(steps_path), "report": str(out / rr.REPORT),
-            "summary": rr.summarize(list(latest.values())), "summary_json": str(summary_json),
-            "run_summary": rr.run_summary(list(latest.values()), options)}
+            "summary": rr.summarize(latest), "summary_json": str(summary_json),
+            "run_summary": rr.run_summary(latest, options), "notes": notes}
 
 
 @contextlib.contextmanager

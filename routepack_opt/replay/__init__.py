@@ -34,11 +34,12 @@ lazy ``.npz`` chunk with a ragged sample) and every input with a bad route go th
 reference path (:mod:`.reference`, ``_from_*``, one sample at a time), which raises the exact message.
 
 Memory: counts go into one ``counts[N, L, E]``, whose size is checked against the memory
-available before it is allocated, and which the window takes without a copy; numeric files are memory-mapped
-(``np.load`` with ``mmap_mode``, ``torch.load(mmap=True)``, safetensors slices), and ``.npz``
-members are read one at a time. What cannot be mapped is read whole: an ``.npz`` member, numpy
-arrays inside a ``.pt`` pickle, an object ``.npy``. In-memory inputs (a verl batch, slime's list)
-are read one sample at a time.
+available before it is allocated, and which the window takes without a copy. Files are read
+into memory, never memory-mapped (a file truncated while a mapping is read kills the process with
+SIGBUS): a numeric ``.npy`` and a ``.pt`` whole, safetensors tensors by the rows of one sample
+(``pread``), ``.npz`` members one at a time; each size is checked against the memory left before
+the read and against the bytes read after it (a file cut short meanwhile: an InputError).
+In-memory inputs (a verl batch, slime's list) are read one sample at a time.
 
 Modules: :mod:`.importer` (the entry points), :mod:`.files` (containers), :mod:`.routes` (checks
 and counts), :mod:`.reference` (the numpy path), :mod:`.fast` and :mod:`.kernels` (the compiled

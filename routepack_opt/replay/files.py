@@ -1,12 +1,19 @@
 """The containers routing replays are saved in, read without running code from them: ``.npy``
 and ``.npz`` (object members through a restricted unpickler), ``.pt`` by torch's weights-only
 loader, ``.safetensors`` by slices; and a loaded mapping unpacked by the format's keys.
+
+Nothing is memory-mapped: a file that another process truncates while a mapping of it is read
+kills the reader with SIGBUS (no ``error:`` line, rc 135). Every array is read into memory
+(:func:`os.read`/``pread``) after its size is checked against the memory left, and the number of
+bytes read is checked after the read: a file cut short while it is read is an InputError.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import io
+import os
 import pickle
 import re
 from collections.abc import Mapping
@@ -56,9 +63,10 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
 _SAVE_HINT = "save each sample as a numeric array (np.savez(path, *arrays) or a .pt of tensors)"
 
 
-def _read_npy(fh, where: str, mmap_path: Path | None = None):
-    """One ``.npy`` (a file or an ``.npz`` member): numeric arrays memory-mapped where a path is
-    given, object arrays through :class:`_NumpyOnlyUnpickler`."""
+def _read_npy(fh, where: str):
+    """One ``.npy`` (a file or an ``.npz`` member): numeric arrays read into memory (their size
+    checked against the memory left first, and against what the read returned after), object
+    arrays through :class:`_NumpyOnlyUnpickler`."""
     version = np.lib.format.read_magic(fh)
     if version == (1, 0):
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
@@ -67,9 +75,8 @@ def _read_npy(fh, where: str, mmap_path: Path | None = None):
     else:
         raise InputError(f"{where}: .npy format version {version} is not supported (save with numpy's np.save)")
     if not dtype.hasobject:
-        if mmap_path is not None:
-            return np.load(mmap_path, mmap_mode="r", allow_pickle=False)
         size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        inputs.check_memory(size, where)
         raw = fh.read(size)
         if len(raw) != size:
             raise InputError(f"{where}: truncated ({len(raw)} of {size} bytes)")
@@ -140,20 +147,31 @@ def _load_npz(path: Path):
     return _NpzMembers(data, path)
 
 
+def _read_whole(path: Path, what: str) -> bytes:
+    """The file's bytes, read into memory: its size (``fstat`` of the open file) checked against
+    the memory left first, the bytes read against that size after (cut short while it was read:
+    an InputError, never a fault)."""
+    with inputs.open_input(path, what) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        inputs.check_memory(2 * size, f"{path} ({what})")
+        data = fh.read(size)
+    if len(data) != size:
+        raise InputError(f"{path}: truncated while it was read ({len(data):,} of {size:,} bytes); "
+                         "read it again once its writer has finished")
+    return data
+
+
 def _load_pt(path: Path):
     """``torch.load`` with ``weights_only=True`` and numpy's array types allowed (never a full
     unpickle): tensors, numpy arrays, lists, tuples, dicts and numbers load; anything else is
-    refused with the global that was refused."""
+    refused with the global that was refused. Read from the bytes of the file in memory, not
+    memory-mapped (``mmap=True`` would die by SIGBUS on a file truncated while it is read)."""
     torch = _deps.torch()
     allowed = [(obj, name) for name, obj in _numpy_globals().items()]
+    data = _read_whole(path, "routes file")
     try:
         with torch.serialization.safe_globals(allowed):
-            try:
-                return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-            except RuntimeError as exc:  # a legacy (non-zip) .pt cannot be memory-mapped
-                if "mmap" not in str(exc):
-                    raise
-                return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", _ANSI.sub("", str(exc)))
         if found is None:  # torch's own reason is the line after its long preamble
@@ -172,7 +190,7 @@ def _load_file(path: Path):
         if suf == ".npy":
             inputs.check_npy_file(path, "routes file", allow_object=True)
             with inputs.open_input(path, "routes file") as fh:
-                return _read_npy(fh, str(path), mmap_path=path)
+                return _read_npy(fh, str(path))
         if suf == ".npz":
             return _load_npz(path)
         if suf == ".safetensors":

@@ -7,7 +7,6 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -153,41 +152,39 @@ def _plan_to(run_cli, d, target):
     return run_cli("plan", d / "w.npz", *TOPO, "--cost", d / "c.toml", "--max-sweeps", "1", "-o", target)
 
 
-def test_plan_through_a_symlink_writes_its_target(run_cli, d, tmp_path):
-    """`plan -o link.json`: the link stays a link and the file it points to holds the plan."""
+def test_plan_through_a_symlink_is_refused(run_cli, d, tmp_path):
+    """`plan -o link.json`: exit 2 before any work (issue 50: outputs never follow a link); the link stays, its target keeps its contents."""
     (tmp_path / "real.json").write_text("old")
     (tmp_path / "link.json").symlink_to("real.json")
     code, _, err = _plan_to(run_cli, d, tmp_path / "link.json")
-    assert code == 0, err
-    assert (tmp_path / "link.json").is_symlink()
-    assert json.loads((tmp_path / "real.json").read_text())["format"] == "routepack-plan/1"
+    assert code == 2 and err.count("\n") == 1 and "symbolic link" in err, err
+    assert (tmp_path / "link.json").is_symlink() and (tmp_path / "real.json").read_text() == "old"
 
 
-def test_plan_into_a_fifo(run_cli, d, tmp_path):
-    """`plan -o fifo`: a reader on the pipe gets the plan and the FIFO stays a FIFO."""
+def test_plan_into_a_fifo_is_refused(run_cli, d, tmp_path):
+    """`plan -o fifo`: exit 2 at once, the FIFO never opened (issue 50: with no reader it blocked) and still a FIFO."""
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
-    got = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
-    reader.start()
-    code, _, err = _plan_to(run_cli, d, fifo)
-    reader.join(60)
-    assert code == 0, err
-    assert json.loads(got[0])["format"] == "routepack-plan/1"
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a regression that opens it anyway does not block
+    try:
+        code, _, err = _plan_to(run_cli, d, fifo)
+        assert os.read(reader, 16) == b""
+    finally:
+        os.close(reader)
+    assert code == 2 and err.count("\n") == 1 and "FIFO" in err, err
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
 def test_plan_onto_char_devices(run_cli, d, tmp_path):
-    """As root, `plan -o` a null or full char device: the node stays a device; full is exit 2."""
+    """As root, `plan -o` a null or full char device: exit 2 before any work; the nodes stay devices."""
     for name, minor in (("null", 3), ("full", 7)):
         try:
             os.mknod(tmp_path / name, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
         except OSError as exc:
             pytest.skip(f"cannot create a character device here ({exc})")
-    code, _, err = _plan_to(run_cli, d, tmp_path / "null")
-    assert code == 0, err
-    code, _, err = _plan_to(run_cli, d, tmp_path / "full")
-    assert code == 2 and err.startswith("error: ") and "No space left" in err and err.count("\n") == 1, err
+    for name in ("null", "full"):
+        code, _, err = _plan_to(run_cli, d, tmp_path / name)
+        assert code == 2 and err.startswith("error: ") and "character device" in err and err.count("\n") == 1, err
     assert all(stat.S_ISCHR(os.lstat(tmp_path / n).st_mode) for n in ("null", "full"))
 
 

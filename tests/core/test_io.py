@@ -133,7 +133,7 @@ def test_check_output_path_refusals(tmp_path):
         (tmp_path / "sub").mkdir()
         check_output_path(tmp_path / "sub" / ".." / "w.npz", tmp_path / "w.npz")
     os.symlink(tmp_path / "w.npz", tmp_path / "link.npz")
-    with pytest.raises(InputError, match="overwrite the input"):
+    with pytest.raises(InputError, match="symbolic link"):  # never followed, onto an input or not
         check_output_path(tmp_path / "link.npz", tmp_path / "w.npz")
     with pytest.raises(InputError, match="directory"):
         check_output_path(tmp_path)
@@ -150,33 +150,33 @@ def _mknod_or_skip(path, minor):
         pytest.skip(f"cannot create a character device here ({exc})")
 
 
-def test_symlink_output_writes_the_target_and_keeps_the_link(tmp_path):
-    """`-o link.json` (a symlink): the file it points to gets the new contents, the link stays a link."""
+def test_symlink_output_is_refused_and_its_target_kept(tmp_path):
+    """`-o link.json` (a symlink): refused (issue 50: a link's target may be an input); the link and the file it points to are unchanged."""
     (tmp_path / "real.json").write_text("old")
     (tmp_path / "link.json").symlink_to("real.json")
-    atomic_write_text(tmp_path / "link.json", "new")
-    assert (tmp_path / "link.json").is_symlink() and (tmp_path / "real.json").read_text() == "new"
+    with pytest.raises(InputError, match="symbolic link"):
+        atomic_write_text(tmp_path / "link.json", "new")
+    assert (tmp_path / "link.json").is_symlink() and (tmp_path / "real.json").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
 
 
-def test_fifo_output_is_written_through_not_replaced(tmp_path):
-    """`-o fifo` (a named pipe): the reader gets the bytes and the FIFO is still a FIFO afterwards."""
+def test_fifo_output_is_refused_never_opened(tmp_path):
+    """`-o fifo` (a named pipe, no reader): refused at once (issue 50: opening it blocked), and it is still a FIFO."""
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
-    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
-    atomic_write_text(fifo, "through the pipe")
-    assert reader.communicate(timeout=30)[0] == b"through the pipe"
+    with pytest.raises(InputError, match="FIFO"):
+        atomic_write_text(fifo, "through the pipe")
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
-def test_char_devices_are_written_through_never_replaced(tmp_path):
-    """As root, a char device output (null, full made with mknod) stays a device; full is exit-2 ENOSPC."""
+def test_char_devices_are_refused_never_replaced(tmp_path):
+    """As root, a char device output (null, full made with mknod) is refused and stays a device."""
     null, full = tmp_path / "null", tmp_path / "full"
     _mknod_or_skip(null, 3)
     _mknod_or_skip(full, 7)
-    atomic_write_text(null, "gone")
-    with pytest.raises(InputError, match="No space left"):
-        atomic_write_text(full, "x" * 10_000)
+    for dev in (null, full):
+        with pytest.raises(InputError, match="character device"):
+            atomic_write_text(dev, "gone")
     assert stat.S_ISCHR(os.lstat(null).st_mode) and stat.S_ISCHR(os.lstat(full).st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "null"]
 
