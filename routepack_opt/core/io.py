@@ -59,13 +59,14 @@ PATH_MAX = 4096
 # Names of standard output: written through the process's own stream, the path never opened.
 _STDOUT_NAMES = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
 # What stands at a final path and is never written through or replaced (lstat's mode → why).
+# (the messages say "stdout", not "standard output": the CLI reads that phrase as its own stream failing)
 _REFUSED_KINDS = (
     (stat.S_ISLNK, "is a symbolic link; outputs are never written through a link (its target could be "
                    "an input): remove the link or name the file itself"),
     (stat.S_ISFIFO, "is a named pipe (FIFO); outputs are written to regular files only (opening a FIFO "
-                    "would wait for a reader): give a file name, or - for standard output"),
+                    "would wait for a reader): give a file name, or - for stdout"),
     (stat.S_ISCHR, "is a character device; outputs are written to regular files only: give a file name, "
-                   "or - for standard output"),
+                   "or - for stdout"),
     (stat.S_ISBLK, "is a block device; refusing to write over it"),
     (stat.S_ISSOCK, "is a socket; refusing to write a file over it"),
     (stat.S_ISDIR, "is a directory; give a file name for the output"),
