@@ -80,7 +80,7 @@ from typing import Any
 
 import numpy as np
 
-from routepack_opt.core.checks import check_redundant_experts
+from routepack_opt.core.checks import check_known_options, check_redundant_experts
 from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.placement import Placement
@@ -93,12 +93,14 @@ from routepack_opt.integrations._common import (
     score_cells,
 )
 from routepack_opt.integrations._seam import (
+    SETTING_KEYS,
     UNSET,
     CallBudget,
     FrameworkAssertionError,
     Recorder,
     SeamRecord,
     SeamSettings,
+    failure_cause,
     import_skip,
     seam_settings,
     warn_once,
@@ -518,7 +520,7 @@ def _search(req: _Request, shape: _Shape, st: _Step, time_limit: float | None) -
         if st.theirs is None:
             raise
         st.fallback = f"planning failed ({exc.__class__.__name__}: {exc}); slime's own layout"
-        warn_once("slime", "plan", st.fallback)
+        warn_once("slime", failure_cause(exc), st.fallback)
         st.cells, st.pc = st.theirs, None
 
 
@@ -566,7 +568,8 @@ def build_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, 
                             **planner_options).as_slime()
 
 
-_SETTING_KEYS = ("cost", "objective", "time_limit", "max_sweeps", "seed", "threads")
+_INSTALL_KEYS = ("ep_size", "moe_layer_freq", "placement", "num_experts", "on_record", "redundant_experts",
+                 "on_critical_path")
 
 
 def install(module, **options):
@@ -578,12 +581,8 @@ def install(module, **options):
     if not hasattr(module, "build_dp_schedule"):
         raise InputError(f"install: {name} has no build_dp_schedule to replace (pass slime.ray.rollout, "
                          "the module that calls it, or slime.utils.dp_schedule)")
-    unknown = sorted(set(options) - set(_SETTING_KEYS) - {"ep_size", "moe_layer_freq", "placement",
-                                                            "num_experts", "on_record", "redundant_experts",
-                                                            "on_critical_path"})
-    if unknown:
-        raise InputError(f"install: unknown option(s) {', '.join(unknown)}")
-    settings = seam_settings("slime", **{k: options.pop(k) for k in _SETTING_KEYS if k in options})
+    check_known_options(options, SETTING_KEYS + _INSTALL_KEYS, "install")
+    settings = seam_settings("slime", **{k: options.pop(k) for k in SETTING_KEYS if k in options})
     old = module.build_dp_schedule
     fn = functools.partial(build_dp_schedule, settings=settings, **options)
     fn.__routepack__ = True  # type: ignore[attr-defined]
