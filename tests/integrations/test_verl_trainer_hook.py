@@ -237,3 +237,50 @@ def test_each_distinct_failure_cause_warns_once(caplog):
             assert "routepack/balance/rows" not in m and any(k.startswith("global_seqlen/") for k in m)
     msgs = [r.getMessage() for r in caplog.records if "balance_batch planning failed" in r.getMessage()]
     assert len(msgs) == 2 and "ep_size=3" in msgs[0] and "no tokens" in msgs[1]
+
+
+def test_plugin_variable_installs_the_driver_hook_where_the_trainer_is_imported():
+    """49.8: with ROUTEPACK_VERL_BALANCE=1 (and its settings in the environment), the real
+    `import verl` then verl's TaskRunner module (main_ppo_v0, which imports RayPPOTrainer) in a
+    fresh process find RayPPOTrainer._balance_batch and _update_actor replaced, with the
+    variables' settings."""
+    import os
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    code = ("import logging, sys\n"
+            "logging.basicConfig(level=logging.INFO)\n"
+            "import verl\n"
+            "early = 'verl.trainer.ppo.ray_trainer' in sys.modules\n"
+            "import verl.trainer.main_ppo_v0 as m\n"
+            "T = m.RayPPOTrainer\n"
+            "print(early, getattr(T._balance_batch, '__routepack__', False), "
+            "getattr(T._update_actor, '__routepack__', False))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ROUTEPACK_VERL_BALANCE": "1", "ROUTEPACK_MAX_TOKEN_LEN": "4096",
+           "ROUTEPACK_NUM_EXPERTS": "8", "ROUTEPACK_EP_SIZE": "2", "ROUTEPACK_OVERLAP": "deferred",
+           "ROUTEPACK_TIME_LIMIT": "0.2", "VERL_USE_EXTERNAL_PLUGINS": "auto"}
+    env.pop("ROUTEPACK_VERL", None)
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["False", "True", "True"], r.stdout + r.stderr[-2000:]
+    assert "RayPPOTrainer._balance_batch replaced" in r.stderr and "budget 0.2 s" in r.stderr
+
+
+def test_plugin_settings_are_checked_naming_the_variable():
+    """49.8: the driver hook's variables are read like ROUTEPACK_VERL's: each bad value, and a
+    missing ROUTEPACK_MAX_TOKEN_LEN, is one InputError naming the variable."""
+    from routepack_opt.integrations.verl_plugin import balance_options_from_env
+
+    base = {"ROUTEPACK_MAX_TOKEN_LEN": "4096"}
+    assert balance_options_from_env({**base, "ROUTEPACK_OVERLAP": "1", "ROUTEPACK_REDUNDANT_EXPERTS": "0"}) == {
+        "max_token_len": 4096, "overlap": True, "redundant_experts": 0}
+    with pytest.raises(InputError, match="ROUTEPACK_MAX_TOKEN_LEN is not set"):
+        balance_options_from_env({"ROUTEPACK_NUM_EXPERTS": "8"})
+    with pytest.raises(InputError, match="ROUTEPACK_EP_SIZE='two'"):
+        balance_options_from_env({**base, "ROUTEPACK_EP_SIZE": "two"})
+    with pytest.raises(InputError, match="ROUTEPACK_NUM_EXPERTS='0'"):
+        balance_options_from_env({**base, "ROUTEPACK_NUM_EXPERTS": "0"})
+    with pytest.raises(InputError, match="ROUTEPACK_OVERLAP='later'"):
+        balance_options_from_env({**base, "ROUTEPACK_OVERLAP": "later"})
