@@ -170,6 +170,10 @@ def _positive_int(name: str, v) -> int:
 
 # the last route import's seconds per token in this process (the default budget's import check)
 _IMPORT_RATE: dict[str, float] = {}
+# what the last step spent past its search's limit (the search's overrun and the apply after it),
+# kept back from the next step's search so that the step's whole added time holds its budget
+_RESERVE: dict[str, float] = {}
+_MAX_RESERVE_S = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,6 +394,8 @@ class _Step:
     fallback: str | None = None
     quick: str | None = None
     budget: float | None = None
+    search_limit: float | None = None  # the search's time limit and start (None: no search)
+    search_t0: float = 0.0
 
 
 def _plan(req: _Request, on_record) -> SlimeSchedule:
@@ -483,14 +489,15 @@ def _spend_budget(settings: SeamSettings, st: _Step) -> float | None:
     """One budget per step, from the step's start (import, slime's layout and its score, the
     search): with the default limit at most SHARE_OF_GAIN of what the step can gain over slime's
     layout (to the placement-free lower bound at slime's count). Returns what is left for the
-    search; under _MIN_SEARCH_S slime's own layout stands (``quick``)."""
+    search, less what the last step spent past its search's limit (``_RESERVE``: the search's
+    overrun and the apply after it); under _MIN_SEARCH_S slime's own layout stands (``quick``)."""
     gain_us = None
     if settings.time_limit_is_default and st.theirs is not None and st.theirs_us is not None:
         lb = Evaluator(st.plan_window, st.topo_theirs, settings.cost).placement_free_lower_bound(len(st.theirs))
         gain_us = max(0.0, st.theirs_us - lb)
     budget = CallBudget(settings, st.t0, settings.call_budget(st.theirs_us, gain_us))
     st.budget = budget.total_s
-    left = budget.left()
+    left = budget.left(_RESERVE.get("s", 0.0))
     short = budget.short(left, _MIN_SEARCH_S)
     if short is not None and st.theirs is not None:
         st.quick = f"{short} of {st.budget:.3f} s for the step (import {st.import_s * 1e3:.0f} ms); slime's own layout"
@@ -501,6 +508,7 @@ def _search(req: _Request, shape: _Shape, st: _Step, time_limit: float | None) -
     """RoutePack's plan of the step: certified rows and the joint search on the dynamic path; on
     the static one, swaps from slime's layout (and a KK-balanced one) that keep every count."""
     settings = req.settings
+    st.search_limit, st.search_t0 = time_limit, time.perf_counter()
     opts = dict(objective=settings.objective, placement=req.placement, time_limit=time_limit,
                 max_sweeps=settings.max_sweeps, seed=settings.seed)
     try:
@@ -547,6 +555,8 @@ def _add_step(out: SlimeSchedule, req: _Request, shape: _Shape, st: _Step, num_r
     ours_us = (float(pc.plan.score["makespan"]) if pc is not None
                else score_cells(st.plan_window, st.topo_theirs, req.settings.cost, cells, req.settings.objective))
     now = time.perf_counter()
+    over_s = 0.0 if st.search_limit is None else max(0.0, t_apply - st.search_t0 - st.search_limit)
+    _RESERVE["s"] = min(_MAX_RESERVE_S, over_s + (now - t_apply))
     # slime's own layout is timed inside the step (theirs_s) and left out of ours
     return SeamRecord("slime", rows, None if st.theirs is None else len(st.theirs), ours_us, st.theirs_us,
                       now - st.t0 - st.theirs_s, st.theirs_s, samples=len(st.idx), fallback=st.fallback,
