@@ -52,7 +52,8 @@ def _digest(arr) -> bytes:
 @dataclasses.dataclass
 class Fingerprint:
     """What the background plan was computed from (see the module docstring). ``tensors``:
-    ``{key: (id, version)}`` of every tensor at ``_balance_batch``'s end; ``plan_keys``: those
+    ``{key: (tensor, version)}`` of every tensor at ``_balance_batch``'s end (held, so that no
+    later tensor can reuse its identity); ``plan_keys``: those
     the plan depends on (their change makes the plan stale; another tensor's change only means
     its pre-gathered copy is not used); ``non_tensor``: digests of the sample-identifying columns;
     ``content``: the per-sample checksum (:func:`content_digest`)."""
@@ -67,8 +68,9 @@ class Fingerprint:
         """Whether tensor ``key`` is still the very tensor, unwritten, seen at ``_balance_batch``."""
         if key not in self.tensors or key not in batch.batch.keys():
             return False
-        t = batch.batch[key]
-        return (id(t), getattr(t, "_version", None)) == self.tensors[key]
+        t, version = self.tensors[key]
+        now = batch.batch[key]
+        return now is t and getattr(now, "_version", None) == version
 
     def mismatch(self, batch) -> str | None:
         """Why ``batch`` is no longer what the plan was made from (None: it is). The cheap part:
@@ -101,8 +103,7 @@ def fingerprint(batch, plan_keys, lens_N=None) -> Fingerprint:
     """The batch's fingerprint as it stands (on the critical path: O(keys + N) and one pass over
     ``input_ids``; ``lens_N``: its mask's sums in its current order, when known)."""
     torch = _deps.torch()
-    tensors = {k: (id(v), getattr(v, "_version", None)) for k, v in batch.batch.items()
-               if isinstance(v, torch.Tensor)}
+    tensors = {k: (v, getattr(v, "_version", None)) for k, v in batch.batch.items() if isinstance(v, torch.Tensor)}
     ntb = getattr(batch, "non_tensor_batch", None) or {}
     non_tensor = {k: _digest(ntb[k]) for k in IDENTIFYING_COLUMNS if k in ntb}
     return Fingerprint(int(batch.batch.batch_size[0]), tensors, tuple(k for k in plan_keys if k in tensors),

@@ -256,6 +256,9 @@ class _BalanceHook:
         first update (:meth:`apply_pending`)."""
         import threading
 
+        old = getattr(trainer, "_routepack_pending", None)
+        if old is not None:  # a step whose update never ran (e.g. critic warm-up): drop its plan
+            old["cancel"].set()
         td0 = batch.batch  # the rollout order: what the synchronous mode plans
         counts = _hook_counts(batch)
         N = int(lens_N.size)
