@@ -92,10 +92,16 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
 
     ``overlap=True`` (``"balanced"``) hides the plan behind the step's other work:
     ``_balance_batch`` applies RoutePack's quick length-only plan at once (so the log-prob passes
-    still get balanced ranks) and starts the full plan in a background thread; the first
-    ``_update_critic`` / ``_update_actor`` of the step waits for it and applies it (one more
-    reorder). ``overlap="deferred"``: no reorder in ``_balance_batch`` (the log-prob passes see the
-    rollout order, verl's DP token balance off for them), the plan's one reorder at the update. Between them verl
+    still get balanced ranks) and starts, in a background thread, the synchronous mode's plan of
+    the rollout-order mini-batches (the route import off the budget; the default budget from the
+    last step's hidden time, :meth:`_BalanceHook._overlap_settings`) and then the gather of the
+    batch's tensors into its order; the first ``_update_critic`` / ``_update_actor`` of the step
+    waits for it and applies it if the batch is still what it was made from
+    (:class:`~routepack_opt.integrations._verl_overlap.Fingerprint`; else, or if the thread
+    raised anything, a re-plan on the quick path, the record's ``quick`` saying why), gathering
+    only what was added since. ``overlap="deferred"``: no reorder in ``_balance_batch`` (the
+    log-prob passes see the rollout order, verl's DP token balance off for them), the plan's one
+    reorder at the update, its padded tensors gathered in the background. Between them verl
     computes the reward, the old / reference log-probs and the values, on the workers, while the
     driver waits on Ray. The record's ``added_ms`` is then only what the step waited for.
 
