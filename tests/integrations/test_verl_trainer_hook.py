@@ -284,3 +284,38 @@ def test_plugin_settings_are_checked_naming_the_variable():
         balance_options_from_env({**base, "ROUTEPACK_NUM_EXPERTS": "0"})
     with pytest.raises(InputError, match="ROUTEPACK_OVERLAP='later'"):
         balance_options_from_env({**base, "ROUTEPACK_OVERLAP": "later"})
+
+
+def test_overlap_checks_the_rollout_hooks_counts_it_planned_from():
+    """50.7: a batch planned from the rollout hook's counts (no routed_experts): the overlap plan
+    equals the synchronous one, and counts rewritten in place before the update make it stale."""
+    from routepack_opt.integrations.replay import import_replay
+    from routepack_opt.integrations.rollout_hook import COUNTS_KEY
+
+    lens = _lens()
+
+    def with_counts():
+        data = _batch(lens)
+        counts = import_replay(data.batch["routed_experts"], format="verl", num_experts=E,
+                               attention_mask=data.batch["attention_mask"]).window.counts
+        del data.batch["routed_experts"]
+        col = np.empty(len(lens), dtype=object)
+        col[:] = [counts[i].copy() for i in range(len(lens))]
+        data.non_tensor_batch[COUNTS_KEY] = col
+        return data
+
+    Sync, _ = _classes(**KW)
+    data = with_counts()
+    _trainer(Sync)._balance_batch(data, {})
+    sync = data.non_tensor_batch["uid"].tolist()
+    Ov, got = _classes(**KW, overlap="deferred")
+    t = _trainer(Ov)
+    data = with_counts()
+    t._balance_batch(data, {})
+    t._update_actor(data)
+    assert got[-1][1] == sync and rp_verl.last_record().quick is None
+    data = with_counts()
+    t._balance_batch(data, {})
+    data.non_tensor_batch[COUNTS_KEY][3][0, 0] += 1
+    t._update_actor(data)
+    assert "routepack_expert_counts" in rp_verl.last_record().quick
