@@ -76,6 +76,7 @@ from routepack_opt.heuristics.placement.replicate import replicated_placement
 from routepack_opt.models import binpack as exact_binpack
 from routepack_opt.models import branch_price, layout_blocks
 from routepack_opt.models.layout_common import LayoutInstance
+from routepack_opt.replay import import_replay
 
 __all__ = ["warm", "groups_for", "GROUPS", "UNITS", "numba_kernels", "run_unit", "default_jobs"]
 
@@ -85,11 +86,16 @@ log = logging.getLogger(__name__)
 _ANNEAL = tuple(f"routepack_opt.heuristics.anneal.{m}"
                 for m in ("rng", "kernels", "state", "moves", "greedy"))
 GROUPS = {
+    # everything a plan (and so every trainer seam) can reach: placement, R* certification with
+    # its whole escalation (the overflow tabu search, the arc-flow graph, the knapsack pricing of
+    # column generation and branch-and-price), the baselines, the annealer, and the seams' route
+    # import (verl's padded routes and slime's per-sample ones, int16 / int32 / int64 ids)
     "plan": ("routepack_opt.core.projection", "routepack_opt.core.cost_kernel",
              "routepack_opt.heuristics.placement.lpt",
              "routepack_opt.heuristics.binpack", "routepack_opt.heuristics.cells",
              "routepack_opt.heuristics.baselines",
-             *_ANNEAL),
+             "routepack_opt.models.binpack", "routepack_opt.core._knapsack", "routepack_opt.models.branch_price",
+             "routepack_opt.replay.kernels", *_ANNEAL),
     # row-aware joint placement and migration (``--placement joint``, compare), warmed when used
     "joint": ("routepack_opt.heuristics.placement.refine", "routepack_opt.heuristics.placement.migration"),
     # expert replicas (``redundant_experts`` > 0): the replica placement, its row-aware moves, and
@@ -101,9 +107,8 @@ GROUPS = {
     # rank, or ≥ 2^30 tokens per rank); compiled before the annealer's clock when a window needs
     # them (anneal.warm_storage), so only ``routepack warmup`` does them ahead of time
     "storage": _ANNEAL,
-    # exact models and the certifier's column generation (its knapsack pricing)
-    "exact": ("routepack_opt.models.binpack", "routepack_opt.models.layout_blocks", "routepack_opt.core._knapsack",
-              "routepack_opt.models.branch_price"),
+    # ``routepack exact``'s block decomposition (the certifier's exact parts are the plan group's)
+    "exact": ("routepack_opt.models.layout_blocks",),
 }
 
 _lock = threading.RLock()
@@ -144,13 +149,15 @@ def _cache_counts(kernels: dict) -> tuple[int, int]:
 
 
 def warm(groups=("plan",), jobs: int = 1, progress: Callable[[str, float, bool], None] | None = None) -> dict:
-    """Compile or load every kernel of ``groups`` (``"plan"``: placement, R* bounds and packings,
-    baselines, annealer — both objectives, the ordinary load storage; ``"joint"``: row-aware
-    joint placement and migration; ``"storage"``: the annealer's rare int32/int64 load storages, which it otherwise
-    compiles off its clock when a window needs them; ``"exact"``: the numba parts of the exact
-    models). ``jobs`` > 1: first compile into numba's cache in that many worker processes (see
-    the module docstring; skipped when every kernel of ``groups`` already has a cache index),
-    calling ``progress(unit, seconds, ok)`` as each finishes. Returns a report: seconds,
+    """Compile or load every kernel of ``groups`` (``"plan"``: everything a plan or a trainer
+    seam can reach — placement, R* bounds, packings and the certifier's whole escalation (tabu
+    search, arc-flow graph, knapsack pricing, branch-and-price), baselines, annealer, both
+    objectives, the ordinary load storage; ``"joint"``: row-aware joint placement and migration;
+    ``"storage"``: the annealer's rare int32/int64 load storages, which it otherwise compiles off
+    its clock when a window needs them; ``"exact"``: ``routepack exact``'s block decomposition).
+    ``jobs`` > 1: first compile into numba's cache in that many worker processes (see the
+    module docstring; skipped when every kernel of ``groups`` already has a cache index), calling
+    ``progress(unit, seconds, ok)`` as each finishes. Returns a report: seconds,
     kernels, signatures, ``compiled`` (cache misses in this process), ``loaded`` (cache hits),
     cache directory, and ``workers`` (``{unit: seconds}``) when workers ran.
     Never raises: a failure is logged and reported (``error``), and planning then compiles
@@ -286,13 +293,51 @@ def _warm_plan(with_anneal: bool = True) -> None:
             ev.evaluate(pl, *seeds[0], R, objective)
     if with_anneal:
         anneal.warm_storage(*anneal.STORAGES[0])  # the ordinary storage (compiled above)
-    # R* escalation past the cheap bounds: MBS' and the overflow tabu search on K bins
-    sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
-    binpack.best_packing(sizes, 64)
-    binpack.minimum_bin_slack(sizes, 64, restarts=1, seed=0)
-    binpack.fixed_bins_search(sizes, 64, lower_bound_l1(sizes, 64), max_iters=50)
+    _warm_certifier()
+    _warm_route_import()
     # the cap repair of a length-only seed (a move, then swaps): tight windows need it
     cells.repair_capacity(np.array([6, 3, 5, 4, 2, 9]), np.array([0, 0, 0, 1, 1, 2]), 1, 3, 10)
+
+
+# A triplet instance (Falkenauer's kind: 4 bins filled exactly) on which FFD and BFD use 5 bins,
+# so that the overflow tabu search on L1 = 4 bins really runs its exchanges.
+_TRIPLETS = np.array([482, 431, 420, 377, 352, 345, 311, 303, 265, 258, 253, 203], dtype=np.int64)
+_SIZES = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)  # FFD: 6 = L1 bins
+
+
+def _warm_certifier() -> None:
+    """R* escalation past the cheap bounds, every stage a near-cap window can reach: MBS', the
+    overflow tabu search and its exchanges on an instance FFD does not pack into L1 bins, the
+    arc-flow graph with and without a bin count (its live-load pass needs slack < C), the
+    knapsack pricing (the dense DP and, at large capacities, the sparse Pareto DP) and
+    branch-and-price's pricing and listing."""
+    binpack.best_packing(_SIZES, 64)
+    binpack.minimum_bin_slack(_SIZES, 64, restarts=1, seed=0)
+    binpack.fixed_bins_search(_SIZES, 64, lower_bound_l1(_SIZES, 64), max_iters=50)
+    K = lower_bound_l1(_TRIPLETS, 1000)
+    assert binpack.best_packing(_TRIPLETS, 1000)[1] > K  # the tabu search below runs
+    binpack.fixed_bins_search(_TRIPLETS, 1000, K, max_iters=200)
+    exact_binpack.arcflow_graph(_SIZES, 64)
+    exact_binpack.arcflow_graph(_SIZES, 64, max_bins=7)
+    exact_binpack.arcflow_graph(_SIZES, 64, max_bins=6)  # slack 34 < C: the live-load pass
+    w_M, b_M = np.array([35, 30, 20], dtype=np.int64), np.array([2, 3, 1], dtype=np.int64)
+    for C in (64, 5000):  # the dense DP and (large capacities) the sparse Pareto DP
+        knapsack_max(w_M, b_M, w_M, C)
+        knapsack_max(w_M, b_M, w_M, C, min_load=40)
+        knapsack_top(w_M, b_M, w_M, C, 4)
+    branch_price.warm_kernels()
+
+
+def _warm_route_import() -> None:
+    """The seams' route import for the id dtypes trainers record: verl's padded ``[B, S, L, K]``
+    routes with their mask and slime's per-sample list (numpy and torch take the same pass)."""
+    rng = np.random.default_rng(0)
+    ids = np.argsort(rng.random((2, 5, 2, 8)), axis=3)[..., :2]
+    mask = np.ones((2, 5), dtype=np.int64)
+    for dt in (np.int16, np.int32, np.int64):
+        X = ids.astype(dt)
+        import_replay(X, format="verl", num_experts=8, attention_mask=mask)
+        import_replay([X[0, :4], X[1, :3]], format="slime", num_experts=8, lengths=[5, 4])
 
 
 def _warm_replicas() -> None:
@@ -337,15 +382,7 @@ def _warm_storage() -> None:
 
 
 def _warm_exact() -> None:
-    sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
-    exact_binpack.arcflow_graph(sizes, 64)
-    exact_binpack.arcflow_graph(sizes, 64, max_bins=7)
-    w_M, b_M = np.array([35, 30, 20], dtype=np.int64), np.array([2, 3, 1], dtype=np.int64)
-    for C in (64, 5000):  # the dense DP and (large capacities) the sparse Pareto DP
-        knapsack_max(w_M, b_M, w_M, C)
-        knapsack_max(w_M, b_M, w_M, C, min_load=40)
-        knapsack_top(w_M, b_M, w_M, C, 4)
-    branch_price.warm_kernels()
+    _warm_certifier()
     _warm_blocks()
 
 
@@ -395,7 +432,9 @@ UNITS: dict[str, tuple[str, int, Callable[[], None], tuple[tuple[str, str], ...]
     "plan:rest": ("plan", 0, lambda: _warm_plan(with_anneal=False),
                   tuple((f"routepack_opt.{k}", "") for k in (
                       "heuristics.cells._kk_kernel", "heuristics.cells._repair_cells",
-                      "heuristics.binpack._mbs_kernel", "heuristics.placement.lpt._swap_kernel",
+                      "heuristics.binpack._mbs_kernel", "heuristics.binpack._overflow_tabu",
+                      "models.binpack._alive_loads", "replay.kernels.count_rows",
+                      "heuristics.placement.lpt._swap_kernel",
                       "core.projection.project_counts", "core.projection.block_loads"))),
     "plan:anneal-greedy": ("plan", 0, _storage_unit(0, "greedy"), ((_GREEDY, _storage_mark(0)),)),
     "joint": ("joint", 0, _warm_joint_kernels, (("routepack_opt.heuristics.placement.refine._scan_layer", ""),

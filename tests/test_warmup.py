@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -189,3 +190,70 @@ def test_groups_for_warms_replica_kernels_only_when_asked():
     replica_modules = {"routepack_opt.heuristics.placement.replicate", "routepack_opt.heuristics.placement.replica_refine"}
     assert replica_modules <= set(GROUPS["replicas"]) and not replica_modules & set(GROUPS["plan"])
     assert [n for n, u in UNITS.items() if u[0] == "replicas"] == ["replicas"]
+
+
+def _all_signatures():
+    """Every numba kernel of every loaded routepack_opt module, with its signatures (a cache load
+    adds one as a compile does, so this counts whatever the warm-up left out)."""
+    from numba.core.dispatcher import Dispatcher
+
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("routepack_opt") and mod is not None:
+            for attr, obj in list(vars(mod).items()):
+                if isinstance(obj, Dispatcher) and obj.py_func.__module__ == name:
+                    out[f"{name}.{attr}"] = set(obj.signatures)
+    return out
+
+
+# Falkenauer-style triplets filling 4 bins of 1,000 exactly, on which FFD and BFD use 5: a
+# near-cap step whose R* needs the overflow tabu search (issue 49 item 7: it compiled there)
+_NEAR_CAP = [482, 431, 420, 377, 352, 345, 311, 303, 265, 258, 253, 203]
+
+
+def test_issue49_7_a_seam_step_after_warmup_compiles_nothing():
+    """After warm(), verl's driver _balance_batch (with routes) and rank-side
+    rearrange_micro_batches and slime's build_dp_schedule on a near-cap step that needs the tabu
+    search add no signature to any numba kernel: nothing compiles inside a seam's budget."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("verl")
+    from omegaconf import OmegaConf
+    from tensordict import TensorDict
+    from verl import DataProto
+
+    from routepack_opt.heuristics import binpack
+    from routepack_opt.integrations import slime as rp_slime
+    from routepack_opt.integrations import verl as rp_verl
+
+    assert binpack.best_packing(np.array(_NEAR_CAP), 1000)[1] == 5  # FFD/BFD miss the 4 bins
+    assert "error" not in warm()
+    lens = _NEAR_CAP
+    N, S = len(lens), max(lens)
+    mask = (torch.arange(S)[None, :] < torch.as_tensor(lens)[:, None]).to(torch.int64)
+    rng = np.random.default_rng(0)
+    routes = torch.from_numpy(np.argsort(rng.random((N, S, 2, 8)), axis=3)[..., :2].astype(np.int16))
+
+    class Host:
+        actor_rollout_wg = None
+        config = OmegaConf.create({"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": N}}})
+
+        def _get_dp_size(self, wg, role):
+            return 2
+
+        def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+            raise AssertionError("verl's own ran: the seam failed")
+
+    rp_verl.install_balance_batch(Host, max_token_len=1000, num_experts=8, ep_size=2, time_limit=0.5)
+    data = DataProto(batch=TensorDict({"input_ids": mask.clone(), "attention_mask": mask,
+                                       "routed_experts": routes}, batch_size=[N]))
+    before = _all_signatures()
+    Host()._balance_batch(data, {})
+    rp_verl.rearrange_micro_batches(TensorDict({"input_ids": mask.clone(), "attention_mask": mask},
+                                               batch_size=[N]), 1000, time_limit=0.5)
+    args = SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=1000, balance_data=False)
+    tp = {"dp_size": 2, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
+    rp_slime.build_dp_schedule(args, tp, lens, global_batch_size=N, rollout_indices=list(range(N)),
+                               time_limit=0.5)
+    after = _all_signatures()
+    new = {k: after[k] - before.get(k, set()) for k in after if after[k] - before.get(k, set())}
+    assert not new, f"compiled during a seam call after warm(): {new}"

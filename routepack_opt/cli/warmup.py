@@ -22,10 +22,10 @@ def register(sub) -> None:
                        "and the exact models use, for every signature they call. The cache lives "
                        "in NUMBA_CACHE_DIR (or ROUTEPACK_CACHE_DIR) when set.")
     p.add_argument("--group", choices=["all", "plan", "joint", "replicas", "storage", "exact"], default="all",
-                   help="which kernels: plan (routepack plan/compare, the Python API), joint "
+                   help="which kernels: plan (routepack plan/compare, the Python API, the trainer seams), joint "
                         "(--placement joint, migration), storage "
                         "(the annealer's int32/int64 load storages for huge loads), exact "
-                        "(numba parts of routepack exact), or all (default)")
+                        "(routepack exact's block decomposition), or all (default)")
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="worker processes that compile at once (default: the CPUs this process may "
                         "use; 1: compile in this process only)")

@@ -10,7 +10,7 @@ import numpy as np
 
 from routepack_opt.core.errors import InputError
 
-__all__ = ["check_redundant_experts", "check_time_limit"]
+__all__ = ["check_redundant_experts", "check_time_limit", "check_positive_int", "check_known_options"]
 
 
 def check_redundant_experts(value, name: str = "redundant_experts") -> int:
@@ -27,3 +27,29 @@ def check_time_limit(value, name: str = "time limit") -> float:
             or not math.isfinite(value) or value <= 0:
         raise InputError(f"{name} must be a positive number of seconds, got {value!r}")
     return float(value)
+
+
+def check_positive_int(value, name: str, *, allow_none: bool = False) -> int | None:
+    """An integer ≥ 1 (numpy integers too, never a bool or a float such as 2.0); None passes
+    only with ``allow_none``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InputError(f"{name}: expected a positive integer{' or None' if allow_none else ''}, got {value!r}")
+    return int(value)
+
+
+def check_known_options(given, known, where: str) -> None:
+    """Raise naming every key of ``given`` not in ``known`` (with the nearest known spelling),
+    instead of Python's ``TypeError: ... got an unexpected keyword argument``."""
+    import difflib
+
+    unknown = sorted(set(given) - set(known))
+    if not unknown:
+        return
+    parts = []
+    for key in unknown:
+        near = difflib.get_close_matches(str(key), [str(k) for k in known], n=1)
+        parts.append(f"{key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    raise InputError(f"{where}: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(parts)}; "
+                     f"known: {', '.join(sorted(known))}")

@@ -27,19 +27,20 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import threading
 import time
 from collections import deque
 
-from routepack_opt.core.checks import check_time_limit
+from routepack_opt.core.checks import check_known_options, check_time_limit
 from routepack_opt.core.cost import CostModel, resolve_cost
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.objective import Objective, check_objective
 
 __all__ = ["FrameworkAssertionError", "SeamSettings", "seam_settings", "SeamRecord", "Recorder", "CallBudget",
-           "import_skip",
-           "warn_once", "UNSET", "DEFAULT_TIME_LIMIT", "SHARE_OF_STEP", "SHARE_OF_GAIN", "DEFAULT_THREADS",
-           "DEFAULT_COST", "ENV_VARS"]
+           "import_skip", "failure_cause", "SETTING_KEYS", "warn_once", "UNSET", "DEFAULT_TIME_LIMIT",
+           "SHARE_OF_STEP", "SHARE_OF_GAIN", "OVERLAP_SHARE", "OVERLAP_MAX_S", "DEFAULT_THREADS", "DEFAULT_COST",
+           "ENV_VARS"]
 
 logger = logging.getLogger("routepack_opt.integrations")
 
@@ -50,6 +51,10 @@ DEFAULT_COST = "qwen3-30b-a3b"
 # the driver, where a step trains for seconds; verl's balance_batch plans the whole global batch
 # once per step on the driver. experiments/seam_latency.py measures the per-call ones.
 DEFAULT_TIME_LIMIT = {"verl": 0.1, "slime": 0.25, "verl_balance": 0.5}
+# verl's overlap modes plan behind the step's log-prob passes: their default budget is this share
+# of the last step's time between _balance_batch and the update (less the background import and
+# gather), at most OVERLAP_MAX_S per step
+OVERLAP_SHARE, OVERLAP_MAX_S = 0.8, 2.0
 SHARE_OF_STEP = 0.1  # the default limit's share of the framework layout's predicted step time
 # the default budget's share of the step's predicted gain (the framework's layout − the lower
 # bound of ours), so that what planning costs stays below what it can save
@@ -192,11 +197,19 @@ def _check_threads(value, where: str) -> int | None:
     return value
 
 
+# the keywords of :func:`seam_settings`, which every seam's install function passes on
+SETTING_KEYS = ("cost", "objective", "time_limit", "max_sweeps", "seed", "threads")
+
+
 def seam_settings(seam: str, *, cost=None, objective=None, time_limit=UNSET, max_sweeps=None,
-                  seed: int = 0, threads=UNSET) -> SeamSettings:
-    """Settings of ``seam`` (``"verl"`` or ``"slime"``): each keyword given wins, else its
-    ``ROUTEPACK_*`` variable, else the default. A bad value is one :class:`InputError` naming the
-    keyword (``cost=...``) or the variable (``ROUTEPACK_COST=...``)."""
+                  seed: int = 0, threads=UNSET, **unknown) -> SeamSettings:
+    """Settings of ``seam`` (a key of :data:`DEFAULT_TIME_LIMIT`: ``"verl"``, ``"slime"``,
+    ``"verl_balance"``): each keyword given wins, else its ``ROUTEPACK_*`` variable, else the
+    default. A bad value is one :class:`InputError` naming the keyword (``cost=...``) or the
+    variable (``ROUTEPACK_COST=...``); so is an unknown seam or a misspelled keyword."""
+    if not isinstance(seam, str) or seam not in DEFAULT_TIME_LIMIT:
+        raise InputError(f"seam: expected one of {', '.join(map(repr, DEFAULT_TIME_LIMIT))}, got {seam!r}")
+    check_known_options(unknown, SETTING_KEYS, "settings")
     env = os.environ
     if cost is None:
         name = env.get("ROUTEPACK_COST", "").strip() or DEFAULT_COST
@@ -344,6 +357,13 @@ class Recorder:
 
 _warned: set[tuple[str, str]] = set()
 _warn_lock = threading.Lock()
+
+
+def failure_cause(exc: BaseException) -> str:
+    """A failure's cause for :func:`warn_once`: its type and its message with the numbers masked,
+    so that each kind of failure warns once (not once per sample id or step, nor only the first
+    kind of all)."""
+    return f"{exc.__class__.__name__}: {re.sub(r'[0-9]+', '#', str(exc))[:200]}"
 
 
 def warn_once(seam: str, cause: str, message: str) -> None:

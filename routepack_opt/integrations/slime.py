@@ -80,7 +80,7 @@ from typing import Any
 
 import numpy as np
 
-from routepack_opt.core.checks import check_redundant_experts
+from routepack_opt.core.checks import check_known_options, check_redundant_experts
 from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.placement import Placement
@@ -93,12 +93,14 @@ from routepack_opt.integrations._common import (
     score_cells,
 )
 from routepack_opt.integrations._seam import (
+    SETTING_KEYS,
     UNSET,
     CallBudget,
     FrameworkAssertionError,
     Recorder,
     SeamRecord,
     SeamSettings,
+    failure_cause,
     import_skip,
     seam_settings,
     warn_once,
@@ -168,6 +170,10 @@ def _positive_int(name: str, v) -> int:
 
 # the last route import's seconds per token in this process (the default budget's import check)
 _IMPORT_RATE: dict[str, float] = {}
+# what the last step spent past its search's limit (the search's overrun and the apply after it),
+# kept back from the next step's search so that the step's whole added time holds its budget
+_RESERVE: dict[str, float] = {}
+_MAX_RESERVE_S = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,6 +394,8 @@ class _Step:
     fallback: str | None = None
     quick: str | None = None
     budget: float | None = None
+    search_limit: float | None = None  # the search's time limit and start (None: no search)
+    search_t0: float = 0.0
 
 
 def _plan(req: _Request, on_record) -> SlimeSchedule:
@@ -481,14 +489,15 @@ def _spend_budget(settings: SeamSettings, st: _Step) -> float | None:
     """One budget per step, from the step's start (import, slime's layout and its score, the
     search): with the default limit at most SHARE_OF_GAIN of what the step can gain over slime's
     layout (to the placement-free lower bound at slime's count). Returns what is left for the
-    search; under _MIN_SEARCH_S slime's own layout stands (``quick``)."""
+    search, less what the last step spent past its search's limit (``_RESERVE``: the search's
+    overrun and the apply after it); under _MIN_SEARCH_S slime's own layout stands (``quick``)."""
     gain_us = None
     if settings.time_limit_is_default and st.theirs is not None and st.theirs_us is not None:
         lb = Evaluator(st.plan_window, st.topo_theirs, settings.cost).placement_free_lower_bound(len(st.theirs))
         gain_us = max(0.0, st.theirs_us - lb)
     budget = CallBudget(settings, st.t0, settings.call_budget(st.theirs_us, gain_us))
     st.budget = budget.total_s
-    left = budget.left()
+    left = budget.left(_RESERVE.get("s", 0.0))
     short = budget.short(left, _MIN_SEARCH_S)
     if short is not None and st.theirs is not None:
         st.quick = f"{short} of {st.budget:.3f} s for the step (import {st.import_s * 1e3:.0f} ms); slime's own layout"
@@ -499,6 +508,7 @@ def _search(req: _Request, shape: _Shape, st: _Step, time_limit: float | None) -
     """RoutePack's plan of the step: certified rows and the joint search on the dynamic path; on
     the static one, swaps from slime's layout (and a KK-balanced one) that keep every count."""
     settings = req.settings
+    st.search_limit, st.search_t0 = time_limit, time.perf_counter()
     opts = dict(objective=settings.objective, placement=req.placement, time_limit=time_limit,
                 max_sweeps=settings.max_sweeps, seed=settings.seed)
     try:
@@ -518,7 +528,7 @@ def _search(req: _Request, shape: _Shape, st: _Step, time_limit: float | None) -
         if st.theirs is None:
             raise
         st.fallback = f"planning failed ({exc.__class__.__name__}: {exc}); slime's own layout"
-        warn_once("slime", "plan", st.fallback)
+        warn_once("slime", failure_cause(exc), st.fallback)
         st.cells, st.pc = st.theirs, None
 
 
@@ -545,6 +555,8 @@ def _add_step(out: SlimeSchedule, req: _Request, shape: _Shape, st: _Step, num_r
     ours_us = (float(pc.plan.score["makespan"]) if pc is not None
                else score_cells(st.plan_window, st.topo_theirs, req.settings.cost, cells, req.settings.objective))
     now = time.perf_counter()
+    over_s = 0.0 if st.search_limit is None else max(0.0, t_apply - st.search_t0 - st.search_limit)
+    _RESERVE["s"] = min(_MAX_RESERVE_S, over_s + (now - t_apply))
     # slime's own layout is timed inside the step (theirs_s) and left out of ours
     return SeamRecord("slime", rows, None if st.theirs is None else len(st.theirs), ours_us, st.theirs_us,
                       now - st.t0 - st.theirs_s, st.theirs_s, samples=len(st.idx), fallback=st.fallback,
@@ -566,7 +578,8 @@ def build_dp_schedule(args: Any, train_parallel_config: dict, total_lengths, *, 
                             **planner_options).as_slime()
 
 
-_SETTING_KEYS = ("cost", "objective", "time_limit", "max_sweeps", "seed", "threads")
+_INSTALL_KEYS = ("ep_size", "moe_layer_freq", "placement", "num_experts", "on_record", "redundant_experts",
+                 "on_critical_path")
 
 
 def install(module, **options):
@@ -578,12 +591,8 @@ def install(module, **options):
     if not hasattr(module, "build_dp_schedule"):
         raise InputError(f"install: {name} has no build_dp_schedule to replace (pass slime.ray.rollout, "
                          "the module that calls it, or slime.utils.dp_schedule)")
-    unknown = sorted(set(options) - set(_SETTING_KEYS) - {"ep_size", "moe_layer_freq", "placement",
-                                                            "num_experts", "on_record", "redundant_experts",
-                                                            "on_critical_path"})
-    if unknown:
-        raise InputError(f"install: unknown option(s) {', '.join(unknown)}")
-    settings = seam_settings("slime", **{k: options.pop(k) for k in _SETTING_KEYS if k in options})
+    check_known_options(options, SETTING_KEYS + _INSTALL_KEYS, "install")
+    settings = seam_settings("slime", **{k: options.pop(k) for k in SETTING_KEYS if k in options})
     old = module.build_dp_schedule
     fn = functools.partial(build_dp_schedule, settings=settings, **options)
     fn.__routepack__ = True  # type: ignore[attr-defined]

@@ -6,24 +6,39 @@ recorded; with ``overlap`` the plan runs behind the step's log-prob passes. Re-e
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import time
 
 import numpy as np
 
+from routepack_opt.core.checks import check_known_options, check_positive_int
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout
 from routepack_opt.core.topology import Topology
-from routepack_opt.integrations import _deps
+from routepack_opt.integrations import _deps, _verl_overlap
 from routepack_opt.integrations._common import as_cost, length_only_window
-from routepack_opt.integrations._seam import SHARE_OF_GAIN, SeamRecord, SeamSettings, seam_settings, warn_once
+from routepack_opt.integrations._seam import (
+    DEFAULT_TIME_LIMIT,
+    OVERLAP_MAX_S,
+    OVERLAP_SHARE,
+    SETTING_KEYS,
+    SHARE_OF_GAIN,
+    SeamRecord,
+    SeamSettings,
+    failure_cause,
+    seam_settings,
+    warn_once,
+)
 from routepack_opt.integrations._verl_common import _ONE_EXPERT, _RECORDS, PLACEMENTS_KEY, _redundant, plan_columns
 from routepack_opt.integrations.rollout_hook import counts_from_non_tensor
 from routepack_opt.integrations.verl_balance import (
     BalanceOptions,
     StepBudget,
     StepPlan,
+    _global_window,
     _planned_mini_batch,
     _quick_layout,
     _run_order,
@@ -39,7 +54,8 @@ __all__ = ["install_balance_batch"]
 def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int | None = None,
                           ep_size: int = 1, moe_layer_freq=None, mini_batch_size: int | None = None,
                           num_batches_divided_by: int | None = None, min_num_micro_batch: int | None = None,
-                          redundant_experts: int = 0, overlap: bool | str = False, **settings_options):
+                          redundant_experts: int = 0, overlap: bool | str = False, dp_size: int | None = None,
+                          **settings_options):
     """Replace ``trainer_cls._balance_batch`` (verl's ``RayPPOTrainer``) by a driver-side plan of
     the whole global batch (equal sample counts per rank, every micro-batch ≤ ``max_token_len``,
     joint cost with ``routed_experts`` when ``num_experts`` is given); returns the method it
@@ -62,6 +78,13 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
     ``max_token_len`` = the workers' cap (``ppo_max_token_len_per_gpu × sp_size``) and the
     workers' ``num_batches_divided_by`` / ``min_num_micro_batch`` for that.
 
+    Everything that needs no batch is checked here, an :class:`InputError` naming the argument:
+    the integers (``max_token_len``, ``num_experts``, ``ep_size``, ``mini_batch_size``, the row
+    rules, ``redundant_experts``), E + N divisible by ``ep_size``, ``overlap``, misspelled
+    keywords; with ``dp_size`` (the actor's DP size, else read from the trainer at each step)
+    also ``dp_size % ep_size`` — without it a DP size the EP size does not divide is found at the
+    first step and warned (verl's own method runs).
+
     ``redundant_experts=N`` (with ``num_experts``): every mini-batch is planned with N extra
     expert slots per MoE layer; its replicated ``Placement`` goes to the workers in the batch's
     ``meta_info[PLACEMENTS_KEY]`` (verl's dispatch gives every rank the batch's meta_info; read it
@@ -69,10 +92,16 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
 
     ``overlap=True`` (``"balanced"``) hides the plan behind the step's other work:
     ``_balance_batch`` applies RoutePack's quick length-only plan at once (so the log-prob passes
-    still get balanced ranks) and starts the full plan in a background thread; the first
-    ``_update_critic`` / ``_update_actor`` of the step waits for it and applies it (one more
-    reorder). ``overlap="deferred"``: no reorder in ``_balance_batch`` (the log-prob passes see the
-    rollout order, verl's DP token balance off for them), the plan's one reorder at the update. Between them verl
+    still get balanced ranks) and starts, in a background thread, the synchronous mode's plan of
+    the rollout-order mini-batches (the route import off the budget; the default budget from the
+    last step's hidden time, :meth:`_BalanceHook._overlap_settings`) and then the gather of the
+    batch's tensors into its order; the first ``_update_critic`` / ``_update_actor`` of the step
+    waits for it and applies it if the batch is still what it was made from
+    (:class:`~routepack_opt.integrations._verl_overlap.Fingerprint`; else, or if the thread
+    raised anything, a re-plan on the quick path, the record's ``quick`` saying why), gathering
+    only what was added since. ``overlap="deferred"``: no reorder in ``_balance_batch`` (the
+    log-prob passes see the rollout order, verl's DP token balance off for them), the plan's one
+    reorder at the update, its padded tensors gathered in the background. Between them verl
     computes the reward, the old / reference log-probs and the values, on the workers, while the
     driver waits on Ray. The record's ``added_ms`` is then only what the step waited for.
 
@@ -87,15 +116,12 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
     if not hasattr(trainer_cls, "_balance_batch"):
         raise InputError(f"install_balance_batch: {getattr(trainer_cls, '__name__', trainer_cls)!r} has no "
                          "_balance_batch to replace (pass verl.trainer.ppo.ray_trainer.RayPPOTrainer)")
-    red = _redundant(redundant_experts)
-    if red and num_experts is None:
-        raise InputError("redundant_experts needs num_experts: replicas follow the experts' loads")
-    if overlap not in (False, True, "balanced", "deferred"):
-        raise InputError(f"overlap: expected False, True, 'balanced' or 'deferred', got {overlap!r}")
-    options = BalanceOptions(max_token_len, num_experts, ep_size, moe_layer_freq, num_batches_divided_by,
-                             min_num_micro_batch, red)
+    check_known_options(settings_options, SETTING_KEYS, "install_balance_batch")
+    options, overlap = _checked_options(max_token_len, num_experts, ep_size, moe_layer_freq, mini_batch_size,
+                                        num_batches_divided_by, min_num_micro_batch, redundant_experts, overlap,
+                                        dp_size)
     hook = _BalanceHook(trainer_cls._balance_batch, seam_settings("verl_balance", **settings_options), options,
-                        mini_batch_size, overlap)
+                        mini_batch_size, overlap, dp_size)
 
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
         return hook.balance(self, batch, metrics, logging_prefix, keep_minibatch)
@@ -105,7 +131,7 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
     if overlap:
         for name in ("_update_critic", "_update_actor"):
             if hasattr(trainer_cls, name):
-                setattr(trainer_cls, name, _apply_pending_before(getattr(trainer_cls, name), max_token_len, red))
+                setattr(trainer_cls, name, _apply_pending_before(getattr(trainer_cls, name), hook))
     logger.info("routepack verl: %s._balance_batch replaced (objective %s, budget %s per step%s)",
                 getattr(trainer_cls, "__name__", trainer_cls), hook.settings.objective,
                 "none" if hook.settings.time_limit is None else f"{hook.settings.time_limit:g} s",
@@ -113,14 +139,43 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
     return hook.original
 
 
+def _checked_options(max_token_len, num_experts, ep_size, moe_layer_freq, mini_batch_size, num_batches_divided_by,
+                     min_num_micro_batch, redundant_experts, overlap, dp_size) -> tuple[BalanceOptions, bool | str]:
+    """:func:`install_balance_batch`'s arguments checked (nothing here needs a batch)."""
+    cap = check_positive_int(max_token_len, "max_token_len")
+    E = check_positive_int(num_experts, "num_experts", allow_none=True)
+    ep = check_positive_int(ep_size, "ep_size")
+    for name, value in (("mini_batch_size", mini_batch_size), ("num_batches_divided_by", num_batches_divided_by),
+                        ("min_num_micro_batch", min_num_micro_batch), ("dp_size", dp_size)):
+        check_positive_int(value, name, allow_none=True)
+    red = _redundant(redundant_experts)
+    if red and E is None:
+        raise InputError("redundant_experts needs num_experts: replicas follow the experts' loads")
+    if not (isinstance(overlap, bool) or overlap in ("balanced", "deferred")):
+        raise InputError(f"overlap: expected False, True, 'balanced' or 'deferred', got {overlap!r}")
+    Topology(dp=1, ep=1, capacity=cap, min_rows=int(min_num_micro_batch or 1),
+             row_multiple=int(num_batches_divided_by or 1))  # their ranges
+    if dp_size is not None and int(dp_size) % ep:
+        raise InputError(f"ep_size={ep}: dp_size={dp_size} is not divisible by it (each EP group is ep_size "
+                         "of the DP ranks)")
+    if E is not None:
+        try:
+            Topology(dp=ep, ep=ep, capacity=cap, redundant_experts=red).check_experts(E)
+        except InputError as exc:
+            msg = str(exc).replace("--redundant-experts ", "redundant_experts=").replace("topology: ", "")
+            raise InputError(f"install_balance_batch: {msg}") from None
+    return BalanceOptions(cap, E, ep, moe_layer_freq, num_batches_divided_by, min_num_micro_batch, red), overlap
+
+
 class _BalanceHook:
     """One :func:`install_balance_batch`: its settings and options, the trainer's own method, and
     what a step leaves the next (the apply time reserved in its budget, the route import's rate
     and the predicted gain, the step count)."""
 
-    def __init__(self, original, settings: SeamSettings, options: BalanceOptions, mini_batch_size, overlap):
+    def __init__(self, original, settings: SeamSettings, options: BalanceOptions, mini_batch_size, overlap,
+                 dp_size=None):
         self.original, self.settings, self.options = original, settings, options
-        self.mini_batch_size, self.overlap = mini_batch_size, overlap
+        self.mini_batch_size, self.overlap, self.dp_size = mini_batch_size, overlap, dp_size
         self.mode = "balanced" if overlap is True else overlap
         self.state: dict = {"apply_s": 0.0, "rate": None, "gain": None, "step": 0}
 
@@ -138,15 +193,15 @@ class _BalanceHook:
         self._warm(batch)
         t0 = time.perf_counter()
         try:
-            dp_size = trainer._get_dp_size(trainer.actor_rollout_wg, "actor")
+            dp_size = self._dp_size(trainer)
             lens_N = _mask_lengths(batch)
             size = _planned_mini_batch(trainer.config, int(lens_N.size), keep_minibatch, self.mini_batch_size)
             if self.overlap:
                 return self._start_overlap(trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0)
             sp = self._plan(batch, lens_N, dp_size, size, t0)
-        except Exception as exc:  # never break the trainer: verl's own balance
-            warn_once("verl", "balance", f"balance_batch planning failed ({exc.__class__.__name__}: {exc}); "
-                      "verl's own _balance_batch runs")
+        except Exception as exc:  # never break the trainer: verl's own balance (one warning per cause)
+            warn_once("verl", f"balance: {failure_cause(exc)}", f"balance_batch planning failed "
+                      f"({exc.__class__.__name__}: {exc}); verl's own _balance_batch runs")
             return self.own(trainer, batch, metrics, logging_prefix, keep_minibatch)
         t_apply = time.perf_counter()
         reorder_s = _apply_step(batch, metrics, logging_prefix, sp, lens_N, dp_size, self.options.max_token_len)
@@ -155,6 +210,16 @@ class _BalanceHook:
         # (its KK partition counted as free, so the net saving is a lower bound)
         _record_step(metrics, sp, t0, t_apply, int(lens_N.size), self.options.redundant_experts, sp.quick,
                      added_s=time.perf_counter() - t0 - reorder_s)
+
+    def _dp_size(self, trainer) -> int:
+        """The actor's DP size (verl's ``_get_dp_size``), checked against ``ep_size`` and the
+        ``dp_size`` given at install."""
+        dp = int(trainer._get_dp_size(trainer.actor_rollout_wg, "actor"))
+        if self.dp_size is not None and dp != self.dp_size:
+            raise InputError(f"dp_size={self.dp_size} was given at install, but the actor has {dp} DP ranks")
+        if dp % self.options.ep_size:
+            raise InputError(f"ep_size={self.options.ep_size}: the actor's {dp} DP ranks are not divisible by it")
+        return dp
 
     def _warm(self, batch) -> None:
         """numba's kernels and the import's pass compiled or loaded, before the step's clock starts."""
@@ -191,34 +256,140 @@ class _BalanceHook:
         return sp
 
     def _start_overlap(self, trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0):
-        """The overlap modes: the quick order now (``"balanced"``) or none (``"deferred"``), the
-        full plan in a background thread, applied before the step's first update."""
+        """The overlap modes: the quick order now (``"balanced"``) or none (``"deferred"``); the
+        plan of the rollout-order mini-batches (the synchronous mode's) in a background thread,
+        which then gathers the batch's tensors into its order; both applied before the step's
+        first update (:meth:`apply_pending`)."""
         import threading
 
+        old = getattr(trainer, "_routepack_pending", None)
+        if old is not None:  # a step whose update never ran (e.g. critic warm-up): drop its plan
+            old["cancel"].set()
+        td0 = batch.batch  # the rollout order: what the synchronous mode plans
+        counts = _hook_counts(batch)
+        N = int(lens_N.size)
         if self.mode == "balanced":
             quick = _quick_step(lens_N, dp_size, size, self.options)
+            order_N = np.fromiter((j for part in _parts(quick.plans, dp_size) for j in part), dtype=np.int64, count=N)
             reorder_s = _apply_step(batch, metrics, logging_prefix, quick, lens_N, dp_size, self.options.max_token_len,
                                     columns=False)
-            lens_now = lens_N[[j for part in _parts(quick.plans, dp_size) for j in part]]
         else:  # "deferred": the batch stays in its order until the update
-            reorder_s, lens_now = 0.0, lens_N
-        td = batch.batch  # the background plan is of this order
-        counts = _hook_counts(batch)  # reordered with the batch
-        box: dict = {}
-
-        def work():
-            try:
-                with self.settings.planner_threads():
-                    box["plan"] = plan_step(td, lens_now, dp_size, size, options=self.options, settings=self.settings,
-                                            counts_NLE=counts)
-            except Exception as exc:  # applied as verl's quick order at the update
-                box["error"] = exc
-
-        th = threading.Thread(target=work, name="routepack-balance", daemon=True)
+            reorder_s, order_N = 0.0, np.arange(N, dtype=np.int64)
+        plan_keys = ("attention_mask", "input_ids") + (("routed_experts",) if self.options.num_experts else ())
+        fp = _verl_overlap.fingerprint(batch, plan_keys, lens_N[order_N])
+        cur = {k: v for k, v in batch.batch.items()}  # the tensors the update will find, if untouched
+        pos_of = np.empty(N, dtype=np.int64)
+        pos_of[order_N] = np.arange(N, dtype=np.int64)  # sample i (rollout order) sits at pos_of[i] now
+        pend = dict(box={}, cancel=threading.Event(), fp=fp, pos_of=pos_of, lens=lens_N, metrics=metrics,
+                    prefix=logging_prefix, dp=dp_size, size=size, started=t0, reorder_s=reorder_s, mode=self.mode)
+        src = {"td": td0, "cur": cur, "counts": counts, "settings": self._overlap_settings()}
+        th = threading.Thread(target=self._background, args=(pend, src), name="routepack-balance", daemon=True)
+        pend["thread"] = th
         th.start()
-        trainer._routepack_pending = dict(thread=th, box=box, lens=lens_now, metrics=metrics, prefix=logging_prefix,
-                                          dp=dp_size, started=t0, start_s=time.perf_counter() - t0,
-                                          reorder_s=reorder_s, mode=self.mode)
+        pend["start_s"] = time.perf_counter() - t0
+        pend["returned"] = time.perf_counter()
+        trainer._routepack_pending = pend
+
+    def _overlap_settings(self) -> SeamSettings:
+        """The background plan's budget: a set ``time_limit`` (or none) as it is; the default one
+        is what the step's hidden time allows: :data:`OVERLAP_SHARE` of the last step's time
+        between ``_balance_batch`` and the update, less the last background import and gather, at
+        most ``OVERLAP_MAX_S`` (the first step:
+        ``DEFAULT_TIME_LIMIT["verl_balance"]``). Set, so the search runs wherever its share
+        reaches the floor: hidden time costs the step nothing."""
+        st, state = self.settings, self.state
+        if not st.time_limit_is_default:
+            return st
+        hidden = state.get("hidden_s")
+        if hidden is None:
+            budget = DEFAULT_TIME_LIMIT["verl_balance"]
+        else:
+            budget = min(OVERLAP_MAX_S,
+                         OVERLAP_SHARE * hidden - state.get("overhead_s", 0.0))
+        return dataclasses.replace(st, time_limit=max(budget, 1e-3), time_limit_is_default=False)
+
+    def _background(self, pend: dict, src: dict) -> None:
+        """The planning thread: the route import (off the budget), the plan of the rollout-order
+        batch with :meth:`_overlap_settings`' budget, the content checksum, the gather into the
+        plan's order. Any exception, ``BaseException`` included, is kept for the update."""
+        box = pend["box"]
+        try:
+            t = time.perf_counter()
+            cur = src["cur"]
+            counts = src["counts"]
+            opts = self.options
+            if counts is None and opts.num_experts is not None and "routed_experts" in src["td"].keys():
+                counts = _global_window(pend["lens"], src["td"], opts.num_experts, opts.moe_layer_freq).counts
+            import_s = time.perf_counter() - t
+            settings = src["settings"]
+            with settings.planner_threads():
+                sp = plan_step(src["td"], pend["lens"], pend["dp"], pend["size"], options=opts, settings=settings,
+                               budget=StepBudget(time.perf_counter()), counts_NLE=counts)
+            sp.import_s = import_s
+            src.pop("td")  # the rollout-order copy is not needed any more
+            t_pre = time.perf_counter()
+            perm_N = np.fromiter((j for part in _parts(sp.plans, pend["dp"]) for j in part), dtype=np.int64,
+                                 count=int(pend["lens"].size))
+            box["perm"] = perm_N
+            box["pre"] = _verl_overlap.prereorder(cur, pend["pos_of"][perm_N], pend["cancel"])
+            self.state["overhead_s"] = import_s + time.perf_counter() - t_pre
+            box["plan"] = sp
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: the update re-plans, says why
+            box["error"] = exc
+        finally:
+            src.clear()
+
+    def apply_pending(self, trainer, batch) -> None:
+        """Before the step's first update: apply the background plan if the batch is still what
+        it was made from (:class:`~routepack_opt.integrations._verl_overlap.Fingerprint`) and the
+        thread gave one; else re-plan on the quick path (length-only, no search) and say why
+        (the record's ``quick``, one warning per cause)."""
+        pend = getattr(trainer, "_routepack_pending", None)
+        if pend is None:
+            return
+        trainer._routepack_pending = None
+        t_enter = time.perf_counter()
+        self.state["hidden_s"] = t_enter - pend["returned"]
+        fp, box = pend["fp"], pend["box"]
+        why = fp.mismatch(batch)
+        wait_s = 0.0
+        if why is None:
+            pend["thread"].join()
+            wait_s = time.perf_counter() - t_enter
+            if "error" in box:
+                exc = box["error"]
+                why = f"planning failed ({exc.__class__.__name__}: {exc})"
+            elif "plan" not in box:
+                why = "the planning thread ended without a plan"
+            else:
+                why = fp.content_mismatch(batch)
+        else:
+            pend["cancel"].set()  # a stale plan: no wait for it
+        deferred = pend["mode"] == "deferred"
+        red, cap = self.options.redundant_experts, self.options.max_token_len
+        t_apply = time.perf_counter()
+        if why is None:
+            sp = box["plan"]
+            reorder_s = _apply_step(batch, pend["metrics"] if deferred else {}, pend["prefix"], sp, pend["lens"],
+                                    pend["dp"], cap, pos_of=pend["pos_of"], pre=box.get("pre"), fp=fp)
+            quick, predicted = sp.quick, True
+        else:
+            cause = why if "error" not in box else f"planning failed: {failure_cause(box['error'])}"
+            warn_once("verl", f"overlap: {re.sub(r'[0-9]+', '#', cause)}",
+                      f"the background plan is not applied ({why}); re-planned on the quick path")
+            lens_now = _mask_lengths(batch)
+            sp = _quick_step(lens_now, pend["dp"], pend["size"], self.options)
+            reorder_s = _apply_step(batch, pend["metrics"] if deferred else {}, pend["prefix"], sp, lens_now,
+                                    pend["dp"], cap)
+            quick, predicted = f"overlap: {why}; re-planned on the quick path", False
+        # what the step waited for beyond verl's own call: _balance_batch, the wait and the
+        # apply, less the one reorder that stands for verl's own (the quick plan's when
+        # "balanced", whose gather of what was added since is extra; the update's when "deferred")
+        added = (pend["start_s"] + wait_s + (time.perf_counter() - t_apply)
+                 - (reorder_s if deferred else pend["reorder_s"]))
+        _record_step(pend["metrics"], sp, pend["started"], t_apply, int(pend["lens"].size), red, quick,
+                     added_s=added, on_critical_path=False, predicted=predicted)
+        pend["metrics"]["routepack/balance/wait_ms"] = 1e3 * wait_s
 
 
 def _mask_lengths(batch) -> np.ndarray:
@@ -243,31 +414,42 @@ def _parts(plans: list, dp_size: int) -> list:
 
 
 def _apply_step(batch, metrics, logging_prefix, sp: StepPlan, lens_N, dp_size: int, max_token_len: int,
-                columns: bool = True) -> float:
-    """Write the plan's columns and the placements, reorder the batch once, verl's balance metrics.
-    Returns the reorder's seconds (verl's own ``_balance_batch`` reorders the batch the same way)."""
+                columns: bool = True, pos_of=None, pre=None, fp=None) -> float:
+    """Reorder the batch once into the plan's order, then write the plan's columns and the
+    placements, and verl's balance metrics. The plan numbers the samples as ``lens_N`` does;
+    ``pos_of[i]``: where sample i sits in the batch now (None: there). With ``pre`` (the overlap
+    modes' tensors gathered in the background, valid where ``fp`` says the batch still holds them)
+    only the rest is gathered now. Returns the reorder's seconds (verl's own ``_balance_batch``
+    reorders the batch the same way)."""
     torch = _deps.torch()
     N = int(lens_N.size)
     parts = _parts(sp.plans, dp_size)
     perm = np.fromiter((j for part in parts for j in part), dtype=np.int64, count=N)
-    if columns:
+    now_perm = perm if pos_of is None else pos_of[perm]
+    t = time.perf_counter()
+    if pre:
+        _verl_overlap.reorder_with(batch, now_perm, pre, fp)
+    else:
+        batch.reorder(torch.from_numpy(now_perm))
+    reorder_s = time.perf_counter() - t
+    if columns:  # written in the new order: position j holds sample perm[j]
         for key, col in plan_columns(sp.plans, N, max_token_len).items():
-            batch.batch[key] = torch.from_numpy(col)
+            batch.batch[key] = torch.from_numpy(np.ascontiguousarray(col[perm]))
         if any(p is not None for p in sp.placements):
             batch.meta_info[PLACEMENTS_KEY] = list(sp.placements)
-    t = time.perf_counter()
-    batch.reorder(torch.from_numpy(perm))
-    reorder_s = time.perf_counter() - t
     metrics.update(_deps.verl_log_seqlen_unbalance()(seqlen_list=lens_N.tolist(), partitions=parts,
                                                      prefix=logging_prefix))
     return reorder_s
 
 
 def _record_step(metrics, sp: StepPlan, t0: float, t_apply: float, N: int, red: int, quick,
-                 added_s: float | None = None, on_critical_path: bool = True) -> SeamRecord:
+                 added_s: float | None = None, on_critical_path: bool = True, predicted: bool = True) -> SeamRecord:
+    """The step's record into ``metrics`` (``predicted`` False: a plan without predicted times,
+    the overlap mode's re-plan on the quick path)."""
     now = time.perf_counter()
     wall = now - t0
-    rec = SeamRecord("verl.balance_batch", sp.rows, sp.rows_theirs, sp.ours_us, sp.theirs_us, wall,
+    rec = SeamRecord("verl.balance_batch", sp.rows, sp.rows_theirs if predicted else None,
+                     sp.ours_us if predicted else None, sp.theirs_us if predicted else None, wall,
                      samples=N, quick=quick, import_s=sp.import_s, plan_s=sp.plan_s, apply_s=now - t_apply,
                      budget_s=sp.budget_s, redundant_experts=red, added_s=wall if added_s is None else added_s,
                      on_critical_path=on_critical_path)
@@ -283,7 +465,7 @@ def _quick_step(lens_N, dp_size: int, size: int, options: BalanceOptions) -> Ste
     topo = Topology(dp=dp_size, ep=1, capacity=int(options.max_token_len),
                     min_rows=int(options.min_num_micro_batch or 1),
                     row_multiple=int(options.num_batches_divided_by or 1), equal_samples_per_slot=True)
-    plans = []
+    plans, rows = [], 0
     for k in range(int(lens_N.size) // size):
         idx = np.arange(k * size, (k + 1) * size)
         lay = _quick_layout(lens_N[idx], topo)
@@ -293,44 +475,19 @@ def _quick_step(lens_N, dp_size: int, size: int, options: BalanceOptions) -> Ste
             lay = Layout(*verl_layout(lens_N[idx], topo))
         ev = Evaluator(length_only_window(lens_N[idx]), topo, DEFAULT_QUICK_COST)
         plans.append(_run_order(ev, _ONE_EXPERT, lay, dp_size, int(idx[0])))
-    return StepPlan(plans, 0.0, 0.0, 0, 0, [], "overlap: quick order", 0.0, time.perf_counter() - t, None)
+        rows += int(lay.rows)
+    return StepPlan(plans, 0.0, 0.0, rows, 0, [None] * len(plans), "overlap: quick order", 0.0,
+                    time.perf_counter() - t, None)
 
 
 DEFAULT_QUICK_COST = as_cost("qwen3-30b-a3b")
 
 
-def _apply_pending_before(method, max_token_len: int, red: int):
+def _apply_pending_before(method, hook: _BalanceHook):
     """``method`` (``_update_actor`` / ``_update_critic``) preceded by the overlap mode's apply."""
 
     def wrapped(self, batch, *args, **kwargs):
-        pend = getattr(self, "_routepack_pending", None)
-        if pend is not None:
-            self._routepack_pending = None
-            t_wait = time.perf_counter()
-            pend["thread"].join()
-            wait_s = time.perf_counter() - t_wait
-            box = pend["box"]
-            mask = batch.batch["attention_mask"]
-            N = int(mask.shape[0])
-            lens_now = mask.reshape(N, -1).sum(-1).cpu().numpy().astype(np.int64)
-            if "error" in box or not np.array_equal(lens_now, pend["lens"]):
-                why = (f"{box['error'].__class__.__name__}: {box['error']}" if "error" in box
-                       else "the batch changed between _balance_batch and the update")
-                warn_once("verl", "overlap", f"the background plan is not applied ({why}); the quick order stays")
-            else:
-                sp = box["plan"]
-                t_apply = time.perf_counter()
-                deferred = pend["mode"] == "deferred"
-                reorder_s = _apply_step(batch, pend["metrics"] if deferred else {}, pend["prefix"], sp, lens_now,
-                                        pend["dp"], max_token_len)
-                # what the step waited for beyond verl's own call: _balance_batch, the wait and the
-                # apply, less the one reorder that stands for verl's own (the quick plan's when
-                # "balanced", whose second reorder is extra; the update's when "deferred")
-                added = (pend["start_s"] + wait_s + (time.perf_counter() - t_apply)
-                         - (reorder_s if deferred else pend["reorder_s"]))
-                _record_step(pend["metrics"], sp, pend["started"], t_apply, N, red, sp.quick, added_s=added,
-                             on_critical_path=False)
-                pend["metrics"]["routepack/balance/wait_ms"] = 1e3 * wait_s
+        hook.apply_pending(self, batch)
         return method(self, batch, *args, **kwargs)
 
     wrapped.__routepack__ = True  # type: ignore[attr-defined]

@@ -539,3 +539,9 @@ def test_step_budget_covers_the_whole_step_and_the_record_splits_it():
     full = plan_dp_schedule(args, make_tp(4), tl, global_batch_size=16, rollout_indices=list(range(32)),
                             time_limit=None, **SWEEPS)
     assert all(r.quick is None and r.budget_s is None for r in full.records)
+
+
+def test_issue49_9_install_names_a_misspelled_keyword():
+    """install() with a misspelled setting is one InputError naming it and the nearest known one."""
+    with pytest.raises(InputError, match="'time_limt' \\(did you mean 'time_limit'\\?\\)"):
+        rp_slime.install(SimpleNamespace(build_dp_schedule=None), time_limt=0.1)
