@@ -60,7 +60,7 @@ from routepack_opt.models import _solvers
 from routepack_opt.models.layout_common import LayoutInstance
 
 __all__ = ["BlockBound", "BlockData", "Multipliers", "block_bound", "certified_attention",
-           "THETA_GRID", "MAX_LP_TERMS"]
+           "bound_with_attention", "THETA_GRID", "MAX_LP_TERMS"]
 
 THETA_GRID = 1 << 16  # θ_s = t_s / THETA_GRID
 COST_BITS = 26  # the largest sample cost is about 2^COST_BITS units (int64-safe sums)
@@ -351,6 +351,17 @@ def num_classes(N: int, blocks: int, max_terms: int = MAX_LP_TERMS) -> int:
     return max(lo, min(N, blocks))
 
 
+def bound_with_attention(attention, b_NLP, rows: int, topology, cost) -> float:
+    """``(attention + γ Σ_l max_p Lagg[l,p] + R·G·row_overhead) / G`` rounded down, for a bound
+    ``attention`` (µs) on Σ over the blocks of the attention term and the per-rank loads
+    ``b_NLP`` of a placement without replicas. The attention part does not depend on the
+    placement: one :func:`block_bound` serves every placement at the same rows."""
+    G = topology.num_shards
+    expert = Fraction(cost.gamma) * int(np.asarray(b_NLP).sum(axis=0).max(axis=1).sum())
+    overhead = Fraction(cost.row_overhead) * (rows * G)
+    return _down((Fraction(attention) + expert + overhead) / G)
+
+
 def block_bound(inst: LayoutInstance, time_limit: float = 30.0, classes: int | None = None) -> BlockBound:
     """The decomposition bound of ``inst`` (fixed placement and rows) within ``time_limit``
     seconds (the LP stops there; the bound of whatever duals it has is still valid)."""
@@ -368,11 +379,7 @@ def block_bound(inst: LayoutInstance, time_limit: float = 30.0, classes: int | N
         att = max(att, certified_attention(data, mult))
     lp_value = info.pop("lp_value_units", None)
     lp_value = None if lp_value is None else lp_value * data.unit
-    Lagg_LP = inst.b_NLP.sum(axis=0)
-    expert = Fraction(cost.gamma) * int(Lagg_LP.max(axis=1).sum())
-    overhead = Fraction(cost.row_overhead) * B
-    att_best = max(att, Fraction(cheap_att))
-    bound = _down((att_best + expert + overhead) / G)
+    bound = bound_with_attention(max(att, Fraction(cheap_att)), inst.b_NLP, inst.rows, topo, cost)
     cheap = inst.lower_bound()
     return BlockBound(bound=max(bound, cheap), cheap=cheap, attention=_down(att),
                       cheap_attention=cheap_att, lp_value=lp_value, classes=K,

@@ -180,3 +180,22 @@ def test_issue53_item4_exact_at_any_size(tmp_path, capsys, monkeypatch):
     assert d["objective"] == pytest.approx(d["warm_start"]["makespan"], rel=1e-12)
     assert d["lower_bound"] <= d["bound"] <= d["objective"] * (1 + 1e-12)
     assert d["gap"] == pytest.approx(max(0.0, (d["objective"] - d["bound"]) / d["objective"]), abs=1e-12)
+
+
+def test_issue53_item4_compare_shows_gap_to_certified_bound():
+    """Issue 53 item 4: `compare` (exact auto) gives every plan its certified bound for its own
+    placement — never below its docs/model.md bound, never above its makespan — and the table a
+    column for it."""
+    from cases import TOY
+
+    from routepack_opt.compare import compare_plans, format_table
+    from routepack_opt.core.testing import random_window
+    from routepack_opt.core.topology import Topology
+
+    w = random_window(12, 2, 4, 2, 20, seed=5)
+    table, plans = compare_plans(w, Topology(4, 2, 40), TOY, max_sweeps=5, joint=False, exact_time_limit=5.0)
+    assert "exact" in plans
+    for m in table:
+        assert m["lower_bound"] <= m["certified_bound"] <= m["makespan"] * (1 + 1e-12)
+        assert m["gap_certified"] == pytest.approx(m["makespan"] / m["certified_bound"])
+    assert "gap to cert. bound" in [c.header for c in format_table(table, "max-sum").columns]
