@@ -64,6 +64,7 @@ __all__ = ["BlockBound", "BlockData", "Multipliers", "block_bound", "certified_a
 
 THETA_GRID = 1 << 16  # θ_s = t_s / THETA_GRID
 COST_BITS = 26  # the largest sample cost is about 2^COST_BITS units (int64-safe sums)
+MAX_EXPERT_TERMS = 200_000  # expert rows' nonzeros (classes × later samples × layers × ranks)
 MAX_LP_TERMS = 30_000  # assignment columns of the compact LP (K classes × later samples): ~10 s at N = 512
 
 
@@ -82,20 +83,29 @@ class BlockData:
     C: int
     blocks: int
     classes: int  # K: positions 0..K-1 have their own class; the rest share the generic one
+    E_NM: np.ndarray | None = None  # int64 γ·b[i, l, p] in cost units (m = l·P + p), floored; or None
 
     @classmethod
-    def build(cls, lengths_N, a_SN, P: int, C: int, blocks: int, classes: int | None = None) -> BlockData:
+    def build(cls, lengths_N, a_SN, P: int, C: int, blocks: int, classes: int | None = None,
+              expert_NLP=None) -> BlockData:
+        """``expert_NLP``: γ·b_NLP (µs) to charge every block its expert peaks too (small windows)."""
         lengths_N = np.asarray(lengths_N, dtype=np.int64)
         a_SN = np.atleast_2d(np.asarray(a_SN, dtype=np.float64))
         N = lengths_N.size
         order = np.lexsort((np.arange(N), -a_SN.sum(axis=0))).astype(np.int64)
         top = float(a_SN.max(initial=0.0))
+        if expert_NLP is not None:
+            expert_NLP = np.asarray(expert_NLP, dtype=np.float64)
+            top = max(top, float(expert_NLP.max(initial=0.0)))
         unit = math.ldexp(1.0, (math.frexp(top)[1] if top > 0 else 0) - COST_BITS)
         A_SN = np.floor(a_SN[:, order] / unit).astype(np.int64)  # exact: unit is a power of two
+        E_NM = None
+        if expert_NLP is not None:
+            E_NM = np.floor(expert_NLP[order].reshape(N, -1) / unit).astype(np.int64)
         len_N = lengths_N[order]
         big_N = (2 * len_N > C).astype(np.int64)
         K = N if classes is None else max(0, min(N, int(classes)))
-        return cls(order, A_SN, len_N, big_N, unit, int(P), int(C), int(blocks), K)
+        return cls(order, A_SN, len_N, big_N, unit, int(P), int(C), int(blocks), K, E_NM)
 
     @property
     def num_samples(self) -> int:
@@ -108,20 +118,38 @@ class Multipliers:
 
     ``rho_N`` per sample (in ``order``); per class k (K own classes, then the generic one):
     ``t_KS`` (θ·THETA_GRID, 0..THETA_GRID; the generic class ignores it), ``mu_K`` (per token),
-    ``sigma_K``, ``kappa_K`` (all ≥ 0)."""
+    ``sigma_K``, ``kappa_K`` (all ≥ 0); with expert costs, ``q_KM`` (per layer l, the weights
+    φ_lp·THETA_GRID of its P ranks, m = l·P + p: ≥ 0, Σ_p ≤ THETA_GRID)."""
 
     rho_N: np.ndarray
     t_KS: np.ndarray
     mu_K: np.ndarray
     sigma_K: np.ndarray
     kappa_K: np.ndarray
+    q_KM: np.ndarray | None = None
+
+
+def _rank_weights(q_KM, P: int) -> np.ndarray:
+    """``q_KM`` clipped to φ ≥ 0 with Σ_p φ_lp ≤ 1 per layer (``max_p W ≥ Σ_p φ_p W_p``)."""
+    q = np.maximum(np.asarray(q_KM, dtype=np.int64), 0)
+    K, M = q.shape
+    q3 = q.reshape(K, M // P, P)
+    tot = q3.sum(axis=2, keepdims=True)
+    over = tot > THETA_GRID
+    q3 = np.where(over, (q3 * THETA_GRID) // np.maximum(tot, 1), q3)
+    return q3.reshape(K, M)
 
 
 def certified_attention(data: BlockData, mult: Multipliers) -> Fraction:
     """The bound of ``mult`` on Σ over the blocks of every layout of the block's attention,
-    f summed over blocks (module docstring), as an exact rational in µs. Valid for any integer
-    multipliers with t ∈ [0, THETA_GRID] and μ, σ, κ ≥ 0 (they are clipped to that domain)."""
+    f summed over blocks (module docstring) — with ``data.E_NM``, of attention plus expert peaks
+    ``γ Σ_l max_p W`` — as an exact rational in µs. Valid for any integer multipliers with
+    t ∈ [0, THETA_GRID] and μ, σ, κ ≥ 0 (they are clipped to that domain)."""
     N, K, P, Th = data.num_samples, data.classes, data.P, THETA_GRID
+    E_NM = data.E_NM
+    q_KM = None
+    if E_NM is not None:
+        q_KM = _rank_weights(mult.q_KM if mult.q_KM is not None else np.zeros((K + (K < N), E_NM.shape[1])), P)
     t_KS = np.clip(np.asarray(mult.t_KS, dtype=np.int64), 0, Th)
     mu_K, sigma_K, kappa_K = (np.maximum(np.asarray(v, dtype=np.int64), 0)
                               for v in (mult.mu_K, mult.sigma_K, mult.kappa_K))
@@ -136,6 +164,11 @@ def certified_attention(data: BlockData, mult: Multipliers) -> Fraction:
         later = slice(K, N) if generic else slice(h + 1, N)
         coef = ((Th - t_S)[:, None] * A_SN[:, later]).sum(axis=0) - rho_N[later] \
             + mu_K[k] * len_N[later] - sigma_K[k] + kappa_K[k] * big_N[later]
+        own = 0
+        if q_KM is not None and E_NM is not None:  # expert peaks, φ-weighted: P·q·E fine units
+            coef = coef.astype(object) + P * (E_NM[later].astype(object) @ q_KM[k].astype(object))
+            if not generic:
+                own = P * int(E_NM[h].astype(object) @ q_KM[k].astype(object))
         neg = int(np.minimum(coef, 0).astype(object).sum())
         if generic:  # P cells, no sample of its own
             const = -int(mu_K[k]) * cap + int(sigma_K[k]) * P - int(kappa_K[k]) * P
@@ -144,7 +177,7 @@ def certified_attention(data: BlockData, mult: Multipliers) -> Fraction:
             const = int(sum(int(t) * P * a + (Th - int(t)) * a for t, a in zip(t_S.tolist(), A_S.tolist()))) \
                 - int(rho_N[h]) - int(mu_K[k]) * (cap - int(len_N[h])) + int(sigma_K[k]) * (P - 1) \
                 - int(kappa_K[k]) * (P - int(big_N[h]))
-        m = const + neg
+        m = const + own + neg
         worst = m if worst is None else min(worst, m)
     if worst is None:  # no sample
         worst = 0
@@ -160,6 +193,7 @@ def mean_multipliers(data: BlockData) -> Multipliers:
     rho = data.A_SN.sum(axis=0) * THETA_GRID  # a/P in fine units: A·P·Θ/P
     z = np.zeros(nk, np.int64)
     return Multipliers(rho, np.zeros((nk, data.A_SN.shape[0]), np.int64), z, z, z)
+
 
 
 def _lp_multipliers(data: BlockData, time_limit: float) -> tuple[Multipliers | None, dict]:
@@ -237,13 +271,26 @@ def _lp_multipliers(data: BlockData, time_limit: float) -> tuple[Multipliers | N
         rows_i += [r_big] * (1 + x.size)
         rows_j += [y] + x.tolist()
         rows_v += [-float(bigcap)] + bigf[later].tolist()
-        link0 = nrow
+        u_rows = []
+        if data.E_NM is not None:  # u_l ≥ W[l, p] for every rank p (γ-weighted, cost units)
+            E = data.E_NM.astype(np.float64)
+            M = E.shape[1]
+            u = np.arange(ncol, ncol + M // P)
+            ncol += u.size
+            col_cost += [1.0] * u.size
+            for m in range(M):
+                r = add_row(-np.inf, 0.0)
+                u_rows.append(r)
+                own = [] if generic else [y]
+                rows_i += [r] * (len(own) + 1 + x.size)
+                rows_j += own + [int(u[m // P])] + x.tolist()
+                rows_v += ([] if generic else [float(E[k, m])]) + [-1.0] + E[later, m].tolist()
         for xj in x.tolist():  # x_j − y ≤ 0
             r = add_row(-np.inf, 0.0)
             rows_i += [r, r]
             rows_j += [xj, y]
             rows_v += [1.0, -1.0]
-        meta.append((k, t1, t2, r_cap, r_card, r_big, link0))
+        meta.append((k, t1, t2, r_cap, r_card, r_big, u_rows))
     highspy = _solvers.highspy()
     h = _new_highs(highspy)
     h.setOptionValue("output_flag", False)
@@ -279,7 +326,10 @@ def _lp_multipliers(data: BlockData, time_limit: float) -> tuple[Multipliers | N
     nk = len(classes)
     t_KS = np.zeros((nk, S), np.int64)
     mu, sigma, kappa = (np.zeros(nk, np.int64) for _ in range(3))
-    for idx, (_k, t1, t2, r_cap, r_card, r_big, _) in enumerate(meta):
+    q_KM = None if data.E_NM is None else np.zeros((nk, data.E_NM.shape[1]), np.int64)
+    for idx, (_k, t1, t2, r_cap, r_card, r_big, u_rows) in enumerate(meta):
+        if q_KM is not None:
+            q_KM[idx] = np.rint(np.maximum(-ydual[u_rows], 0.0) * THETA_GRID).astype(np.int64)
         if t1 is not None:
             l1 = np.maximum(-ydual[t1], 0.0)
             l2 = np.maximum(-ydual[t2], 0.0)
@@ -289,7 +339,7 @@ def _lp_multipliers(data: BlockData, time_limit: float) -> tuple[Multipliers | N
         mu[idx] = int(round(max(-ydual[r_cap], 0.0) * fine))
         sigma[idx] = int(round(max(-ydual[r_card], 0.0) * fine))
         kappa[idx] = int(round(max(-ydual[r_big], 0.0) * fine))
-    return Multipliers(rho, t_KS, mu, sigma, kappa), info
+    return Multipliers(rho, t_KS, mu, sigma, kappa, q_KM), info
 
 
 def _new_highs(highspy):
@@ -362,24 +412,43 @@ def bound_with_attention(attention, b_NLP, rows: int, topology, cost) -> float:
     return _down((Fraction(attention) + expert + overhead) / G)
 
 
-def block_bound(inst: LayoutInstance, time_limit: float = 30.0, classes: int | None = None) -> BlockBound:
+def block_bound(inst: LayoutInstance, time_limit: float = 30.0, classes: int | None = None,
+                expert: bool | None = None) -> BlockBound:
     """The decomposition bound of ``inst`` (fixed placement and rows) within ``time_limit``
-    seconds (the LP stops there; the bound of whatever duals it has is still valid)."""
+    seconds (each LP stops at its share; the bound of whatever duals it has is still valid).
+
+    ``expert`` (default: where the LP stays small, ``MAX_EXPERT_TERMS``): a second relaxation
+    that also charges every block its expert peaks ``γ Σ_l max_p W`` (one row per class, layer
+    and rank); the bound is the better of the two. The attention-only one is always computed
+    (``attention``: it holds for every placement)."""
     t0 = time.perf_counter()
     topo, cost = inst.topology, inst.cost
     P, G = topo.ep, topo.num_shards
     B = inst.rows * G
     N = inst.num_samples
     K = num_classes(N, B) if classes is None else classes
+    M = inst.window.num_layers * P
+    if expert is None:
+        expert = (K * N - K * (K - 1) // 2) * M <= MAX_EXPERT_TERMS
+    share = time_limit / (2 if expert else 1)
     data = BlockData.build(inst.window.lengths, inst.coef_SN, P, topo.capacity, B, K)
     cheap_att = attention_lower_bound(inst.window.lengths, topo, cost)
-    mult, info = _lp_multipliers(data, time_limit) if N else (None, {"lp_status": "empty"})
+    mult, info = _lp_multipliers(data, share) if N else (None, {"lp_status": "empty"})
     att = certified_attention(data, mean_multipliers(data))
     if mult is not None:
         att = max(att, certified_attention(data, mult))
     lp_value = info.pop("lp_value_units", None)
     lp_value = None if lp_value is None else lp_value * data.unit
     bound = bound_with_attention(max(att, Fraction(cheap_att)), inst.b_NLP, inst.rows, topo, cost)
+    if expert and N:
+        full = BlockData.build(inst.window.lengths, inst.coef_SN, P, topo.capacity, B, K,
+                               expert_NLP=cost.gamma * inst.b_NLP)
+        fmult, finfo = _lp_multipliers(full, max(0.01, time_limit - (time.perf_counter() - t0)))
+        info["expert_lp_status"] = finfo["lp_status"]
+        if fmult is not None:
+            total = certified_attention(full, fmult) + Fraction(cost.row_overhead) * B
+            info["expert_bound"] = _down(total / G)
+            bound = max(bound, info["expert_bound"])
     cheap = inst.lower_bound()
     return BlockBound(bound=max(bound, cheap), cheap=cheap, attention=_down(att),
                       cheap_attention=cheap_att, lp_value=lp_value, classes=K,

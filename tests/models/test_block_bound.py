@@ -92,30 +92,43 @@ def test_mean_multipliers_give_the_mean():
     assert mean * (1 - 1e-6) <= got <= mean * (1 + 1e-12)
 
 
+def _block_sum(inst, row_N, slot_N, expert: bool) -> float:
+    """Σ over the layout's blocks of attention (+ γ Σ_l max_p W with ``expert``)."""
+    _, A_SRG, M_RGL = inst.evaluator.costs(inst.placement, row_N, slot_N, inst.rows, parts=True)
+    return float(A_SRG.sum() + (inst.cost.gamma * M_RGL.sum() if expert else 0.0))
+
+
 @settings(max_examples=40, deadline=None)
-@given(case=st.sampled_from(CASES), classes=st.integers(0, 8), seed=st.integers(0, 2**31 - 1))
-def test_any_multipliers_give_a_valid_bound(case, classes, seed):
-    """Weak duality: whatever the (integer) multipliers, the certified attention is at most the
-    attention of every layout — here the brute-force optimum's and random valid ones'."""
+@given(case=st.sampled_from(CASES), classes=st.integers(0, 8), expert=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_any_multipliers_give_a_valid_bound(case, classes, expert, seed):
+    """Weak duality: whatever the (integer) multipliers, the certified block sum (attention, and
+    with ``expert`` the expert peaks too) is at most that of every layout — here the brute-force
+    optimum's and random valid ones'."""
     inst = _instance(case, "max-sum")
-    data = _data(inst, classes)
+    topo = inst.topology
+    data = BlockData.build(inst.window.lengths, inst.coef_SN, topo.ep, topo.capacity,
+                           inst.rows * topo.num_shards, classes,
+                           expert_NLP=inst.cost.gamma * inst.b_NLP if expert else None)
     rng = np.random.default_rng(seed)
     base = mean_multipliers(data)
     nk = base.t_KS.shape[0]
     scale = int(np.abs(base.rho_N).max(initial=1))
+    M = inst.window.num_layers * topo.ep
     mult = Multipliers(
         rho_N=base.rho_N + rng.integers(-scale, scale + 1, base.rho_N.size),
         t_KS=rng.integers(-5, THETA_GRID + 6, base.t_KS.shape),
         mu_K=rng.integers(-2, 3, nk) * (scale // max(1, inst.topology.capacity)),
         sigma_K=rng.integers(-1, 2, nk) * scale,
-        kappa_K=rng.integers(-1, 2, nk) * scale)
+        kappa_K=rng.integers(-1, 2, nk) * scale,
+        q_KM=rng.integers(-THETA_GRID // 4, THETA_GRID, (nk, M)) if expert else None)
     bound = float(certified_attention(data, mult))
     ref = _brute(case, "max-sum")
-    assert bound <= _attention_sum(inst, ref.row, ref.slot) * (1 + 1e-12)
+    assert bound <= _block_sum(inst, ref.row, ref.slot, expert) * (1 + 1e-12)
     for _ in range(5):
         row, slot = random_layout(inst.num_samples, inst.rows, inst.topology.dp, rng)
         if not inst.violations(row, slot):
-            assert bound <= _attention_sum(inst, row, slot) * (1 + 1e-12)
+            assert bound <= _block_sum(inst, row, slot, expert) * (1 + 1e-12)
 
 
 # --- routepack exact: seeded with plan's plan, at any size (issue 53 items 3 and 4) ---------------
