@@ -213,6 +213,9 @@ def _save_plan(out, ev, placement, res, rows: int, objective, kind: str, method:
 
     notes = {"method": method, "exact_status": res.status, "exact_bound": res.bound, "exact_gap": res.gap,
              "exact_seconds": res.seconds}
+    if "decomposition" in res.info:  # the certified bound, and the cheap one it improves on
+        notes["decomposition_bound"] = res.info["decomposition"]["bound"]
+        notes["cheap_bound"] = res.info["decomposition"]["cheap_bound"]
     plan = build_plan(ev, placement, Layout(res.row, res.slot, rows), objective,
                       report=PlanReport(placement_kind=kind, notes=notes), certificate=cert)
     plan.save(out)
