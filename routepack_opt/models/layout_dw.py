@@ -198,7 +198,9 @@ def mean_multipliers(data: BlockData) -> Multipliers:
 
 def _lp_multipliers(data: BlockData, time_limit: float) -> tuple[Multipliers | None, dict]:
     """Solve the compact LP of the relaxation (one fractional block per class, module docstring)
-    with HiGHS and turn its row duals into integer multipliers."""
+    with HiGHS and turn its row duals into integer multipliers; building the LP counts against
+    ``time_limit`` too."""
+    t_end = time.perf_counter() + time_limit
     N, K, P, S = data.num_samples, data.classes, data.P, data.A_SN.shape[0]
     a_SN = data.A_SN.astype(np.float64)  # in cost units
     lenf = data.len_N.astype(np.float64)
@@ -313,6 +315,7 @@ def _lp_multipliers(data: BlockData, time_limit: float) -> tuple[Multipliers | N
     lp.a_matrix_.index_ = ri[by_col].astype(np.int32)
     lp.a_matrix_.value_ = np.asarray(rows_v, np.float64)[by_col]
     h.passModel(lp)
+    h.setOptionValue("time_limit", float(max(t_end - time.perf_counter(), 0.01)))
     h.run()
     status = h.modelStatusToString(h.getModelStatus())
     sol = h.getSolution()
