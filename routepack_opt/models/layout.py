@@ -57,7 +57,7 @@ class ExactOptions:
     symmetry: bool = True  # add the symmetry-breaking constraints valid for the objective
     num_workers: int = 2  # CP-SAT search workers (HiGHS uses its own threads)
     decomposition: bool = True  # the decomposition bound (models/layout_dw.py) first
-    bound_share: float = 0.25  # its share of the time limit
+    bound_share: float = 0.25  # its share of the time limit (0.9 where the cell model is too large)
 
     def __post_init__(self):
         if not 0.0 < self.bound_share < 1.0:
@@ -108,7 +108,8 @@ def solve_layout(window: Window, topology: Topology, cost: CostModel, placement,
             "certified by the decomposition bound) or use `routepack plan` (the heuristic)")
     dw = None
     if options.decomposition and (too_large or prefeasibility(inst) is None):
-        dw = block_bound(inst, options.bound_share * time_limit)
+        # with no cell model to run, the bound may take (nearly) the whole limit
+        dw = block_bound(inst, (0.9 if too_large else options.bound_share) * time_limit)
     left = max(0.05 * time_limit, time_limit - (time.perf_counter() - t0))
     if too_large:  # the cell model would not even load: the warm start, with the certified bound
         res = _start_only(inst, warm_start, solver, t0, f"{binaries} binaries > {MAX_BINARIES}")
