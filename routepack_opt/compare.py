@@ -3,7 +3,10 @@
 Rows: ``baseline`` (identity placement + length-only packing), ``reorder`` (LPT + the same
 packing), ``routepack`` (LPT + population annealing), and where available ``joint`` /
 ``joint-sticky`` (row-aware placement searched with packing, without / with migration cost) and
-``exact`` (proved layout on small windows). Every number comes from the one evaluator.
+``exact`` (the exact layout model seeded with routepack's plan: proved on small windows; at any
+size the best plan with its certified bound). Every number comes from the one evaluator; with the
+exact row, every plan also shows its gap to the certified decomposition bound for its own
+placement (``models/layout_dw.py``: its attention part holds for every placement).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from routepack_opt.core.window import Window
 from routepack_opt.heuristics.baselines import BASELINES
 from routepack_opt.heuristics.placement.lpt import rank_load_cv
 from routepack_opt.models.layout import solve_layout  # its solver libraries load on first solve
+from routepack_opt.models.layout_dw import bound_with_attention
 from routepack_opt.params import PlannerParams
 from routepack_opt.pipeline import (
     DEFAULT_PARAMS,
@@ -35,8 +39,6 @@ from routepack_opt.pipeline import (
 )
 
 __all__ = ["plan_metrics", "compare_plans", "format_table"]
-
-EXACT_MAX_SAMPLES = 24
 
 
 def plan_metrics(ev: Evaluator, plan: Plan, objective: Objective, seconds: float) -> dict:
@@ -73,7 +75,9 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, *, object
     same R (certified once; its time is added to every row's). With redundant expert slots
     (``redundant_experts`` or ``topology.redundant_experts``) every row's placement has replicas,
     an ``eplb`` row (DeepSeek EPLB's replicas + the length-only packing) is added, and the exact
-    row is left out (its layout model has no replicas)."""
+    row is left out (its layout model has no replicas). ``exact=None`` (auto) adds the exact row
+    at any size: the exact model where it fits, else routepack's plan with the certified bound,
+    within ``exact_time_limit``."""
     topology = with_replicas(topology, window.num_experts, cost, redundant_experts, max_replica_bytes)
     ev = Evaluator(window, topology, cost)
     timings = Timings()
@@ -106,7 +110,8 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, *, object
                                 certificate=full, **options)
     secs = {name: timings.seconds[name] + timings.seconds["certify"] for name in plans}
     if exact is None:
-        exact = window.num_samples <= EXACT_MAX_SAMPLES
+        exact = True
+    certified_attention = None
     if exact:
         rp = plans["routepack"]
         with timings.stage("exact"):
@@ -117,6 +122,9 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, *, object
                                         report=PlanReport(notes={"status": res.status, "bound": res.bound}),
                                         certificate=cert)
             secs["exact"] = timings.seconds["exact"]
+        dw = res.info.get("decomposition")
+        if dw is not None:
+            certified_attention = max(dw["attention"], dw["cheap_attention"])
     table = []
     base = None
     for name, p in plans.items():
@@ -126,6 +134,8 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, *, object
         m["name"] = name
         if name == "exact":
             m["status"] = p.report.notes.get("status")
+        m["certified_bound"] = _certified_bound(ev, p, m, certified_attention)
+        m["gap_certified"] = None if m["certified_bound"] is None else m["makespan"] / m["certified_bound"]
         if p.report.joint is not None and p.report.joint.migration:
             m["experts_moved"] = p.report.joint.migration.get("experts_moved")
             m["bytes_moved"] = p.report.joint.migration.get("bytes_total")
@@ -133,16 +143,31 @@ def compare_plans(window: Window, topology: Topology, cost: CostModel, *, object
     return table, plans
 
 
+def _certified_bound(ev: Evaluator, plan: Plan, metrics: dict, attention: float | None) -> float | None:
+    """The certified bound for ``plan``'s own placement at its rows (the exact row: the model's
+    bound, which may be stronger), never below the plan's docs/model.md bound; None without the
+    decomposition or with replicas."""
+    if attention is None or plan.replicas is not None:
+        return None
+    bound = bound_with_attention(attention, ev.rank_loads(plan.placement), plan.rows, ev.topology, ev.cost)
+    if metrics["name"] == "exact":
+        bound = max(bound, float(plan.report.notes.get("bound", bound)))
+    return max(bound, metrics["lower_bound"])
+
+
 def format_table(table: list[dict], objective: Objective):
     """A rich Table of the comparison."""
     t = Table(title=f"RoutePack comparison (objective {objective}, times in ms)")
-    for col in ("plan", "max-sum", "sum-max", f"gain ({objective})", "gap to LB", "EP-rank CV",
-                "row EP peak", "attn tail", "plan time"):
+    certified = any(m.get("gap_certified") is not None for m in table)
+    cols = ["plan", "max-sum", "sum-max", f"gain ({objective})", "gap to LB"]
+    cols += ["gap to cert. bound"] if certified else []
+    for col in cols + ["EP-rank CV", "row EP peak", "attn tail", "plan time"]:
         t.add_column(col, justify="right" if col != "plan" else "left")
     for m in table:
+        cert = [] if not certified else ["—" if m.get("gap_certified") is None else f"{m['gap_certified']:.4f}"]
         t.add_row(m["name"] + (f" [{m['status']}]" if m.get("status") else ""),
                   f"{m['makespan_max_sum'] / 1e3:,.2f}", f"{m['makespan_sum_max'] / 1e3:,.2f}",
-                  f"{100 * m['gain']:+.2f}%", f"{m['gap']:.4f}", f"{m['ep_rank_cv']:.3f}",
+                  f"{100 * m['gain']:+.2f}%", f"{m['gap']:.4f}", *cert, f"{m['ep_rank_cv']:.3f}",
                   f"{m['row_ep_peak']:,.0f}", f"{m['attention_tail'] / 1e3:,.2f}",
                   f"{m['plan_seconds']:.2f} s")
     return t

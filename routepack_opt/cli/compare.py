@@ -17,7 +17,7 @@ def register(sub) -> None:
     add_search_args(p)
     p.add_argument("--placement-from", metavar="PLAN.json", help="materialized placement (adds joint-sticky)")
     p.add_argument("--exact", choices=["auto", "yes", "no"], default="auto",
-                   help="add the exact row (auto: windows of ≤ 24 samples)")
+                   help="add the exact row (auto: at any size; the model where it fits, else the certified bound)")
     p.add_argument("--exact-time-limit", type=positive_float, default=30.0)
     add_json(p)
     p.set_defaults(func=run)

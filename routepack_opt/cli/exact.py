@@ -44,7 +44,8 @@ def register(sub) -> None:
     p.add_argument("--lexicographic", action="store_true",
                    help="second stage: fix the makespan, minimise the total")
     p.add_argument("--warm-time", type=nonneg_float, default=None,
-                   help="seconds of annealing for the warm start (default: 10%% of --time-limit, ≤ 10)")
+                   help="seconds for the warm start, `plan`'s own plan at these settings (default: half "
+                   "of --time-limit)")
     p.add_argument("-o", "--output", metavar="PLAN.json", help="write the layout as a plan")
     add_json(p)
     p.set_defaults(func=run)
@@ -61,21 +62,17 @@ def _placement(value: str, window, topology):
     raise InputError(f"--placement must be lpt, identity or a PLAN.json, got {value!r}")
 
 
-def warm_start(window, topology, cost, placement, rows, objective, seconds, evaluator):
-    """The best of the length-only baselines and a short population-annealing run (by the
-    evaluator's lexicographic score): (layout, name)."""
-    from routepack_opt.pipeline import baseline_layouts
+def warm_start(window, topology, cost, placement, rows, objective, seconds, evaluator, certificate=None):
+    """``routepack plan``'s own plan at the same settings (this placement, these rows, seed 0,
+    the default sweep budget; at most ``seconds``), or the best length-only baseline where it
+    scores better (by the evaluator's lexicographic key): (layout, name)."""
+    from routepack_opt.pipeline import baseline_layouts, solve
 
-    cands = dict(baseline_layouts(window, topology, rows, time_limit=max(seconds, 0.05)))
+    cands = dict(baseline_layouts(window, topology, rows, time_limit=max(min(seconds, 10.0), 0.05)))
     if seconds > 0:
-        try:
-            from routepack_opt.heuristics.anneal import anneal
-
-            res = anneal(window.lengths, evaluator.rank_loads(placement), topology, cost, rows,
-                         objective, [c.arrays() for c in cands.values()], seed=0, time_limit=seconds)
-            cands["anneal"] = Layout(res.row, res.slot, rows)
-        except ImportError:
-            pass
+        plan = solve(window, topology, cost, objective=objective, placement=placement, rows=rows,
+                     time_limit=seconds, seed=0, certificate=certificate)
+        cands["plan"] = plan.layout
     scored = {k: evaluator.score_layout(placement, c, objective).key for k, c in cands.items()}
     best = min(scored, key=scored.get)
     return cands[best], best
@@ -84,7 +81,7 @@ def warm_start(window, topology, cost, placement, rows, objective, seconds, eval
 def run(args) -> dict:
     from routepack_opt.core.evaluate import Evaluator, check_objective
     from routepack_opt.models.layout import ExactOptions, solve_layout
-    from routepack_opt.pipeline import resolve_rows
+    from routepack_opt.pipeline import certified_rows
 
     placement_arg = args.placement or "lpt"
     out = output_path(args.output, args.window, args.cost,
@@ -108,15 +105,22 @@ def run(args) -> dict:
     # One clock for the whole command, started after the numba kernels are compiled or loaded:
     # R* and the warm start take their shares of --time-limit, the exact model (its
     # construction included) the rest.
+    from routepack_opt.models import _solvers
     from routepack_opt.warmup import warm
 
-    warm(("plan",))
+    t_warm = time.perf_counter()
+    warm(("plan", "exact"))
+    _solvers.cp_model(), _solvers.highspy()  # their imports (seconds, once) are no part of the limit
+    warmup_s = time.perf_counter() - t_warm
     t_start = time.perf_counter()
     placement, pl_kind = _placement(placement_arg, window, topo)
-    rows, cert = resolve_rows(window, topo, args.rows, min(10.0, 0.1 * args.time_limit))
+    rows, full_cert = certified_rows(window, topo, args.rows, min(10.0, 0.1 * args.time_limit), "auto")
+    cert = full_cert.as_dict()
     ev = Evaluator(window, topo, cost)
-    warm_s = min(10.0, 0.1 * args.time_limit) if args.warm_time is None else max(0.0, args.warm_time)
-    layout0, warm_name = warm_start(window, topo, cost, placement, rows, objective, warm_s, ev)
+    spent = time.perf_counter() - t_start
+    warm_s = 0.5 * args.time_limit if args.warm_time is None else max(0.0, args.warm_time)
+    warm_s = min(warm_s, max(0.0, 0.9 * args.time_limit - spent))
+    layout0, warm_name = warm_start(window, topo, cost, placement, rows, objective, warm_s, ev, full_cert)
     warm_score = ev.score_layout(placement, layout0, objective)
     left = max(0.05 * args.time_limit, args.time_limit - (time.perf_counter() - t_start))
     res = solve_layout(window, topo, cost, placement, rows, objective, solver=args.solver,
@@ -132,13 +136,21 @@ def run(args) -> dict:
               "lower_bound": ev.lower_bound(placement, rows),
               "rounding_error": res.rounding_error,
               "warm_start": {"method": warm_name, "makespan": warm_score.makespan},
-              "certificate": cert}
+              "decomposition": res.info.get("decomposition"), "model": res.info.get("model", "solved"),
+              "certificate": cert, "warmup_seconds": warmup_s,
+              "command_seconds": time.perf_counter() - t_start}
     if out is not None and res.row is not None:
         result["plan"] = _save_plan(out, ev, placement, res, rows, objective, pl_kind, f"exact-{args.solver}", cert)
     text = (f"exact ({args.solver}, {objective}, R={rows}, placement {pl_kind}): {res.status}\n"
             f"  makespan  {_fmt(res.objective)} µs\n  bound     {_fmt(res.bound)} µs\n"
-            f"  gap       {res.gap:.3%}\n  time      {res.seconds:.2f} s\n"
+            f"  gap       {res.gap:.3%}\n  time      {res.seconds:.2f} s (command "
+            f"{result['command_seconds']:.2f} s; kernel warm-up before the clock {warmup_s:.2f} s)\n"
             f"  warm start ({warm_name}) {_fmt(warm_score.makespan)} µs")
+    if result["decomposition"]:
+        d = result["decomposition"]
+        text += f"\n  cheap bound {_fmt(d['cheap_bound'])} µs, decomposition bound {_fmt(d['bound'])} µs"
+    if result["model"] != "solved":
+        text += f"\n  model     {result['model']}: the warm start with its certified bound"
     if "plan" in result:
         text += f"\n  plan      {result['plan']}"
     emit(args, result, text)
@@ -203,6 +215,9 @@ def _save_plan(out, ev, placement, res, rows: int, objective, kind: str, method:
 
     notes = {"method": method, "exact_status": res.status, "exact_bound": res.bound, "exact_gap": res.gap,
              "exact_seconds": res.seconds}
+    if "decomposition" in res.info:  # the certified bound, and the cheap one it improves on
+        notes["decomposition_bound"] = res.info["decomposition"]["bound"]
+        notes["cheap_bound"] = res.info["decomposition"]["cheap_bound"]
     plan = build_plan(ev, placement, Layout(res.row, res.slot, rows), objective,
                       report=PlanReport(placement_kind=kind, notes=notes), certificate=cert)
     plan.save(out)

@@ -10,6 +10,7 @@ optimal makespan (never below the docs/model.md bound).
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
@@ -27,9 +28,11 @@ from routepack_opt.models.layout_common import (
     canonical_layout,
     gap_of,
     is_canonical,
+    prefeasibility,
     symmetry_groups,
 )
 from routepack_opt.models.layout_cpsat import solve_cpsat
+from routepack_opt.models.layout_dw import BlockBound, block_bound
 from routepack_opt.models.layout_milp import solve_milp
 from routepack_opt.models.layout_replicas import ReplicaLayoutInstance, ReplicaLayoutResult
 from routepack_opt.models.layout_replicas_cpsat import solve_replica_cpsat
@@ -53,6 +56,12 @@ class ExactOptions:
     lexicographic: bool = False  # after minimising the makespan, fix it and minimise Σ J
     symmetry: bool = True  # add the symmetry-breaking constraints valid for the objective
     num_workers: int = 2  # CP-SAT search workers (HiGHS uses its own threads)
+    decomposition: bool = True  # the decomposition bound (models/layout_dw.py) first
+    bound_share: float = 0.25  # its share of the time limit (0.9 where the cell model is too large)
+
+    def __post_init__(self):
+        if not 0.0 < self.bound_share < 1.0:
+            raise InputError(f"bound_share must be in (0, 1), got {self.bound_share!r}")
 
 
 def solve_layout(window: Window, topology: Topology, cost: CostModel, placement, rows: int,
@@ -71,7 +80,16 @@ def solve_layout(window: Window, topology: Topology, cost: CostModel, placement,
     on the fixed heaviest-first search; then the ``num_workers`` portfolio. It proved all 36
     windows with N ≤ 24 of ``experiments/exact_study.py`` within 60 s each
     (``experiments/results/exact_study/exact_study_n24.md``). ``solver="highs"`` is the cell-level MILP alone.
+
+    Before either, the decomposition bound (:func:`routepack_opt.models.layout_dw.block_bound`,
+    ``options.bound_share`` of the time limit; ``options.decomposition=False`` leaves it out) is
+    computed; the returned bound is the stronger of it and the solver's, and a decomposition
+    bound that meets the incumbent proves it optimal (``info["decomposition"]`` reports it).
+    At any size: a window whose cell model would exceed ``MAX_BINARIES`` binaries returns the
+    warm start (status ``feasible``) with the certified bound and gap; without a warm start it
+    is an :class:`InputError`.
     """
+    t0 = time.perf_counter()
     options = options or ExactOptions()
     if solver not in SOLVERS:
         raise InputError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
@@ -79,19 +97,56 @@ def solve_layout(window: Window, topology: Topology, cost: CostModel, placement,
     topology.check_experts(window.num_experts)
     topology.check_samples(window.num_samples)  # equal_samples_per_slot needs D | N
     inst = LayoutInstance.build(window, topology, cost, placement, rows, objective, evaluator)
-    binaries = inst.num_samples * inst.num_cells
-    if binaries > MAX_BINARIES:
-        raise InputError(
-            f"exact layout model too large: N={inst.num_samples} samples × {inst.num_cells} cells "
-            f"= {binaries} binaries > {MAX_BINARIES}; use `routepack plan` (the heuristic) instead")
     if warm_start is not None:
         warm_start = _check_warm_start(inst, warm_start)
-    if solver == "cpsat":
-        res = solve_cpsat(inst, time_limit, warm_start, options.lexicographic, options.symmetry,
+    binaries = inst.num_samples * inst.num_cells
+    too_large = binaries > MAX_BINARIES
+    if too_large and warm_start is None:
+        raise InputError(
+            f"exact layout model too large: N={inst.num_samples} samples × {inst.num_cells} cells "
+            f"= {binaries} binaries > {MAX_BINARIES}; give a warm start (its bound and gap are then "
+            "certified by the decomposition bound) or use `routepack plan` (the heuristic)")
+    dw = None
+    if options.decomposition and (too_large or prefeasibility(inst) is None):
+        # with no cell model to run, the bound may take (nearly) the whole limit
+        dw = block_bound(inst, (0.9 if too_large else options.bound_share) * time_limit)
+    left = max(0.05 * time_limit, time_limit - (time.perf_counter() - t0))
+    if too_large:  # the cell model would not even load: the warm start, with the certified bound
+        res = _start_only(inst, warm_start, solver, t0, f"{binaries} binaries > {MAX_BINARIES}")
+    elif solver == "cpsat":
+        res = solve_cpsat(inst, left, warm_start, options.lexicographic, options.symmetry,
                           options.num_workers)
     else:
-        res = solve_milp(inst, time_limit, warm_start, options.lexicographic, options.symmetry)
-    return _never_worse_than_start(inst, res, warm_start)
+        res = solve_milp(inst, left, warm_start, options.lexicographic, options.symmetry)
+    res = _never_worse_than_start(inst, res, warm_start)
+    return _with_decomposition_bound(res, dw, time.perf_counter() - t0)
+
+
+def _start_only(inst: LayoutInstance, warm_start, solver: str, t0: float, why: str) -> LayoutResult:
+    """The result of a window too large for the cell model: the warm start, scored, with the
+    docs/model.md bound (the decomposition bound is added by the caller)."""
+    score = inst.score(*warm_start)
+    bound = min(inst.lower_bound(), score.makespan)
+    return LayoutResult(status="feasible", objective=score.makespan, bound=bound,
+                        gap=gap_of(score.makespan, bound), seconds=time.perf_counter() - t0,
+                        row=warm_start[0], slot=warm_start[1], score=score, solver=solver,
+                        objective_name=inst.objective, rows=inst.rows,
+                        info={"returned": "warm start", "model": f"skipped ({why})"})
+
+
+def _with_decomposition_bound(res: LayoutResult, dw: BlockBound | None, seconds: float) -> LayoutResult:
+    """The result with the decomposition bound where it is stronger (it is a proof: a bound that
+    meets the incumbent proves it optimal)."""
+    if dw is None or res.status == "infeasible":
+        return dataclasses.replace(res, seconds=seconds)
+    info = dict(res.info, decomposition=dw.report(), solver_bound=res.bound)
+    bound, status = res.bound, res.status
+    if dw.bound > bound:
+        bound = dw.bound if res.objective is None else min(dw.bound, res.objective)
+        if res.objective is not None and bound >= res.objective - 1e-9 * abs(res.objective):
+            status = "optimal"
+    return dataclasses.replace(res, bound=bound, gap=gap_of(res.objective, bound), status=status,
+                               seconds=seconds, info=info)
 
 
 def _never_worse_than_start(inst: LayoutInstance, res: LayoutResult, warm_start) -> LayoutResult:
