@@ -14,6 +14,7 @@ import re
 import numpy as np
 
 from routepack_opt.core import inputs
+from routepack_opt.core.checks import int_array
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.window import available_memory
 
@@ -51,7 +52,7 @@ def _np(x, what: str) -> np.ndarray:
         arr = ints
     if arr.dtype.kind not in "iu":
         if arr.dtype.kind == "f" and arr.size and np.all(arr == np.round(arr)):
-            arr = arr.astype(np.int64)
+            arr = int_array(arr, what)  # finite and in range, checked before the cast (never −2⁶³)
         elif arr.dtype.kind == "b" and what.endswith("mask"):
             arr = arr.astype(np.int64)
         else:
