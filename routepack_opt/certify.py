@@ -51,7 +51,15 @@ from routepack_opt.core.bounds import (
     lower_bound_l1,
     lower_bound_l2,
 )
-from routepack_opt.core.checks import MAX_WORKERS, check_choice, check_int, check_time_limit, check_type, int_array
+from routepack_opt.core.checks import (
+    MAX_CAPACITY,
+    MAX_WORKERS,
+    check_choice,
+    check_int,
+    check_time_limit,
+    check_type,
+    int_array,
+)
 from routepack_opt.core.errors import BinPackUndecided, InfeasibleError, InputError
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
@@ -592,7 +600,7 @@ def pack_into_bins(sizes, capacity, num_bins: int, time_limit: float = 10.0, *,
     """
     t0 = time.perf_counter()
     sizes = int_array(sizes, "sizes", ndim=1)
-    capacity = check_int(capacity, "capacity", 1)
+    capacity = check_int(capacity, "capacity", 1, MAX_CAPACITY)
     num_bins = check_int(num_bins, "num_bins", 0)
     time_limit = check_time_limit(time_limit, "time_limit")
     check_choice(method, "method", METHODS)

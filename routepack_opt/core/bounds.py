@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from routepack_opt.core.checks import check_int, int_array
+from routepack_opt.core.checks import MAX_CAPACITY, check_int, int_array
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.topology import Topology
@@ -52,7 +52,7 @@ def check_sizes(sizes, capacity) -> tuple[np.ndarray, int]:
     """
     # exact integers (a NaN or 2⁶⁴ size is refused, never cast into −2⁶³ or wrapped)
     sizes_N = int_array(sizes, "sizes", ndim=1).copy()
-    capacity = check_int(capacity, "capacity", 1)
+    capacity = check_int(capacity, "capacity", 1, MAX_CAPACITY)
     bad = np.flatnonzero(sizes_N < 1)
     if bad.size:
         raise InputError(f"sizes: items {bad[:5].tolist()} have non-positive sizes {sizes_N[bad[:5]].tolist()}")

@@ -19,11 +19,12 @@ import numpy as np
 from routepack_opt.core.errors import InputError
 
 __all__ = ["shown", "is_integer", "check_int", "check_number", "check_time_limit", "check_optional_time_limit",
-           "check_bool", "check_choice", "check_type", "int_array", "check_redundant_experts", "INT32_MAX",
-           "INT64_MAX", "MAX_WORKERS"]
+           "check_bool", "check_choice", "check_type", "check_path", "int_array", "check_redundant_experts",
+           "INT32_MAX", "INT64_MAX", "MAX_CAPACITY", "MAX_WORKERS"]
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+MAX_CAPACITY = 2**40  # tokens of one micro-batch / one bin (Topology's and the CLI's limit)
 MAX_WORKERS = 1024  # solver threads a caller may ask for (CP-SAT's num_workers, HiGHS threads)
 
 
@@ -126,6 +127,15 @@ def check_type(value, name: str, cls, what: str | None = None):
     return value
 
 
+def check_path(value, name: str) -> str:
+    """A file name (str, bytes or os.PathLike; not empty, no NUL byte, within the OS's length
+    limits) as text; it is not opened (the input boundary, :mod:`routepack_opt.core.inputs`,
+    checks what it names)."""
+    from routepack_opt.core.inputs import _check_name
+
+    return _check_name(value, name)
+
+
 def _first(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(x) for x in np.argwhere(mask)[0])
 
@@ -169,10 +179,12 @@ def int_array(value, name: str, *, ndim: int | None = None, lo: int | None = Non
                              f"{int(flat[out_of[0]])}")
         return np.array([int(x) for x in flat], dtype=dtype).reshape(arr.shape)
     if arr.dtype.kind == "f":
+        arr = arr.astype(np.float64, copy=False)  # exact for f2/f4; compared below as float64 (no overflow)
         finite = np.isfinite(arr)
         if not finite.all():
             idx = _first(~finite)
-            raise InputError(f"{name}: expected integers; {_at(idx)} is {float(arr[idx])!r}")
+            raise InputError(f"{name}: expected integers, not NaN or infinite values; {_at(idx)} is "
+                             f"{float(arr[idx])!r}")
         whole = arr == np.floor(arr)
         if not whole.all():
             idx = _first(~whole)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from routepack_opt.core.checks import shown
 from routepack_opt.core.errors import InputError
 
 try:
@@ -102,7 +103,7 @@ def _os_error(path, exc: OSError, what: str) -> InputError:
 
 def _check_name(path, what: str) -> str:
     if isinstance(path, bool) or not isinstance(path, (str, bytes, os.PathLike)):
-        raise InputError(f"{what}: expected a file path, got {type(path).__name__} {path!r:.60}")
+        raise InputError(f"{what}: expected a file path, got {type(path).__name__} {shown(path)}")
     text = os.fsdecode(os.fspath(path))
     if text == "":
         raise InputError(f"{what}: the file name is empty")
@@ -367,6 +368,7 @@ class NpzArchive:
 
     def __init__(self, path, what: str = "archive", *, allow_object: bool = False, check_crc: bool = True,
                  memory_limit: int | None = None):
+        _check_name(path, what)  # a path at all (None, 3, a list: an InputError, not a TypeError)
         self.path = path
         self.where = _shown(path)
         self._fh = open_input(path, what)

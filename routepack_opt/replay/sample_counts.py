@@ -84,8 +84,9 @@ def _check_tensor(x, name: str) -> None:
 def _numpy_counts(routes, E, format, attention_mask, moe_layer_freq, pad_last) -> np.ndarray:
     """The import's compiled pass on one sample."""
     from routepack_opt.replay.importer import import_replay
+    from routepack_opt.replay.routes import _np
 
-    r = np.asarray(routes)
+    r = _np(routes, "routes")  # a ragged list or strings: an InputError, not numpy's ValueError
     if format == "verl":
         mask = None if attention_mask is None else np.asarray(attention_mask)[None]
         imp = import_replay(r[None], format="verl", num_experts=E, attention_mask=mask,
