@@ -196,7 +196,8 @@ def int_array(value, name: str, *, ndim: int | None = None, lo: int | None = Non
             raise InputError(f"{name}: expected integers {rng}; {_at(idx)} is {float(arr[idx])!r}")
         return arr.astype(dtype)
     if arr.dtype.kind not in "iu":
-        raise InputError(f"{name}: expected integers, got {shown(value)}")
+        shown_value = shown(value) if not isinstance(value, np.ndarray) else shown(value.ravel()[:4].tolist())
+        raise InputError(f"{name}: expected integers, got dtype {arr.dtype} ({shown_value})")
     if arr.size:
         amin, amax = int(arr.min()), int(arr.max())
         if amin < lo or amax > hi:
