@@ -63,12 +63,22 @@ def counts_from_non_tensor(non_tensor_batch, key: str = COUNTS_KEY) -> np.ndarra
     return _stack_counts(list(col), f"non_tensor_batch[{key!r}]")
 
 
+def _check_hook_args(num_experts, moe_layer_freq, key) -> None:
+    """The installers' arguments, checked when installed (not in the worker at the first sample)."""
+    from routepack_opt.replay.routes import _check_E, _check_freq
+
+    _check_E(num_experts)
+    _check_freq(moe_layer_freq)
+    check_type(key, "key", str, "str (the extra field's name)")
+
+
 def install_verl_agent_loop_counts(worker_cls, num_experts: int, *, moe_layer_freq=None, key: str = COUNTS_KEY):
     """Wrap verl's ``AgentLoopWorker._agent_loop_postprocess`` (an ``async`` method returning the
     finished sample's ``_InternalAgentLoopOutput``): when the sample has ``routed_experts
     [1, S, La, K]``, its counts (:func:`sample_counts`, format ``verl`` with the sample's
     ``attention_mask``; a numpy ``[L, E]`` int32) go into ``extra_fields[key]``. Returns the
     method it replaced. Bad routes raise in the worker, where they were produced."""
+    _check_hook_args(num_experts, moe_layer_freq, key)
     if not hasattr(worker_cls, "_agent_loop_postprocess"):
         raise InputError(f"install_verl_agent_loop_counts: {getattr(worker_cls, '__name__', worker_cls)!r} has no "
                          "_agent_loop_postprocess (pass verl.experimental.agent_loop.agent_loop.AgentLoopWorker)")
@@ -93,6 +103,7 @@ def slime_sample_counts(sample, num_experts: int, *, moe_layer_freq=None, key: s
     """A finished slime ``Sample``: its ``rollout_routed_experts [T - 1, La, K]`` → ``[L, E]``
     counts (slime's pad route for the last token included) in ``sample.metadata[key]`` (a numpy
     array); returns them. A sample without recorded routes is left as it is (returns None)."""
+    _check_hook_args(num_experts, moe_layer_freq, key)
     routes = getattr(sample, "rollout_routed_experts", None)
     if routes is None:
         return None
