@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import TypeGuard
 
 import numpy as np
 
@@ -42,7 +43,7 @@ def shown(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def is_integer(value) -> bool:
+def is_integer(value) -> TypeGuard[int | np.integer]:
     """An exact integer scalar: ``int`` or a numpy integer, not a ``bool`` (nor a float, a string)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
