@@ -613,6 +613,7 @@ KINDS = {
     "bool": lambda x: isinstance(x, (bool, np.bool_)),
     "pos_ints": lambda x: _int_array_ok(x, 1, 1),
     "pos_ints0": lambda x: _int_array_ok(x, 1, 1) or _empty_1d(x),
+    "nonneg_ints0": lambda x: _int_array_ok(x, 0, 1) or _empty_1d(x),
     "nonneg_ints": lambda x: _int_array_ok(x, 0, 1),
     "counts": lambda x: _int_array_ok(x, 0, 3),
     "counts_LE": lambda x: _int_array_ok(x, 0, 2),
@@ -797,10 +798,32 @@ def api_targets(tmp: Path) -> list[Target]:
                dict(window="pos_ints", topology=type_kind(Topology), time_limit="time",
                     method=choice_kind(*binpack.METHODS), num_workers="pos_int"),
                lambda out, args: None if out.rows >= 1 else (_ for _ in ()).throw(AssertionError(out))),
+        *_runtime_targets(w, plan),
         Target("certify.pack_into_bins", certify.pack_into_bins,
                dict(sizes=np.array([5, 4, 3, 3]), capacity=8, num_bins=2, time_limit=2.0),
                dict(sizes="pos_ints0", capacity="pos_int", num_bins="nonneg_int", time_limit="time",
                     method=choice_kind(*binpack.METHODS), num_workers="pos_int"), valid_packing),
+    ]
+
+
+def _runtime_targets(w, plan) -> list[Target]:
+    """The torch runtime's window-side entry points (none without torch)."""
+    try:
+        from routepack_opt.runtime import batches
+    except Exception:  # noqa: BLE001 - no torch: the runtime is not installed
+        return []
+    from routepack_opt.core.plan import Plan
+    from routepack_opt.core.window import Window
+
+    return [
+        Target("runtime.batches.sample_offsets", batches.sample_offsets, dict(lengths_N=w.lengths),
+               dict(lengths_N="nonneg_ints0")),
+        Target("runtime.batches.synthetic_tokens", batches.synthetic_tokens, dict(window=w, vocab=64, seed=0),
+               dict(window=type_kind(Window), vocab="pos_int", seed="nonneg_int")),
+        Target("runtime.batches.routes_from_counts", batches.routes_from_counts, dict(window=w, seed=0),
+               dict(window=type_kind(Window), seed=lambda x: x is None or (_is_int(x) and x >= 0))),
+        Target("runtime.batches.build_microbatches", batches.build_microbatches, dict(plan=plan, window=w, dp_rank=0),
+               dict(plan=type_kind(Plan), window=type_kind(Window), dp_rank=lambda x: _is_int(x) and 0 <= x < 2)),
     ]
 
 
