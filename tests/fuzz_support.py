@@ -682,7 +682,7 @@ def api_targets(tmp: Path) -> list[Target]:
     from routepack_opt.core.cost import CostModel, Stage, get_preset, load_cost, resolve_cost
     from routepack_opt.core.evaluate import Evaluator, evaluate_plan
     from routepack_opt.core.layout import Layout
-    from routepack_opt.core.plan import load_plan
+    from routepack_opt.core.plan import Plan, load_plan
     from routepack_opt.core.topology import Topology
     from routepack_opt.core.window import Window, load_window, save_window
     from routepack_opt.integrations import rollout_hook
@@ -755,7 +755,17 @@ def api_targets(tmp: Path) -> list[Target]:
                dict(grace=lambda x: _finite(x) and float(x) >= 0, warm="bool"),
                check=lambda out, args: out.close()),
         Target("routepack_opt.PlannerParams.from_dict", rp.PlannerParams.from_dict, dict(data={}),
-               dict(data=type_kind(dict))) if hasattr(rp.PlannerParams, "from_dict") else None,
+               dict(data="any")),
+        Target("routepack_opt.PlannerParams [anneal]",
+               lambda **a: rp.PlannerParams.from_dict({"anneal": a}), dict(population=4, sweeps=10, temperatures=4),
+               dict(population="pos_int", sweeps="pos_int", temperatures="pos_int")),
+        Target("routepack_opt.PlannerParams [certify]",
+               lambda **a: rp.PlannerParams.from_dict({"certify": a}), dict(time_limit=1.0, method="auto"),
+               dict(time_limit="time", method=choice_kind(*binpack.METHODS))),
+        Target("routepack_opt.Plan.from_layout", Plan.from_layout,
+               dict(topology=topo, placement=np.tile(np.arange(E), (L, 1)), layout=lay, objective="max-sum"),
+               dict(topology=type_kind(Topology), layout=type_kind(Layout),
+                    objective=lambda x: isinstance(x, str) and x in ("max-sum", "sum-max"), placement="any")),
         Target("replay.import_replay", replay.import_replay,
                dict(source=routes, format="routes", num_experts=E, lengths=lengths),
                dict(source="routes", format=choice_kind(*replay.FORMATS), num_experts="pos_int",
