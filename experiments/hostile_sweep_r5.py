@@ -338,6 +338,8 @@ def g_writers(files, tmp: Path, record, quick: bool) -> None:
                 outcome, err = "wrong", f"{name} as a {kind} was written through"
             if fs.leftovers(out):
                 outcome = "leftover"
+            if "-v" in sys.argv:
+                print(f"  writers/replay-report {name} {kind}: {outcome}: {err.strip().splitlines()[-1:]}")
             record("writers", f"writers/replay-report {name} {kind}", outcome, err)
 
 
@@ -548,7 +550,8 @@ def main() -> None:
 
     t0 = time.perf_counter()
     times = {}
-    groups = ["api", "bp", "rows", "json", "writers", "lines", "overlap", "hook", "limits"]
+    # json first: HiGHS prints its banner once per process, at its first construction
+    groups = ["json", "api", "bp", "rows", "writers", "lines", "overlap", "hook", "limits"]
     only = [g for g in groups if f"--{g}" in args] or groups
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
