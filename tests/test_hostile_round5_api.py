@@ -222,3 +222,12 @@ def test_an_input_error_is_one_line():
     with pytest.raises(InputError) as exc:
         Topology(dp=np.ones((3, 3), dtype=np.int64), ep=1, capacity=8)
     assert "\n" not in str(exc.value) and "dp" in str(exc.value)
+
+
+def test_unknown_names_are_input_errors_never_key_errors():
+    """An unknown seam (or one that is no name at all) is an InputError listing the seams, not a KeyError."""
+    from routepack_opt.integrations._seam import seam_settings
+
+    for bad in ("bogus", ["verl"], None):
+        with pytest.raises(InputError, match="seam: expected one of verl, slime"):
+            seam_settings(bad)

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 
-from routepack_opt.core.checks import check_time_limit
+from routepack_opt.core.checks import check_choice, check_time_limit
 from routepack_opt.core.cost import CostModel, resolve_cost
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.objective import Objective, check_objective
@@ -197,6 +197,7 @@ def seam_settings(seam: str, *, cost=None, objective=None, time_limit=UNSET, max
     """Settings of ``seam`` (``"verl"`` or ``"slime"``): each keyword given wins, else its
     ``ROUTEPACK_*`` variable, else the default. A bad value is one :class:`InputError` naming the
     keyword (``cost=...``) or the variable (``ROUTEPACK_COST=...``)."""
+    check_choice(seam, "seam", DEFAULT_TIME_LIMIT)  # an unknown seam: InputError, never KeyError
     env = os.environ
     if cost is None:
         name = env.get("ROUTEPACK_COST", "").strip() or DEFAULT_COST
