@@ -90,8 +90,11 @@ def check_number(value, name: str, lo: float | None = None, hi: float | None = N
     return v
 
 
-def check_time_limit(value, name: str = "time limit") -> float:
-    """A time limit: a finite number of seconds > 0 (None, no limit, is for the caller to allow)."""
+def check_time_limit(value, name: str = "time limit", *, allow_inf: bool = False) -> float:
+    """A time limit: a finite number of seconds > 0 (None, no limit, is for the caller to allow;
+    ``allow_inf``: +inf too, for the internal stages whose callers pass "no limit" as inf)."""
+    if allow_inf and isinstance(value, (float, np.floating)) and value == math.inf:
+        return math.inf
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
             or isinstance(value, np.complexfloating) or not math.isfinite(value) or value <= 0:
         raise InputError(f"{name} must be a positive number of seconds, got {shown(value)}")

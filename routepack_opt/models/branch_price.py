@@ -53,7 +53,7 @@ import numpy as np
 from routepack_opt.core.checks import INT32_MAX, check_int, check_time_limit, int_array
 from routepack_opt.core.errors import InputError
 from routepack_opt.models import _solvers
-from routepack_opt.models.colgen import SCALE, bins_of_counts
+from routepack_opt.models.colgen import MAX_TOTAL, SCALE, bins_of_counts, check_types
 
 __all__ = ["BranchAndPrice", "BranchPriceResult", "decide_bins", "warm_kernels"]
 
@@ -698,23 +698,14 @@ def decide_bins(w_M, b_M, C: int, K: int, *, columns=(), time_limit: float = 10.
     return BranchAndPrice(w_M, b_M, C, K, columns=columns).run(time_limit, max_nodes)
 
 
-# Σ b·w and K·C stay far inside int64 (the pricing's tables and loads are int64)
-_MAX_TOTAL = 1 << 62
-
-
 def _check_decision(w_M, b_M, C, K, columns):
-    """The arguments of :func:`decide_bins` / :class:`BranchAndPrice`, checked (exact integers:
-    a size 2.5 is refused, not truncated; a zero or negative size, a K < 1 is refused)."""
-    w_M = int_array(w_M, "w_M", ndim=1, lo=1)
-    b_M = int_array(b_M, "b_M", ndim=1, lo=0)
-    if w_M.size == 0 or b_M.size != w_M.size:
-        raise InputError(f"w_M, b_M: expected two equally long, non-empty vectors (sizes and counts of the types), "
-                         f"got {w_M.size} sizes and {b_M.size} counts")
-    C = check_int(C, "C", 1, _MAX_TOTAL)
+    """The arguments of :func:`decide_bins` / :class:`BranchAndPrice`, checked: the types as
+    :func:`~routepack_opt.models.colgen.check_types` takes them, K ≥ 1 (a K of −1 or 2.5 is
+    refused, not answered or truncated), K·C < 2⁶², the columns count vectors of the types."""
+    w_M, b_M, C = check_types(w_M, b_M, C)
     K = check_int(K, "K", 1, INT32_MAX)
-    total = sum(int(w) * int(b) for w, b in zip(w_M.tolist(), b_M.tolist(), strict=True))
-    if total > _MAX_TOTAL or K * C > _MAX_TOTAL:
-        raise InputError(f"w_M, b_M, C, K: Σ b·w = {total:,} and K·C = {K * C:,} must stay below 2^62")
+    if K * C > MAX_TOTAL:
+        raise InputError(f"K, C: K·C = {K * C:,} must stay below 2^62")
     if isinstance(columns, np.ndarray) and columns.size == 0 or not isinstance(columns, np.ndarray) and \
             len(columns) == 0:
         return w_M, b_M, C, K, ()
