@@ -609,6 +609,7 @@ KINDS = {
     "opt_pos_int": lambda x: x is None or (_is_int(x) and x >= 1),
     "time": lambda x: _finite(x) and float(x) > 0,
     "opt_time": lambda x: x is None or (_finite(x) and float(x) > 0),
+    "opt_time_inf": lambda x: (_finite(x) and float(x) > 0) or (isinstance(x, float) and x == float("inf")),
     "nonneg_num": lambda x: _finite(x) and float(x) >= 0,
     "bool": lambda x: isinstance(x, (bool, np.bool_)),
     "pos_ints": lambda x: _int_array_ok(x, 1, 1),
@@ -686,7 +687,7 @@ def api_targets(tmp: Path) -> list[Target]:
     from routepack_opt.core.topology import Topology
     from routepack_opt.core.window import Window, load_window, save_window
     from routepack_opt.integrations import rollout_hook
-    from routepack_opt.models import binpack, branch_price, brute
+    from routepack_opt.models import binpack, branch_price, brute, colgen, equal_counts, placement
     from routepack_opt.replay.sample_counts import StreamingCounts, sample_counts, window_from_counts
 
     files = good_files(tmp / "api_good")
@@ -808,6 +809,22 @@ def api_targets(tmp: Path) -> list[Target]:
                dict(window="pos_ints", topology=type_kind(Topology), time_limit="time",
                     method=choice_kind(*binpack.METHODS), num_workers="pos_int"),
                lambda out, args: None if out.rows >= 1 else (_ for _ in ()).throw(AssertionError(out))),
+        Target("models.gilmore_gomory", colgen.gilmore_gomory,
+               dict(w_M=np.array([5, 3]), b_M=np.array([2, 2]), C=10, time_limit=2.0),
+               dict(w_M="pos_ints", b_M="nonneg_ints", C="pos_int", time_limit="opt_time_inf",
+                    max_bins=lambda x: x is None or (_is_int(x) and x >= 0), dual_cuts="bool")),
+        Target("models.decide_equal_counts", equal_counts.decide_equal_counts,
+               dict(lengths=np.array([5, 4, 3, 3]), dp=2, rows=1, capacity=10, time_limit=2.0),
+               dict(lengths="pos_ints", dp="pos_int", rows="pos_int", capacity="pos_int", time_limit="time",
+                    num_workers="pos_int")),
+        Target("models.exact_placement", placement.exact_placement,
+               dict(load_LE=counts.sum(axis=0), ep=2, hint_LE=np.tile(np.arange(E) % 2, (L, 1)), time_limit=2.0),
+               dict(load_LE=lambda x: _int_array_ok(x, 0, 2), ep="pos_int", time_limit="time",
+                    num_workers="pos_int", seed="nonneg_int")),
+        Target("models.solve_layer", placement.solve_layer,
+               dict(load_E=counts.sum(axis=0)[0], ep=2, hint_ranks_E=np.arange(E) % 2, time_limit=2.0),
+               dict(load_E="nonneg_ints", ep="pos_int", hint_ranks_E="nonneg_ints", time_limit="time",
+                    num_workers="pos_int", seed="nonneg_int")),
         *_runtime_targets(w, plan),
         Target("certify.pack_into_bins", certify.pack_into_bins,
                dict(sizes=np.array([5, 4, 3, 3]), capacity=8, num_bins=2, time_limit=2.0),

@@ -25,6 +25,7 @@ from routepack_opt.core.checks import (
     check_time_limit,
     int_array,
 )
+from routepack_opt.core.errors import InputError
 from routepack_opt.models import _solvers
 from routepack_opt.models.binpack import cpsat_solver
 
@@ -36,6 +37,8 @@ def decide_equal_counts(lengths, dp: int, rows: int, capacity: int, time_limit: 
     """(status, row_N, slot_N): ``feasible`` with a layout, ``infeasible`` (proved), or
     ``unknown`` (time ran out)."""
     len_N = int_array(lengths, "lengths", ndim=1, lo=1)
+    if len_N.size == 0:
+        raise InputError("lengths: no samples")
     check_int(dp, "dp", 1, INT32_MAX)
     check_int(rows, "rows", 1, INT32_MAX)
     check_int(capacity, "capacity", 1, MAX_CAPACITY)
