@@ -662,14 +662,19 @@ def hostile_values():
 
 
 class Target:
-    """A public callable, its good call and the kind of each argument it is fuzzed on."""
+    """A public callable, its good call and the kind of each argument it is fuzzed on.
+    ``workdir``: the directory the call runs in (a hostile relative path such as ``'x'`` given
+    to a writer lands there, never in the caller's working directory)."""
 
-    def __init__(self, name: str, fn, good: dict, kinds: dict, check=None, cheap: bool = True):
+    def __init__(self, name: str, fn, good: dict, kinds: dict, check=None, cheap: bool = True,
+                 workdir: Path | None = None):
         self.name, self.fn, self.good, self.kinds, self.check, self.cheap = name, fn, good, kinds, check, cheap
+        self.workdir = workdir
 
     def call(self, **override):
         args = {**self.good, **override}
-        out = self.fn(**args)
+        with contextlib.chdir(self.workdir) if self.workdir is not None else contextlib.nullcontext():
+            out = self.fn(**args)
         if self.check is not None:
             self.check(out, args)
         return out
@@ -715,7 +720,9 @@ def api_targets(tmp: Path) -> list[Target]:
         assert out.status in ("feasible", "infeasible", "unknown")
 
     one_LE = counts[0]
-    return [
+    work = tmp / "api_cwd"
+    work.mkdir(exist_ok=True)
+    targets = [
         Target("routepack_opt.window_from", rp.window_from, dict(lengths=lengths, counts=counts, top_k=K),
                dict(lengths="pos_ints", counts="counts", top_k="opt_pos_int"), valid_window),
         Target("routepack_opt.Window", Window, dict(lengths=lengths, counts=counts, top_k=K, step=0),
@@ -831,6 +838,9 @@ def api_targets(tmp: Path) -> list[Target]:
                dict(sizes="pos_ints0", capacity="pos_int", num_bins="nonneg_int", time_limit="time",
                     method=choice_kind(*binpack.METHODS), num_workers="pos_int"), valid_packing),
     ]
+    for t in targets:  # every call runs in a scratch directory (relative hostile paths land there)
+        t.workdir = work
+    return targets
 
 
 def _runtime_targets(w, plan) -> list[Target]:
