@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from routepack_opt import pipeline
-from routepack_opt.core.checks import check_time_limit
+from routepack_opt.core.checks import check_bool, check_number, check_time_limit
 from routepack_opt.core.cost import CostModel, resolve_cost
 from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
@@ -286,7 +286,8 @@ class AsyncPlanner:
     """
 
     def __init__(self, grace: float = 1.0, warm: bool = True):
-        self.grace = check_time_limit(grace, "grace") if grace != 0 else 0.0
+        self.grace = check_number(grace, "grace", 0.0, 1e9)  # seconds; 0: result() answers at the deadline
+        check_bool(warm, "warm")
         self.last_error: BaseException | None = None
         self._cv = threading.Condition(threading.Lock())
         self._pending: _Job | None = None  # submitted, not yet picked up by the worker

@@ -51,13 +51,22 @@ from routepack_opt.core.bounds import (
     lower_bound_l1,
     lower_bound_l2,
 )
+from routepack_opt.core.checks import (
+    MAX_CAPACITY,
+    MAX_WORKERS,
+    check_choice,
+    check_int,
+    check_time_limit,
+    check_type,
+    int_array,
+)
 from routepack_opt.core.errors import BinPackUndecided, InfeasibleError, InputError
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
 from routepack_opt.heuristics.binpack import best_packing, fixed_bins_search, minimum_bin_slack
 from routepack_opt.heuristics.equal_counts import equal_count_layout
 from routepack_opt.models import branch_price, colgen
-from routepack_opt.models.binpack import arcflow_graph, solve_bin_packing
+from routepack_opt.models.binpack import METHODS, arcflow_graph, solve_bin_packing
 from routepack_opt.models.equal_counts import decide_equal_counts
 
 __all__ = ["Certificate", "certify_rows", "pack_into_bins", "spread_to_nonempty", "BinPackUndecided"]
@@ -122,14 +131,9 @@ class Certificate:
 def _lengths_of(window) -> np.ndarray:
     if isinstance(window, Window):
         return np.asarray(window.lengths, dtype=np.int64)
-    arr = np.asarray(window)
-    if arr.ndim != 1:
-        raise InputError(f"lengths: expected a 1-D array, got shape {arr.shape}")
+    arr = int_array(window, "lengths", ndim=1)  # exact: an inf length is quoted, never −2⁶³
     if arr.size == 0:
         raise InputError("lengths: the window holds no samples")
-    if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "f" and np.all(arr == np.round(arr))):
-        raise InputError(f"lengths: expected integers, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
     bad = np.flatnonzero(arr < 1)
     if bad.size:
         raise InputError(f"lengths: every sample needs at least 1 token; samples {bad[:5].tolist()} "
@@ -153,6 +157,10 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     (``auto``, ``cpsat``, ``arcflow``) used where bounds and constructive packings do not close.
     """
     t0 = time.perf_counter()
+    check_type(topology, "topology", Topology)
+    time_limit = check_time_limit(time_limit, "time_limit")
+    check_choice(method, "method", METHODS)
+    num_workers = check_int(num_workers, "num_workers", 1, MAX_WORKERS)
     lengths_N = _lengths_of(window)
     if topology.equal_samples_per_slot:
         topology.check_samples(lengths_N.size)
@@ -556,8 +564,11 @@ def spread_to_nonempty(sizes, bin_N, num_bins: int) -> np.ndarray:
     Empty bins take one item each from bins holding two or more (a lone item always fits), so
     capacity is kept. Returns a new ``bin_N`` with ids 0..num_bins-1.
     """
-    sizes_N = np.asarray(sizes, dtype=np.int64)
-    bin_N = np.asarray(bin_N, dtype=np.int64).copy()
+    sizes_N = int_array(sizes, "sizes", ndim=1)
+    bin_N = int_array(bin_N, "bin_N", ndim=1, lo=0).copy()
+    num_bins = check_int(num_bins, "num_bins", 1)
+    if bin_N.size != sizes_N.size:
+        raise InputError(f"bin_N: {bin_N.size} bin ids for {sizes_N.size} items")
     if sizes_N.size < num_bins:
         raise InputError(f"{sizes_N.size} items cannot fill {num_bins} bins (one item each at least)")
     _, bin_N = np.unique(bin_N, return_inverse=True)
@@ -588,6 +599,12 @@ def pack_into_bins(sizes, capacity, num_bins: int, time_limit: float = 10.0, *,
     ``time_limit`` seconds. Bins may be left empty (see :func:`spread_to_nonempty`).
     """
     t0 = time.perf_counter()
+    sizes = int_array(sizes, "sizes", ndim=1)
+    capacity = check_int(capacity, "capacity", 1, MAX_CAPACITY)
+    num_bins = check_int(num_bins, "num_bins", 0)
+    time_limit = check_time_limit(time_limit, "time_limit")
+    check_choice(method, "method", METHODS)
+    num_workers = check_int(num_workers, "num_workers", 1, MAX_WORKERS)
     sizes_N = np.asarray(sizes, dtype=np.int64)
     if sizes_N.ndim == 1 and sizes_N.size and int(sizes_N.max()) > capacity:
         return None

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from routepack_opt.core.checks import check_time_limit
+from routepack_opt.core.checks import check_choice, check_time_limit
 from routepack_opt.core.errors import InputError, load_document
 from routepack_opt.heuristics.anneal import AnnealConfig
 from routepack_opt.heuristics.placement.joint import JointConfig
@@ -94,8 +94,7 @@ class CertifyParams:
     def __post_init__(self) -> None:
         object.__setattr__(self, "time_limit", _seconds("certify", self.time_limit))
         object.__setattr__(self, "share", _share("certify", self.share))
-        if self.method not in CERTIFY_METHODS:
-            raise InputError(f"certify: method must be one of {', '.join(CERTIFY_METHODS)}, got {self.method!r}")
+        check_choice(self.method, "certify: method", CERTIFY_METHODS)
 
 
 @dataclasses.dataclass(frozen=True)

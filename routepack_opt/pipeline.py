@@ -17,7 +17,7 @@ import numpy as np
 
 from routepack_opt.certify import Certificate, certify_rows, pack_into_bins
 from routepack_opt.core.bounds import is_packing
-from routepack_opt.core.checks import check_redundant_experts, check_time_limit
+from routepack_opt.core.checks import INT64_MAX, check_int, check_redundant_experts, check_time_limit, shown
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.evaluate import Evaluator
@@ -256,6 +256,12 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
         raise InputError(f"params must be a PlannerParams, got {type(params).__name__}")
     if max_rows is not None:
         max_rows = check_rows(max_rows, "max_rows")
+    if rows is not None:
+        rows = check_rows(rows, "rows")
+    seed = check_int(seed, "seed", 0, INT64_MAX)
+    for name, fn in (("progress", progress), ("stop", stop)):
+        if fn is not None and not callable(fn):
+            raise InputError(f"solve: {name} must be a function, got {shown(fn)}")
     if max_sweeps is not None:
         max_sweeps = check_sweep_budget(max_sweeps, window.num_samples)
     check_sweep_budget(params.anneal.sweeps, window.num_samples, "anneal.sweeps")

@@ -556,3 +556,356 @@ def one_case(case, kind: str, seed: int, work: Path) -> tuple[str, str]:
     if leftovers(work):
         return "leftover", ", ".join(leftovers(work))
     return outcome, detail
+
+
+# --- the public API, argument by argument (issue 50, "What to build" 2 and 9) ---------------------
+# Each target is a public callable with one good call (keyword arguments) and, per argument, the
+# kind of value it takes. The fuzzer replaces one argument at a time by a hostile value: a value
+# outside the argument's kind must be refused with an InputError; a value inside it must give an
+# InputError or a result; any other exception, a hang or a warning is a finding.
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+
+
+def _finite(x) -> bool:
+    try:
+        return _is_num(x) and bool(np.isfinite(float(x)))
+    except OverflowError:
+        return False
+
+
+def _empty_1d(x) -> bool:
+    try:
+        a = np.asarray(x) if isinstance(x, (list, tuple, np.ndarray)) else None
+    except ValueError:  # ragged
+        return False
+    return a is not None and a.ndim == 1 and a.size == 0 and a.dtype.kind in "iuf"
+
+
+def _int_array_ok(x, lo: int, ndim: int | None = None) -> bool:
+    """Could ``x`` be an exact integer array ≥ lo of rank ``ndim``? (the kind's domain)"""
+    if isinstance(x, (str, bytes, dict)) or x is None or isinstance(x, (bool, np.bool_)):
+        return False
+    try:
+        a = np.asarray(x)
+    except Exception:  # noqa: BLE001
+        return False
+    if a.dtype == object or a.dtype.kind not in "iuf" or (ndim is not None and a.ndim != ndim) or a.size == 0:
+        return False
+    if a.dtype.kind == "f":
+        if not np.isfinite(a).all() or not (a == np.floor(a)).all():
+            return False
+    return bool(a.min() >= lo)
+
+
+KINDS = {
+    "pos_int": lambda x: _is_int(x) and x >= 1,
+    "nonneg_int": lambda x: _is_int(x) and x >= 0,
+    "opt_pos_int": lambda x: x is None or (_is_int(x) and x >= 1),
+    "time": lambda x: _finite(x) and float(x) > 0,
+    "opt_time": lambda x: x is None or (_finite(x) and float(x) > 0),
+    "opt_time_inf": lambda x: (_finite(x) and float(x) > 0) or (isinstance(x, float) and x == float("inf")),
+    "nonneg_num": lambda x: _finite(x) and float(x) >= 0,
+    "bool": lambda x: isinstance(x, (bool, np.bool_)),
+    "pos_ints": lambda x: _int_array_ok(x, 1, 1),
+    "pos_ints0": lambda x: _int_array_ok(x, 1, 1) or _empty_1d(x),
+    "nonneg_ints0": lambda x: _int_array_ok(x, 0, 1) or _empty_1d(x),
+    "nonneg_ints": lambda x: _int_array_ok(x, 0, 1),
+    "counts": lambda x: _int_array_ok(x, 0, 3),
+    "counts_LE": lambda x: _int_array_ok(x, 0, 2),
+    "routes": lambda x: _int_array_ok(x, 0, 3),
+    "any": lambda x: True,
+}
+
+
+def choice_kind(*names: str):
+    return lambda x: isinstance(x, str) and x in names
+
+
+def type_kind(*classes):
+    return lambda x: isinstance(x, classes)
+
+
+_DTYPES = ("?", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "<U3", "M8[s]", "O")
+
+
+def hostile_values():
+    """(label, value) of hostile arguments: wrong types, bools, NaN/inf, huge and negative ints,
+    empty and ragged containers, numpy scalars, and a small array of every numpy dtype."""
+    vals = [("None", None), ("True", True), ("False", False), ("0", 0), ("-1", -1), ("1", 1), ("2", 2),
+            ("2.5", 2.5), ("2.0", 2.0), ("nan", float("nan")), ("inf", float("inf")), ("-inf", float("-inf")),
+            ("2**31", 2**31), ("2**63", 2**63), ("2**64+3", 2**64 + 3), ("-2**63", -2**63), ("1e300", 1e300),
+            ("'3'", "3"), ("'bogus'", "bogus"), ("''", ""), ("b'x'", b"x"), ("[]", []), ("[[]]", [[]]),
+            ("ragged", [[1], [1, 2]]), ("{}", {}), ("object()", object()), ("np.int64(-1)", np.int64(-1)),
+            ("np.uint64(2**63)", np.uint64(2**63)), ("np.float32(nan)", np.float32("nan")),
+            ("np.bool_(True)", np.bool_(True)), ("1+1j", complex(1, 1)), ("np.float64(3.0)", np.float64(3.0))]
+    for dt in _DTYPES:
+        base = np.array([3, 1, 2, 4])
+        if dt == "O":
+            arr = np.array([3, "1", None, 4.5], dtype=object)
+        elif dt == "M8[s]":
+            arr = base.astype("M8[s]")
+        else:
+            with np.errstate(all="ignore"):
+                arr = base.astype(dt)
+        vals.append((f"array[{dt}]", arr))
+    vals += [("array 2**40", np.array([2**40, 3], dtype=np.int64)), ("array -5", np.array([-5, 3])),
+             ("array nan", np.array([np.nan, 3.0])), ("array inf", np.array([np.inf, 3.0])),
+             ("array 1.5", np.array([1.5, 3.0])), ("array 2-D", np.ones((2, 2), dtype=np.int64)),
+             ("array empty", np.zeros(0, dtype=np.int64)), ("array 0-D", np.array(3))]
+    return vals
+
+
+class Target:
+    """A public callable, its good call and the kind of each argument it is fuzzed on.
+    ``workdir``: the directory the call runs in (a hostile relative path such as ``'x'`` given
+    to a writer lands there, never in the caller's working directory)."""
+
+    def __init__(self, name: str, fn, good: dict, kinds: dict, check=None, cheap: bool = True,
+                 workdir: Path | None = None):
+        self.name, self.fn, self.good, self.kinds, self.check, self.cheap = name, fn, good, kinds, check, cheap
+        self.workdir = workdir
+
+    def call(self, **override):
+        args = {**self.good, **override}
+        with contextlib.chdir(self.workdir) if self.workdir is not None else contextlib.nullcontext():
+            out = self.fn(**args)
+        if self.check is not None:
+            self.check(out, args)
+        return out
+
+
+def api_targets(tmp: Path) -> list[Target]:
+    """Every public function and class of ``routepack_opt.__all__`` and the subpackages' public
+    entry points that take arguments, with a good call on a tiny instance (a few ms each)."""
+    import routepack_opt as rp
+    from routepack_opt import certify, replay
+    from routepack_opt.core.cost import CostModel, Stage, get_preset, load_cost, resolve_cost
+    from routepack_opt.core.evaluate import Evaluator, evaluate_plan
+    from routepack_opt.core.layout import Layout
+    from routepack_opt.core.plan import Plan, load_plan
+    from routepack_opt.core.topology import Topology
+    from routepack_opt.core.window import Window, load_window, save_window
+    from routepack_opt.integrations import rollout_hook
+    from routepack_opt.models import binpack, branch_price, brute, colgen, equal_counts, placement
+    from routepack_opt.replay.sample_counts import StreamingCounts, sample_counts, window_from_counts
+
+    files = good_files(tmp / "api_good")
+    lengths, counts, routes = _window_arrays(2)
+    w = Window(lengths, counts, top_k=K)
+    topo = Topology(dp=2, ep=2, capacity=1024)
+    cost = resolve_cost(COST)
+    plan = load_plan(files["plan"], num_samples=N)
+    lay = Layout(np.asarray(plan.row), np.asarray(plan.slot), plan.rows)
+    out_path = tmp / "api_out.npz"
+    stage = cost.stages[0]
+
+    def valid_window(out, args):
+        assert isinstance(out, Window) and out.num_samples >= 1
+
+    def valid_packing(out, args):
+        if out is not None:
+            sizes = np.asarray(args["sizes"], dtype=np.int64)
+            assert out.shape == sizes.shape and (not sizes.size or np.bincount(out, weights=sizes).max() <= args["capacity"])
+
+    def valid_mb(out, args):
+        assert out.plan.validate(w) == []
+
+    def valid_bins(out, args):
+        assert out.status in ("feasible", "infeasible", "unknown")
+
+    one_LE = counts[0]
+    work = tmp / "api_cwd"
+    work.mkdir(exist_ok=True)
+    targets = [
+        Target("routepack_opt.window_from", rp.window_from, dict(lengths=lengths, counts=counts, top_k=K),
+               dict(lengths="pos_ints", counts="counts", top_k="opt_pos_int"), valid_window),
+        Target("routepack_opt.Window", Window, dict(lengths=lengths, counts=counts, top_k=K, step=0),
+               dict(lengths="pos_ints", counts="counts", top_k="opt_pos_int", step="any"), valid_window),
+        Target("routepack_opt.Topology", Topology, dict(dp=2, ep=2, capacity=1024, min_rows=1, row_multiple=1,
+                                                        equal_samples_per_slot=False, redundant_experts=0),
+               dict(dp="pos_int", ep="pos_int", capacity="pos_int", min_rows="pos_int", row_multiple="pos_int",
+                    equal_samples_per_slot="bool", redundant_experts="nonneg_int")),
+        Target("routepack_opt.Stage", Stage, dict(name="attn", alpha=1.0, beta=0.5),
+               dict(name=type_kind(str), alpha="nonneg_num", beta="nonneg_num")),
+        Target("routepack_opt.CostModel", CostModel, dict(stages=(stage,), gamma=1.0),
+               dict(stages="any", gamma="nonneg_num")),
+        Target("routepack_opt.get_preset", get_preset, dict(name=COST), dict(name="any")),
+        Target("routepack_opt.load_cost", load_cost, dict(path=files["cost"]), dict(path="any")),
+        Target("routepack_opt.load_plan", load_plan, dict(path=files["plan"], num_samples=N),
+               dict(path="any", num_samples="opt_pos_int")),
+        Target("routepack_opt.load_window", load_window, dict(path=files["window"]), dict(path="any")),
+        Target("routepack_opt.save_window", save_window, dict(window=w, path=out_path),
+               dict(window=type_kind(Window), path="any")),
+        Target("routepack_opt.Evaluator", Evaluator, dict(window=w, topology=topo, cost=cost),
+               dict(window=type_kind(Window), topology=type_kind(Topology), cost=type_kind(CostModel))),
+        Target("routepack_opt.evaluate_plan", evaluate_plan, dict(window=w, plan=plan, cost=cost, objective=None),
+               dict(window=type_kind(Window), plan=type_kind(type(plan)), cost=type_kind(CostModel),
+                    objective=lambda x: x is None or (isinstance(x, str) and x in ("max-sum", "sum-max")))),
+        Target("routepack_opt.Layout", Layout, dict(row=lay.row, slot=lay.slot, rows=lay.rows),
+               dict(row="nonneg_ints", slot="nonneg_ints", rows="pos_int")),
+        Target("routepack_opt.plan_micro_batches", rp.plan_micro_batches,
+               dict(lengths=lengths, counts=counts, dp_size=2, ep_size=2, max_tokens=1024, cost=COST, max_sweeps=1,
+                    seed=0),
+               dict(lengths="pos_ints", counts="counts", dp_size="pos_int", ep_size="pos_int", max_tokens="pos_int",
+                    max_sweeps="opt_pos_int", seed="nonneg_int"), valid_mb, cheap=False),
+        Target("routepack_opt.solve", rp.solve, dict(window=w, topology=topo, cost=cost, max_sweeps=1, seed=0),
+               dict(window=type_kind(Window), topology=type_kind(Topology), cost=type_kind(CostModel),
+                    max_sweeps="opt_pos_int", seed="nonneg_int",
+                    objective=choice_kind("max-sum", "sum-max"), rows="opt_pos_int", time_limit="opt_time"),
+               cheap=False),
+        Target("routepack_opt.AsyncPlanner", rp.AsyncPlanner, dict(grace=1.0, warm=False),
+               dict(grace=lambda x: _finite(x) and float(x) >= 0, warm="bool"),
+               check=lambda out, args: out.close()),
+        Target("routepack_opt.PlannerParams.from_dict", rp.PlannerParams.from_dict, dict(data={}),
+               dict(data="any")),
+        Target("routepack_opt.PlannerParams [anneal]",
+               lambda **a: rp.PlannerParams.from_dict({"anneal": a}), dict(population=4, sweeps=10, temperatures=4),
+               dict(population="pos_int", sweeps="pos_int", temperatures="pos_int")),
+        Target("routepack_opt.PlannerParams [certify]",
+               lambda **a: rp.PlannerParams.from_dict({"certify": a}), dict(time_limit=1.0, method="auto"),
+               dict(time_limit="time", method=choice_kind(*binpack.METHODS))),
+        Target("routepack_opt.Plan.from_layout", Plan.from_layout,
+               dict(topology=topo, placement=np.tile(np.arange(E), (L, 1)), layout=lay, objective="max-sum"),
+               dict(topology=type_kind(Topology), layout=type_kind(Layout),
+                    objective=lambda x: isinstance(x, str) and x in ("max-sum", "sum-max"), placement="any")),
+        Target("replay.import_replay", replay.import_replay,
+               dict(source=routes, format="routes", num_experts=E, lengths=lengths),
+               dict(source="routes", format=choice_kind(*replay.FORMATS), num_experts="pos_int",
+                    lengths="pos_ints", top_k="opt_pos_int", moe_layer_freq="any"),
+               lambda out, args: valid_window(out.window, args)),
+        Target("replay.window_from_replay", replay.window_from_replay,
+               dict(source=routes, format="routes", num_experts=E, lengths=lengths),
+               dict(source="routes", num_experts="pos_int", lengths="pos_ints"), valid_window),
+        Target("replay.moe_layers", replay.moe_layers, dict(num_layers=4, moe_layer_freq=2),
+               dict(num_layers="pos_int", moe_layer_freq="any")),
+        Target("replay.slime_pad_routes", replay.slime_pad_routes, dict(num_layers=2, top_k=2, num_experts=8),
+               dict(num_layers="pos_int", top_k="pos_int", num_experts="pos_int")),
+        Target("replay.save_window_atomic", replay.save_window_atomic, dict(window=w, path=out_path),
+               dict(window=type_kind(Window), path="any")),
+        Target("replay.sample_counts", sample_counts,
+               dict(routes=routes[:int(lengths[0])], num_experts=E, format="routes"),
+               dict(routes="routes", num_experts="pos_int", format=choice_kind(*replay.FORMATS),
+                    pad_last="bool")),
+        Target("replay.window_from_counts", window_from_counts, dict(counts=counts, lengths=lengths, top_k=K),
+               dict(counts="counts", lengths="pos_ints", top_k="opt_pos_int"), valid_window),
+        Target("replay.StreamingCounts", StreamingCounts, dict(num_samples=4, num_layers=L, num_experts=E, top_k=K),
+               dict(num_samples="pos_int", num_layers="pos_int", num_experts="pos_int", top_k="pos_int")),
+        Target("replay.StreamingCounts.add", lambda **a: StreamingCounts(4, L, E, K).add(**a),
+               dict(index=0, counts_LE=one_LE, length=int(lengths[0])),
+               dict(index=lambda x: _is_int(x) and 0 <= x < 4, counts_LE="counts_LE", length="pos_int")),
+        Target("integrations.counts_from_non_tensor", rollout_hook.counts_from_non_tensor,
+               dict(non_tensor_batch={rollout_hook.COUNTS_KEY: np.array(list(counts) + [None], dtype=object)[:-1]}),
+               dict(non_tensor_batch="any")),
+        Target("models.decide_bins", branch_price.decide_bins,
+               dict(w_M=np.array([5, 3]), b_M=np.array([2, 2]), C=10, K=2, time_limit=2.0),
+               dict(w_M="pos_ints", b_M="nonneg_ints", C="pos_int", K="pos_int", time_limit="time",
+                    max_nodes="pos_int"), valid_bins),
+        Target("models.solve_bin_packing", binpack.solve_bin_packing,
+               dict(sizes=np.array([5, 4, 3, 3]), capacity=8, time_limit=2.0),
+               dict(sizes="pos_ints0", capacity="pos_int", time_limit="time",
+                    method=choice_kind(*binpack.METHODS), max_bins="opt_pos_int")),
+        Target("models.brute_force_bins", brute.brute_force_bins, dict(sizes=[5, 4, 3], capacity=8),
+               dict(sizes="pos_ints0", capacity="pos_int")),
+        Target("certify.certify_rows", certify.certify_rows, dict(window=lengths, topology=topo, time_limit=2.0),
+               dict(window="pos_ints", topology=type_kind(Topology), time_limit="time",
+                    method=choice_kind(*binpack.METHODS), num_workers="pos_int"),
+               lambda out, args: None if out.rows >= 1 else (_ for _ in ()).throw(AssertionError(out))),
+        Target("models.gilmore_gomory", colgen.gilmore_gomory,
+               dict(w_M=np.array([5, 3]), b_M=np.array([2, 2]), C=10, time_limit=2.0),
+               dict(w_M="pos_ints", b_M="nonneg_ints", C="pos_int", time_limit="opt_time_inf",
+                    max_bins=lambda x: x is None or (_is_int(x) and x >= 0), dual_cuts="bool")),
+        Target("models.decide_equal_counts", equal_counts.decide_equal_counts,
+               dict(lengths=np.array([5, 4, 3, 3]), dp=2, rows=1, capacity=10, time_limit=2.0),
+               dict(lengths="pos_ints", dp="pos_int", rows="pos_int", capacity="pos_int", time_limit="time",
+                    num_workers="pos_int")),
+        Target("models.exact_placement", placement.exact_placement,
+               dict(load_LE=counts.sum(axis=0), ep=2, hint_LE=np.tile(np.arange(E) % 2, (L, 1)), time_limit=2.0),
+               dict(load_LE=lambda x: _int_array_ok(x, 0, 2), ep="pos_int", time_limit="time",
+                    num_workers="pos_int", seed="nonneg_int")),
+        Target("models.solve_layer", placement.solve_layer,
+               dict(load_E=counts.sum(axis=0)[0], ep=2, hint_ranks_E=np.arange(E) % 2, time_limit=2.0),
+               dict(load_E="nonneg_ints", ep="pos_int", hint_ranks_E="nonneg_ints", time_limit="time",
+                    num_workers="pos_int", seed="nonneg_int")),
+        *_runtime_targets(w, plan),
+        Target("certify.pack_into_bins", certify.pack_into_bins,
+               dict(sizes=np.array([5, 4, 3, 3]), capacity=8, num_bins=2, time_limit=2.0),
+               dict(sizes="pos_ints0", capacity="pos_int", num_bins="nonneg_int", time_limit="time",
+                    method=choice_kind(*binpack.METHODS), num_workers="pos_int"), valid_packing),
+    ]
+    for t in targets:  # every call runs in a scratch directory (relative hostile paths land there)
+        t.workdir = work
+    return targets
+
+
+def _runtime_targets(w, plan) -> list[Target]:
+    """The torch runtime's window-side entry points (none without torch)."""
+    try:
+        from routepack_opt.runtime import batches
+    except Exception:  # noqa: BLE001 - no torch: the runtime is not installed
+        return []
+    from routepack_opt.core.plan import Plan
+    from routepack_opt.core.window import Window
+
+    return [
+        Target("runtime.batches.sample_offsets", batches.sample_offsets, dict(lengths_N=w.lengths),
+               dict(lengths_N="nonneg_ints0")),
+        Target("runtime.batches.synthetic_tokens", batches.synthetic_tokens, dict(window=w, vocab=64, seed=0),
+               dict(window=type_kind(Window), vocab="pos_int", seed="nonneg_int")),
+        Target("runtime.batches.routes_from_counts", batches.routes_from_counts, dict(window=w, seed=0),
+               dict(window=type_kind(Window), seed=lambda x: x is None or (_is_int(x) and x >= 0))),
+        Target("runtime.batches.build_microbatches", batches.build_microbatches, dict(plan=plan, window=w, dp_rank=0),
+               dict(plan=type_kind(Plan), window=type_kind(Window), dp_rank=lambda x: _is_int(x) and 0 <= x < 2)),
+    ]
+
+
+def run_target(target: Target, arg: str, value, timeout: float = 20.0) -> tuple[str, str]:
+    """``target`` called with ``arg`` replaced by ``value``: (outcome, detail). Outcomes:
+    ``clean2`` (an InputError), ``ok`` (a result that passes the target's check), ``wrong`` (a
+    value outside the argument's kind accepted, or a result that fails the check), ``traceback``
+    (another exception: the wrong type), ``hang``, ``memory`` (MemoryError), ``noise`` (a warning)."""
+    import warnings
+
+    kind = target.kinds[arg]
+    valid = KINDS[kind](value) if isinstance(kind, str) else kind(value)
+    try:
+        with time_limit(timeout), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            target.call(**{arg: value})
+    except Hang:
+        return "hang", ""
+    except InputError as exc:
+        msg = str(exc)
+        return ("clean2" if msg and "\n" not in msg else "noise"), msg
+    except MemoryError as exc:
+        return "memory", repr(exc)[:200]
+    except AssertionError as exc:
+        return "wrong", f"result failed its check: {exc!r}"[:300]
+    except Warning as exc:
+        return "noise", f"{exc.__class__.__name__}: {exc}"[:300]
+    except BaseException as exc:  # noqa: BLE001 - any other escape is the finding
+        return "traceback", f"{exc.__class__.__name__}: {exc}"[:300]
+    return ("ok" if valid else "wrong"), ("" if valid else "accepted a value outside the argument's kind")
+
+
+# (target, argument) whose large in-range sizes wait on the stages' size guards (issue 50
+# "What to build" 1, h4): a capacity of 2³¹ there allocates capacity-long tables today.
+PENDING_SIZES = {("models.decide_bins", "C"), ("models.solve_bin_packing", "capacity"),
+                 ("routepack_opt.plan_micro_batches", "max_tokens"), ("routepack_opt.solve", "topology")}
+
+
+def pending(target: str, arg: str, value) -> bool:
+    """A value that the fuzzer leaves to the sized stages: an in-range size ≥ 2²² of PENDING_SIZES."""
+    return (target, arg) in PENDING_SIZES and _is_int(value) and 2**22 <= value <= 2**62
+
+
+def shown_value(value) -> str:
+    """The value for an assertion message (one line, at most 80 characters)."""
+    from routepack_opt.core.checks import shown
+
+    return shown(value, 80).replace("\n", " ")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from routepack_opt.core.checks import MAX_CAPACITY, check_int, int_array
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.topology import Topology
@@ -49,18 +50,9 @@ def check_sizes(sizes, capacity) -> tuple[np.ndarray, int]:
 
     An item larger than the capacity is an :class:`InputError` naming the items.
     """
-    sizes_N = np.asarray(sizes)
-    if sizes_N.ndim != 1:
-        raise InputError(f"sizes: expected a 1-D array, got shape {sizes_N.shape}")
-    if sizes_N.size and sizes_N.dtype.kind not in "iu":
-        if sizes_N.dtype.kind == "f" and np.all(sizes_N == np.round(sizes_N)):
-            pass
-        else:
-            raise InputError(f"sizes: expected integers, got dtype {sizes_N.dtype}")
-    sizes_N = sizes_N.astype(np.int64)
-    if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 1:
-        raise InputError(f"capacity must be a positive integer, got {capacity!r}")
-    capacity = int(capacity)
+    # exact integers (a NaN or 2⁶⁴ size is refused, never cast into −2⁶³ or wrapped)
+    sizes_N = int_array(sizes, "sizes", ndim=1).copy()
+    capacity = check_int(capacity, "capacity", 1, MAX_CAPACITY)
     bad = np.flatnonzero(sizes_N < 1)
     if bad.size:
         raise InputError(f"sizes: items {bad[:5].tolist()} have non-positive sizes {sizes_N[bad[:5]].tolist()}")

@@ -10,10 +10,10 @@ every coefficient (the referee's complaint about unreported attention coefficien
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from pathlib import Path
 
+from routepack_opt.core.checks import check_number, check_type, shown
 from routepack_opt.core.errors import InputError, load_document
 from routepack_opt.core.io import atomic_write_text
 
@@ -51,17 +51,14 @@ class Stage:
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
-            raise InputError("cost: every stage needs a non-empty name")
+            raise InputError(f"cost: every stage needs a non-empty name, got {shown(self.name)}")
         for key in ("alpha", "beta"):
             _check_coef(f"stage '{self.name}' {key}", getattr(self, key))
             object.__setattr__(self, key, float(getattr(self, key)))
 
 
 def _check_coef(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"cost: {name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise InputError(f"cost: {name} must be finite and ≥ 0, got {value}")
+    value = check_number(value, f"cost: {name}", 0)  # finite (an int past the float range too), ≥ 0
     if value > MAX_COEF:
         raise InputError(f"cost: {name} = {value:g} is absurd (at most {MAX_COEF:g}); scores would "
                          "overflow. Coefficients are µs per token / token² / routed token / micro-batch")
@@ -83,7 +80,13 @@ class CostModel:
     migration_bandwidth: float = 0.0
 
     def __post_init__(self):
-        stages = tuple(self.stages)
+        check_type(self.name, "cost: name", str)
+        if isinstance(self.stages, (str, bytes, dict)) or not hasattr(self.stages, "__iter__"):
+            raise InputError(f"cost: stages must be a sequence of Stage objects, got {shown(self.stages)}")
+        try:
+            stages = tuple(self.stages)
+        except TypeError:  # a 0-D array, an iterator that fails
+            raise InputError(f"cost: stages must be a sequence of Stage objects, got {shown(self.stages)}") from None
         if not stages:
             raise InputError("cost: at least one [[stage]] is required")
         if not all(isinstance(s, Stage) for s in stages):
@@ -95,10 +98,8 @@ class CostModel:
         for key in ("gamma", "row_overhead", "expert_bytes", "migration_bandwidth"):
             if key != "expert_bytes":  # bytes, not µs: may be large
                 _check_coef(key, getattr(self, key))
-            elif isinstance(self.expert_bytes, bool) or not isinstance(self.expert_bytes, (int, float)) \
-                    or not math.isfinite(self.expert_bytes) or not 0 <= self.expert_bytes <= MAX_EXPERT_BYTES:
-                raise InputError(f"cost: expert_bytes must be a number of bytes in [0, {MAX_EXPERT_BYTES:g}], "
-                                 f"got {self.expert_bytes!r}")
+            else:
+                check_number(self.expert_bytes, "cost: expert_bytes (bytes)", 0, MAX_EXPERT_BYTES)
             object.__setattr__(self, key, float(getattr(self, key)))
         if self.expert_bytes > 0 and self.migration_bandwidth > 0 \
                 and self.expert_bytes / self.migration_bandwidth > MAX_MIGRATION_US:
@@ -343,15 +344,14 @@ PRESETS: dict[str, Preset] = {c.name: Preset(c) for c in (_LING_HYBRID, _QWEN3_3
 
 
 def get_preset(name: str) -> Preset:
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise InputError(f"unknown preset '{name}' (known: {', '.join(PRESETS)})") from None
+    if not isinstance(name, str) or name not in PRESETS:  # never a KeyError nor a TypeError (a list)
+        raise InputError(f"unknown preset {shown(name)} (known: {', '.join(PRESETS)})")
+    return PRESETS[name]
 
 
 def resolve_cost(name_or_path: str) -> CostModel:
     """A preset name or a TOML path → :class:`CostModel`."""
-    if name_or_path in PRESETS:
+    if isinstance(name_or_path, str) and name_or_path in PRESETS:
         return PRESETS[name_or_path].cost
     if not isinstance(name_or_path, (str, os.PathLike)) or isinstance(name_or_path, bool):
         raise InputError(f"cost: expected a preset name, a TOML path or a CostModel, got "

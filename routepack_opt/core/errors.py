@@ -11,7 +11,14 @@ class RoutePackError(Exception):
 
 
 class InputError(RoutePackError, ValueError):
-    """Bad input: the message says what is wrong and how to fix it."""
+    """Bad input: the message says what is wrong and how to fix it. It is one line (the CLI's
+    one ``error:`` line): a line break in it, e.g. from the repr of an array the user gave, is
+    folded into a space."""
+
+    def __init__(self, *args):
+        if len(args) == 1 and isinstance(args[0], str) and ("\n" in args[0] or "\r" in args[0]):
+            args = (" ".join(args[0].split()),)
+        super().__init__(*args)
 
 
 class InfeasibleError(RoutePackError):

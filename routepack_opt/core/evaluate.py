@@ -24,6 +24,7 @@ from routepack_opt.core.bounds import (
     layout_lower_bound,
     placement_free_lower_bound,
 )
+from routepack_opt.core.checks import check_type
 from routepack_opt.core.cost import CostModel
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.layout import Layout
@@ -279,6 +280,9 @@ class Evaluator:
     (:func:`replica_block_W`)."""
 
     def __init__(self, window: Window, topology: Topology, cost: CostModel):
+        check_type(window, "window", Window)
+        check_type(topology, "topology", Topology)
+        check_type(cost, "cost", CostModel)
         topology.check_experts(window.num_experts)
         self.window = window
         self.topology = topology
@@ -357,16 +361,19 @@ class Evaluator:
         return self.evaluate(placement, layout.row, layout.slot, layout.rows, objective)
 
     def evaluate_plan(self, plan: Plan, objective: Objective | str | None = None) -> Evaluation:
+        check_type(plan, "plan", Plan)
+        objective = plan.objective if objective is None else check_objective(objective)  # '' is no objective
         errs = plan.validate(self.window)
         if errs:
             more = f" (+{len(errs) - 5} more)" if len(errs) > 5 else ""
             raise InputError("invalid plan: " + "; ".join(errs[:5]) + more)
-        return self.evaluate_layout(plan.placement, plan.layout, objective or plan.objective)
+        return self.evaluate_layout(plan.placement, plan.layout, objective)
 
 
 def evaluate_plan(window: Window, plan: Plan, cost: CostModel,
                   objective: Objective | str | None = None) -> Evaluation:
     """Validate ``plan`` against ``window`` and score it (both objectives, bounds, gap)."""
+    check_type(plan, "plan", Plan)
     return Evaluator(window, plan.topology, cost).evaluate_plan(plan, objective)
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from routepack_opt.core.checks import shown
 from routepack_opt.core.errors import InputError
 
 try:
@@ -45,7 +46,7 @@ except ImportError:  # pragma: no cover
     resource = None  # type: ignore[assignment]
 
 __all__ = ["check_input", "check_dir", "open_input", "read_bytes", "read_text", "load_document", "NpzArchive",
-           "read_npz", "check_npy_file", "SafetensorsFile", "tensor_to_numpy", "display_name",
+           "read_npz", "check_npy_file", "SafetensorsFile", "check_tensor", "tensor_to_numpy", "display_name",
            "available_memory", "check_dtype", "check_step_record", "check_tensors", "int_matrix", "is_int",
            "parse_json", "check_memory", "read_npy", "NAME_MAX", "PATH_MAX", "INT_MAX"]
 
@@ -102,7 +103,7 @@ def _os_error(path, exc: OSError, what: str) -> InputError:
 
 def _check_name(path, what: str) -> str:
     if isinstance(path, bool) or not isinstance(path, (str, bytes, os.PathLike)):
-        raise InputError(f"{what}: expected a file path, got {type(path).__name__} {path!r:.60}")
+        raise InputError(f"{what}: expected a file path, got {type(path).__name__} {shown(path)}")
     text = os.fsdecode(os.fspath(path))
     if text == "":
         raise InputError(f"{what}: the file name is empty")
@@ -367,6 +368,7 @@ class NpzArchive:
 
     def __init__(self, path, what: str = "archive", *, allow_object: bool = False, check_crc: bool = True,
                  memory_limit: int | None = None):
+        _check_name(path, what)  # a path at all (None, 3, a list: an InputError, not a TypeError)
         self.path = path
         self.where = _shown(path)
         self._fh = open_input(path, what)
@@ -676,15 +678,25 @@ def check_tensors(obj, where: str, depth: int = 0) -> None:
         check_tensors(item, where, depth + 1)
 
 
+def check_tensor(x, what: str) -> None:
+    """Refuse the torch tensors no reader can take as an array: nested, sparse, quantized, or on
+    the meta device (no data)."""
+    if getattr(x, "is_nested", False):
+        raise InputError(f"{what}: a nested tensor; pass one dense tensor (or a list of tensors)")
+    if str(x.layout) != "torch.strided":
+        raise InputError(f"{what}: a sparse tensor ({x.layout}); save it dense (tensor.to_dense())")
+    if getattr(x, "is_quantized", False):
+        raise InputError(f"{what}: a quantized tensor ({x.dtype}); save integer expert ids or counts")
+    if getattr(getattr(x, "device", None), "type", None) == "meta":
+        raise InputError(f"{what}: a tensor on the meta device holds no data")
+
+
 def tensor_to_numpy(x, what: str) -> np.ndarray:
     """A CPU numpy array of the torch tensor ``x``: bf16 and float8 converted exactly to float32
     (every value of theirs is a float32 value), complex/bool kept for the caller's dtype check,
     sparse or quantized tensors refused."""
     # duck-typed: core imports no torch (a tensor in hand has what we need as methods)
-    if str(x.layout) != "torch.strided":
-        raise InputError(f"{what}: a sparse tensor ({x.layout}); save it dense (tensor.to_dense())")
-    if getattr(x, "is_quantized", False):
-        raise InputError(f"{what}: a quantized tensor; save integer expert ids or counts")
+    check_tensor(x, what)
     x = x.detach()
     if x.device.type != "cpu":
         x = x.cpu()

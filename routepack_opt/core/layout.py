@@ -14,6 +14,7 @@ import dataclasses
 
 import numpy as np
 
+from routepack_opt.core.checks import int_array, is_integer, shown
 from routepack_opt.core.errors import InputError
 
 __all__ = ["Layout", "check_rows"]
@@ -23,13 +24,13 @@ def check_rows(rows: object, what: str = "rows") -> int:
     """``rows`` as an int, or ``InputError("<what> must be a positive integer, got ...")``.
 
     The one positive-rows check (booleans are refused: ``True`` is not a row count)."""
-    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
-        raise InputError(f"{what} must be a positive integer, got {rows!r}")
+    if not is_integer(rows) or rows < 1:
+        raise InputError(f"{what} must be a positive integer, got {shown(rows)}")
     return int(rows)
 
 
 def _frozen_int64(a: object, name: str) -> np.ndarray:
-    arr = np.array(a, dtype=np.int64)  # a copy: the caller's array stays the caller's
+    arr = int_array(a, f"layout: {name}", lo=0).copy()  # a copy: the caller's array stays the caller's
     if arr.ndim != 1:
         raise InputError(f"layout: {name} must be a 1-d array of sample cells, got shape {list(arr.shape)}")
     arr.flags.writeable = False

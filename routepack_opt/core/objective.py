@@ -19,6 +19,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from routepack_opt.core.checks import shown
 from routepack_opt.core.errors import InputError
 
 __all__ = ["Objective", "check_objective"]
@@ -72,6 +73,6 @@ def check_objective(objective) -> Objective:
         return objective
     try:
         return Objective(objective)
-    except ValueError:
+    except (ValueError, TypeError):
         choices = ", ".join(o.value for o in Objective)
-        raise InputError(f"objective must be one of {choices}, got {objective!r}") from None
+        raise InputError(f"objective must be one of {choices}, got {shown(objective)}") from None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from routepack_opt.core.checks import check_type
 from routepack_opt.core.errors import InputError, load_document
 from routepack_opt.core.inputs import INT_MAX, check_memory, int_matrix, is_int
 from routepack_opt.core.io import atomic_write_text
@@ -145,6 +146,7 @@ class Plan:
         """A plan from a :class:`Layout` (``reports``: ``score``, ``lower_bound``,
         ``certificate``, ``report``). ``placement``: a :class:`Placement` or a permutation
         ``π[l, e]``."""
+        check_type(layout, "layout", Layout)
         return cls(topology, layout.rows, placement, layout.row, layout.slot, check_objective(objective), **reports)
 
     @property

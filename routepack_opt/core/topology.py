@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 
+from routepack_opt.core.checks import shown
 from routepack_opt.core.errors import InputError
 
 __all__ = ["Topology"]
@@ -57,12 +58,12 @@ class Topology:
     def __post_init__(self):
         if not isinstance(self.equal_samples_per_slot, (bool, np.bool_)):
             raise InputError("topology: equal_samples_per_slot must be true or false, got "
-                             f"{self.equal_samples_per_slot!r}")
+                             f"{shown(self.equal_samples_per_slot)}")
         object.__setattr__(self, "equal_samples_per_slot", bool(self.equal_samples_per_slot))
         for name in ("dp", "ep", "capacity", "min_rows", "row_multiple", "redundant_experts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise InputError(f"topology: {name} must be an integer, got {value!r}")
+                raise InputError(f"topology: {name} must be an integer, got {shown(value)}")
             if value < (0 if name == "redundant_experts" else 1):
                 raise InputError(f"topology: {name} must be ≥ {0 if name == 'redundant_experts' else 1}, "
                                  f"got {value}")

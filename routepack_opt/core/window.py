@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from routepack_opt.core.checks import INT64_MAX, check_int, check_path, check_type, int_array
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.inputs import NpzArchive, available_memory
 from routepack_opt.core.io import atomic_open
@@ -28,25 +29,13 @@ MAX_LENGTH = 2**31 - 1
 def _as_int_array(name: str, value, ndim: int, dtype=np.int64, copy: bool = True) -> np.ndarray:
     """``value`` as a read-only ``dtype`` array of rank ``ndim`` (a copy, unless ``copy`` is
     False and it already is a C-contiguous ``dtype`` array) or an :class:`InputError`."""
-    try:
-        arr = np.asarray(value)
-    except Exception as exc:  # ragged lists and the like
-        raise InputError(f"{name}: cannot be read as an array ({exc})") from None
-    if arr.ndim != ndim:
-        raise InputError(f"{name}: expected {ndim} dimensions, got shape {tuple(arr.shape)}")
-    if arr.dtype.kind == "f":
-        if not np.all(np.isfinite(arr)):
-            raise InputError(f"{name}: contains NaN or infinite values")
-        if not np.all(arr == np.round(arr)):
-            raise InputError(f"{name}: contains non-integer values")
-        # Checked as floats, before the cast (which would warn and wrap near 2^63).
-        if arr.size and (arr.max() >= float(np.iinfo(dtype).max) or arr.min() <= float(np.iinfo(dtype).min)):
-            raise InputError(f"{name}: values outside the {np.dtype(dtype).name} range")
-    elif arr.dtype.kind not in "iu":  # booleans are not token counts
-        raise InputError(f"{name}: expected integers, got dtype {arr.dtype}")
-    if arr.size and (arr.max() > np.iinfo(dtype).max or arr.min() < np.iinfo(dtype).min):
-        raise InputError(f"{name}: values outside the {np.dtype(dtype).name} range")
+    # exact integers of ``dtype``'s range, checked before any cast (checks.int_array: a NaN, an
+    # inf, 2.5 or 2⁶⁴ is refused with the value quoted, never cast and wrapped); booleans,
+    # strings and complex numbers are not token counts
+    arr = int_array(value, name, ndim=ndim, dtype=dtype)
     if not copy and isinstance(value, np.ndarray) and arr.dtype == dtype and arr.flags.c_contiguous:
+        out = arr
+    elif arr is not value and arr.base is None and arr.flags.c_contiguous:  # already a new array
         out = arr
     else:
         out = arr.astype(dtype, copy=True)
@@ -120,15 +109,7 @@ class Window:
                 )
             top_k = int(sums_NL[0, 0] // lengths_N[0])
         else:
-            try:
-                if isinstance(top_k, (bool, np.bool_)):
-                    raise TypeError
-                top_k_int = int(top_k)
-            except (TypeError, ValueError, OverflowError):  # inf overflows, NaN is a ValueError
-                raise InputError(f"top_k: expected an integer, got {top_k!r}") from None
-            if top_k_int != top_k:
-                raise InputError(f"top_k: expected an integer, got {top_k!r}")
-            top_k = top_k_int
+            top_k = check_int(top_k, "top_k")
         if not 1 <= top_k <= E:
             raise InputError(f"top_k: {top_k} is not in 1..{E} (E = {E} experts)")
         wrong = sums_NL != top_k * lengths_N[:, None]
@@ -143,12 +124,9 @@ class Window:
             if group_ids.shape[0] != n:
                 raise InputError(f"group_ids: {group_ids.shape[0]} entries for {n} samples")
         if step is not None:
-            step_arr = np.asarray(step)
-            if step_arr.ndim != 0 or step_arr.dtype.kind not in "iu":
-                raise InputError(f"step: expected an integer scalar, got {step!r}")
-            step = int(step_arr)
-            if step < 0:
-                raise InputError(f"step: the optimizer step must be ≥ 0, got {step}")
+            # an integer ≥ 0 (a 0-D integer array, as a window file stores it, too)
+            step = check_int(step[()] if isinstance(step, np.ndarray) and step.ndim == 0 else step, "step", 0,
+                             INT64_MAX)
         object.__setattr__(self, "lengths", lengths_N)
         object.__setattr__(self, "counts", counts_NLE)
         object.__setattr__(self, "top_k", int(top_k))
@@ -334,6 +312,8 @@ def write_window_npz(path: str | Path, lengths_N, counts_blocks, shape_NLE, dtyp
 def save_window(window: Window, path: str | Path) -> None:
     """Write a window ``.npz`` atomically (docs/formats.md); counts are stored in the smallest
     sufficient int dtype."""
+    check_type(window, "window", Window)
+    path = check_path(path, "path")  # bytes or a PathLike as text
     cmax = int(window.counts.max()) if window.counts.size else 0
     N = window.num_samples
     step = max(1, (1 << 24) // max(1, window.num_layers * window.num_experts))

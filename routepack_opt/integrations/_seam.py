@@ -32,7 +32,7 @@ import threading
 import time
 from collections import deque
 
-from routepack_opt.core.checks import check_known_options, check_time_limit
+from routepack_opt.core.checks import check_choice, check_known_options, check_time_limit
 from routepack_opt.core.cost import CostModel, resolve_cost
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.objective import Objective, check_objective
@@ -207,8 +207,7 @@ def seam_settings(seam: str, *, cost=None, objective=None, time_limit=UNSET, max
     ``"verl_balance"``): each keyword given wins, else its ``ROUTEPACK_*`` variable, else the
     default. A bad value is one :class:`InputError` naming the keyword (``cost=...``) or the
     variable (``ROUTEPACK_COST=...``); so is an unknown seam or a misspelled keyword."""
-    if not isinstance(seam, str) or seam not in DEFAULT_TIME_LIMIT:
-        raise InputError(f"seam: expected one of {', '.join(map(repr, DEFAULT_TIME_LIMIT))}, got {seam!r}")
+    check_choice(seam, "seam", DEFAULT_TIME_LIMIT)  # an unknown seam: InputError, never KeyError
     check_known_options(unknown, SETTING_KEYS, "settings")
     env = os.environ
     if cost is None:

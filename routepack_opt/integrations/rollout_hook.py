@@ -36,8 +36,15 @@ import functools
 
 import numpy as np
 
+from routepack_opt.core.checks import check_type
 from routepack_opt.core.errors import InputError
-from routepack_opt.replay.sample_counts import StreamingCounts, _is_torch, sample_counts, window_from_counts
+from routepack_opt.replay.sample_counts import (
+    StreamingCounts,
+    _is_torch,
+    _stack_counts,
+    sample_counts,
+    window_from_counts,
+)
 
 __all__ = ["COUNTS_KEY", "sample_counts", "window_from_counts", "counts_from_non_tensor", "StreamingCounts",
            "install_verl_agent_loop_counts", "slime_sample_counts"]
@@ -48,10 +55,21 @@ COUNTS_KEY = "routepack_expert_counts"
 def counts_from_non_tensor(non_tensor_batch, key: str = COUNTS_KEY) -> np.ndarray | None:
     """verl's ``non_tensor_batch[key]`` (an object array of per-sample ``[L, E]`` counts, as
     verl's ``_postprocess`` collects the hook's extra field) as ``[N, L, E]`` int32, or None."""
+    check_type(key, "key", str, "str (the non_tensor_batch key)")
     col = non_tensor_batch.get(key) if hasattr(non_tensor_batch, "get") else None
     if col is None or len(col) == 0 or any(c is None for c in col):
         return None
-    return np.stack([np.asarray(c) for c in col]).astype(np.int32, copy=False)
+    # each sample's counts exact integers in 0..2³¹−1, never cast and wrapped (2³²+3 is not 3)
+    return _stack_counts(list(col), f"non_tensor_batch[{key!r}]")
+
+
+def _check_hook_args(num_experts, moe_layer_freq, key) -> None:
+    """The installers' arguments, checked when installed (not in the worker at the first sample)."""
+    from routepack_opt.replay.routes import _check_E, _check_freq
+
+    _check_E(num_experts)
+    _check_freq(moe_layer_freq)
+    check_type(key, "key", str, "str (the extra field's name)")
 
 
 def install_verl_agent_loop_counts(worker_cls, num_experts: int, *, moe_layer_freq=None, key: str = COUNTS_KEY):
@@ -60,6 +78,7 @@ def install_verl_agent_loop_counts(worker_cls, num_experts: int, *, moe_layer_fr
     [1, S, La, K]``, its counts (:func:`sample_counts`, format ``verl`` with the sample's
     ``attention_mask``; a numpy ``[L, E]`` int32) go into ``extra_fields[key]``. Returns the
     method it replaced. Bad routes raise in the worker, where they were produced."""
+    _check_hook_args(num_experts, moe_layer_freq, key)
     if not hasattr(worker_cls, "_agent_loop_postprocess"):
         raise InputError(f"install_verl_agent_loop_counts: {getattr(worker_cls, '__name__', worker_cls)!r} has no "
                          "_agent_loop_postprocess (pass verl.experimental.agent_loop.agent_loop.AgentLoopWorker)")
@@ -84,6 +103,7 @@ def slime_sample_counts(sample, num_experts: int, *, moe_layer_freq=None, key: s
     """A finished slime ``Sample``: its ``rollout_routed_experts [T - 1, La, K]`` → ``[L, E]``
     counts (slime's pad route for the last token included) in ``sample.metadata[key]`` (a numpy
     array); returns them. A sample without recorded routes is left as it is (returns None)."""
+    _check_hook_args(num_experts, moe_layer_freq, key)
     routes = getattr(sample, "rollout_routed_experts", None)
     if routes is None:
         return None

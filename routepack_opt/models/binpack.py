@@ -28,6 +28,7 @@ import numba
 import numpy as np
 
 from routepack_opt.core.bounds import bin_lower_bound, check_sizes, is_packing
+from routepack_opt.core.checks import MAX_WORKERS, check_bool, check_choice, check_int, check_time_limit, int_array
 from routepack_opt.core.errors import InputError, RoutePackError
 from routepack_opt.models import _solvers
 
@@ -231,6 +232,8 @@ def arcflow_graph(sizes, capacity, max_bins: int | None = None) -> dict:
     exactly full bins remain). ``alive_source`` False proves no packing into K bins exists.
     """
     sizes_N, C = check_sizes(sizes, capacity)
+    if max_bins is not None:
+        max_bins = check_int(max_bins, "max_bins", 1)
     w, b, type_N = _types(sizes_N)
     tail_A, type_A, reach = _arcflow_arcs(w, b, C)
     slack = C if max_bins is None else int(max_bins) * C - int(sizes_N.sum())
@@ -411,9 +414,20 @@ def solve_bin_packing(sizes, capacity, *, max_bins: int | None = None, method: s
     ``presolve=False`` the model runs even when the bounds already close (for tests).
     """
     t0 = time.perf_counter()
-    if method not in METHODS:
-        raise InputError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    check_choice(method, "method", METHODS)
+    time_limit = check_time_limit(time_limit, "time_limit")
+    if max_bins is not None:
+        max_bins = check_int(max_bins, "max_bins", 1)
+    if lower_bound_hint is not None:
+        lower_bound_hint = check_int(lower_bound_hint, "lower_bound_hint", 0)
+    check_bool(decision, "decision")
+    check_bool(presolve, "presolve")
+    num_workers = check_int(num_workers, "num_workers", 1, MAX_WORKERS)
     sizes_N, C = check_sizes(sizes, capacity)
+    if hint is not None:
+        hint = int_array(hint, "hint", ndim=1, lo=0)
+        if hint.size != sizes_N.size:
+            raise InputError(f"hint: {hint.size} bin ids for {sizes_N.size} items")
     n = sizes_N.size
     if n == 0:
         return BinPackResult("optimal", 0, 0, np.zeros(0, np.int64), "bounds", 0.0)

@@ -50,8 +50,10 @@ import time
 import numba
 import numpy as np
 
+from routepack_opt.core.checks import INT32_MAX, check_int, check_time_limit, int_array
+from routepack_opt.core.errors import InputError
 from routepack_opt.models import _solvers
-from routepack_opt.models.colgen import SCALE, bins_of_counts
+from routepack_opt.models.colgen import MAX_TOTAL, SCALE, bins_of_counts, check_types
 
 __all__ = ["BranchAndPrice", "BranchPriceResult", "decide_bins", "warm_kernels"]
 
@@ -577,6 +579,7 @@ class BranchAndPrice:
     the slack are dropped."""
 
     def __init__(self, w_M, b_M, C: int, K: int, *, columns=()):
+        w_M, b_M, C, K, columns = _check_decision(w_M, b_M, C, K, columns)
         self.w_M = np.asarray(w_M, dtype=np.int64)
         self.b_M = np.asarray(b_M, dtype=np.int64)
         self.C, self.K = int(C), int(K)
@@ -593,6 +596,8 @@ class BranchAndPrice:
 
     def run(self, time_limit: float, max_nodes: int = 1_000_000) -> BranchPriceResult:
         """Search for at most ``time_limit`` more seconds (or until ``max_nodes`` nodes in all)."""
+        time_limit = check_time_limit(time_limit, "time_limit")
+        max_nodes = check_int(max_nodes, "max_nodes", 1)
         t0 = time.perf_counter()
         deadline = t0 + time_limit
         w_M, b_M, C, K = self.w_M, self.b_M, self.C, self.K
@@ -658,7 +663,9 @@ def _decide_listed(E_PM: np.ndarray, b_M, K: int, work: float, time_limit: float
     cp_model = _solvers.cp_model()
     model = cp_model.CpModel()
     P = E_PM.shape[0]
-    ub = [int(min(K, *(b_M[j] // E_PM[p, j] for j in np.flatnonzero(E_PM[p])))) for p in range(P)]
+    # a pattern's copies: at most K, and b_j / a_j for each type it holds (the empty pattern,
+    # listed when K leaves a bin of slack, holds none: K alone bounds it)
+    ub = [int(min([K, *(b_M[j] // E_PM[p, j] for j in np.flatnonzero(E_PM[p]))])) for p in range(P)]
     x = [model.new_int_var(0, ub[p], f"x[{p}]") for p in range(P)]
     for j in range(b_M.size):
         model.add(sum(int(E_PM[p, j]) * x[p] for p in np.flatnonzero(E_PM[:, j])) == int(b_M[j]))
@@ -681,8 +688,31 @@ def decide_bins(w_M, b_M, C: int, K: int, *, columns=(), time_limit: float = 10.
     ``columns``: patterns to start the pool with (e.g. the root LP's); those wasting more than
     the slack are dropped. Deterministic for its input up to the time limit. Memory: (distinct
     sizes) × (C + 1) cells of 4 bytes for each pricing's choice table and of 24 bytes for the
-    root's listing (certify skips the search above 5 M cells)."""
+    root's listing (certify skips the search above 5 M cells).
+
+    Checked at entry (InputError naming the argument): ``w_M`` sizes ≥ 1 and ``b_M`` counts ≥ 0,
+    two equally long 1-D integer vectors; ``C`` ≥ 1 and ``K`` ≥ 1 integers; ``columns`` count
+    vectors of the types; ``time_limit`` > 0 seconds; ``max_nodes`` ≥ 1."""
+    check_time_limit(time_limit, "time_limit")
+    check_int(max_nodes, "max_nodes", 1)
     return BranchAndPrice(w_M, b_M, C, K, columns=columns).run(time_limit, max_nodes)
+
+
+def _check_decision(w_M, b_M, C, K, columns):
+    """The arguments of :func:`decide_bins` / :class:`BranchAndPrice`, checked: the types as
+    :func:`~routepack_opt.models.colgen.check_types` takes them, K ≥ 1 (a K of −1 or 2.5 is
+    refused, not answered or truncated), K·C < 2⁶², the columns count vectors of the types."""
+    w_M, b_M, C = check_types(w_M, b_M, C)
+    K = check_int(K, "K", 1, INT32_MAX)
+    if K * C > MAX_TOTAL:
+        raise InputError(f"K, C: K·C = {K * C:,} must stay below 2^62")
+    if isinstance(columns, np.ndarray) and columns.size == 0 or not isinstance(columns, np.ndarray) and \
+            len(columns) == 0:
+        return w_M, b_M, C, K, ()
+    cols = int_array(columns, "columns", ndim=2, lo=0)
+    if cols.shape[1] != w_M.size:
+        raise InputError(f"columns: each pattern counts the {w_M.size} types; got patterns of {cols.shape[1]}")
+    return w_M, b_M, C, K, cols
 
 
 def warm_kernels() -> None:

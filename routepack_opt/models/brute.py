@@ -21,6 +21,7 @@ import itertools
 
 import numpy as np
 
+from routepack_opt.core.bounds import check_sizes
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import Score
 from routepack_opt.models.layout_common import LayoutInstance, prefeasibility
@@ -126,7 +127,8 @@ def brute_force_bins(sizes, capacity) -> int:
     """Least number of bins of ``capacity`` holding ``sizes``, by enumerating set partitions
     (items in decreasing order, equal bin loads tried once): the oracle for tiny bin-packing
     instances in tests."""
-    s = sorted((int(x) for x in sizes), reverse=True)
+    sizes_N, capacity = check_sizes(sizes, capacity)
+    s = sorted((int(x) for x in sizes_N), reverse=True)
     best = [len(s)]
 
     def rec(i, loads):

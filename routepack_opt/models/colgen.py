@@ -38,9 +38,11 @@ import time
 import numpy as np
 
 from routepack_opt.core.bounds import knapsack_max, knapsack_top
+from routepack_opt.core.checks import INT32_MAX, check_bool, check_int, check_time_limit, int_array
+from routepack_opt.core.errors import InputError
 from routepack_opt.models import _solvers
 
-__all__ = ["LPBound", "gilmore_gomory", "lp_pack", "types_of", "assignment", "bins_of_counts", "SCALE",
+__all__ = ["LPBound", "gilmore_gomory", "check_types", "lp_pack", "types_of", "assignment", "bins_of_counts", "SCALE",
            "pricing_cost"]
 
 SCALE = 1 << 30  # duals are rounded down to multiples of 1/SCALE before the exact knapsack
@@ -200,6 +202,26 @@ def _cg_round(master: _Master, pricing: _Pricing, pi_out) -> str:
     return "added"
 
 
+# Σ b·w and K·C stay far inside int64 (the pricing's tables and loads are int64)
+MAX_TOTAL = 1 << 62
+
+
+def check_types(w_M, b_M, C):
+    """Item types as the LP and branch-and-price take them, checked (exact integers: a size 2.5
+    is refused, not truncated; a zero or negative size is refused): sizes ``w_M`` ≥ 1 and
+    counts ``b_M`` ≥ 0, two equally long non-empty vectors, capacity ``C`` ≥ 1, Σ b·w < 2⁶²."""
+    w_M = int_array(w_M, "w_M", ndim=1, lo=1)
+    b_M = int_array(b_M, "b_M", ndim=1, lo=0)
+    if w_M.size == 0 or b_M.size != w_M.size:
+        raise InputError(f"w_M, b_M: expected two equally long, non-empty vectors (sizes and counts of the types), "
+                         f"got {w_M.size} sizes and {b_M.size} counts")
+    C = check_int(C, "C", 1, MAX_TOTAL)
+    total = sum(int(w) * int(b) for w, b in zip(w_M.tolist(), b_M.tolist(), strict=True))
+    if total > MAX_TOTAL:
+        raise InputError(f"w_M, b_M: Σ b·w = {total:,} must stay below 2^62")
+    return w_M, b_M, C
+
+
 def gilmore_gomory(w_M, b_M, C: int, *, columns=(), time_limit: float = 10.0, target: int | None = None,
                    stop_at_ceiling: bool = True, dual_cuts: bool = True, max_bins: int | None = None) -> LPBound:
     """The Gilmore–Gomory LP bound of the types (``w_M``, ``b_M``) in bins of capacity ``C``.
@@ -213,8 +235,14 @@ def gilmore_gomory(w_M, b_M, C: int, *, columns=(), time_limit: float = 10.0, ta
     and K + 1 proves K bins impossible.
     Deterministic for its input up to the time limit."""
     t0 = time.perf_counter()
-    w_M = np.asarray(w_M, dtype=np.int64)
-    b_M = np.asarray(b_M, dtype=np.int64)
+    w_M, b_M, C = check_types(w_M, b_M, C)
+    time_limit = check_time_limit(time_limit, "time_limit", allow_inf=True)
+    if target is not None:
+        check_int(target, "target", 0)
+    if max_bins is not None:
+        max_bins = check_int(max_bins, "max_bins", 0, INT32_MAX)  # 0: a dive's node with no bin left
+    check_bool(stop_at_ceiling, "stop_at_ceiling")
+    check_bool(dual_cuts, "dual_cuts")
     m = w_M.size
     master = _Master(b_M, dual_cuts)
     min_load = 0 if max_bins is None else int((w_M * b_M).sum()) - (int(max_bins) - 1) * C

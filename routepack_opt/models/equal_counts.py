@@ -17,6 +17,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from routepack_opt.core.checks import (
+    INT32_MAX,
+    MAX_CAPACITY,
+    MAX_WORKERS,
+    check_int,
+    check_time_limit,
+    int_array,
+)
+from routepack_opt.core.errors import InputError
 from routepack_opt.models import _solvers
 from routepack_opt.models.binpack import cpsat_solver
 
@@ -27,8 +36,15 @@ def decide_equal_counts(lengths, dp: int, rows: int, capacity: int, time_limit: 
                         hint=None, num_workers: int = 1) -> tuple[str, np.ndarray | None, np.ndarray | None]:
     """(status, row_N, slot_N): ``feasible`` with a layout, ``infeasible`` (proved), or
     ``unknown`` (time ran out)."""
+    len_N = int_array(lengths, "lengths", ndim=1, lo=1)
+    if len_N.size == 0:
+        raise InputError("lengths: no samples")
+    check_int(dp, "dp", 1, INT32_MAX)
+    check_int(rows, "rows", 1, INT32_MAX)
+    check_int(capacity, "capacity", 1, MAX_CAPACITY)
+    time_limit = check_time_limit(time_limit, "time_limit")
+    check_int(num_workers, "num_workers", 1, MAX_WORKERS)
     cp_model = _solvers.cp_model()
-    len_N = np.asarray(lengths, dtype=np.int64)
     N, D, R, C = len_N.size, int(dp), int(rows), int(capacity)
     if N % D or R * D > N or (len_N > C).any():
         return "infeasible", None, None

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from routepack_opt.core.bounds import layer_lower_bound
-from routepack_opt.core.checks import check_time_limit
+from routepack_opt.core.checks import INT32_MAX, MAX_WORKERS, check_int, check_time_limit, int_array
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import expert_rank_loads
 from routepack_opt.core.plan import check_placement, placement_from_ranks
@@ -52,9 +52,18 @@ def solve_layer(load_E, ep: int, hint_ranks_E, time_limit: float = 1.0, num_work
                 seed: int = 0) -> _LayerResult:
     """Minimise the busiest rank of one layer. ``hint_ranks_E`` (each expert's rank, E/P per rank;
     e.g. LPT + swaps) is the start and the fallback; the result is never worse than the hint."""
+    load_E = int_array(load_E, "load_E", ndim=1, lo=0)
+    ep = check_int(ep, "ep", 1, max(1, load_E.size))
+    if load_E.size % ep:
+        raise InputError(f"placement: E={load_E.size} experts is not divisible by ep={ep}")
+    check_time_limit(time_limit, "placement: time_limit")
+    num_workers = check_int(num_workers, "num_workers", 1, MAX_WORKERS)
+    seed = check_int(seed, "seed", 0, INT32_MAX)
+    hint_ranks_E = int_array(hint_ranks_E, "hint_ranks_E", ndim=1, lo=0, hi=ep - 1)
+    if hint_ranks_E.size != load_E.size:
+        raise InputError(f"hint_ranks_E: {hint_ranks_E.size} ranks for {load_E.size} experts")
     cp_model = _solvers.cp_model()
     t0 = time.perf_counter()
-    load_E = np.asarray(load_E, dtype=np.int64)
     E = load_E.size
     M = E // ep
     hint_ranks_E = np.asarray(hint_ranks_E, dtype=np.int64)
@@ -193,13 +202,11 @@ def exact_placement(load_LE, ep: int, hint_LE, lpt_LE=None, time_limit: float = 
     (never worse than the hint at any layer), each layer's status, objective and proved bound,
     and LPT's proved gap. Loads must be integers ≥ 0.
     """
-    load_LE = np.asarray(load_LE)
-    if load_LE.ndim != 2:
-        raise InputError(f"placement: loads must be [L, E], got shape {load_LE.shape}")
-    if load_LE.dtype.kind == "f" and not np.all(load_LE == np.round(load_LE)):
-        raise InputError("placement: the exact model needs integer loads")
-    load_LE = load_LE.astype(np.int64)
+    load_LE = int_array(load_LE, "placement: loads [L, E]", ndim=2)
     L, E = load_LE.shape
+    ep = check_int(ep, "ep", 1)
+    num_workers = check_int(num_workers, "num_workers", 1, MAX_WORKERS)
+    seed = check_int(seed, "seed", 0, INT32_MAX)
     if ep < 1 or E % ep:
         raise InputError(f"placement: E={E} experts is not divisible by ep={ep}")
     if (load_LE < 0).any():

@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 
-from routepack_opt.core.errors import InputError
+from routepack_opt.core.checks import check_bool, check_choice, check_int, check_path, check_type
 from routepack_opt.core.io import check_output_path
 from routepack_opt.core.window import Window, save_window
 from routepack_opt.replay.fast import _fast_routes, _fast_slime, _fast_verl
@@ -61,10 +61,12 @@ def import_replay(source, *, format: str = "routes", num_experts: int, lengths=N
     negative, wrong or ragged top-k/layers, a token picking one expert twice, lengths that do not
     match) raise an :class:`InputError`.
     """
-    if format not in FORMATS:
-        raise InputError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    check_choice(format, "format", FORMATS)
     E = _check_E(num_experts)
     _check_freq(moe_layer_freq)
+    if top_k is not None:
+        check_int(top_k, "top_k", 1, E)
+    check_bool(pad_last, "pad_last")
     lengths = _lengths_arg(lengths)
     if lengths is not None:
         lengths = _lengths_vector(lengths)
@@ -126,6 +128,8 @@ def window_from_replay(source, **kwargs) -> Window:
 def save_window_atomic(window: Window, path: str | Path, inputs: Iterable = ()) -> Path:
     """Write a window ``.npz`` through the package's atomic writer (:mod:`routepack_opt.core.io`),
     refusing a directory, a missing directory or any of ``inputs`` as the target."""
+    check_type(window, "window", Window)
+    path = check_path(path, "path")
     out = check_output_path(path, *[p for p in inputs if isinstance(p, (str, Path))])
     assert out is not None
     save_window(window, out)

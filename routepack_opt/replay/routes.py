@@ -14,10 +14,12 @@ import re
 import numpy as np
 
 from routepack_opt.core import inputs
+from routepack_opt.core.checks import check_int, int_array, is_integer, shown
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.window import available_memory
 
 MAX_EXPERTS = 2**31 - 1  # expert ids and per-expert counts are stored as int32
+MAX_LAYERS = 1 << 16  # recorded decoder layers of one model (far above any real one)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -51,7 +53,7 @@ def _np(x, what: str) -> np.ndarray:
         arr = ints
     if arr.dtype.kind not in "iu":
         if arr.dtype.kind == "f" and arr.size and np.all(arr == np.round(arr)):
-            arr = arr.astype(np.int64)
+            arr = int_array(arr, what)  # finite and in range, checked before the cast (never −2⁶³)
         elif arr.dtype.kind == "b" and what.endswith("mask"):
             arr = arr.astype(np.int64)
         else:
@@ -75,6 +77,9 @@ def _lengths_vector(lengths, what: str = "lengths") -> np.ndarray:
 def moe_layers(num_layers: int, moe_layer_freq) -> list[int]:
     """Megatron's ``moe_layer_freq``: an int f (layer l is MoE iff ``l % f == 0``) or a 0/1 list of
     length ``num_layers`` (as slime's ``actor.py`` reads it)."""
+    num_layers = check_int(num_layers, "num_layers", 1, MAX_LAYERS)
+    if moe_layer_freq is None:
+        raise InputError("moe_layer_freq: expected an int ≥ 1 or a 0/1 list, got None")
     _check_freq(moe_layer_freq)
     if isinstance(moe_layer_freq, (int, np.integer)):
         return [l for l in range(num_layers) if l % int(moe_layer_freq) == 0]
@@ -88,8 +93,9 @@ def _check_freq(moe_layer_freq) -> None:
     """The domain of ``moe_layer_freq``, checked before any routes are read."""
     if moe_layer_freq is None:
         return
-    if isinstance(moe_layer_freq, (bool, np.bool_)):
-        raise InputError(f"moe_layer_freq: expected an int ≥ 1 or a 0/1 list, got {moe_layer_freq!r}")
+    if isinstance(moe_layer_freq, (bool, np.bool_, str, bytes, dict)) or \
+            (isinstance(moe_layer_freq, np.ndarray) and moe_layer_freq.ndim != 1):
+        raise InputError(f"moe_layer_freq: expected an int ≥ 1 or a 0/1 list, got {shown(moe_layer_freq)}")
     if isinstance(moe_layer_freq, (int, np.integer)):
         if moe_layer_freq < 1:
             raise InputError(f"moe_layer_freq: must be ≥ 1 (every f-th layer is MoE), got {moe_layer_freq}")
@@ -97,15 +103,17 @@ def _check_freq(moe_layer_freq) -> None:
     try:
         freq = list(moe_layer_freq)
     except TypeError:
-        raise InputError(f"moe_layer_freq: expected an int ≥ 1 or a 0/1 list, got {moe_layer_freq!r}") from None
-    if not freq or any(isinstance(f, (bool, np.bool_)) or f not in (0, 1) for f in freq) or 1 not in freq:
-        shown = repr(freq) if len(repr(freq)) <= 60 else repr(freq)[:59] + "…"
-        raise InputError(f"moe_layer_freq: expected a list of 0/1 with at least one 1, got {shown}")
+        raise InputError(f"moe_layer_freq: expected an int ≥ 1 or a 0/1 list, got {shown(moe_layer_freq)}") from None
+    if not freq or any(not is_integer(f) or f not in (0, 1) for f in freq) or 1 not in freq:
+        raise InputError(f"moe_layer_freq: expected a list of 0/1 with at least one 1, got {shown(freq)}")
 
 
 def slime_pad_routes(num_layers: int, top_k: int, num_experts: int) -> np.ndarray:
     """``[La, K]`` routes slime gives the unrecorded last token (``_pad_routed_experts`` with pad 1:
     ``arange(La·K) % E``)."""
+    num_layers = check_int(num_layers, "num_layers", 1, MAX_LAYERS)
+    num_experts = _check_E(num_experts)
+    top_k = check_int(top_k, "top_k", 1, min(num_experts, MAX_LAYERS))  # a token's top-k experts are distinct
     return (np.arange(num_layers * top_k, dtype=np.int64) % num_experts).reshape(num_layers, top_k)
 
 

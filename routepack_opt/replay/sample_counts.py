@@ -25,8 +25,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from routepack_opt.core.checks import INT32_MAX, check_bool, check_choice, check_int, int_array
 from routepack_opt.core.errors import InputError
-from routepack_opt.core.window import Window
+from routepack_opt.core.inputs import check_tensor, tensor_to_numpy
+from routepack_opt.core.window import MAX_LENGTH, Window
 from routepack_opt.replay import _deps
 
 __all__ = ["sample_counts", "window_from_counts", "StreamingCounts"]
@@ -40,23 +42,51 @@ def sample_counts(routes, num_experts: int, *, format: str = "routes", attention
                   moe_layer_freq=None, pad_last: bool = True):
     """One sample's ``[L, E]`` expert counts (int32), on the routes' device for a torch tensor,
     a numpy array otherwise (see the module docstring for the formats)."""
-    if format not in ("verl", "slime", "routes"):
-        raise InputError(f"format must be one of verl, slime, routes, got {format!r}")
+    from routepack_opt.replay.routes import _check_E, _check_freq
+
+    check_choice(format, "format", ("verl", "slime", "routes"))
+    num_experts = _check_E(num_experts)
+    _check_freq(moe_layer_freq)
+    check_bool(pad_last, "pad_last")
     if not _is_torch(routes):
         return _numpy_counts(routes, num_experts, format, attention_mask, moe_layer_freq, pad_last)
+    _check_tensor(routes, "routes")
     if routes.device.type == "cpu":  # the compiled pass on a numpy view (no copy), a tensor back
         torch = _deps.torch()
-        mask = attention_mask.detach().cpu().numpy() if _is_torch(attention_mask) else attention_mask
-        return torch.from_numpy(_numpy_counts(routes.detach().numpy(), num_experts, format, mask,
+        if _is_torch(attention_mask):
+            _check_tensor(attention_mask, "attention_mask")
+            mask = tensor_to_numpy(attention_mask, "attention_mask")
+        else:
+            mask = attention_mask
+        # bf16/fp8 read exactly as float32 (docs/formats.md), checked as whole numbers by the import
+        return torch.from_numpy(_numpy_counts(tensor_to_numpy(routes, "routes"), num_experts, format, mask,
                                               moe_layer_freq, pad_last))
+    if _is_torch(attention_mask):
+        _check_tensor(attention_mask, "attention_mask")
     return _torch_counts(routes, num_experts, format, attention_mask, moe_layer_freq, pad_last)
+
+
+def _check_tensor(x, name: str) -> None:
+    """A tensor the counts can be read from: strided, not quantized, not nested, not on the meta
+    device (no data), of an integer or float dtype; on an accelerator, floats must be whole
+    (as the CPU path's check), so that ``.long()`` never truncates."""
+    check_tensor(x, name)
+    if x.is_complex() or (str(x.dtype) == "torch.bool" and name == "routes"):
+        raise InputError(f"{name}: tensor of dtype {x.dtype}; expected integer expert ids")
+    if x.device.type != "cpu" and x.is_floating_point() and x.numel():
+        v = x.detach().double()
+        bad = ~(v.isfinite() & (v == v.floor()) & (v.abs() < 2.0**62))
+        if bool(bad.any()):
+            idx = tuple(int(i) for i in bad.nonzero()[0].tolist())
+            raise InputError(f"{name}: expected integers; the entry at {list(idx)} is {float(v[idx])!r}")
 
 
 def _numpy_counts(routes, E, format, attention_mask, moe_layer_freq, pad_last) -> np.ndarray:
     """The import's compiled pass on one sample."""
     from routepack_opt.replay.importer import import_replay
+    from routepack_opt.replay.routes import _np
 
-    r = np.asarray(routes)
+    r = _np(routes, "routes")  # a ragged list or strings: an InputError, not numpy's ValueError
     if format == "verl":
         mask = None if attention_mask is None else np.asarray(attention_mask)[None]
         imp = import_replay(r[None], format="verl", num_experts=E, attention_mask=mask,
@@ -135,19 +165,27 @@ def window_from_counts(counts, lengths, *, top_k: int | None = None, group_ids=N
     the hook returns them) or one ``[N, L, E]`` array, and ``lengths [N]`` (tokens per sample:
     verl's ``attention_mask`` sums, slime's ``total_lengths``). One ``[N, L, E]`` int32 array is
     built and handed to the window without a further copy."""
+    if isinstance(counts, (str, bytes)):
+        raise InputError(f"counts: expected per-sample [L, E] counts, got {type(counts).__name__}")
     if isinstance(counts, Sequence) or (isinstance(counts, np.ndarray) and counts.dtype == object):
-        rows = [np.asarray(c.detach().cpu() if _is_torch(c) else c) for c in counts]
-        if not rows:
-            raise InputError("counts: no samples")
-        if any(r.shape != rows[0].shape or r.ndim != 2 for r in rows):
-            raise InputError("counts: every sample's counts must be one [L, E] array of the same shape")
-        arr = np.stack(rows).astype(np.int32, copy=False)
+        arr = _stack_counts(list(counts), "counts")
     else:
-        arr = np.asarray(counts.detach().cpu() if _is_torch(counts) else counts)
-    if arr.dtype != np.int32 and arr.dtype.kind in "iu":
-        arr = arr.astype(np.int32)
-    return Window(np.asarray(lengths), np.ascontiguousarray(arr), top_k=top_k, group_ids=group_ids, step=step,
-                  copy=not (arr.dtype == np.int32))
+        arr = int_array(counts, "counts", ndim=3, lo=0, hi=INT32_MAX, dtype=np.int32)
+    lengths_N = int_array(lengths, "lengths", ndim=1)  # exact: a wrapped or NaN length is refused here
+    return Window(lengths_N, np.ascontiguousarray(arr), top_k=top_k, group_ids=group_ids, step=step, copy=False)
+
+
+def _stack_counts(rows: list, name: str) -> np.ndarray:
+    """Per-sample ``[L, E]`` counts (arrays, tensors, lists) as one ``[N, L, E]`` int32 array: each
+    an exact integer array in ``0..2³¹−1`` (never cast and wrapped), all of one shape."""
+    if not rows:
+        raise InputError(f"{name}: no samples")
+    out = [int_array(c, f"{name}[{i}]", ndim=2, lo=0, hi=INT32_MAX, dtype=np.int32) for i, c in enumerate(rows)]
+    bad = next((i for i, r in enumerate(out) if r.shape != out[0].shape), None)
+    if bad is not None:
+        raise InputError(f"{name}: every sample's counts must be one [L, E] array of the same shape; "
+                         f"{name}[0] is {list(out[0].shape)}, {name}[{bad}] is {list(out[bad].shape)}")
+    return np.stack(out)
 
 
 
@@ -168,9 +206,10 @@ class StreamingCounts:
     def __init__(self, num_samples: int, num_layers: int, num_experts: int, top_k: int):
         from routepack_opt.core.window import available_memory
 
-        dims = (num_samples, num_layers, num_experts, top_k)
-        if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
-            raise InputError(f"StreamingCounts: expected positive integers N, L, E, top_k, got {dims}")
+        num_samples = check_int(num_samples, "StreamingCounts: num_samples", 1)
+        num_layers = check_int(num_layers, "StreamingCounts: num_layers", 1)
+        num_experts = check_int(num_experts, "StreamingCounts: num_experts", 1, INT32_MAX)
+        top_k = check_int(top_k, "StreamingCounts: top_k", 1, num_experts)  # a token's top-k experts are distinct
         need, avail = 4 * num_samples * num_layers * num_experts, available_memory()
         if avail is not None and need > avail:
             raise InputError(f"StreamingCounts: counts [N={num_samples}, L={num_layers}, E={num_experts}] need "
@@ -195,17 +234,15 @@ class StreamingCounts:
         import bisect
 
         N, L, E = self.counts_NLE.shape
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < N:
-            raise InputError(f"StreamingCounts.add: sample index {index!r} is not in 0..{N - 1}")
+        index = check_int(index, "StreamingCounts.add: index", 0, N - 1)
         if self._arrived[index]:
             raise InputError(f"StreamingCounts.add: sample {index} was already added")
-        c = np.asarray(counts_LE.detach().cpu() if _is_torch(counts_LE) else counts_LE)
-        if c.shape != (L, E) or c.dtype.kind not in "iu":
+        c = int_array(counts_LE, f"StreamingCounts.add: sample {index}: counts", ndim=2, lo=0, hi=INT32_MAX,
+                      dtype=np.int32)
+        if c.shape != (L, E):
             raise InputError(f"StreamingCounts.add: sample {index}: expected integer counts [{L}, {E}], "
-                             f"got {c.dtype} {tuple(c.shape)}")
-        n = int(length)
-        if n < 1:
-            raise InputError(f"StreamingCounts.add: sample {index} has {n} tokens")
+                             f"got shape {list(c.shape)}")
+        n = check_int(length, f"StreamingCounts.add: sample {index}: length", 1, MAX_LENGTH)
         sums = c.sum(axis=1)
         if (sums != self.top_k * n).any() or c.min() < 0 or c.max() > n:
             l = int(np.flatnonzero(sums != self.top_k * n)[0]) if (sums != self.top_k * n).any() else 0

@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from routepack_opt.core.checks import INT64_MAX, check_int, check_type, int_array
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.plan import Plan
 from routepack_opt.core.window import Window
@@ -64,13 +65,15 @@ class RankBatches:
 
 def sample_offsets(lengths_N) -> np.ndarray:
     """``offsets[i]`` = first token of sample i in window order (exclusive prefix sum)."""
-    lengths_N = np.asarray(lengths_N, dtype=np.int64)
+    lengths_N = int_array(lengths_N, "lengths", ndim=1, lo=0)
     return np.concatenate([[0], np.cumsum(lengths_N)[:-1]]).astype(np.int64)
 
 
 def synthetic_tokens(window: Window, vocab: int, seed: int = 0) -> np.ndarray:
     """Token ids ``tokens_T`` in window order (stand-in for the rollout's real tokens)."""
-    rng = np.random.default_rng(seed)
+    check_type(window, "window", Window)
+    vocab = check_int(vocab, "vocab", 1, INT64_MAX)
+    rng = np.random.default_rng(check_int(seed, "seed", 0, INT64_MAX))
     return rng.integers(0, vocab, size=window.total_tokens, dtype=np.int64)
 
 
@@ -82,6 +85,9 @@ def routes_from_counts(window: Window, seed: int | None = 0) -> np.ndarray:
     contiguous run of at most len (counts ≤ len), so a token never gets one expert twice. With a
     seed, tokens are then shuffled within the sample (independently per layer).
     """
+    check_type(window, "window", Window)
+    if seed is not None:
+        check_int(seed, "seed", 0, INT64_MAX)
     lengths_N, counts_NLE, K = window.lengths, window.counts, window.top_k
     N, L, E = counts_NLE.shape
     routes_TLK = np.empty((window.total_tokens, L, K), dtype=np.int64)
@@ -107,12 +113,13 @@ def build_microbatches(plan: Plan, window: Window, dp_rank: int, tokens_T=None,
     order, optional) are sliced to each micro-batch's tokens. Raises :class:`InputError` if the
     plan does not match the window or the rank is out of range.
     """
+    check_type(plan, "plan", Plan)
+    check_type(window, "window", Window)
     errs = plan.validate(window)
     if errs:
         raise InputError("plan does not match the window: " + "; ".join(errs[:3]))
     D = plan.topology.dp
-    if not isinstance(dp_rank, (int, np.integer)) or not 0 <= dp_rank < D:
-        raise InputError(f"dp_rank {dp_rank!r} is outside 0..{D - 1}")
+    dp_rank = check_int(dp_rank, "dp_rank", 0, D - 1)
     T_total = window.total_tokens
     if tokens_T is None:
         tokens_T = np.zeros(T_total, dtype=np.int64)

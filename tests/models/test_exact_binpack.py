@@ -87,7 +87,7 @@ def test_arcflow_graph_paths_are_decreasing_and_within_capacity():
 
 def test_unknown_method_is_input_error():
     """A misspelt method name is refused."""
-    with pytest.raises(InputError, match="method must be one of"):
+    with pytest.raises(InputError, match="method: expected one of"):
         solve_bin_packing([1, 2], 3, method="gurobi")
 
 
