@@ -224,7 +224,9 @@ def check_positive_int(value, name: str, *, allow_none: bool = False) -> int | N
     only with ``allow_none``."""
     if value is None and allow_none:
         return None
-    return check_int(value, name, lo=1)
+    if not is_integer(value) or value < 1:
+        raise InputError(f"{name}: expected a positive integer{' or None' if allow_none else ''}, got {shown(value)}")
+    return int(value)
 
 
 def check_known_options(given, known, where: str) -> None:
