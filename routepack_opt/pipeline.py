@@ -254,8 +254,7 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     topology = with_replicas(topology, window.num_experts, cost, redundant_experts, max_replica_bytes)
     if not isinstance(params, PlannerParams):
         raise InputError(f"params must be a PlannerParams, got {type(params).__name__}")
-    if max_rows is not None:
-        max_rows = check_rows(max_rows, "max_rows")
+    limit = row_limit(topology, params.rows, max_rows, rows)
     if max_sweeps is not None:
         max_sweeps = check_sweep_budget(max_sweeps, window.num_samples)
     check_sweep_budget(params.anneal.sweeps, window.num_samples, "anneal.sweeps")
@@ -270,18 +269,22 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
         pl, pl_kind = resolve_placement(window, topology, placement)
     with timings.stage("certify"):
         R, cert, packing = _certify(window, topology, rows, certificate, params, clock)
+    if rows is None:
+        check_row_limit(limit, cert)
     ctx = _Context(window, topology, cost, objective, placement, params, seed, clock, stop, timings,
                    packing, Evaluator(window, topology, cost), current_placement)
-    candidates = [R] if rows is not None else row_candidates(window.num_samples, topology, R, params.rows, max_rows)
+    candidates = [R] if rows is not None else row_candidates(window.num_samples, topology, R, params.rows,
+                                                             None if limit is None else limit.rows)
     notes: dict = {}
-    if rows is not None or (len(candidates) == 1 and params.rows.extra == 0 and not max_rows):
+    if rows is not None or (len(candidates) == 1 and params.rows.extra == 0 and limit is None):
         res = _plan_at(ctx, pl, pl_kind, R, max_sweeps, progress=progress)
     else:
         # an R_max the caller set bounds the baselines' counts too; the default one does not
-        hard = candidates[-1] if (max_rows or params.rows.max_rows) else None
+        hard = None if limit is None else candidates[-1]
         with timings.stage("rows-baseline-check"):
             best, complete = _best_baseline(ctx, pl, hard, R)
         res, notes["row_search"] = _search_rows(ctx, pl, pl_kind, candidates, max_sweeps, progress, hard)
+        notes["row_search"]["max_rows"] = None if limit is None else limit.asked
         res, notes["baseline_check"] = _baseline_check(ctx, res, best, complete, R)
     timings.record("total", time.perf_counter() - t_start)
     timings.record("warmup", warmup.seconds["warmup"])
@@ -349,13 +352,61 @@ class _Result:
     replica_notes: dict = dataclasses.field(default_factory=dict)
 
 
+class RowLimit(NamedTuple):
+    """A row maximum the caller set: ``asked`` as given, ``rows`` the largest count ≤ it that keeps
+    the row rules, ``name`` how the caller spelled it (for messages)."""
+
+    asked: int
+    rows: int
+    name: str
+
+
+def row_limit(topology: Topology, rp: RowParams, max_rows: int | None, rows: int | None = None) -> RowLimit | None:
+    """The row maximum of a call (``max_rows``, else ``[rows] max_rows`` when set; None: R* +
+    ``extra`` row multiples), checked against the row rules before any work: InputError when no
+    count ≤ it keeps ``min_rows`` and ``row_multiple``, or when a forced ``rows`` is above it.
+    A limit is never raised to fit: the search stays within it or the call fails."""
+    if max_rows is not None:
+        asked, name = check_rows(max_rows, "max_rows"), "max_rows (--max-rows, max_micro_batches)"
+    elif rp.max_rows:
+        asked, name = rp.max_rows, "[rows] max_rows"
+    else:
+        return None
+    top = asked // topology.row_multiple * topology.row_multiple
+    if top < topology.min_rows or top < 1:
+        raise InputError(f"{name} = {asked} leaves no valid row count: rows must be ≥ min_rows = "
+                         f"{topology.min_rows} and a multiple of row_multiple = {topology.row_multiple}, "
+                         f"and none of them is ≤ {asked} (raise the maximum or lower min_rows)")
+    if isinstance(rows, (int, np.integer)) and not isinstance(rows, bool) and rows > asked:
+        raise InputError(f"rows = {rows} is above {name} = {asked} (drop one of them)")
+    return RowLimit(asked, top, name)
+
+
+def check_row_limit(limit: RowLimit | None, cert: dict) -> None:
+    """InputError when the certificate leaves no layout within ``limit``: its maximum below the
+    proved least rows, or below the best known rows when R* is not proved (no layout that
+    short is known)."""
+    if limit is None or limit.rows >= int(cert["rows"]):
+        return
+    lb = int(cert.get("lower_bound", cert["rows"]))
+    if limit.rows < lb:
+        raise InputError(f"{limit.name} = {limit.asked} is below R* ≥ {lb}, the proved least rows under the "
+                         f"token cap: no plan has so few micro-batches (raise the maximum or the capacity)")
+    raise InputError(f"{limit.name} = {limit.asked}: no layout with at most {limit.rows} rows was found "
+                     f"(the best known has {cert['rows']}, R* ≥ {lb} is proved, status {cert.get('status')}); "
+                     "give the certifier more time ([certify] time_limit) or raise the maximum")
+
+
 def row_candidates(num_samples: int, topology: Topology, r_star: int, rp: RowParams,
                    max_rows: int | None = None) -> list[int]:
     """The row counts the search may choose: R* and every count in (R*, R_max] that keeps the
     row rules, R_max = ``max_rows`` (else ``rp.max_rows`` when set, else R* + ``rp.extra`` row
-    multiples), and never more than N / D rows (every cell holds a sample)."""
+    multiples), and never more than N / D rows (every cell holds a sample). A maximum below R*
+    is an InputError (see :func:`check_row_limit`), never raised to R*."""
     m = topology.row_multiple
     top = max_rows if max_rows is not None else (rp.max_rows or r_star + rp.extra * m)
+    if top < r_star:
+        raise InputError(f"the row maximum {top} is below R* = {r_star}")
     top = min(top, num_samples // topology.dp)
     return [r_star] + [r for r in range(r_star + 1, top + 1) if topology.row_ok(r)]
 
