@@ -59,7 +59,6 @@ from numba.core import config as numba_config
 from numba.core.dispatcher import Dispatcher
 
 from routepack_opt.certify import certify_rows, pack_into_bins
-from routepack_opt.core.bounds import knapsack_max, knapsack_top, lower_bound_l1
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.objective import Objective
@@ -74,7 +73,7 @@ from routepack_opt.heuristics.placement.refine import RefineConfig, refine_place
 from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
 from routepack_opt.heuristics.placement.replicate import replicated_placement
 from routepack_opt.models import binpack as exact_binpack
-from routepack_opt.models import branch_price, layout_blocks
+from routepack_opt.models import branch_price, colgen, layout_blocks
 from routepack_opt.models.layout_common import LayoutInstance
 
 __all__ = ["warm", "groups_for", "GROUPS", "UNITS", "numba_kernels", "run_unit", "default_jobs"]
@@ -286,11 +285,8 @@ def _warm_plan(with_anneal: bool = True) -> None:
             ev.evaluate(pl, *seeds[0], R, objective)
     if with_anneal:
         anneal.warm_storage(*anneal.STORAGES[0])  # the ordinary storage (compiled above)
-    # R* escalation past the cheap bounds: MBS' and the overflow tabu search on K bins
-    sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
-    binpack.best_packing(sizes, 64)
-    binpack.minimum_bin_slack(sizes, 64, restarts=1, seed=0)
-    binpack.fixed_bins_search(sizes, 64, lower_bound_l1(sizes, 64), max_iters=50)
+    # R* escalation past the cheap bounds: FFD/BFD, MBS' and the overflow tabu search on K bins
+    binpack.warm_kernels()
     # the cap repair of a length-only seed (a move, then swaps): tight windows need it
     cells.repair_capacity(np.array([6, 3, 5, 4, 2, 9]), np.array([0, 0, 0, 1, 1, 2]), 1, 3, 10)
 
@@ -337,14 +333,8 @@ def _warm_storage() -> None:
 
 
 def _warm_exact() -> None:
-    sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
-    exact_binpack.arcflow_graph(sizes, 64)
-    exact_binpack.arcflow_graph(sizes, 64, max_bins=7)
-    w_M, b_M = np.array([35, 30, 20], dtype=np.int64), np.array([2, 3, 1], dtype=np.int64)
-    for C in (64, 5000):  # the dense DP and (large capacities) the sparse Pareto DP
-        knapsack_max(w_M, b_M, w_M, C)
-        knapsack_max(w_M, b_M, w_M, C, min_load=40)
-        knapsack_top(w_M, b_M, w_M, C, 4)
+    exact_binpack.warm_kernels()
+    colgen.warm_kernels()
     branch_price.warm_kernels()
     _warm_blocks()
 
