@@ -27,6 +27,7 @@ from routepack_opt.core.placement import Placement, as_placement
 from routepack_opt.core.placement import slot_array as as_placement_array
 from routepack_opt.core.plan import Plan, check_placement
 from routepack_opt.core.report import EvaluationSummary, JointStats, PlanReport, SearchStats
+from routepack_opt.core.sizing import too_costly
 from routepack_opt.core.timing import Timings
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
@@ -167,11 +168,13 @@ def baseline_layouts(window: Window, topology: Topology, rows: int,
     packing of their last resort, done once for all of them); ``packing``: a bin per sample into
     at most ``rows·D`` bins of the capacity already known (the R* certificate's), which that
     last resort then uses as is."""
-    out = {}
+    out: dict[str, Layout] = {}
     exact_pack = SharedPacker(window.lengths, topology.capacity, packing)
     end = time.perf_counter() + time_limit
     for k, (name, fn) in enumerate(BASELINES.items()):
         share = (end - time.perf_counter()) / (len(BASELINES) - k)  # an even split of what is left
+        if out and share < _PACKER_S_PER_ITEM * window.num_samples:
+            break  # one seed in hand and no time for the next (each is a few O(N log N) passes)
         try:
             row, slot = fn(window.lengths, topology, rows, time_limit=max(0.05, share), exact_pack=exact_pack)
         except InfeasibleError:
@@ -331,6 +334,8 @@ class _Context:
     ev: Evaluator
     current_placement: np.ndarray | None
     frameworks: dict = dataclasses.field(default_factory=dict)  # framework_layouts' answers, memoised
+    frameworks_skipped: list = dataclasses.field(default_factory=list)  # packers sized out, with why
+    seeds: dict = dataclasses.field(default_factory=dict)  # R → baseline_layouts(R), memoised
 
     def stopped(self) -> bool:
         return self.clock.expired() or (self.stop is not None and self.stop())
@@ -418,9 +423,7 @@ def _plan_at(ctx: _Context, pl: Placement, pl_kind: str, R: int, max_sweeps: int
     screening's result)."""
     topology, objective, clock, timings, ev = ctx.topology, ctx.objective, ctx.clock, ctx.timings, ctx.ev
     with timings.stage("seeds"):
-        seeds = baseline_layouts(ctx.window, topology, R,
-                                 clock.share(ctx.params.seeds.share, ctx.params.seeds.time_limit),
-                                 packing=ctx.packing)
+        seeds = _seeds_at(ctx, R, clock.share(ctx.params.seeds.share, ctx.params.seeds.time_limit))
         seeds.update(extra_seeds or {})
         b = ev.rank_loads(pl)
         t_score = time.perf_counter()
@@ -519,13 +522,22 @@ def _joint_at(ctx: _Context, pl: Placement, layout: Layout, R: int,
     return jr.placement, found, JointStats.from_joint(jr.stats)
 
 
+def _seeds_at(ctx: _Context, R: int, time_limit: float) -> dict[str, Layout]:
+    """:func:`baseline_layouts` at ``R``, built once per call of :func:`solve` (the screening's
+    and the final search's seeds at one count are the same layouts; at N = 200,000 each build is
+    a second)."""
+    if R not in ctx.seeds:
+        ctx.seeds[R] = baseline_layouts(ctx.window, ctx.topology, R, time_limit, packing=ctx.packing)
+    return dict(ctx.seeds[R])
+
+
 def _screen(ctx: _Context, pl, b, R: int, sweeps: int, time_limit: float | None,
             seed_time: float, extra_seeds: dict[str, Layout]) -> tuple[Layout, tuple, str]:
     """One candidate row count, screened: its length-only seeds (and ``extra_seeds``) and a
     short annealing run from them (``sweeps`` sweeps, within ``time_limit``). Returns the best
     layout, its score key and where it came from."""
     ev, objective = ctx.ev, ctx.objective
-    seeds = baseline_layouts(ctx.window, ctx.topology, R, seed_time, packing=ctx.packing)
+    seeds = _seeds_at(ctx, R, seed_time)
     seeds.update(extra_seeds)
     scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
     best = min(scores, key=lambda name: scores[name])
@@ -556,17 +568,34 @@ def framework_layouts(ctx: _Context, r_star: int, max_rows: int | None = None) -
         return ctx.frameworks[r_star, max_rows]
     topo, lengths = ctx.topology, ctx.window.lengths
     got: dict[str, tuple] = {}
+    # first fit over every open bin (slime) and MFFD's scans (NeMo-RL) cost N × bins: sized first
+    bins = -(-int(lengths.sum()) // topo.capacity)
+    allowed = _FRAMEWORK_MAX_S if ctx.clock.limit is None else min(BASELINE_CHECK_SHARE * ctx.clock.limit,
+                                                                    ctx.clock.left() or 0.0)
+    start = time.perf_counter()
     for name, fn in FRAMEWORK_PACKERS.items():
+        # each packer is a few O(N log N) passes (KK, FFD, splitting and dealing), some N × bins
+        seconds = _PACKER_S_PER_ITEM * lengths.size + (
+            _PACKER_S_PER_ITEM_BIN * lengths.size * bins if name in _QUADRATIC_PACKERS else 0.0)
+        why = too_costly(f"framework:{name}", seconds=seconds, time_left=allowed - (time.perf_counter() - start))
+        if why is not None:
+            ctx.frameworks_skipped.append(why)
+            continue
         try:
             got[f"framework:{name}"] = fn(lengths, topo)
         except Exception:  # e.g. a framework that cannot keep equal counts per slot
             continue
-    try:
-        row, slot = BASELINES["verl-kk"](lengths, topo, r_star, exact_pack=SharedPacker(
-            lengths, topo.capacity, ctx.packing))
-        got["framework:verl-kk@R*"] = (row, slot, r_star)
-    except Exception:
-        pass
+    why = too_costly("framework:verl-kk@R*", seconds=_PACKER_S_PER_ITEM * lengths.size,
+                     time_left=allowed - (time.perf_counter() - start))
+    if why is not None:
+        ctx.frameworks_skipped.append(why)
+    else:
+        try:
+            row, slot = BASELINES["verl-kk"](lengths, topo, r_star, exact_pack=SharedPacker(
+                lengths, topo.capacity, ctx.packing))
+            got["framework:verl-kk@R*"] = (row, slot, r_star)
+        except Exception:
+            pass
     out: dict[int, dict[str, Layout]] = {}
     for name, (row, slot, rows) in got.items():
         rows = int(rows)
@@ -697,6 +726,11 @@ def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_swe
 
 
 BASELINE_CHECK_SHARE = 0.15
+# The frameworks' packers that scan every open bin per sample (first fit in Python/numpy, MFFD):
+# about 5 ns per (sample, bin) pair; without a time limit, at most this many seconds of them
+_QUADRATIC_PACKERS = frozenset({"slime", "nemo-mffd"})
+_PACKER_S_PER_ITEM_BIN, _FRAMEWORK_MAX_S = 5e-9, 30.0
+_PACKER_S_PER_ITEM = 2e-6  # every packer's O(N log N) part: ~0.4 s at N = 200,000 on a loaded 2-core machine
 
 
 def _best_baseline(ctx: _Context, pl, max_rows: int | None, r_star: int) -> tuple[tuple | None, bool]:
@@ -736,11 +770,12 @@ def _baseline_check(ctx: _Context, res: _Result, best: tuple | None, complete: b
                     r_star: int) -> tuple[_Result, dict]:
     """The plan against the best baseline (:func:`_best_baseline`): a baseline that scores
     better is taken (the plan never loses silently) and named, with why."""
+    skipped = {"skipped": list(ctx.frameworks_skipped)} if ctx.frameworks_skipped else {}
     if best is None:
-        return res, {"best": None, "complete": complete}
+        return res, {"best": None, "complete": complete, **skipped}
     key, name, plc, lay = best
     note = {"best": name, "rows": lay.rows, "makespan": key[0], "plan_makespan": res.key[0],
-            "saving": (key[0] - res.key[0]) / key[0], "taken": False, "complete": complete}
+            "saving": (key[0] - res.key[0]) / key[0], "taken": False, "complete": complete, **skipped}
     if key < res.key:
         searched = set(row_candidates(ctx.window.num_samples, ctx.topology, r_star, ctx.params.rows))
         causes = []
