@@ -248,3 +248,23 @@ def test_50_2_certificate_says_what_it_skipped():
     assert cert.status == "feasible" and cert.lower_bound <= rec["optimum"] <= cert.rows
     assert any(r.startswith("column generation skipped") for r in cert.skipped), cert.skipped
     assert cert.as_dict()["skipped"] == list(cert.skipped)
+
+
+def test_50_2_cap_repair_allocates_nothing_over_the_lengths():
+    """50.2: the seeds' cap repair looks lengths up by a search over the sorted lengths, not a
+    table over 0..max length (at lengths near 2^31 that table was 17 GB and `plan` ran out of
+    memory on a 180-sample window): tiny peak memory, and the layout keeps the cap."""
+    import tracemalloc
+
+    from routepack_opt.heuristics import cells
+
+    C = 2**31 - 1
+    len_N = np.array([C // 2 + 5, C // 2 + 7, C // 3, C // 3, C // 4, C // 5], dtype=np.int64)
+    cell_N = np.array([0, 0, 1, 1, 2, 2])  # cell 0 over the cap
+    cells.repair_capacity(len_N[:2], np.array([0, 0]), 1, 2, C)  # the kernels loaded (not measured)
+    tracemalloc.start()
+    ok = cells.repair_capacity(len_N, cell_N, 1, 3, C)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert ok and peak < 64 << 20  # the table over the lengths alone was 17 GB
+    assert (np.bincount(cell_N, weights=len_N, minlength=3) <= C).all()
