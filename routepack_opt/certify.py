@@ -327,8 +327,7 @@ def _by_bounds(s: _Search) -> Certificate | None:
     if s.ub_bins > s.K:
         # the DFF family costs O(thresholds · N): as many thresholds (≤ 64) as a tenth of the
         # limit pays for (L1 and L2 are known)
-        left = min(_DFF_SHARE * s.time_limit, s.left())
-        thresholds = max(0, int(min(64, left / (_DFF_S_PER_CELL * 20 * s.sizes_N.size))))
+        thresholds = _dff_thresholds(s.sizes_N.size, min(_DFF_SHARE * s.time_limit, s.left()))
         if thresholds < 64:
             s.skip(f"DFF bound on at most {thresholds} of 64 thresholds (the time left)")
         dff = lower_bound_dff(s.sizes_N, s.C, thresholds=thresholds)
@@ -340,6 +339,11 @@ def _by_bounds(s: _Search) -> Certificate | None:
             s.sizes_N, s.C, s.K, start=s.pack_N, time_limit=min(_TABU_FIRST_S, _TABU_SHARE * s.time_limit, s.left()))):
         return s.proved("bounds")
     return None
+
+
+def _dff_thresholds(n: int, seconds: float) -> int:
+    """How many DFF thresholds (≤ 64, each 20 passes over the n sizes) ``seconds`` pay for."""
+    return max(0, int(min(64, seconds / (_DFF_S_PER_CELL * 20 * max(n, 1)))))
 
 
 def _by_lp_bound(s: _Search) -> Certificate | None:
@@ -443,7 +447,7 @@ def _by_exact_model(s: _Search) -> Certificate | None:
     the tabu search on its K) until a packing meets the bound or the time is spent."""
     while True:
         left = s.time_limit - s.elapsed()
-        if left <= _EXACT_MIN_S:
+        if left <= _EXACT_MIN_S or not s.has_time("exact model"):
             return None
         K = s.K
         res = solve_bin_packing(s.sizes_N, s.C, max_bins=K, method=s.method, time_limit=left,
@@ -668,10 +672,10 @@ def pack_into_bins(sizes, capacity, num_bins: int, time_limit: float = 10.0, *,
         return np.zeros(0, dtype=np.int64)
     if num_bins < 1:
         return None
-    lb, _ = bin_lower_bound(sizes_N, C)
+    lb, _ = bin_lower_bound(sizes_N, C, thresholds=_dff_thresholds(sizes_N.size, _DFF_SHARE * time_limit))
     if lb > num_bins:
         return None
-    pack_N, ub, _ = best_packing(sizes_N, C)
+    pack_N, ub, _ = best_packing(sizes_N, C, deadline=t0 + _BFD_SHARE * time_limit)
     if ub <= num_bins:
         return pack_N
     ts_N = fixed_bins_search(sizes_N, C, num_bins, start=pack_N,

@@ -488,6 +488,9 @@ def _search(ctx: _Context, pl: Placement, b_NLP, seeds: dict[str, Layout], best_
     try:
         if clock.expired():
             raise _OutOfTime(f"the {clock.limit:g}s limit was spent before the search")
+        sized_out = _anneal_sized_out(ctx)
+        if sized_out is not None:
+            raise _OutOfTime(sized_out)
         left = clock.left()
         res = anneal(ctx.window.lengths, b_NLP, topology, ctx.cost, R, objective,
                      [lay.arrays() for lay in seeds.values()], config=ctx.params.anneal, seed=ctx.seed,
@@ -522,6 +525,14 @@ def _joint_at(ctx: _Context, pl: Placement, layout: Layout, R: int,
     return jr.placement, found, JointStats.from_joint(jr.stats)
 
 
+def _anneal_sized_out(ctx: _Context) -> str | None:
+    """Why the annealer cannot run at this capacity (None: it can): its problem holds a table of
+    "samples of length ≤ v" for v in 0..C (int32, built from an int64 range: 12 bytes a unit of
+    capacity, 26 GB at C = 2^31 − 1); over the memory budget the plan is the best seed."""
+    return too_costly("population annealing", nbytes=12.0 * (ctx.topology.capacity + 1),
+                      input_bytes=int(ctx.window.counts.nbytes))
+
+
 def _seeds_at(ctx: _Context, R: int, time_limit: float) -> dict[str, Layout]:
     """:func:`baseline_layouts` at ``R``, built once per call of :func:`solve` (the screening's
     and the final search's seeds at one count are the same layouts; at N = 200,000 each build is
@@ -542,7 +553,7 @@ def _screen(ctx: _Context, pl, b, R: int, sweeps: int, time_limit: float | None,
     scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
     best = min(scores, key=lambda name: scores[name])
     layout, key, source = seeds[best], scores[best], best
-    if ctx.stopped():
+    if ctx.stopped() or _anneal_sized_out(ctx) is not None:
         return layout, key, source
     # a short run from the length-only seeds and the joint-cost greedy seed
     res = anneal(ctx.window.lengths, b, ctx.topology, ctx.cost, R, objective,

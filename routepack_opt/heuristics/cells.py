@@ -137,8 +137,8 @@ def kk_partition(values, k: int, equal_size: bool = False) -> np.ndarray:
     v = np.ascontiguousarray(values, dtype=np.float64)
     if v.ndim != 1 or k < 1:
         raise InputError(f"kk_partition: need 1-d values and k ≥ 1, got shape {v.shape}, k={k}")
-    if v.size == 0:
-        return np.zeros(0, dtype=np.int64)
+    if v.size == 0 or k == 1:  # one part holds everything (the kernel's n merges would take a second at 10⁶)
+        return np.zeros(v.size, dtype=np.int64)
     # the kernel keeps a k-tuple per state (16 bytes a set) and sorts one per merge: memory and
     # time grow as n × k (at 200,000 samples in 100,000 micro-batches, 320 GB); sized first
     S = -(-v.size // (int(k) if equal_size else 1))
