@@ -488,7 +488,7 @@ def _search(ctx: _Context, pl: Placement, b_NLP, seeds: dict[str, Layout], best_
     try:
         if clock.expired():
             raise _OutOfTime(f"the {clock.limit:g}s limit was spent before the search")
-        sized_out = _anneal_sized_out(ctx)
+        sized_out = _anneal_sized_out(ctx, R)
         if sized_out is not None:
             raise _OutOfTime(sized_out)
         left = clock.left()
@@ -525,12 +525,22 @@ def _joint_at(ctx: _Context, pl: Placement, layout: Layout, R: int,
     return jr.placement, found, JointStats.from_joint(jr.stats)
 
 
-def _anneal_sized_out(ctx: _Context) -> str | None:
-    """Why the annealer cannot run at this capacity (None: it can): its problem holds a table of
-    "samples of length ≤ v" for v in 0..C (int32, built from an int64 range: 12 bytes a unit of
-    capacity, 26 GB at C = 2^31 − 1); over the memory budget the plan is the best seed."""
-    return too_costly("population annealing", nbytes=12.0 * (ctx.topology.capacity + 1),
-                      input_bytes=int(ctx.window.counts.nbytes))
+def _anneal_sized_out(ctx: _Context, R: int) -> str | None:
+    """Why the annealer cannot run at ``R`` rows (None: it can), sized before it allocates: its
+    problem holds a table of "samples of length ≤ v" for v in 0..C (int32 from an int64 range:
+    12 bytes a unit of capacity, 26 GB at C = 2^31 − 1), and each replica (the population and
+    the seeds') a member table of cells × the most samples a cell can hold, 4 bytes each, beside
+    O(N + cells) and the rank loads of every (row, shard) block (as
+    ``anneal.state.Population.bytes_per_replica`` counts them). Over the memory budget the plan
+    is the best seed."""
+    w, topo = ctx.window, ctx.topology
+    N, cells, blocks = w.num_samples, R * topo.dp, R * topo.num_shards
+    fit = int(np.searchsorted(np.cumsum(np.sort(w.lengths)), topo.capacity, side="right"))
+    cap = max(1, min(N - cells + 1, fit))
+    per = 20 * N + 24 * cells + 4.0 * cells * cap + blocks * w.num_layers * topo.ep * 8.0 + 64.0 * blocks
+    replicas = ctx.params.anneal.population + MAX_SEEDS
+    return too_costly(f"population annealing at {R} rows", nbytes=12.0 * (topo.capacity + 1) + replicas * per,
+                      input_bytes=int(w.counts.nbytes))
 
 
 def _seeds_at(ctx: _Context, R: int, time_limit: float) -> dict[str, Layout]:
@@ -553,7 +563,7 @@ def _screen(ctx: _Context, pl, b, R: int, sweeps: int, time_limit: float | None,
     scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
     best = min(scores, key=lambda name: scores[name])
     layout, key, source = seeds[best], scores[best], best
-    if ctx.stopped() or _anneal_sized_out(ctx) is not None:
+    if ctx.stopped() or _anneal_sized_out(ctx, R) is not None:
         return layout, key, source
     # a short run from the length-only seeds and the joint-cost greedy seed
     res = anneal(ctx.window.lengths, b, ctx.topology, ctx.cost, R, objective,
