@@ -138,7 +138,9 @@ class PlanOptions:
                 raise InputError(f"{name} must be an integer ≥ {lo}, got {v!r}")
         if not isinstance(self.params, PlannerParams):
             raise InputError(f"params must be a PlannerParams, got {self.params!r}")
-        self.topology()  # dp/ep/capacity/row rules checked here, in the caller's thread
+        # dp/ep/capacity/row rules checked here, in the caller's thread; a row maximum no valid
+        # count meets (min_micro_batches above it, or pp_multiple past it) too
+        pipeline.row_limit(self.topology(), self.params.rows, self.max_micro_batches, self.num_micro_batches)
         self.cost_model()  # an unknown preset or a bad cost file, too
         if isinstance(self.placement, str):
             if self.placement not in PLACEMENT_KINDS:

@@ -39,6 +39,7 @@ least R a construction fills and the proved lower bound.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import numpy as np
@@ -48,6 +49,7 @@ from routepack_opt.core.bounds import (
     check_sizes,
     dual_bound,
     is_packing,
+    lower_bound_dff,
     lower_bound_l1,
     lower_bound_l2,
 )
@@ -63,8 +65,10 @@ from routepack_opt.core.checks import (
 from routepack_opt.core.errors import BinPackUndecided, InfeasibleError, InputError
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
+from routepack_opt.heuristics import binpack as binpack_heuristics
 from routepack_opt.heuristics.binpack import best_packing, fixed_bins_search, minimum_bin_slack
 from routepack_opt.heuristics.equal_counts import equal_count_layout
+from routepack_opt.models import binpack as exact_binpack
 from routepack_opt.models import branch_price, colgen
 from routepack_opt.models.binpack import METHODS, arcflow_graph, solve_bin_packing
 from routepack_opt.models.equal_counts import decide_equal_counts
@@ -93,6 +97,10 @@ _BP_RESERVE_S = 0.3
 # its tables: the pricing's choice table (4 bytes a cell) and the listing's three (24 bytes a cell)
 _BP_MAX_CELLS = 5_000_000
 _CG_MAX_CELLS, _CG_MAX_TYPES = 25_000_000, 600
+# BFD may use half of the limit (FFD is always there); the DFF bound a tenth, at ~12–20 ns per
+# (threshold, k, item) (numpy temporaries: 3 s for 64 thresholds at N = 200,000 on a loaded machine)
+_BFD_SHARE, _DFF_SHARE, _DFF_S_PER_CELL = 0.5, 0.1, 2e-8
+_PASS_S_PER_ITEM = 3e-7  # one O(N log N) pass over the items (a sort, np.unique): 0.3 s at N = 10⁶
 
 
 def _mbs_nodes(n: int) -> int:
@@ -109,7 +117,8 @@ class Certificate:
     ``bounds`` (a lower bound met by FFD/BFD/MBS'/tabu search), ``cpsat`` or ``arcflow`` (the exact model
     that decided). ``bins_lower_bound`` / ``bins_upper_bound`` are on the bin-packing optimum;
     ``packing_N`` is a bin per sample into at most ``rows·D`` bins (see
-    :func:`spread_to_nonempty`); ``detail`` a human note (which bound, which packing).
+    :func:`spread_to_nonempty`); ``detail`` a human note (which bound, which packing);
+    ``skipped`` the stages too large for the memory budget or the time left, each with why.
     """
 
     rows: int
@@ -121,11 +130,16 @@ class Certificate:
     bins_upper_bound: int = 0
     detail: str = ""
     packing_N: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
+    skipped: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
-        """The certificate as stored in a plan / printed by ``routepack certify --json``."""
-        return {"rows": int(self.rows), "status": self.status, "lower_bound": int(self.lower_bound),
-                "method": self.method, "seconds": round(float(self.seconds), 4)}
+        """The certificate as stored in a plan / printed by ``routepack certify --json``
+        (``skipped``: the stages sized out, with why, when there are any)."""
+        out = {"rows": int(self.rows), "status": self.status, "lower_bound": int(self.lower_bound),
+               "method": self.method, "seconds": round(float(self.seconds), 4)}
+        if self.skipped:
+            out["skipped"] = list(self.skipped)
+        return out
 
 
 def _lengths_of(window) -> np.ndarray:
@@ -139,6 +153,17 @@ def _lengths_of(window) -> np.ndarray:
         raise InputError(f"lengths: every sample needs at least 1 token; samples {bad[:5].tolist()} "
                          f"have {arr[bad[:5]].tolist()}")
     return arr
+
+
+@functools.cache
+def _load_kernels() -> None:
+    """Every numba kernel the certifier may run, compiled or loaded from the cache once per
+    process before the first clock starts (a cold load is about a second: it must not count
+    against a limit of 0.05 s)."""
+    binpack_heuristics.warm_kernels()
+    exact_binpack.warm_kernels()
+    colgen.warm_kernels()
+    branch_price.warm_kernels()
 
 
 def _next_valid(r: int, topology: Topology) -> int:
@@ -155,7 +180,13 @@ def certify_rows(window, topology: Topology, time_limit: float = 10.0, *, method
     Raises :class:`InputError` when a sample is longer than the capacity (naming the samples),
     when N < D·min_rows, or when no valid R has R·D ≤ N. ``method`` picks the exact model
     (``auto``, ``cpsat``, ``arcflow``) used where bounds and constructive packings do not close.
+    The numba kernels are compiled or loaded before ``time_limit`` starts counting (the first
+    call in a process; :mod:`routepack_opt.warmup`); a solver library's first import counts.
+    Every stage that grows faster than N (tables over C, the arc-flow graph, the exact models)
+    is sized first (:mod:`routepack_opt.core.sizing`) and skipped when it does not fit the
+    memory budget or the time left: ``Certificate.skipped`` says which and why.
     """
+    _load_kernels()
     t0 = time.perf_counter()
     check_type(topology, "topology", Topology)
     time_limit = check_time_limit(time_limit, "time_limit")
@@ -213,11 +244,13 @@ class _Search:
                  method: str, num_workers: int):
         self.sizes_N, self.C, self.topology, self.r_max = sizes_N, C, topology, r_max
         self.time_limit, self.t0, self.method, self.num_workers = time_limit, t0, method, num_workers
+        self.skipped: list[str] = []  # stages sized out, with why (Certificate.skipped)
         # Cheap bounds first (L1, L2 are O(N log N) and usually close with FFD/BFD); the DFF
         # family only when they do not.
         l1, l2 = lower_bound_l1(sizes_N, C), lower_bound_l2(sizes_N, C)
         self.lb_bins, self.lb_name = (l1, "L1") if l1 >= l2 else (l2, "L2")
-        self.pack_N, self.ub_bins, self.ub_name = best_packing(sizes_N, C)
+        # FFD, and BFD unless it outruns half the limit (O(N log N), ~1 µs an item at 10⁶)
+        self.pack_N, self.ub_bins, self.ub_name = best_packing(sizes_N, C, deadline=t0 + _BFD_SHARE * time_limit)
         self.r_lo, self.K = self.rows_for(self.lb_bins)
         self.lp = None
         self.small_exact = False
@@ -225,6 +258,18 @@ class _Search:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return self.time_limit - self.elapsed()
+
+    def has_time(self, stage: str, passes: float = 3.0) -> bool:
+        """Whether ``stage`` can start: its setup alone is a few O(N log N) passes over the
+        items (``passes``, ~0.3 µs an item each), and at least 10 ms of search must be left
+        after them; else it is skipped, and said so."""
+        need = 0.01 + passes * _PASS_S_PER_ITEM * self.sizes_N.size
+        return not self.skip(None if self.left() > need else
+                             f"{stage} skipped: {max(self.left(), 0.0):.2f} s left, its setup alone "
+                             f"takes about {need:.2f} s at N = {self.sizes_N.size:,}")
 
     def rows_for(self, lb: int) -> tuple[int, int]:
         """The least valid row count for ``lb`` bins (InputError when none is) and its cells."""
@@ -252,9 +297,18 @@ class _Search:
     def cert(self, rows, status, how, detail) -> Certificate:
         if how == "bounds" and self.lb_name.startswith("LP"):  # the bound came from column generation
             how = "colgen"
+        if self.skipped:
+            detail = f"{detail}; " + "; ".join(self.skipped)
         return Certificate(rows=int(rows), status=status, lower_bound=int(self.r_lo), method=how,
                            seconds=self.elapsed(), bins_lower_bound=int(self.lb_bins),
-                           bins_upper_bound=int(self.ub_bins), detail=detail, packing_N=self.pack_N)
+                           bins_upper_bound=int(self.ub_bins), detail=detail, packing_N=self.pack_N,
+                           skipped=tuple(self.skipped))
+
+    def skip(self, reason: str | None) -> bool:
+        """Record ``reason`` (a stage sized out; None: it fits); True when it was one."""
+        if reason is not None and reason not in self.skipped:
+            self.skipped.append(reason)
+        return reason is not None
 
     def proved(self, how: str, detail: str | None = None) -> Certificate:
         """R* = r_lo: the bound met by the best packing."""
@@ -279,15 +333,25 @@ def _by_bounds(s: _Search) -> Certificate | None:
     short overflow tabu search on exactly K bins from FFD/BFD: milliseconds on production
     windows (many small bins), often enough on the benchmarks too."""
     if s.ub_bins > s.K:
-        full_lb, full_name = bin_lower_bound(s.sizes_N, s.C)
-        if full_lb > s.lb_bins:
-            s.raise_bound(full_lb, full_name)
+        # the DFF family costs O(thresholds · N): as many thresholds (≤ 64) as a tenth of the
+        # limit pays for (L1 and L2 are known)
+        thresholds = _dff_thresholds(s.sizes_N.size, min(_DFF_SHARE * s.time_limit, s.left()))
+        if thresholds < 64:
+            s.skip(f"DFF bound on at most {thresholds} of 64 thresholds (the time left)")
+        dff = lower_bound_dff(s.sizes_N, s.C, thresholds=thresholds)
+        if dff > s.lb_bins:
+            s.raise_bound(dff, "DFF")
     if s.ub_bins <= s.K:
         return s.proved("bounds")
-    if s.take_tabu(fixed_bins_search(s.sizes_N, s.C, s.K, start=s.pack_N,
-                                     time_limit=min(_TABU_FIRST_S, _TABU_SHARE * s.time_limit))):
+    if s.has_time("tabu search") and s.take_tabu(fixed_bins_search(
+            s.sizes_N, s.C, s.K, start=s.pack_N, time_limit=min(_TABU_FIRST_S, _TABU_SHARE * s.time_limit, s.left()))):
         return s.proved("bounds")
     return None
+
+
+def _dff_thresholds(n: int, seconds: float) -> int:
+    """How many DFF thresholds (≤ 64, each 20 passes over the n sizes) ``seconds`` pay for."""
+    return max(0, int(min(64, seconds / (_DFF_S_PER_CELL * 20 * max(n, 1)))))
 
 
 def _by_lp_bound(s: _Search) -> Certificate | None:
@@ -296,7 +360,13 @@ def _by_lp_bound(s: _Search) -> Certificate | None:
     and goes straight to the exact model (its LP is the Gilmore–Gomory LP), which then decides
     quickly."""
     s.small_exact = s.method in ("auto", "arcflow") and _arcflow_arcs(s.sizes_N, s.C, s.K) <= _SMALL_ARCFLOW_ARCS
-    if s.small_exact:
+    if s.small_exact or not s.has_time("column generation", passes=2.0):
+        return None
+    w_M, b_M, _ = colgen.types_of(s.sizes_N)
+    cells = colgen.pricing_cost(w_M, b_M, s.C)
+    if s.skip(None if cells <= _CG_MAX_CELLS and w_M.size <= _CG_MAX_TYPES else
+              f"column generation skipped: {w_M.size} sizes, pricing DP of {cells:,} cells (at most "
+              f"{_CG_MAX_TYPES} and {_CG_MAX_CELLS:,})"):
         return None
     lp_res = _lp_bound(s.sizes_N, s.C, s.K, s.pack_N, s.ub_bins, s.time_limit, s.elapsed)
     if lp_res is None:
@@ -317,15 +387,18 @@ def _by_heuristics(s: _Search) -> Certificate | None:
     if s.small_exact:
         mbs_max, tabu_max = 0.1, 0.1
     tl = s.time_limit
+    if not s.has_time("MBS'"):
+        return None
     mbs_N, mbs_bins = minimum_bin_slack(s.sizes_N, s.C, restarts=200, target=s.K,
                                         node_limit=_mbs_nodes(s.sizes_N.size),
-                                        time_limit=max(0.01, min(mbs_max, _MBS_SHARE * tl, tl - s.elapsed())))
+                                        time_limit=max(0.01, min(mbs_max, _MBS_SHARE * tl, s.left())))
     if mbs_bins < s.ub_bins:
         s.pack_N, s.ub_bins, s.ub_name = mbs_N, mbs_bins, "MBS'"
     if s.ub_bins <= s.K:
         return s.proved("bounds")
-    if s.take_tabu(fixed_bins_search(s.sizes_N, s.C, s.K, start=s.pack_N, seed=1,
-                                     time_limit=max(0.01, min(tabu_max, _TABU_SHARE * tl, tl - s.elapsed())))):
+    tabu_s = max(0.01, min(tabu_max, _TABU_SHARE * tl, s.left()))
+    if s.has_time("tabu search") and s.take_tabu(fixed_bins_search(s.sizes_N, s.C, s.K, start=s.pack_N, seed=1,
+                                                                   time_limit=tabu_s)):
         return s.proved("bounds")
     return None
 
@@ -359,7 +432,8 @@ def _by_branch_price(s: _Search) -> Certificate | None:
     if s.lp is None or s.small_exact:
         return None
     w_M, b_M, type_N = colgen.types_of(s.sizes_N)
-    if w_M.size * (s.C + 1) > _BP_MAX_CELLS:
+    if s.skip(None if w_M.size * (s.C + 1) <= _BP_MAX_CELLS else
+              f"branch-and-price skipped: {w_M.size} sizes × {s.C + 1:,} loads over {_BP_MAX_CELLS:,} cells"):
         return None
     while (left := s.time_limit - s.elapsed() - _BP_RESERVE_S) > _EXACT_MIN_S:
         res = branch_price.decide_bins(w_M, b_M, s.C, s.K, columns=s.lp.cols_PM, time_limit=left)
@@ -381,13 +455,15 @@ def _by_exact_model(s: _Search) -> Certificate | None:
     the tabu search on its K) until a packing meets the bound or the time is spent."""
     while True:
         left = s.time_limit - s.elapsed()
-        if left <= _EXACT_MIN_S:
+        if left <= _EXACT_MIN_S or not s.has_time("exact model"):
             return None
         K = s.K
         res = solve_bin_packing(s.sizes_N, s.C, max_bins=K, method=s.method, time_limit=left,
                                 lower_bound_hint=s.lb_bins, hint=s.pack_N, decision=True,
                                 num_workers=s.num_workers)
         s.used = res.method
+        if "skipped" in res.method:
+            s.skip(res.method)
         if res.bins is not None and res.bins <= K:
             if res.bins < s.ub_bins:
                 s.pack_N, s.ub_bins, s.ub_name = res.bin_N, res.bins, res.method
@@ -398,9 +474,9 @@ def _by_exact_model(s: _Search) -> Certificate | None:
             return None
         # K bins proved impossible: next valid R.
         s.raise_bound(max(s.lb_bins, K + 1, res.lower_bound), f"{res.method} proof")
-        if s.ub_bins > s.K:  # the tabu search again, on the new K
+        if s.ub_bins > s.K and s.has_time("tabu search"):  # the tabu search again, on the new K
             s.take_tabu(fixed_bins_search(s.sizes_N, s.C, s.K, start=s.pack_N, seed=1,
-                                          time_limit=min(_TABU_MAX_S, _TABU_SHARE * s.time_limit)))
+                                          time_limit=min(_TABU_MAX_S, _TABU_SHARE * s.time_limit, s.left())))
         if s.ub_bins <= s.K:
             return s.proved(res.method, f"{res.method} proved > {s.lb_bins - 1} bins, "
                                         f"{s.ub_name}={s.ub_bins} bins")
@@ -410,7 +486,8 @@ def _arcflow_arcs(sizes_N, C: int, K: int) -> int:
     """Item arcs of the reduced arc-flow graph on K bins (``models.binpack.arcflow_graph``)."""
     if K * C - int(sizes_N.sum()) >= C or np.unique(sizes_N).size * C > _SMALL_ARCFLOW_MAX_CELLS:
         return 1 << 62  # no slack pruning, or a graph too costly to build just to measure it
-    return int(arcflow_graph(sizes_N, C, K)["tail_A"].size)
+    g = arcflow_graph(sizes_N, C, K)
+    return 1 << 62 if g is None else int(g["tail_A"].size)
 
 
 def _lp_bound(sizes_N, C: int, K: int, pack_N, ub_bins: int, time_limit: float, elapsed):
@@ -419,9 +496,7 @@ def _lp_bound(sizes_N, C: int, K: int, pack_N, ub_bins: int, time_limit: float, 
     the LP's ⌈Σ b u / U⌉, re-derived from its integer duals by :func:`dual_bound`; if it leaves K
     open and K bins have less than one bin of slack, the LP over the patterns that waste at most
     that slack may prove K + 1."""
-    w_M, b_M, type_N = colgen.types_of(sizes_N)
-    if colgen.pricing_cost(w_M, b_M, C) > _CG_MAX_CELLS or w_M.size > _CG_MAX_TYPES:
-        return None
+    w_M, b_M, type_N = colgen.types_of(sizes_N)  # sized by the caller (_CG_MAX_CELLS, _CG_MAX_TYPES)
     budget = _CG_BOUND_SHARE * time_limit
     left = min(budget, time_limit - elapsed())
     if left <= 0.05:
@@ -614,10 +689,10 @@ def pack_into_bins(sizes, capacity, num_bins: int, time_limit: float = 10.0, *,
         return np.zeros(0, dtype=np.int64)
     if num_bins < 1:
         return None
-    lb, _ = bin_lower_bound(sizes_N, C)
+    lb, _ = bin_lower_bound(sizes_N, C, thresholds=_dff_thresholds(sizes_N.size, _DFF_SHARE * time_limit))
     if lb > num_bins:
         return None
-    pack_N, ub, _ = best_packing(sizes_N, C)
+    pack_N, ub, _ = best_packing(sizes_N, C, deadline=t0 + _BFD_SHARE * time_limit)
     if ub <= num_bins:
         return pack_N
     ts_N = fixed_bins_search(sizes_N, C, num_bins, start=pack_N,

@@ -27,6 +27,7 @@ from routepack_opt.core.placement import Placement, as_placement
 from routepack_opt.core.placement import slot_array as as_placement_array
 from routepack_opt.core.plan import Plan, check_placement
 from routepack_opt.core.report import EvaluationSummary, JointStats, PlanReport, SearchStats
+from routepack_opt.core.sizing import too_costly
 from routepack_opt.core.timing import Timings
 from routepack_opt.core.topology import Topology
 from routepack_opt.core.window import Window
@@ -167,11 +168,13 @@ def baseline_layouts(window: Window, topology: Topology, rows: int,
     packing of their last resort, done once for all of them); ``packing``: a bin per sample into
     at most ``rows·D`` bins of the capacity already known (the R* certificate's), which that
     last resort then uses as is."""
-    out = {}
+    out: dict[str, Layout] = {}
     exact_pack = SharedPacker(window.lengths, topology.capacity, packing)
     end = time.perf_counter() + time_limit
     for k, (name, fn) in enumerate(BASELINES.items()):
         share = (end - time.perf_counter()) / (len(BASELINES) - k)  # an even split of what is left
+        if out and share < _PACKER_S_PER_ITEM * window.num_samples:
+            break  # one seed in hand and no time for the next (each is a few O(N log N) passes)
         try:
             row, slot = fn(window.lengths, topology, rows, time_limit=max(0.05, share), exact_pack=exact_pack)
         except InfeasibleError:
@@ -262,6 +265,7 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
     for name, fn in (("progress", progress), ("stop", stop)):
         if fn is not None and not callable(fn):
             raise InputError(f"solve: {name} must be a function, got {shown(fn)}")
+    limit = row_limit(topology, params.rows, max_rows, rows)
     if max_sweeps is not None:
         max_sweeps = check_sweep_budget(max_sweeps, window.num_samples)
     check_sweep_budget(params.anneal.sweeps, window.num_samples, "anneal.sweeps")
@@ -276,18 +280,22 @@ def solve(window: Window, topology: Topology, cost: CostModel, *, objective: str
         pl, pl_kind = resolve_placement(window, topology, placement)
     with timings.stage("certify"):
         R, cert, packing = _certify(window, topology, rows, certificate, params, clock)
+    if rows is None:
+        check_row_limit(limit, cert)
     ctx = _Context(window, topology, cost, objective, placement, params, seed, clock, stop, timings,
                    packing, Evaluator(window, topology, cost), current_placement)
-    candidates = [R] if rows is not None else row_candidates(window.num_samples, topology, R, params.rows, max_rows)
+    candidates = [R] if rows is not None else row_candidates(window.num_samples, topology, R, params.rows,
+                                                             None if limit is None else limit.rows)
     notes: dict = {}
-    if rows is not None or (len(candidates) == 1 and params.rows.extra == 0 and not max_rows):
+    if rows is not None or (len(candidates) == 1 and params.rows.extra == 0 and limit is None):
         res = _plan_at(ctx, pl, pl_kind, R, max_sweeps, progress=progress)
     else:
         # an R_max the caller set bounds the baselines' counts too; the default one does not
-        hard = candidates[-1] if (max_rows or params.rows.max_rows) else None
+        hard = None if limit is None else candidates[-1]
         with timings.stage("rows-baseline-check"):
             best, complete = _best_baseline(ctx, pl, hard, R)
         res, notes["row_search"] = _search_rows(ctx, pl, pl_kind, candidates, max_sweeps, progress, hard)
+        notes["row_search"]["max_rows"] = None if limit is None else limit.asked
         res, notes["baseline_check"] = _baseline_check(ctx, res, best, complete, R)
     timings.record("total", time.perf_counter() - t_start)
     timings.record("warmup", warmup.seconds["warmup"])
@@ -334,6 +342,8 @@ class _Context:
     ev: Evaluator
     current_placement: np.ndarray | None
     frameworks: dict = dataclasses.field(default_factory=dict)  # framework_layouts' answers, memoised
+    frameworks_skipped: list = dataclasses.field(default_factory=list)  # packers sized out, with why
+    seeds: dict = dataclasses.field(default_factory=dict)  # R → baseline_layouts(R), memoised
 
     def stopped(self) -> bool:
         return self.clock.expired() or (self.stop is not None and self.stop())
@@ -355,13 +365,61 @@ class _Result:
     replica_notes: dict = dataclasses.field(default_factory=dict)
 
 
+class RowLimit(NamedTuple):
+    """A row maximum the caller set: ``asked`` as given, ``rows`` the largest count ≤ it that keeps
+    the row rules, ``name`` how the caller spelled it (for messages)."""
+
+    asked: int
+    rows: int
+    name: str
+
+
+def row_limit(topology: Topology, rp: RowParams, max_rows: int | None, rows: int | None = None) -> RowLimit | None:
+    """The row maximum of a call (``max_rows``, else ``[rows] max_rows`` when set; None: R* +
+    ``extra`` row multiples), checked against the row rules before any work: InputError when no
+    count ≤ it keeps ``min_rows`` and ``row_multiple``, or when a forced ``rows`` is above it.
+    A limit is never raised to fit: the search stays within it or the call fails."""
+    if max_rows is not None:
+        asked, name = check_rows(max_rows, "max_rows"), "max_rows (--max-rows, max_micro_batches)"
+    elif rp.max_rows:
+        asked, name = rp.max_rows, "[rows] max_rows"
+    else:
+        return None
+    top = asked // topology.row_multiple * topology.row_multiple
+    if top < topology.min_rows or top < 1:
+        raise InputError(f"{name} = {asked} leaves no valid row count: rows must be ≥ min_rows = "
+                         f"{topology.min_rows} and a multiple of row_multiple = {topology.row_multiple}, "
+                         f"and none of them is ≤ {asked} (raise the maximum or lower min_rows)")
+    if isinstance(rows, (int, np.integer)) and not isinstance(rows, bool) and rows > asked:
+        raise InputError(f"rows = {rows} is above {name} = {asked} (drop one of them)")
+    return RowLimit(asked, top, name)
+
+
+def check_row_limit(limit: RowLimit | None, cert: dict) -> None:
+    """InputError when the certificate leaves no layout within ``limit``: its maximum below the
+    proved least rows, or below the best known rows when R* is not proved (no layout that
+    short is known)."""
+    if limit is None or limit.rows >= int(cert["rows"]):
+        return
+    lb = int(cert.get("lower_bound", cert["rows"]))
+    if limit.rows < lb:
+        raise InputError(f"{limit.name} = {limit.asked} is below R* ≥ {lb}, the proved least rows under the "
+                         f"token cap: no plan has so few micro-batches (raise the maximum or the capacity)")
+    raise InputError(f"{limit.name} = {limit.asked}: no layout with at most {limit.rows} rows was found "
+                     f"(the best known has {cert['rows']}, R* ≥ {lb} is proved, status {cert.get('status')}); "
+                     "give the certifier more time ([certify] time_limit) or raise the maximum")
+
+
 def row_candidates(num_samples: int, topology: Topology, r_star: int, rp: RowParams,
                    max_rows: int | None = None) -> list[int]:
     """The row counts the search may choose: R* and every count in (R*, R_max] that keeps the
     row rules, R_max = ``max_rows`` (else ``rp.max_rows`` when set, else R* + ``rp.extra`` row
-    multiples), and never more than N / D rows (every cell holds a sample)."""
+    multiples), and never more than N / D rows (every cell holds a sample). A maximum below R*
+    is an InputError (see :func:`check_row_limit`), never raised to R*."""
     m = topology.row_multiple
     top = max_rows if max_rows is not None else (rp.max_rows or r_star + rp.extra * m)
+    if top < r_star:
+        raise InputError(f"the row maximum {top} is below R* = {r_star}")
     top = min(top, num_samples // topology.dp)
     return [r_star] + [r for r in range(r_star + 1, top + 1) if topology.row_ok(r)]
 
@@ -373,9 +431,7 @@ def _plan_at(ctx: _Context, pl: Placement, pl_kind: str, R: int, max_sweeps: int
     screening's result)."""
     topology, objective, clock, timings, ev = ctx.topology, ctx.objective, ctx.clock, ctx.timings, ctx.ev
     with timings.stage("seeds"):
-        seeds = baseline_layouts(ctx.window, topology, R,
-                                 clock.share(ctx.params.seeds.share, ctx.params.seeds.time_limit),
-                                 packing=ctx.packing)
+        seeds = _seeds_at(ctx, R, clock.share(ctx.params.seeds.share, ctx.params.seeds.time_limit))
         seeds.update(extra_seeds or {})
         b = ev.rank_loads(pl)
         t_score = time.perf_counter()
@@ -440,6 +496,9 @@ def _search(ctx: _Context, pl: Placement, b_NLP, seeds: dict[str, Layout], best_
     try:
         if clock.expired():
             raise _OutOfTime(f"the {clock.limit:g}s limit was spent before the search")
+        sized_out = _anneal_sized_out(ctx, R)
+        if sized_out is not None:
+            raise _OutOfTime(sized_out)
         left = clock.left()
         res = anneal(ctx.window.lengths, b_NLP, topology, ctx.cost, R, objective,
                      [lay.arrays() for lay in seeds.values()], config=ctx.params.anneal, seed=ctx.seed,
@@ -474,18 +533,45 @@ def _joint_at(ctx: _Context, pl: Placement, layout: Layout, R: int,
     return jr.placement, found, JointStats.from_joint(jr.stats)
 
 
+def _anneal_sized_out(ctx: _Context, R: int) -> str | None:
+    """Why the annealer cannot run at ``R`` rows (None: it can), sized before it allocates: its
+    problem holds a table of "samples of length ≤ v" for v in 0..C (int32 from an int64 range:
+    12 bytes a unit of capacity, 26 GB at C = 2^31 − 1), and each replica (the population and
+    the seeds') a member table of cells × the most samples a cell can hold, 4 bytes each, beside
+    O(N + cells) and the rank loads of every (row, shard) block (as
+    ``anneal.state.Population.bytes_per_replica`` counts them). Over the memory budget the plan
+    is the best seed."""
+    w, topo = ctx.window, ctx.topology
+    N, cells, blocks = w.num_samples, R * topo.dp, R * topo.num_shards
+    fit = int(np.searchsorted(np.cumsum(np.sort(w.lengths)), topo.capacity, side="right"))
+    cap = max(1, min(N - cells + 1, fit))
+    per = 20 * N + 24 * cells + 4.0 * cells * cap + blocks * w.num_layers * topo.ep * 8.0 + 64.0 * blocks
+    replicas = ctx.params.anneal.population + MAX_SEEDS
+    return too_costly(f"population annealing at {R} rows", nbytes=12.0 * (topo.capacity + 1) + replicas * per,
+                      input_bytes=int(w.counts.nbytes))
+
+
+def _seeds_at(ctx: _Context, R: int, time_limit: float) -> dict[str, Layout]:
+    """:func:`baseline_layouts` at ``R``, built once per call of :func:`solve` (the screening's
+    and the final search's seeds at one count are the same layouts; at N = 200,000 each build is
+    a second)."""
+    if R not in ctx.seeds:
+        ctx.seeds[R] = baseline_layouts(ctx.window, ctx.topology, R, time_limit, packing=ctx.packing)
+    return dict(ctx.seeds[R])
+
+
 def _screen(ctx: _Context, pl, b, R: int, sweeps: int, time_limit: float | None,
             seed_time: float, extra_seeds: dict[str, Layout]) -> tuple[Layout, tuple, str]:
     """One candidate row count, screened: its length-only seeds (and ``extra_seeds``) and a
     short annealing run from them (``sweeps`` sweeps, within ``time_limit``). Returns the best
     layout, its score key and where it came from."""
     ev, objective = ctx.ev, ctx.objective
-    seeds = baseline_layouts(ctx.window, ctx.topology, R, seed_time, packing=ctx.packing)
+    seeds = _seeds_at(ctx, R, seed_time)
     seeds.update(extra_seeds)
     scores = {name: ev.score_layout(pl, lay, objective).key for name, lay in seeds.items()}
     best = min(scores, key=lambda name: scores[name])
     layout, key, source = seeds[best], scores[best], best
-    if ctx.stopped():
+    if ctx.stopped() or _anneal_sized_out(ctx, R) is not None:
         return layout, key, source
     # a short run from the length-only seeds and the joint-cost greedy seed
     res = anneal(ctx.window.lengths, b, ctx.topology, ctx.cost, R, objective,
@@ -511,17 +597,34 @@ def framework_layouts(ctx: _Context, r_star: int, max_rows: int | None = None) -
         return ctx.frameworks[r_star, max_rows]
     topo, lengths = ctx.topology, ctx.window.lengths
     got: dict[str, tuple] = {}
+    # first fit over every open bin (slime) and MFFD's scans (NeMo-RL) cost N × bins: sized first
+    bins = -(-int(lengths.sum()) // topo.capacity)
+    allowed = _FRAMEWORK_MAX_S if ctx.clock.limit is None else min(BASELINE_CHECK_SHARE * ctx.clock.limit,
+                                                                    ctx.clock.left() or 0.0)
+    start = time.perf_counter()
     for name, fn in FRAMEWORK_PACKERS.items():
+        # each packer is a few O(N log N) passes (KK, FFD, splitting and dealing), some N × bins
+        seconds = _PACKER_S_PER_ITEM * lengths.size + (
+            _PACKER_S_PER_ITEM_BIN * lengths.size * bins if name in _QUADRATIC_PACKERS else 0.0)
+        why = too_costly(f"framework:{name}", seconds=seconds, time_left=allowed - (time.perf_counter() - start))
+        if why is not None:
+            ctx.frameworks_skipped.append(why)
+            continue
         try:
             got[f"framework:{name}"] = fn(lengths, topo)
         except Exception:  # e.g. a framework that cannot keep equal counts per slot
             continue
-    try:
-        row, slot = BASELINES["verl-kk"](lengths, topo, r_star, exact_pack=SharedPacker(
-            lengths, topo.capacity, ctx.packing))
-        got["framework:verl-kk@R*"] = (row, slot, r_star)
-    except Exception:
-        pass
+    why = too_costly("framework:verl-kk@R*", seconds=_PACKER_S_PER_ITEM * lengths.size,
+                     time_left=allowed - (time.perf_counter() - start))
+    if why is not None:
+        ctx.frameworks_skipped.append(why)
+    else:
+        try:
+            row, slot = BASELINES["verl-kk"](lengths, topo, r_star, exact_pack=SharedPacker(
+                lengths, topo.capacity, ctx.packing))
+            got["framework:verl-kk@R*"] = (row, slot, r_star)
+        except Exception:
+            pass
     out: dict[int, dict[str, Layout]] = {}
     for name, (row, slot, rows) in got.items():
         rows = int(rows)
@@ -652,6 +755,11 @@ def _search_rows(ctx: _Context, pl, pl_kind: str, candidates: list[int], max_swe
 
 
 BASELINE_CHECK_SHARE = 0.15
+# The frameworks' packers that scan every open bin per sample (first fit in Python/numpy, MFFD):
+# about 5 ns per (sample, bin) pair; without a time limit, at most this many seconds of them
+_QUADRATIC_PACKERS = frozenset({"slime", "nemo-mffd"})
+_PACKER_S_PER_ITEM_BIN, _FRAMEWORK_MAX_S = 5e-9, 30.0
+_PACKER_S_PER_ITEM = 2e-6  # every packer's O(N log N) part: ~0.4 s at N = 200,000 on a loaded 2-core machine
 
 
 def _best_baseline(ctx: _Context, pl, max_rows: int | None, r_star: int) -> tuple[tuple | None, bool]:
@@ -691,11 +799,12 @@ def _baseline_check(ctx: _Context, res: _Result, best: tuple | None, complete: b
                     r_star: int) -> tuple[_Result, dict]:
     """The plan against the best baseline (:func:`_best_baseline`): a baseline that scores
     better is taken (the plan never loses silently) and named, with why."""
+    skipped = {"skipped": list(ctx.frameworks_skipped)} if ctx.frameworks_skipped else {}
     if best is None:
-        return res, {"best": None, "complete": complete}
+        return res, {"best": None, "complete": complete, **skipped}
     key, name, plc, lay = best
     note = {"best": name, "rows": lay.rows, "makespan": key[0], "plan_makespan": res.key[0],
-            "saving": (key[0] - res.key[0]) / key[0], "taken": False, "complete": complete}
+            "saving": (key[0] - res.key[0]) / key[0], "taken": False, "complete": complete, **skipped}
     if key < res.key:
         searched = set(row_candidates(ctx.window.num_samples, ctx.topology, r_star, ctx.params.rows))
         causes = []

@@ -59,7 +59,6 @@ from numba.core import config as numba_config
 from numba.core.dispatcher import Dispatcher
 
 from routepack_opt.certify import certify_rows, pack_into_bins
-from routepack_opt.core.bounds import knapsack_max, knapsack_top, lower_bound_l1
 from routepack_opt.core.cost import get_preset
 from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.objective import Objective
@@ -74,7 +73,7 @@ from routepack_opt.heuristics.placement.refine import RefineConfig, refine_place
 from routepack_opt.heuristics.placement.replica_refine import block_expert_loads, refine_replicas
 from routepack_opt.heuristics.placement.replicate import replicated_placement
 from routepack_opt.models import binpack as exact_binpack
-from routepack_opt.models import branch_price, layout_blocks
+from routepack_opt.models import branch_price, colgen, layout_blocks
 from routepack_opt.models.layout_common import LayoutInstance
 from routepack_opt.replay import import_replay
 
@@ -299,32 +298,16 @@ def _warm_plan(with_anneal: bool = True) -> None:
     cells.repair_capacity(np.array([6, 3, 5, 4, 2, 9]), np.array([0, 0, 0, 1, 1, 2]), 1, 3, 10)
 
 
-# A triplet instance (Falkenauer's kind: 4 bins filled exactly) on which FFD and BFD use 5 bins,
-# so that the overflow tabu search on L1 = 4 bins really runs its exchanges.
-_TRIPLETS = np.array([482, 431, 420, 377, 352, 345, 311, 303, 265, 258, 253, 203], dtype=np.int64)
-_SIZES = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)  # FFD: 6 = L1 bins
-
-
 def _warm_certifier() -> None:
-    """R* escalation past the cheap bounds, every stage a near-cap window can reach: MBS', the
-    overflow tabu search and its exchanges on an instance FFD does not pack into L1 bins, the
-    arc-flow graph with and without a bin count (its live-load pass needs slack < C), the
-    knapsack pricing (the dense DP and, at large capacities, the sparse Pareto DP) and
+    """R* escalation past the cheap bounds, every stage a near-cap window can reach, each module's
+    own warmer (the ones the certifier runs before its clock): FFD/BFD (the treap above 2^22),
+    MBS', the overflow tabu search and its exchanges on an instance FFD does not pack into L1
+    bins, the arc-flow graph with and without a bin count (its live-load pass needs slack < C),
+    the knapsack pricing (the dense DP and, at large capacities, the sparse Pareto DP) and
     branch-and-price's pricing and listing."""
-    binpack.best_packing(_SIZES, 64)
-    binpack.minimum_bin_slack(_SIZES, 64, restarts=1, seed=0)
-    binpack.fixed_bins_search(_SIZES, 64, lower_bound_l1(_SIZES, 64), max_iters=50)
-    K = lower_bound_l1(_TRIPLETS, 1000)
-    assert binpack.best_packing(_TRIPLETS, 1000)[1] > K  # the tabu search below runs
-    binpack.fixed_bins_search(_TRIPLETS, 1000, K, max_iters=200)
-    exact_binpack.arcflow_graph(_SIZES, 64)
-    exact_binpack.arcflow_graph(_SIZES, 64, max_bins=7)
-    exact_binpack.arcflow_graph(_SIZES, 64, max_bins=6)  # slack 34 < C: the live-load pass
-    w_M, b_M = np.array([35, 30, 20], dtype=np.int64), np.array([2, 3, 1], dtype=np.int64)
-    for C in (64, 5000):  # the dense DP and (large capacities) the sparse Pareto DP
-        knapsack_max(w_M, b_M, w_M, C)
-        knapsack_max(w_M, b_M, w_M, C, min_load=40)
-        knapsack_top(w_M, b_M, w_M, C, 4)
+    binpack.warm_kernels()
+    exact_binpack.warm_kernels()
+    colgen.warm_kernels()
     branch_price.warm_kernels()
 
 

@@ -216,8 +216,9 @@ def test_mbs_out_of_time_still_returns_a_packing():
 
 
 def test_tabu_run_stops_at_its_deadline():
-    """The overflow tabu kernel reads the clock: with its deadline gone it stops after at most
-    15 iterations (the clock is read before every 16th) instead of its whole budget."""
+    """The overflow tabu kernel reads the clock: with its deadline gone it stops before its first
+    iteration (the clock is read before every ``every``-th, from the first) instead of running
+    its whole budget."""
     from routepack_opt.heuristics import binpack
 
     rng = np.random.default_rng(9)
@@ -225,9 +226,10 @@ def test_tabu_run_stops_at_its_deadline():
     K = int(np.ceil(sizes.sum() / 100))  # tight: overflow left after a few iterations
     init = np.arange(400) % K
     t = time.perf_counter()
-    _, F_past = binpack._overflow_tabu(sizes, 100, K, init, 10**9, 0, 5, t - 1.0)
-    _, F_15 = binpack._overflow_tabu(sizes, 100, K, init, 15, 0, 5, np.inf)
-    assert F_past == F_15 > 0
+    for every in (16, 1):
+        _, F_past = binpack._overflow_tabu(sizes, 100, K, init, 10**9, 0, 5, t - 1.0, every)
+        _, F_0 = binpack._overflow_tabu(sizes, 100, K, init, 0, 0, 5, np.inf, every)
+        assert F_past == F_0 > 0
 
 
 def test_bin_packing_model_too_large_is_not_built(monkeypatch):

@@ -93,8 +93,9 @@ def register(sub) -> None:
                    help="the placement currently materialized: joint placement pays migration cost against it")
     add_search_args(p)
     p.add_argument("--max-rows", type=positive_int, metavar="R_MAX",
-                   help="the most rows the row search may choose (default R* + 4 row multiples, at most "
-                   "N/D; [rows] in --config); ignored with --rows")
+                   help="the most rows the plan may have (default R* + 4 row multiples, at most "
+                   "N/D; [rows] in --config): below R*, or with no valid count under it, is exit 2, "
+                   "never planned over; --rows above it is exit 2")
     p.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan here")
     add_json(p)
     p.set_defaults(func=run)
@@ -116,7 +117,7 @@ def run(args) -> None:
                   params=params, time_limit=args.time_limit, max_sweeps=args.max_sweeps,
                   seed=args.seed, progress=cb, current_placement=current,
                   max_replica_bytes=args.max_replica_bytes,
-                  max_rows=None if args.rows else args.max_rows)
+                  max_rows=args.max_rows)
     if out:
         p.save(out)
     r = p.report

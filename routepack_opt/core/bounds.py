@@ -79,8 +79,10 @@ def _l2_sorted(s_asc: np.ndarray, C: int) -> int:
         return 0
     prefix = np.concatenate([[0], np.cumsum(s_asc)])  # prefix[i] = Σ of the i smallest
     # Candidate thresholds K: 0 and every distinct size ≤ C/2 (L(K) only changes there).
-    small = s_asc[2 * s_asc <= C]
-    K = np.concatenate([[0], np.unique(small)]).astype(np.int64)
+    small = s_asc[2 * s_asc <= C]  # ascending: its distinct values without a hash (np.unique)
+    first = np.ones(small.size, dtype=bool)
+    first[1:] = small[1:] != small[:-1]
+    K = np.concatenate([[0], small[first]]).astype(np.int64)
     half = np.searchsorted(s_asc, C // 2, side="right")     # items with s ≤ ⌊C/2⌋ ⇔ 2s ≤ C
     lo3 = np.searchsorted(s_asc, K, side="left")             # first item with s ≥ K
     hi2 = np.searchsorted(s_asc, C - K, side="right")        # items with s ≤ C-K
@@ -112,21 +114,22 @@ def _dff_fs(s: np.ndarray, C: int, k: int) -> tuple[np.ndarray, int]:
     return np.where(exact, s * k, (q // C) * C), C * k
 
 
-def lower_bound_dff(sizes, capacity, max_k: int = 20) -> int:
+def lower_bound_dff(sizes, capacity, max_k: int = 20, thresholds: int = 64) -> int:
     """Bound from dual feasible functions (Fekete & Schepers 2001).
 
     For each k ≤ ``max_k``: ⌈Σ u^(k)(s/C)⌉ with u^(k)(x) = x if (k+1)x ∈ ℤ else ⌊(k+1)x⌋/k;
     composed with the L2 threshold map U^ε (items > C−ε count as full bins, items < ε vanish)
-    for ε ∈ the distinct sizes ≤ C/2. Exact integer arithmetic.
+    for ε ∈ the distinct sizes ≤ C/2, at most ``thresholds`` of them (0: the bound is 0). Exact
+    integer arithmetic; O(thresholds · max_k · N).
     """
     sizes_N, C = check_sizes(sizes, capacity)
-    if sizes_N.size == 0:
+    if sizes_N.size == 0 or thresholds < 1:
         return 0
     s = np.sort(sizes_N)
     best = 0
     eps_list = np.unique(np.concatenate([[0], s[2 * s <= C]]))
-    if eps_list.size > 64:  # thin the thresholds: bound stays valid, cost stays O(64·k·N)
-        eps_list = eps_list[np.linspace(0, eps_list.size - 1, 64).astype(np.int64)]
+    if eps_list.size > thresholds:  # thin the thresholds: bound stays valid, cost stays O(thresholds·k·N)
+        eps_list = eps_list[np.linspace(0, eps_list.size - 1, thresholds).astype(np.int64)]
     for eps in eps_list.tolist():
         # U^ε: x > C-ε → C; ε ≤ x ≤ C-ε → x; x < ε → 0.
         t = np.where(s > C - eps, C, np.where(s < eps, 0, s))
@@ -139,13 +142,14 @@ def lower_bound_dff(sizes, capacity, max_k: int = 20) -> int:
     return best
 
 
-def bin_lower_bound(sizes, capacity) -> tuple[int, str]:
-    """The best of L1, L2 and the DFF bound, with its name (``"L1"``, ``"L2"``, ``"DFF"``)."""
+def bin_lower_bound(sizes, capacity, thresholds: int = 64) -> tuple[int, str]:
+    """The best of L1, L2 and the DFF bound (over at most ``thresholds`` thresholds), with its
+    name (``"L1"``, ``"L2"``, ``"DFF"``)."""
     sizes_N, C = check_sizes(sizes, capacity)
     l1 = lower_bound_l1(sizes_N, C)
     l2 = _l2_sorted(np.sort(sizes_N), C)
     best, name = (l1, "L1") if l1 >= l2 else (l2, "L2")
-    dff = lower_bound_dff(sizes_N, C)
+    dff = lower_bound_dff(sizes_N, C, thresholds=thresholds)
     if dff > best:
         best, name = dff, "DFF"
     return best, name

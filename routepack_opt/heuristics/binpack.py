@@ -6,14 +6,16 @@ check live in :mod:`routepack_opt.core.bounds`, shared with the exact models.
 
 Legend: ``sizes_N`` item sizes (ints, 1 ≤ s ≤ C), ``bin_N`` the bin of each item (0..B-1).
 
-Packings (numba, O(N log N)): :func:`first_fit_decreasing` (segment tree over bins) and
-:func:`best_fit_decreasing` (Fenwick tree over residual capacities; Johnson 1973). Both return
+Packings (numba, O(N log N) at every capacity): :func:`first_fit_decreasing` (segment tree over
+bins) and :func:`best_fit_decreasing` (Fenwick tree over residual capacities up to 2^22, a treap of
+the open bins above; Johnson 1973). Both return
 ``bin_N`` in the caller's item order. :func:`minimum_bin_slack` is the stronger (and slower)
 MBS' heuristic of Fleszar & Hindi (2002), with seeded random restarts.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 
 import numba
@@ -22,7 +24,7 @@ import numpy as np
 from routepack_opt.core.bounds import check_sizes
 
 __all__ = ["first_fit_decreasing", "best_fit_decreasing", "best_packing", "minimum_bin_slack",
-           "fixed_bins_search", "bins_used"]
+           "fixed_bins_search", "bins_used", "warm_kernels"]
 
 
 # ---------------------------------------------------------------- constructive packings
@@ -111,25 +113,110 @@ def _bfd_fenwick(s_desc, C):
     return out, used
 
 
+@numba.njit(cache=True, inline='always')
+def _rotate_up(x, left, right, parent, root):
+    """Rotate node ``x`` above its parent (in-order kept); ``root[0]`` follows."""
+    p = parent[x]
+    g = parent[p]
+    if left[p] == x:
+        left[p] = right[x]
+        if right[x] >= 0:
+            parent[right[x]] = p
+        right[x] = p
+    else:
+        right[p] = left[x]
+        if left[x] >= 0:
+            parent[left[x]] = p
+        left[x] = p
+    parent[p] = x
+    parent[x] = g
+    if g < 0:
+        root[0] = x
+    elif left[g] == p:
+        left[g] = x
+    else:
+        right[g] = x
+
+
 @numba.njit(cache=True)
-def _bfd_scan(s_desc, C):
-    """Best fit by linear scan over open bins (for capacities too large for a Fenwick tree)."""
+def _bfd_treap(s_desc, C, deadline):
+    """Best fit with the open bins in a treap keyed by residual (node = bin id; Seidel & Aragon
+    1996): the fullest bin an item fits is the leftmost node with residual ≥ w, O(log bins) an
+    item at any capacity. An inserted bin goes before the bins of equal residual, so ties go to
+    the bin changed last, exactly as the Fenwick kernel's stacks do (same packing). The clock is
+    read every 2^15 items (an object-mode call): past ``deadline`` it stops, returning used = −1."""
     n = s_desc.size
-    res = np.empty(n, dtype=np.int64)
+    key = np.empty(n, dtype=np.int64)
+    left = np.full(n, -1, dtype=np.int64)
+    right = np.full(n, -1, dtype=np.int64)
+    parent = np.full(n, -1, dtype=np.int64)
+    prio = np.empty(n, dtype=np.uint64)
+    h = np.uint64(0x9E3779B97F4A7C15)
+    for b in range(n):  # fixed pseudo-random priorities (splitmix64): deterministic
+        h += np.uint64(0x9E3779B97F4A7C15)
+        z = h
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        prio[b] = z ^ (z >> np.uint64(31))
+    root = np.full(1, -1, dtype=np.int64)
     out = np.empty(n, dtype=np.int64)
     used = 0
     for j in range(n):
+        if (j & 32767) == 0:  # from the first item on (so that a warm-up compiles this block too)
+            with numba.objmode(now="float64"):
+                now = time.perf_counter()
+            if now > deadline:
+                return out, -1
         w = s_desc[j]
-        best = -1
-        for b in range(used):
-            if res[b] >= w and (best < 0 or res[b] < res[best]):
-                best = b
-        if best < 0:
-            best = used
-            res[best] = C
+        # the leftmost node with key ≥ w
+        b = -1
+        cur = root[0]
+        while cur >= 0:
+            if key[cur] >= w:
+                b = cur
+                cur = left[cur]
+            else:
+                cur = right[cur]
+        if b >= 0:  # take it out: rotate it down to a leaf, then cut it off
+            while left[b] >= 0 or right[b] >= 0:
+                if right[b] < 0 or (left[b] >= 0 and prio[left[b]] > prio[right[b]]):
+                    _rotate_up(left[b], left, right, parent, root)
+                else:
+                    _rotate_up(right[b], left, right, parent, root)
+            p = parent[b]
+            if p < 0:
+                root[0] = -1
+            elif left[p] == b:
+                left[p] = -1
+            else:
+                right[p] = -1
+            parent[b] = -1
+        else:
+            b = used
             used += 1
-        res[best] -= w
-        out[j] = best
+            key[b] = C
+        out[j] = b
+        key[b] -= w
+        # insert b before every node of equal key
+        r = key[b]
+        cur = root[0]
+        if cur < 0:
+            root[0] = b
+        else:
+            while True:
+                if r <= key[cur]:
+                    if left[cur] < 0:
+                        left[cur] = b
+                        break
+                    cur = left[cur]
+                else:
+                    if right[cur] < 0:
+                        right[cur] = b
+                        break
+                    cur = right[cur]
+            parent[b] = cur
+            while parent[b] >= 0 and prio[b] > prio[parent[b]]:
+                _rotate_up(b, left, right, parent, root)
     return out, used
 
 
@@ -153,25 +240,43 @@ def first_fit_decreasing(sizes, capacity) -> tuple[np.ndarray, int]:
     return bin_N, int(used)
 
 
-def best_fit_decreasing(sizes, capacity) -> tuple[np.ndarray, int]:
+def best_fit_decreasing(sizes, capacity, *, deadline: float | None = None) -> tuple[np.ndarray, int] | None:
     """BFD: items by decreasing size, each into the fullest open bin it fits.
 
-    Returns ``(bin_N, bins_used)``; ``bin_N`` follows the caller's item order.
+    O(N log N) at every capacity: a Fenwick tree over the residuals up to C = 2^22 (16 bytes a
+    unit of capacity), above it a treap of the open bins (the same packing). Returns
+    ``(bin_N, bins_used)``; ``bin_N`` follows the caller's item order. With ``deadline`` (a
+    ``time.perf_counter()`` value) the large-capacity kernel stops past it and returns None.
     """
     sizes_N, C = check_sizes(sizes, capacity)
     order = _decreasing(sizes_N)
-    kernel = _bfd_fenwick if C <= _FENWICK_MAX_C else _bfd_scan
-    b_sorted, used = kernel(sizes_N[order], C)
+    return _bfd_ordered(sizes_N, C, order, deadline)
+
+
+def _bfd_ordered(sizes_N, C: int, order, deadline: float | None):
+    if C <= _FENWICK_MAX_C:
+        b_sorted, used = _bfd_fenwick(sizes_N[order], C)
+    else:
+        b_sorted, used = _bfd_treap(sizes_N[order], C, np.inf if deadline is None else float(deadline))
+        if used < 0:
+            return None
     bin_N = np.empty_like(b_sorted)
     bin_N[order] = b_sorted
     return bin_N, int(used)
 
 
-def best_packing(sizes, capacity) -> tuple[np.ndarray, int, str]:
-    """The better of FFD and BFD: ``(bin_N, bins_used, name)``."""
-    f, nf = first_fit_decreasing(sizes, capacity)
-    b, nb = best_fit_decreasing(sizes, capacity)
-    return (f, nf, "FFD") if nf <= nb else (b, nb, "BFD")
+def best_packing(sizes, capacity, *, deadline: float | None = None) -> tuple[np.ndarray, int, str]:
+    """The better of FFD and BFD: ``(bin_N, bins_used, name)``; FFD alone when BFD does not
+    finish by ``deadline`` (see :func:`best_fit_decreasing`). One sort serves both."""
+    sizes_N, C = check_sizes(sizes, capacity)
+    order = _decreasing(sizes_N)
+    b_sorted, nf = _ffd_kernel(sizes_N[order], C)
+    f = np.empty_like(b_sorted)
+    f[order] = b_sorted
+    bfd = _bfd_ordered(sizes_N, C, order, deadline)
+    if bfd is None or nf <= bfd[1]:
+        return f, int(nf), "FFD"
+    return bfd[0], bfd[1], "BFD"
 
 
 def bins_used(bin_N) -> int:
@@ -290,7 +395,7 @@ def _mbs_pass(s_sorted, C: int, node_limit: int, deadline: float | None):
     if done:
         return out, int(nbins), True
     left = np.flatnonzero(out < 0)
-    rest, used, _ = best_packing(s_sorted[left], C)
+    rest, used, _ = best_packing(s_sorted[left], C, deadline=deadline)  # past it: FFD alone
     out[left] = nbins + rest
     return out, int(nbins) + used, False
 
@@ -321,8 +426,8 @@ def minimum_bin_slack(sizes, capacity, restarts: int = 0, seed: int = 0,
             order = np.argsort(-(sizes_N * (1.0 + noise)), kind="stable")
         deadline = None if time_limit is None else t0 + time_limit
         b_sorted, used, done = _mbs_pass(sizes_N[order], C, node_limit, deadline)
-        if not done and best_bins is None:  # out of time in the first pass: FFD/BFD if better
-            best_N, best_bins, _ = best_packing(sizes_N, C)
+        if not done and best_bins is None:  # out of time in the first pass: FFD (BFD in time) if better
+            best_N, best_bins, _ = best_packing(sizes_N, C, deadline=deadline)
         if best_bins is None or used < best_bins:
             best_N = np.empty_like(b_sorted)
             best_N[order] = b_sorted
@@ -425,15 +530,16 @@ def _best_exchange(s, C, K, a, load, start, members, tabu, it, F, best_F, mv):
 
 
 @numba.njit(cache=True)
-def _overflow_tabu(s, C, K, bin_init, max_iters, seed, tenure, deadline):
+def _overflow_tabu(s, C, K, bin_init, max_iters, seed, tenure, deadline, every):
     """Tabu search on K bins minimising total overflow Σ max(0, load − C).
 
     Each iteration takes a random overflowing bin a and the best exchange with another bin b:
     shift (1-0), swap (1-1), (2-1) and (1-2), scored by the change of overflow of a and b (ties
     broken at random). Moved items are tabu for ``tenure`` (+ random) iterations unless the move
-    reaches a new best overflow. Every 16 iterations the clock is read (an object-mode call,
-    ~µs): past ``deadline`` (a ``time.perf_counter()`` value; ``inf`` for none) the run stops —
-    an iteration costs milliseconds at N = 65,536. Returns (bin_N, overflow).
+    reaches a new best overflow. Every ``every`` iterations (from the first) the clock is read
+    (an object-mode call, ~µs): past ``deadline`` (a ``time.perf_counter()`` value; ``inf`` for
+    none) the run stops — an iteration costs milliseconds at N = 65,536, so large instances read
+    it every iteration. Returns (bin_N, overflow).
     """
     np.random.seed(seed)
     n = s.size
@@ -451,7 +557,7 @@ def _overflow_tabu(s, C, K, bin_init, max_iters, seed, tenure, deadline):
     members = np.empty(n, dtype=np.int64)
     cnt = np.zeros(K, dtype=np.int64)
     for it in range(max_iters):
-        if it % 16 == 15:
+        if it % every == 0:
             with numba.objmode(now="float64"):
                 now = time.perf_counter()
             if now > deadline:
@@ -509,6 +615,7 @@ def fixed_bins_search(sizes, capacity, num_bins: int, start=None, *, max_iters: 
     problem", J. Heuristics 10:205–229). Seeded restarts until ``time_limit``. Returns a packing
     (``bin_N``) or None if none was found; deterministic for a seed and iteration budget.
     """
+    t0 = time.perf_counter()
     sizes_N, C = check_sizes(sizes, capacity)
     K = int(num_bins)
     if sizes_N.size == 0:
@@ -516,7 +623,7 @@ def fixed_bins_search(sizes, capacity, num_bins: int, start=None, *, max_iters: 
     if K < 1 or int(sizes_N.sum()) > K * C:
         return None
     if start is None:
-        start, _, _ = best_packing(sizes_N, C)
+        start, _, _ = best_packing(sizes_N, C, deadline=None if time_limit is None else t0 + time_limit)
     _, bin_N = np.unique(np.asarray(start, dtype=np.int64), return_inverse=True)
     bin_N = bin_N.astype(np.int64)
     used = int(bin_N.max()) + 1
@@ -530,18 +637,44 @@ def fixed_bins_search(sizes, capacity, num_bins: int, start=None, *, max_iters: 
     init = new_id[bin_N]
     load = np.zeros(K, dtype=np.int64)
     np.add.at(load, init[init >= 0], sizes_N[init >= 0])
-    for i in np.flatnonzero(init < 0)[np.argsort(-sizes_N[init < 0], kind="stable")]:
-        b = int(np.argmin(load))                        # worst fit spreads the overflow
-        init[i] = b
-        load[b] += sizes_N[i]
-    t0 = time.perf_counter()
+    loose = np.flatnonzero(init < 0)[np.argsort(-sizes_N[init < 0], kind="stable")].tolist()
+    if len(loose) <= 32:
+        for i in loose:
+            b = int(np.argmin(load))                    # worst fit spreads the overflow
+            init[i] = b
+            load[b] += sizes_N[i]
+    else:  # many items: a heap of (load, bin) makes the same choices in O(log K) each
+        heap = list(zip(load.tolist(), range(K)))
+        heapq.heapify(heap)
+        for i in loose:
+            ld, b = heapq.heappop(heap)
+            init[i] = b
+            heapq.heappush(heap, (ld + int(sizes_N[i]), b))
     tenure = max(3, min(20, sizes_N.size // 10))
     deadline = np.inf if time_limit is None else t0 + time_limit
+    # an iteration is O(N + K): small instances read the clock every 16, large ones every time
+    every = 16 if sizes_N.size + K <= 4096 else 1
     r = 0
     while True:
-        found, F = _overflow_tabu(sizes_N, C, K, init, max_iters, seed + r, tenure, deadline)
+        found, F = _overflow_tabu(sizes_N, C, K, init, max_iters, seed + r, tenure, deadline, every)
         if F == 0:
             return found
         r += 1
         if time_limit is None or time.perf_counter() - t0 > time_limit:
             return None
+
+
+def warm_kernels() -> None:
+    """Compile (or load from numba's cache) every kernel here on a tiny instance, each of its
+    clock reads included, so that no time limit pays for it (:mod:`routepack_opt.warmup`,
+    group ``plan``; the certifier before its clock)."""
+    sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
+    best_packing(sizes, 64)
+    best_packing(sizes << 20, 64 << 20)  # capacities above 2^22: BFD's treap
+    minimum_bin_slack(sizes, 64, restarts=1, seed=0)
+    # from one item per bin, so that the search itself runs (FFD alone meets L1 = 6 here)
+    fixed_bins_search(sizes, 64, 6, start=np.arange(sizes.size), max_iters=50)
+    # a triplet instance (Falkenauer's kind: 4 bins filled exactly) that FFD and BFD pack into 5
+    # bins: the overflow tabu search on L1 = 4 bins runs its exchanges
+    triplets = np.array([482, 431, 420, 377, 352, 345, 311, 303, 265, 258, 253, 203], dtype=np.int64)
+    fixed_bins_search(triplets, 1000, 4, max_iters=200)

@@ -15,6 +15,7 @@ import numpy as np
 
 from routepack_opt.core.errors import InfeasibleError, InputError
 from routepack_opt.core.layout import check_rows
+from routepack_opt.core.sizing import too_costly
 from routepack_opt.core.topology import Topology
 
 __all__ = ["kk_partition", "prepare_lengths", "check_layout", "repair_capacity", "order_rows"]
@@ -136,9 +137,19 @@ def kk_partition(values, k: int, equal_size: bool = False) -> np.ndarray:
     v = np.ascontiguousarray(values, dtype=np.float64)
     if v.ndim != 1 or k < 1:
         raise InputError(f"kk_partition: need 1-d values and k ≥ 1, got shape {v.shape}, k={k}")
-    if v.size == 0:
-        return np.zeros(0, dtype=np.int64)
+    if v.size == 0 or k == 1:  # one part holds everything (the kernel's n merges would take a second at 10⁶)
+        return np.zeros(v.size, dtype=np.int64)
+    # the kernel keeps a k-tuple per state (16 bytes a set) and sorts one per merge: memory and
+    # time grow as n × k (at 200,000 samples in 100,000 micro-batches, 320 GB); sized first
+    S = -(-v.size // (int(k) if equal_size else 1))
+    why = too_costly(f"kk_partition into {k} parts", nbytes=16.0 * S * k,
+                     seconds=_KK_S_PER_STEP * S * k * max(1.0, np.log2(k)), time_left=_KK_MAX_S)
+    if why is not None:
+        raise InfeasibleError(why)
     return _kk_kernel(v, int(k), int(k) if equal_size else 1)
+
+
+_KK_S_PER_STEP, _KK_MAX_S = 3e-9, 5.0  # per (state, set, log k) step; the longest KK a caller gets
 
 
 # ------------------------------------------------------------------ feasibility and repair
@@ -275,28 +286,34 @@ def _sample_to_move(len_N, members, nm, room, excess):
 
 
 @numba.njit(cache=True, inline='always')
+def _n_le(sorted_len, v):
+    """How many samples have length ≤ v (``sorted_len``: the lengths ascending). A search, not a
+    table over 0..max length: lengths reach 2^31 − 1 (a table was 17 GB there)."""
+    return np.searchsorted(sorted_len, v, side="right")
+
+
+@numba.njit(cache=True, inline='always')
 def _swap_partner(len_N, cell_N, tokens, C, c, by_len, n_le, li, excess, max_room):
     """(score, partner) for a sample of length li in overfull cell c: a partner of length lv
     moves d = li − lv tokens; score 2C − d if d ≥ excess (the smallest such d: longest partner
     first), else d (the largest: shortest partner first); (0, −1): no partner."""
-    V = n_le.size - 1
-    p = n_le[min(li - excess, V)] - 1 if li - excess >= 1 else -1
+    p = _n_le(n_le, li - excess) - 1 if li - excess >= 1 else -1
     while p >= 0:  # lengths ≤ li − excess, longest first
         lv = len_N[by_len[p]]
         if li - lv > max_room:
             break
-        g0 = n_le[lv - 1]
+        g0 = _n_le(n_le, lv - 1)
         j = _first_fit_in_group(len_N, cell_N, tokens, C, c, by_len, g0, p + 1, li - lv)
         if j >= 0:
             return 2 * C - (li - lv), j
         p = g0 - 1
     lo = max(1, li - excess + 1, li - max_room)
     if lo <= li - 1:
-        p = n_le[lo - 1]
-        end = n_le[min(li - 1, V)]
+        p = _n_le(n_le, lo - 1)
+        end = _n_le(n_le, li - 1)
         while p < end:  # lengths in (li − excess, li), shortest first
             lv = len_N[by_len[p]]
-            g1 = n_le[lv]
+            g1 = _n_le(n_le, lv)
             j = _first_fit_in_group(len_N, cell_N, tokens, C, c, by_len, p, g1, li - lv)
             if j >= 0:
                 return li - lv, j
@@ -340,7 +357,8 @@ def _repair_step(len_N, cell_N, tokens, D, c, C, head, nxt, prv, by_len, n_le, b
     whole excess, else the largest; ties: the lowest sample ids).
 
     The cells' member lists (``head``, ``nxt``, ``prv``) and the samples in length order
-    (``by_len``, ids ascending within a length; ``n_le[v]`` = #samples of length ≤ v) make a
+    (``by_len``, ids ascending within a length; ``n_le``: the lengths in that order, so that
+    ``_n_le(n_le, v)`` = #samples of length ≤ v) make a
     step O(K + |c|·s) with s the samples of the lengths a swap could use, instead of
     O(K + |c|·N): at N = 32,768 a few thousand swap steps took 2.4 s. ``buf``: [N] scratch."""
     excess = tokens[c] - C
@@ -413,7 +431,7 @@ def repair_capacity(len_N, cell_N, R: int, D: int, C: int, deadline: float | Non
     tokens = np.bincount(cell_N_, weights=len_N, minlength=R * D).astype(np.int64)
     head, nxt, prv = _member_lists(cell_N_.astype(np.int64), R * D)
     by_len = np.argsort(len_N, kind="stable").astype(np.int64)
-    n_le = np.cumsum(np.bincount(len_N, minlength=int(len_N.max()) + 1)).astype(np.int64)
+    n_le = len_N[by_len]  # ascending: #samples of length ≤ v by a search (_n_le), O(N) memory at any length
     buf = np.empty(len_N.size, dtype=np.int64)
     piece = max(1, int(_REPAIR_PIECE_OPS // (len_N.size + R * D)))  # cells per compiled call
     while True:

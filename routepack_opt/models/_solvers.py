@@ -3,16 +3,61 @@
 OR-Tools (CP-SAT), Pyomo and HiGHS take about a second to import together; importing
 ``routepack_opt`` (or the pipeline, which needs no exact model unless R* escalates) must not pay
 for them. Every model module asks these accessors for its library instead of importing it.
+
+Standard output is the caller's (``--json`` prints one object there): HiGHS writes its banner to
+file descriptor 1 from the first ``Highs()`` of a process, before any option can silence it, so
+:func:`highspy` builds that first instance with descriptor 1 pointed at ``/dev/null``
+(:func:`quiet_stdout_fd`). Every HiGHS use (highspy, Pyomo's APPSI interface) goes through it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import logging
+import os
+import sys
 import threading
 
-__all__ = ["cp_model", "pyomo", "appsi_highs", "highspy", "highs_threads", "quiet_appsi_highs", "simplex_lp"]
+__all__ = ["cp_model", "pyomo", "appsi_highs", "highspy", "highs_threads", "quiet_appsi_highs", "simplex_lp",
+           "quiet_stdout_fd", "loaded", "IMPORT_SECONDS"]
+
+# Seconds the first use of a library costs in a process (import, and HiGHS' first instance),
+# measured on a loaded 2-core machine: a stage with less time left does not start it.
+IMPORT_SECONDS = {"cp_model": 0.6, "pyomo": 1.2, "highspy": 0.3}
+
+
+@contextlib.contextmanager
+def quiet_stdout_fd():
+    """File descriptor 1 points at ``/dev/null`` for the duration (C libraries' prints, not
+    Python's ``sys.stdout``, which is flushed first); restored afterwards, C's stdio buffers
+    flushed before, so nothing written inside comes out later."""
+    try:
+        sys.stdout.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
+    try:
+        saved = os.dup(1)
+    except OSError:  # no descriptor 1 at all: nothing to protect
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            ctypes.CDLL(None).fflush(None)
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+def loaded(name: str) -> bool:
+    """Whether the accessor ``name`` (``cp_model``, ``pyomo``, ``highspy``) has run in this
+    process (its first use then costs nothing more)."""
+    return globals()[name].cache_info().currsize > 0
 
 
 @functools.cache
@@ -35,6 +80,7 @@ def pyomo():
 def appsi_highs():
     """Pyomo's APPSI HiGHS interface: ``(Highs, TerminationCondition)``."""
     pyomo()
+    highspy()  # its first instance (the banner) built quietly before APPSI builds one
     from pyomo.contrib.appsi.base import TerminationCondition
     from pyomo.contrib.appsi.solvers import Highs
 
@@ -43,9 +89,11 @@ def appsi_highs():
 
 @functools.cache
 def highspy():
-    """``highspy`` (HiGHS' own Python binding)."""
+    """``highspy`` (HiGHS' own Python binding), its banner already printed (to nowhere)."""
     import highspy as module
 
+    with quiet_stdout_fd():
+        module.Highs()
     return module
 
 

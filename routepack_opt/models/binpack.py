@@ -30,15 +30,22 @@ import numpy as np
 from routepack_opt.core.bounds import bin_lower_bound, check_sizes, is_packing
 from routepack_opt.core.checks import MAX_WORKERS, check_bool, check_choice, check_int, check_time_limit, int_array
 from routepack_opt.core.errors import InputError, RoutePackError
+from routepack_opt.core.sizing import too_costly
 from routepack_opt.models import _solvers
 
-__all__ = ["BinPackResult", "solve_bin_packing", "arcflow_graph", "METHODS"]
+__all__ = ["BinPackResult", "solve_bin_packing", "arcflow_graph", "arcflow_cost", "METHODS", "warm_kernels"]
 
 METHODS = ("auto", "cpsat", "arcflow")
 # "auto" uses arc-flow while its graph stays this small, else CP-SAT.
 ARCFLOW_MAX_ARCS = 100_000
 CPSAT_MAX_VARS = 1_000_000  # (distinct sizes × bins) of the CP-SAT model; larger is not built
 _ARCFLOW_BUILD_S_PER_ARC = 3e-5  # Pyomo build + copy into HiGHS, per arc
+# The graph itself (before any model): two passes over (types × loads 0..C), ~1 ns a cell each,
+# and arrays over the loads (reach, counts, alive, node lists: ~26 bytes a load); its item arcs
+# (16 bytes each) stop growing past ARCFLOW_MAX_RAW_ARCS (no model that large is ever built).
+_ARCFLOW_S_PER_CELL, _ARCFLOW_BYTES_PER_LOAD = 2e-9, 26
+ARCFLOW_MAX_RAW_ARCS = 4_000_000
+_CPSAT_BUILD_S_PER_VAR = 2e-5  # the CP-SAT model's construction in Python, per (type, bin) variable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,8 +179,9 @@ def _solve_cpsat(sizes_N, C, lb, max_bins, hint_N, time_limit, num_workers, deci
 
 
 @numba.njit(cache=True)
-def _arcflow_arcs(w, b, C):
-    """Item arcs (tail, type) of the reduced arc-flow graph; see the module docstring."""
+def _arcflow_arcs(w, b, C, max_arcs):
+    """Item arcs (tail, type) of the reduced arc-flow graph; see the module docstring. Stops
+    (returning ``max_arcs`` + 1 arcs) once there are more than ``max_arcs``."""
     m = w.size
     reach = np.zeros(C + 1, dtype=np.bool_)
     reach[0] = True
@@ -204,6 +212,8 @@ def _arcflow_arcs(w, b, C):
                 tails[n_arcs] = x
                 types[n_arcs] = j
                 n_arcs += 1
+                if n_arcs > max_arcs:
+                    return tails[:n_arcs], types[:n_arcs], reach
         for x in range(C + 1):
             if cnt[x] >= 0:
                 reach[x] = True
@@ -223,19 +233,31 @@ def _alive_loads(tail_A, head_A, reach, C, slack):
     return alive
 
 
-def arcflow_graph(sizes, capacity, max_bins: int | None = None) -> dict:
+def arcflow_cost(sizes, capacity) -> tuple[float, float]:
+    """(bytes, seconds) that building :func:`arcflow_graph` takes at most: what a caller checks
+    (:func:`routepack_opt.core.sizing.too_costly`) before asking for it."""
+    sizes_N, C = check_sizes(sizes, capacity)
+    cells = float(np.unique(sizes_N).size) * (C + 1)
+    return _ARCFLOW_BYTES_PER_LOAD * (C + 1.0) + 32.0 * ARCFLOW_MAX_RAW_ARCS, _ARCFLOW_S_PER_CELL * cells
+
+
+def arcflow_graph(sizes, capacity, max_bins: int | None = None) -> dict | None:
     """The reduced arc-flow graph: item arcs ``tail_A``, ``type_A`` (head = tail + w[type]),
     loads ``nodes`` (each with a loss arc to the sink), ``w``, ``b``, ``type_N``.
 
     With ``max_bins`` = K, a bin can waste at most ``slack`` = K·C − Σ s, so loss arcs only
     leave loads ≥ C − slack and loads that cannot reach one are dropped (for K = Σ s / C only
     exactly full bins remain). ``alive_source`` False proves no packing into K bins exists.
+    None when the graph has more than ``ARCFLOW_MAX_RAW_ARCS`` item arcs before pruning (the
+    search stops there). Its cost grows with types × C: see :func:`arcflow_cost`.
     """
     sizes_N, C = check_sizes(sizes, capacity)
     if max_bins is not None:
         max_bins = check_int(max_bins, "max_bins", 1)
     w, b, type_N = _types(sizes_N)
-    tail_A, type_A, reach = _arcflow_arcs(w, b, C)
+    tail_A, type_A, reach = _arcflow_arcs(w, b, C, ARCFLOW_MAX_RAW_ARCS)
+    if tail_A.size > ARCFLOW_MAX_RAW_ARCS:
+        return None
     slack = C if max_bins is None else int(max_bins) * C - int(sizes_N.sum())
     alive_source = slack >= 0
     loss_from = np.flatnonzero(reach)
@@ -256,6 +278,8 @@ def arcflow_graph(sizes, capacity, max_bins: int | None = None) -> dict:
 def _solve_arcflow(sizes_N, C, lb, max_bins, hint_N, time_limit, graph=None):
     t0 = time.perf_counter()
     g = graph if graph is not None else arcflow_graph(sizes_N, C, max_bins)
+    if g is None:  # too many arcs to build a model of
+        return "unknown", None, lb, None
     if not g["alive_source"]:  # no bin path wastes little enough: K bins are impossible
         return "infeasible", None, max_bins + 1, None
     built = _arcflow_model(g, lb, max_bins)
@@ -431,7 +455,8 @@ def solve_bin_packing(sizes, capacity, *, max_bins: int | None = None, method: s
     n = sizes_N.size
     if n == 0:
         return BinPackResult("optimal", 0, 0, np.zeros(0, np.int64), "bounds", 0.0)
-    lb, _ = bin_lower_bound(sizes_N, C)
+    # with a bound given, L1/L2 only (the DFF family is O(64 · 20 · N): 5 s at N = 10⁶)
+    lb, _ = bin_lower_bound(sizes_N, C, thresholds=64 if lower_bound_hint is None else 0)
     if lower_bound_hint is not None:
         lb = max(lb, int(lower_bound_hint))
     heur_N, heur_bins = np.arange(n, dtype=np.int64), n  # one item per bin: always a packing
@@ -450,23 +475,46 @@ def solve_bin_packing(sizes, capacity, *, max_bins: int | None = None, method: s
         return BinPackResult(status, heur_bins, min(lb, heur_bins), heur_N, "bounds", elapsed())
     graph = None
     chosen = method
+    skipped = None  # why no model ran
     if method in ("auto", "arcflow"):
-        graph = arcflow_graph(sizes_N, C, K)
+        # the graph is O(types × C): sized against the memory budget and the time left first
+        nbytes, seconds = arcflow_cost(sizes_N, C)
+        skipped = too_costly("arc-flow graph", nbytes=nbytes, seconds=seconds, time_left=time_limit - elapsed())
+        graph = arcflow_graph(sizes_N, C, K) if skipped is None else None
+        if graph is None and skipped is None:
+            skipped = f"arc-flow graph skipped: over {ARCFLOW_MAX_RAW_ARCS:,} arcs"
         if method == "auto":
-            chosen = "arcflow" if graph["tail_A"].size <= ARCFLOW_MAX_ARCS else "cpsat"
+            chosen = "arcflow" if graph is not None and graph["tail_A"].size <= ARCFLOW_MAX_ARCS else "cpsat"
     hint_N = heur_N if heur_bins <= K else None
+    library = "pyomo" if chosen == "arcflow" else "cp_model"
+    if chosen == "arcflow" and graph is None:
+        chosen = f"arcflow ({skipped})"
+    elif not _solvers.loaded(library) and _solvers.IMPORT_SECONDS[library] > time_limit - elapsed():
+        # the solver's first import in this process would outrun the limit by itself
+        chosen = f"{chosen} (skipped: no time to load the solver)"
+    elif library == "pyomo":  # the import happens here, on the clock: it counts
+        _solvers.appsi_highs()
+    else:
+        _solvers.cp_model()
     remaining = max(0.01, time_limit - elapsed())
-    if chosen == "arcflow" and _ARCFLOW_BUILD_S_PER_ARC * (graph["tail_A"].size + graph["nodes"].size) > remaining:
+    m = np.unique(sizes_N).size
+    if chosen not in ("arcflow", "cpsat"):
+        status, nb, proved, bin_N = "unknown", None, lb, None
+    elif chosen == "arcflow" and _ARCFLOW_BUILD_S_PER_ARC * (graph["tail_A"].size + graph["nodes"].size) > remaining:
         # building the Pyomo model alone would outrun the time left (about 30 µs an arc): no start
         status, nb, proved, bin_N = "unknown", None, lb, None
         chosen = "arcflow (skipped: no time to build)"
     elif chosen == "arcflow":
         status, nb, proved, bin_N = _solve_arcflow(sizes_N, C, lb, K, hint_N, remaining, graph)
-    elif np.unique(sizes_N).size * K > CPSAT_MAX_VARS:
+    elif m * K > CPSAT_MAX_VARS:
         # one integer per (distinct size, bin): at N = 32,768 that is ~10⁸ variables and tens
         # of GB before CP-SAT starts; the bounds and heuristic packings stand as they are
         status, nb, proved, bin_N = "unknown", None, lb, None
         chosen = "cpsat (skipped: model too large)"
+    elif _CPSAT_BUILD_S_PER_VAR * m * K > 0.5 * remaining:
+        # its construction (Python, ~15 µs a variable) would take most of the time left
+        status, nb, proved, bin_N = "unknown", None, lb, None
+        chosen = "cpsat (skipped: no time to build)"
     else:
         status, nb, proved, bin_N = _solve_cpsat(sizes_N, C, lb, K, hint_N, remaining,
                                                  num_workers, decision)
@@ -477,3 +525,11 @@ def solve_bin_packing(sizes, capacity, *, max_bins: int | None = None, method: s
         # the solver found nothing better in time: keep the heuristic packing
         status, nb, bin_N = ("optimal" if proved >= heur_bins else "feasible"), heur_bins, heur_N
     return BinPackResult(status, nb, int(proved), bin_N, chosen, elapsed())
+
+
+def warm_kernels() -> None:
+    """Compile (or load) the arc-flow graph's kernels on a tiny instance (:mod:`routepack_opt.warmup`)."""
+    sizes = np.array([35, 35, 34, 33, 30, 30, 29, 28, 27, 25, 24, 20], dtype=np.int64)
+    arcflow_graph(sizes, 64)
+    arcflow_graph(sizes, 64, max_bins=7)
+    arcflow_graph(sizes, 64, max_bins=6)  # slack 34 < C: the live-load pass

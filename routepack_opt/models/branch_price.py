@@ -52,6 +52,7 @@ import numpy as np
 
 from routepack_opt.core.checks import INT32_MAX, check_int, check_time_limit, int_array
 from routepack_opt.core.errors import InputError
+from routepack_opt.core.sizing import too_costly
 from routepack_opt.models import _solvers
 from routepack_opt.models.colgen import MAX_TOTAL, SCALE, bins_of_counts, check_types
 
@@ -64,19 +65,22 @@ _LIST_MAX = 5_000  # the root's reduced-cost enumeration is used when it lists a
 # decided within 0.3 s, or not in 60 s), and at most this share of the wall time left
 _LIST_CPSAT_S, _LIST_CPSAT_SHARE = 0.4, 0.25
 _FRAC = 1e-6  # a branching quantity this far from an integer is fractional
+_S_PER_STEP = 1e-9  # the pricing DP and the listing's table: about a nanosecond an inner step
 
 
 @dataclasses.dataclass
 class BranchPriceResult:
     """``status``: ``feasible`` (``bins`` is a packing into ≤ K bins, as count vectors),
     ``infeasible`` (proved: no packing into K bins), ``unknown`` (time or a node left open).
-    ``nodes``: nodes solved; ``columns``: patterns generated."""
+    ``nodes``: nodes solved; ``columns``: patterns generated; ``reason``: why a stage did not
+    run (its tables over the memory budget or past the time left), else empty."""
 
     status: str
     bins: list | None
     nodes: int
     columns: int
     seconds: float
+    reason: str = ""
 
 
 @numba.njit(cache=True)
@@ -593,14 +597,33 @@ class BranchAndPrice:
         self.listed: np.ndarray | None = None  # every admissible pattern, once enumerated
         self.nodes, self.seconds = 0, 0.0
         self.status, self.bins = ("infeasible" if self.min_load > self.C else "unknown"), None
+        self.reasons: list[str] = []
+        # what one pricing (_price) and the root's listing (_enumerate) allocate and cost: tables
+        # over (types × loads 0..C), and a pass of Σ_j min(b_j, C // w_j) steps per load
+        m, loads = self.w_M.size, float(self.C + 1)
+        steps = float(np.minimum(self.b_M, self.C // np.maximum(self.w_M, 1)).sum()) * loads
+        self.price_cost = (4.0 * m * loads + 48.0 * loads, _S_PER_STEP * steps)
+        self.list_cost = (24.0 * (m + 1) * loads, _S_PER_STEP * steps)
+
+    def _reason(self, reason: str | None) -> bool:
+        if reason is not None and reason not in self.reasons:
+            self.reasons.append(reason)
+        return reason is not None
 
     def run(self, time_limit: float, max_nodes: int = 1_000_000) -> BranchPriceResult:
-        """Search for at most ``time_limit`` more seconds (or until ``max_nodes`` nodes in all)."""
+        """Search for at most ``time_limit`` more seconds (or until ``max_nodes`` nodes in all).
+        Nothing runs when one pricing's tables pass the memory budget or its estimated time the
+        limit: ``unknown`` with the ``reason``."""
         time_limit = check_time_limit(time_limit, "time_limit")
         max_nodes = check_int(max_nodes, "max_nodes", 1)
         t0 = time.perf_counter()
         deadline = t0 + time_limit
         w_M, b_M, C, K = self.w_M, self.b_M, self.C, self.K
+        if self.status == "unknown" and self._reason(too_costly(
+                "branch-and-price pricing", nbytes=self.price_cost[0], seconds=self.price_cost[1],
+                time_left=time_limit)):
+            return BranchPriceResult(self.status, None, self.nodes, len(self.pool.cols), self.seconds,
+                                     "; ".join(self.reasons))
         while self.status == "unknown" and self.stack and self.nodes < max_nodes:
             rows, basis = self.stack.pop()
             pool = self.pool
@@ -612,7 +635,8 @@ class BranchAndPrice:
             self.nodes += 1
             if kind == "packing" and out is not None:
                 self.status, self.bins = "feasible", out
-            elif kind == "branch" and not rows and self.listed is None and self._enumerate(*out[1]):
+            elif kind == "branch" and not rows and self.listed is None and \
+                    self._enumerate(*out[1], time_left=deadline - time.perf_counter()):
                 wall = _LIST_CPSAT_SHARE * (deadline - time.perf_counter())
                 self.status, self.bins = _decide_listed(self.listed, b_M, K, _LIST_CPSAT_S, wall)
                 self.stack.append(([], None))  # if undecided: the root again, over the listed patterns alone
@@ -630,15 +654,17 @@ class BranchAndPrice:
             if self.status == "unknown" and not self.stack and kind != "branch":
                 self.status = "infeasible"  # every node pruned
         self.seconds += time.perf_counter() - t0
-        return BranchPriceResult(self.status, self.bins, self.nodes, len(self.pool.cols), self.seconds)
+        return BranchPriceResult(self.status, self.bins, self.nodes, len(self.pool.cols), self.seconds,
+                                 "; ".join(self.reasons))
 
-    def _enumerate(self, u_M, U: int, D: int) -> bool:
+    def _enumerate(self, u_M, U: int, D: int, time_left: float | None = None) -> bool:
         """Reduced-cost fixing at the root: with the root's integer duals (u, U, D), a packing
         into K bins has Σ_p (U − u·a_p) = K·U − D − (K − Σ x)·U ≤ K·U − D over its bins, so each of
         its bins has u·a ≥ D − (K − 1)·U. When at most ``_LIST_MAX`` patterns (that waste at most
         the slack) do, they replace the pool and every later pricing is over them alone. True
         when that happened."""
-        if U <= 0:
+        if U <= 0 or self._reason(too_costly("the root's pattern listing", nbytes=self.list_cost[0],
+                                              seconds=self.list_cost[1], time_left=time_left)):
             return False
         n, E = _enumerate(self.w_M, self.b_M, u_M, self.C, self.min_load, D - (self.K - 1) * U, _LIST_MAX)
         if n > _LIST_MAX:
@@ -688,7 +714,9 @@ def decide_bins(w_M, b_M, C: int, K: int, *, columns=(), time_limit: float = 10.
     ``columns``: patterns to start the pool with (e.g. the root LP's); those wasting more than
     the slack are dropped. Deterministic for its input up to the time limit. Memory: (distinct
     sizes) × (C + 1) cells of 4 bytes for each pricing's choice table and of 24 bytes for the
-    root's listing (certify skips the search above 5 M cells).
+    root's listing (certify skips the search above 5 M cells); both are sized before they are
+    allocated (:mod:`routepack_opt.core.sizing`): a pricing past the memory budget or the time
+    limit is ``unknown`` at once, a listing past them is left out (``reason`` says which).
 
     Checked at entry (InputError naming the argument): ``w_M`` sizes ≥ 1 and ``b_M`` counts ≥ 0,
     two equally long 1-D integer vectors; ``C`` ≥ 1 and ``K`` ≥ 1 integers; ``columns`` count

@@ -43,7 +43,7 @@ from routepack_opt.core.errors import InputError
 from routepack_opt.models import _solvers
 
 __all__ = ["LPBound", "gilmore_gomory", "check_types", "lp_pack", "types_of", "assignment", "bins_of_counts", "SCALE",
-           "pricing_cost"]
+           "pricing_cost", "warm_kernels"]
 
 SCALE = 1 << 30  # duals are rounded down to multiples of 1/SCALE before the exact knapsack
 _EPS = 1e-9
@@ -287,25 +287,36 @@ def gilmore_gomory(w_M, b_M, C: int, *, columns=(), time_limit: float = 10.0, ta
 
 
 def _ffd_types(w_M, r_M, C, max_bins):
-    """FFD on the residual type counts: a list of count vectors (≤ max_bins) or None."""
-    loads: list[int] = []
-    bins: list[np.ndarray] = []
+    """FFD on the residual type counts: a list of count vectors (≤ max_bins) or None.
+
+    Copies of one size go, in first fit, into the open bins in order as far as each has room
+    and then into new bins of ⌊C / w⌋ copies: one vectorised step per type, O(types × bins)
+    (not per item: a residual can hold most of the window)."""
     m = w_M.size
+    counts_KM = np.zeros((0, m), dtype=np.int64)
+    loads = np.zeros(0, dtype=np.int64)
     for j in range(m):  # w_M decreasing
-        for _ in range(int(r_M[j])):
-            for k, ld in enumerate(loads):
-                if ld + w_M[j] <= C:
-                    loads[k] += int(w_M[j])
-                    bins[k][j] += 1
-                    break
-            else:
-                if len(bins) >= max_bins:
-                    return None
-                loads.append(int(w_M[j]))
-                a = np.zeros(m, dtype=np.int64)
-                a[j] = 1
-                bins.append(a)
-    return bins
+        r, w = int(r_M[j]), int(w_M[j])
+        if r <= 0:
+            continue
+        if loads.size:
+            cap = (C - loads) // w
+            take = np.clip(r - (np.cumsum(cap) - cap), 0, cap)  # first fit: earlier bins fill first
+            counts_KM[:, j] += take
+            loads += take * w
+            r -= int(take.sum())
+        if r > 0:
+            per = C // w
+            nb = -(-r // per)
+            if loads.size + nb > max_bins:
+                return None
+            new = np.full(nb, per, dtype=np.int64)
+            new[-1] = r - per * (nb - 1)
+            add = np.zeros((nb, m), dtype=np.int64)
+            add[:, j] = new
+            counts_KM = np.concatenate([counts_KM, add])
+            loads = np.concatenate([loads, new * w])
+    return list(counts_KM)
 
 
 def _residual_cpsat(w_M, r_M, C, K, time_limit):
@@ -496,3 +507,13 @@ def assignment(bins, type_N: np.ndarray) -> np.ndarray:
         k = min(items.size, ks.size)
         bin_N[items[:k]] = ks[:k]
     return bin_N
+
+
+def warm_kernels() -> None:
+    """Compile (or load) the pricing's knapsack kernels: the dense DP and, for large capacities,
+    the sparse Pareto DP (:mod:`routepack_opt.warmup`)."""
+    w_M, b_M = np.array([35, 30, 20], dtype=np.int64), np.array([2, 3, 1], dtype=np.int64)
+    for C in (64, 5000):
+        knapsack_max(w_M, b_M, w_M, C)
+        knapsack_max(w_M, b_M, w_M, C, min_load=40)
+        knapsack_top(w_M, b_M, w_M, C, 4)
