@@ -111,6 +111,7 @@ from routepack_opt.integrations._verl_common import (
     _bubble_order,
     _redundant,
     plan_columns,
+    verl_own,
 )
 from routepack_opt.integrations.verl_balance import (  # the driver side, re-exported
     BalanceOptions,
@@ -184,16 +185,6 @@ def _dist_reduce(values: list[int], op: str, dp_group) -> list[int]:
         t = t.cuda()
     dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=dp_group)
     return [int(v) for v in t.cpu().tolist()]
-
-
-def verl_own():
-    """verl's own ``rearrange_micro_batches`` (the one the plugin replaced)."""
-    fn = _verl_env.ORIGINAL.get("rearrange_micro_batches")
-    if fn is None:
-        fn = _deps.verl_seqlen_balancing().rearrange_micro_batches
-    if getattr(fn, "__routepack__", False):
-        raise InputError("verl's own rearrange_micro_batches is not known (patched before the plugin saved it)")
-    return fn
 
 
 def _verl_reference(item_len: np.ndarray, cap: int, rows_min: int, multiple: int) -> tuple[int, float]:

@@ -17,19 +17,35 @@ from routepack_opt.core.layout import Layout
 from routepack_opt.core.topology import Topology
 from routepack_opt.integrations import _deps
 from routepack_opt.integrations._common import as_cost, length_only_window
-from routepack_opt.integrations._seam import SHARE_OF_GAIN, SeamRecord, SeamSettings, seam_settings, warn_once
-from routepack_opt.integrations._verl_common import _ONE_EXPERT, _RECORDS, PLACEMENTS_KEY, _redundant, plan_columns
+from routepack_opt.integrations._seam import (
+    DEFAULT_COST,
+    SHARE_OF_GAIN,
+    SeamRecord,
+    SeamSettings,
+    seam_settings,
+    warn_once,
+)
+from routepack_opt.integrations._verl_common import (
+    _ONE_EXPERT,
+    _RECORDS,
+    ORIGINAL_BALANCE,
+    PLACEMENTS_KEY,
+    _redundant,
+    plan_columns,
+)
 from routepack_opt.integrations.rollout_hook import counts_from_non_tensor
 from routepack_opt.integrations.verl_balance import (
+    _MIN_SEARCH_S,
     BalanceOptions,
     StepBudget,
     StepPlan,
+    VerlStepConfig,
     _planned_mini_batch,
     _quick_layout,
     _run_order,
     plan_step,
 )
-from routepack_opt.replay import warm_import
+from routepack_opt.replay import import_replay, warm_import
 
 logger = logging.getLogger("routepack_opt.integrations")
 
@@ -101,6 +117,8 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
         return hook.balance(self, batch, metrics, logging_prefix, keep_minibatch)
 
     _balance_batch.__routepack__ = True  # type: ignore[attr-defined]
+    if not getattr(hook.original, "__routepack__", False):
+        ORIGINAL_BALANCE[trainer_cls] = hook.original  # verl's own, run to score the step it would run
     trainer_cls._balance_batch = _balance_batch
     if overlap:
         for name in ("_update_critic", "_update_actor"):
@@ -122,7 +140,8 @@ class _BalanceHook:
         self.original, self.settings, self.options = original, settings, options
         self.mini_batch_size, self.overlap = mini_batch_size, overlap
         self.mode = "balanced" if overlap is True else overlap
-        self.state: dict = {"apply_s": 0.0, "rate": None, "gain": None, "step": 0}
+        self.state: dict = {"apply_s": 0.0, "rate": None, "gain": None, "step": 0, "quick_rate": None,
+                             "quick_s": 0.0, "search_floor_s": 0.0}
 
     def own(self, trainer, batch, metrics, logging_prefix, keep_minibatch):
         """verl's own ``_balance_batch``."""
@@ -135,15 +154,22 @@ class _BalanceHook:
             warn_once("verl", "prefix-grouper", "use_prefix_grouper keeps a uid's samples on one rank, which "
                       "RoutePack's balance does not model: verl's own _balance_batch runs")
             return self.own(trainer, batch, metrics, logging_prefix, keep_minibatch)
+        t_warm = time.perf_counter()
         self._warm(batch)
         t0 = time.perf_counter()
+        warmup_s = t0 - t_warm
         try:
+            cfg = VerlStepConfig.from_trainer(trainer, keep_minibatch)
+            if cfg.shuffle:
+                warn_once("verl", "shuffle", "actor.shuffle reshuffles every rank's chunk into mini-batches, so the "
+                          "driver cannot choose them: verl's own _balance_batch runs")
+                return self.own(trainer, batch, metrics, logging_prefix, keep_minibatch)
             dp_size = trainer._get_dp_size(trainer.actor_rollout_wg, "actor")
             lens_N = _mask_lengths(batch)
             size = _planned_mini_batch(trainer.config, int(lens_N.size), keep_minibatch, self.mini_batch_size)
             if self.overlap:
                 return self._start_overlap(trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0)
-            sp = self._plan(batch, lens_N, dp_size, size, t0)
+            sp = self._plan(batch, lens_N, dp_size, size, t0, cfg, trainer)
         except Exception as exc:  # never break the trainer: verl's own balance
             warn_once("verl", "balance", f"balance_batch planning failed ({exc.__class__.__name__}: {exc}); "
                       "verl's own _balance_batch runs")
@@ -151,10 +177,16 @@ class _BalanceHook:
         t_apply = time.perf_counter()
         reorder_s = _apply_step(batch, metrics, logging_prefix, sp, lens_N, dp_size, self.options.max_token_len)
         self.state["apply_s"] = time.perf_counter() - t_apply - reorder_s  # reserved in the next step's budget
-        # added over verl's own call: all of ours but the reorder, which verl's call makes as well
-        # (its KK partition counted as free, so the net saving is a lower bound)
+        # added over verl's own call: all of ours but the reorder and verl's own partitioning
+        # (run to get verl's layout, sp.theirs.driver_s), which verl's call makes as well
+        driver_s = sp.theirs.driver_s if sp.theirs is not None else 0.0
         _record_step(metrics, sp, t0, t_apply, int(lens_N.size), self.options.redundant_experts, sp.quick,
-                     added_s=time.perf_counter() - t0 - reorder_s)
+                     added_s=time.perf_counter() - t0 - reorder_s - driver_s, warmup_s=warmup_s)
+        if sp.theirs is not None:  # verl's global_seqlen balance had its own layout run
+            m = int(lens_N.size) // dp_size
+            tok = [int(lens_N[sp.theirs.perm[d * m:(d + 1) * m]].sum()) for d in range(dp_size)]
+            metrics[f"routepack/balance/{logging_prefix}_balanced_min_theirs"] = float(min(tok))
+            metrics[f"routepack/balance/{logging_prefix}_balanced_max_theirs"] = float(max(tok))
 
     def _warm(self, batch) -> None:
         """numba's kernels and the import's pass compiled or loaded, before the step's clock starts."""
@@ -163,8 +195,27 @@ class _BalanceHook:
         warm()
         num_experts = self.options.num_experts
         if num_experts is not None and "routed_experts" in batch.batch.keys():
-            warm_import(batch.batch["routed_experts"], format="verl", num_experts=num_experts,
-                        attention_mask=batch.batch["attention_mask"], moe_layer_freq=self.options.moe_layer_freq)
+            routes, mask = batch.batch["routed_experts"], batch.batch["attention_mask"]
+            warm_import(routes, format="verl", num_experts=num_experts, attention_mask=mask,
+                        moe_layer_freq=self.options.moe_layer_freq)
+            if self.state["rate"] is None:  # the first step's import predicted too (off the clock)
+                self.state["rate"] = self._import_rate(routes, mask)
+
+    def _import_rate(self, routes, mask) -> float | None:
+        """Seconds per ``routed_experts`` entry of the route import, timed at warm-up on the first
+        4 and 20 samples (the slope: what one more entry costs), None where that fails."""
+        times = []
+        for n in (4, 20):
+            t = time.perf_counter()
+            try:
+                import_replay(routes[:n], format="verl", num_experts=self.options.num_experts, attention_mask=mask[:n],
+                              moe_layer_freq=self.options.moe_layer_freq)
+            except Exception:  # noqa: BLE001 - the step's own import reports bad routes
+                return None
+            times.append((time.perf_counter() - t, int(np.prod(routes[:n].shape))))
+        (t_a, n_a), (t_b, n_b) = times
+        slope = (t_b - t_a) / (n_b - n_a) if n_b > n_a else 0.0
+        return slope if slope > 0 else t_b / max(1, n_b)
 
     def _skip_import_over_us(self) -> float | None:
         """The route import's ceiling this step (re-measured every 8th step; never with
@@ -175,19 +226,30 @@ class _BalanceHook:
         if settings.max_sweeps is not None or not state["step"] % 8:
             return None
         if settings.time_limit_is_default and state["gain"] is not None:
-            return SHARE_OF_GAIN * state["gain"]
+            # the import must leave the quick path and one search floor per mini-batch room, or it
+            # is paid for nothing (verl's layout would stand)
+            return max(0.0, SHARE_OF_GAIN * state["gain"] - 1e6 * (state["quick_s"] + state["search_floor_s"]))
+        if settings.time_limit_is_default and settings.time_limit is not None:  # no gain known yet: the cap
+            return 1e6 * settings.time_limit
         if not settings.time_limit_is_default and settings.time_limit is not None:
             return 1e6 * settings.time_limit
         return None
 
-    def _plan(self, batch, lens_N, dp_size: int, size: int, t0: float) -> StepPlan:
+    def _plan(self, batch, lens_N, dp_size: int, size: int, t0: float, config=None, trainer=None) -> StepPlan:
         state = self.state
-        budget = StepBudget(t0, state["apply_s"], state["rate"], self._skip_import_over_us())
+        budget = StepBudget(t0, state["apply_s"], state["rate"], self._skip_import_over_us(), state["quick_rate"])
         with self.settings.planner_threads():
             sp = plan_step(batch.batch, lens_N, dp_size, size, options=self.options, settings=self.settings,
-                           budget=budget, counts_NLE=_hook_counts(batch))
+                           budget=budget, counts_NLE=_hook_counts(batch), config=config,
+                           balance_fn=self.original, trainer=trainer)
         if sp.gain_us is not None:
-            state["gain"], state["rate"] = sp.gain_us, sp.import_rate_s
+            state["gain"] = sp.gain_us
+        if sp.import_rate_s is not None:
+            state["rate"] = sp.import_rate_s
+        if sp.quick_rate_s is not None:
+            state["quick_rate"] = sp.quick_rate_s
+            state["quick_s"] = sp.quick_rate_s * int(lens_N.size)
+        state["search_floor_s"] = _MIN_SEARCH_S * len(sp.plans)
         return sp
 
     def _start_overlap(self, trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0):
@@ -196,7 +258,7 @@ class _BalanceHook:
         import threading
 
         if self.mode == "balanced":
-            quick = _quick_step(lens_N, dp_size, size, self.options)
+            quick = _quick_step(lens_N, dp_size, size, self.options, self.settings.cost)
             reorder_s = _apply_step(batch, metrics, logging_prefix, quick, lens_N, dp_size, self.options.max_token_len,
                                     columns=False)
             lens_now = lens_N[[j for part in _parts(quick.plans, dp_size) for j in part]]
@@ -264,21 +326,26 @@ def _apply_step(batch, metrics, logging_prefix, sp: StepPlan, lens_N, dp_size: i
 
 
 def _record_step(metrics, sp: StepPlan, t0: float, t_apply: float, N: int, red: int, quick,
-                 added_s: float | None = None, on_critical_path: bool = True) -> SeamRecord:
+                 added_s: float | None = None, on_critical_path: bool = True,
+                 warmup_s: float | None = None) -> SeamRecord:
     now = time.perf_counter()
     wall = now - t0
     rec = SeamRecord("verl.balance_batch", sp.rows, sp.rows_theirs, sp.ours_us, sp.theirs_us, wall,
                      samples=N, quick=quick, import_s=sp.import_s, plan_s=sp.plan_s, apply_s=now - t_apply,
-                     budget_s=sp.budget_s, redundant_experts=red, added_s=wall if added_s is None else added_s,
-                     on_critical_path=on_critical_path)
+                     budget_s=sp.budget_s, redundant_experts=red if sp.applied == "routepack" else 0,
+                     added_s=wall if added_s is None else added_s, on_critical_path=on_critical_path,
+                     forward_us=sp.forward_us, forward_us_theirs=sp.forward_us_theirs,
+                     applied=sp.applied if sp.theirs is not None else None, theirs_source=sp.theirs_source,
+                     warmup_s=warmup_s)
     metrics.update(_RECORDS.add(rec).metrics(prefix="routepack/balance"))
     if quick:
         logger.debug("routepack verl: quick path (%s)", quick)
     return rec
 
 
-def _quick_step(lens_N, dp_size: int, size: int, options: BalanceOptions) -> StepPlan:
-    """The quick length-only plan of the overlap mode's first reorder (no routes, no search)."""
+def _quick_step(lens_N, dp_size: int, size: int, options: BalanceOptions, cost=DEFAULT_COST) -> StepPlan:
+    """The quick length-only plan of the overlap mode's first reorder (no routes, no search),
+    scored by ``cost`` (the seam's configured cost model) for its run order."""
     t = time.perf_counter()
     topo = Topology(dp=dp_size, ep=1, capacity=int(options.max_token_len),
                     min_rows=int(options.min_num_micro_batch or 1),
@@ -291,12 +358,10 @@ def _quick_step(lens_N, dp_size: int, size: int, options: BalanceOptions) -> Ste
             from routepack_opt.heuristics.frameworks import verl_layout
 
             lay = Layout(*verl_layout(lens_N[idx], topo))
-        ev = Evaluator(length_only_window(lens_N[idx]), topo, DEFAULT_QUICK_COST)
-        plans.append(_run_order(ev, _ONE_EXPERT, lay, dp_size, int(idx[0])))
+        ev = Evaluator(length_only_window(lens_N[idx]), topo, as_cost(cost))
+        plans.append(_run_order(ev, _ONE_EXPERT, lay, dp_size, idx))
     return StepPlan(plans, 0.0, 0.0, 0, 0, [], "overlap: quick order", 0.0, time.perf_counter() - t, None)
 
-
-DEFAULT_QUICK_COST = as_cost("qwen3-30b-a3b")
 
 
 def _apply_pending_before(method, max_token_len: int, red: int):
