@@ -1004,3 +1004,27 @@ def test_balance_plans_from_the_rollout_hooks_counts_without_routes():
     data = DataProto(batch=batch, non_tensor_batch={"uid": np.arange(16), COUNTS_KEY: col})
     t._balance_batch(data, {})
     assert t.calls == [False]
+
+
+def test_issue49_item1_rank_side_theirs_is_verls_own_count():
+    """Issue 49 item 1 (rank side): the drop-in's rows_theirs is what verl's own
+    rearrange_micro_batches returns on the same batch (run, not re-implemented), said in
+    theirs_source; verl_rank_micro_batches replays the ranks' agreed count on verl's function."""
+    from routepack_opt.heuristics.frameworks import verl_rank_micro_batches
+
+    rng = np.random.default_rng(12)
+    lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.9, 24), 16, 1200)]
+    batch = make_batch(lens, max(lens), routes=False)
+    _, theirs = rp_verl.verl_own()(batch, 1300, num_batches_divided_by=2)
+    rp_verl.rearrange_micro_batches(batch, 1300, num_batches_divided_by=2)
+    rec = rp_verl.last_record()
+    assert rec.theirs_source == "verl" and rec.rows_theirs == len(theirs)
+    halves = [np.array(lens[:12]), np.array(lens[12:])]
+    parts, src = verl_rank_micro_batches(halves, 1300, row_multiple=2)
+    K = len(parts[0])
+    assert src == "verl" and all(len(p) == K for p in parts) and K % 2 == 0
+    for x, p in zip(halves, parts):  # each rank: verl's own call at the agreed count, the same micro-batches
+        td = make_batch(x.tolist(), int(x.max()), routes=False)
+        assert rp_verl.verl_own()(td, 1300, num_batches_divided_by=2, min_num_micro_batch=K)[1] == p
+    assert K >= max(len(rp_verl.verl_own()(make_batch(x.tolist(), int(x.max()), routes=False), 1300,
+                                            num_batches_divided_by=2)[1]) for x in halves)
