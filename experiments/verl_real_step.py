@@ -41,7 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _lib import report  # noqa: E402
+from _lib import report, settings  # noqa: E402
 
 CAP, E, LA, K, D, EP, N_ROLL, MINI_BATCHES = 16384, 64, 8, 4, 8, 8, 8, 4
 
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--routes", choices=("both", "yes", "no"), default="both")
     ap.add_argument("--timing-sizes", type=int, nargs="*", default=None,
                     help="sizes of the timing table (default: --sizes without 4,096)")
-    ap.add_argument("-o", "--out", default="experiments/results/verl_real_step")
+    ap.add_argument("-o", "--out", default=None, help="output folder (default experiments/results/verl_real_step)")
     args = ap.parse_args(argv)
     route_opts = {"both": (True, False), "yes": (True,), "no": (False,)}[args.routes]
     qual = []
@@ -249,7 +249,7 @@ def main(argv=None) -> int:
         lines += report.table(list(timings[0]), [list(r.values()) for r in timings],
                               formats={k: ".1f" for k in ("verl ms", "ours ms", "added ms", "budget ms",
                                                           "warm-up ms", "import ms", "saving ms", "net_saving_ms")})
-    out = Path(args.out)
+    out = settings.results_dir("verl_real_step", args.out)
     report.write_md(out / "table.md", lines)
     report.write_json(out / "rows.json", {"quality": qual, "timings": timings})
     print("\n".join(lines))

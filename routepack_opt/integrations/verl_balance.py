@@ -535,7 +535,8 @@ def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, 
     5. the search with the rest of the budget split evenly over the mini-batches left (less
        ``budget.apply_reserve_s`` for the reorder);
     6. ours is applied only when the evaluator scores the whole step (update + forward passes)
-       better than verl's own: ``applied`` says which.
+       better than verl's own: ``applied`` says which. With ``use_dynamic_bsz`` off the ranks cut
+       fixed-size micro-batches, which RoutePack's plan does not keep: verl's layout is applied.
 
     The default budget (``time_limit_is_default``) is ``min(DEFAULT_TIME_LIMIT["verl_balance"],
     SHARE_OF_GAIN × predicted gain)``, the gain being verl's update − the lower bound of ours
@@ -584,6 +585,9 @@ def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, 
                         _import_rate(batch_td, import_s) if from_routes else None, fwd_theirs, fwd_theirs, "verl",
                         theirs.source, theirs)
 
+    if not cfg.use_dynamic_bsz:  # the ranks cut fixed-size micro-batches: RoutePack's would not survive
+        return verl_applied("use_dynamic_bsz is off: the ranks cut ppo_micro_batch_size_per_gpu samples per "
+                            "micro-batch, which RoutePack's plan does not keep; verl's own layout applied")
     left = spend.left(budget.apply_reserve_s)
     need = (budget.quick_rate_s or _QUICK_RATE_S) * N
     if left is not None and settings.max_sweeps is None and left < need:
