@@ -213,6 +213,8 @@ def main(argv=None) -> int:
     ap.add_argument("--routes", choices=("both", "yes", "no"), default="both")
     ap.add_argument("--timing-sizes", type=int, nargs="*", default=None,
                     help="sizes of the timing table (default: --sizes without 4,096)")
+    ap.add_argument("--limits", nargs="+", default=["default", "0.1"],
+                    help="settings of the timing table: default and/or ROUTEPACK_TIME_LIMIT values")
     ap.add_argument("-o", "--out", default=None, help="output folder (default experiments/results/verl_real_step)")
     args = ap.parse_args(argv)
     route_opts = {"both": (True, False), "yes": (True,), "no": (False,)}[args.routes]
@@ -225,8 +227,8 @@ def main(argv=None) -> int:
     timings = []
     for N in args.timing_sizes if args.timing_sizes is not None else [n for n in args.sizes if n < 4096]:
         for routes in route_opts:
-            for limit in (None, "0.1"):
-                timings += timing(N, routes, limit, args.steps, N * 1000)
+            for limit in args.limits:
+                timings += timing(N, routes, None if limit == "default" else limit, args.steps, N * 1000)
     cols_q = list(qual[0]) if qual else []
     summary = []
     for N in args.sizes:

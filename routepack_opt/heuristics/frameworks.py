@@ -164,12 +164,14 @@ def verl_rank_micro_batches(len_per_rank: list, capacity: int, *, min_rows: int 
     tds = [TensorDict({"attention_mask": torch.from_numpy(x[:, None]), "input_ids": torch.from_numpy(x[:, None])},
                       batch_size=[x.size]) for x in lens]
     K = start
+    got: list = [None] * len(tds)
     while True:
-        got = []
-        for td in tds:
+        for d, td in enumerate(tds):
+            if got[d] is not None and len(got[d]) == K:  # verl's KK at this count already ran on rank d
+                continue
             try:
-                got.append(fn(td, C, dp_group=None, num_batches_divided_by=m if m > 1 else None,
-                              min_num_micro_batch=K, use_dynamic_bsz_balance=use_dynamic_bsz_balance)[1])
+                got[d] = fn(td, C, dp_group=None, num_batches_divided_by=m if m > 1 else None,
+                            min_num_micro_batch=K, use_dynamic_bsz_balance=use_dynamic_bsz_balance)[1]
             except ValueError as exc:
                 raise InfeasibleError(f"verl's rearrange_micro_batches: {exc}") from None
         K_new = max(len(p) for p in got)

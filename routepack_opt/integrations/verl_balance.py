@@ -448,6 +448,9 @@ class StepPlan:
     theirs_source: str | None = None
     theirs: VerlStep | None = None
     quick_rate_s: float | None = None  # the quick path's seconds per sample, measured
+    # seconds per sample of the call's floor: verl's rank side and both scorings (the import and
+    # verl's own partitioning aside), up to the quick path, measured
+    floor_rate_s: float | None = None
 
 
 def _run_order(ev: Evaluator, placement, lay: Layout, D: int, idx) -> list:
@@ -579,11 +582,13 @@ def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, 
     # call costs anyway, so the clock starts after it
     spend = CallBudget(settings, t0 + theirs.driver_s, settings.call_budget(gain_us=gain_us))
 
+    floor_rate = (time.perf_counter() - t0 - theirs.driver_s - import_s) / max(1, N)
+
     def verl_applied(why: str) -> StepPlan:
         return StepPlan(theirs.plans, theirs_us, theirs_us, theirs.rows, theirs.rows, [None] * len(theirs.plans),
                         why, import_s, time.perf_counter() - t_plan, spend.total_s, gain_us if use_routes else None,
                         _import_rate(batch_td, import_s) if from_routes else None, fwd_theirs, fwd_theirs, "verl",
-                        theirs.source, theirs)
+                        theirs.source, theirs, floor_rate_s=floor_rate)
 
     if not cfg.use_dynamic_bsz:  # the ranks cut fixed-size micro-batches: RoutePack's would not survive
         return verl_applied("use_dynamic_bsz is off: the ranks cut ppo_micro_batch_size_per_gpu samples per "
@@ -610,7 +615,7 @@ def plan_step(batch_td, lens_N: np.ndarray, dp_size: int, mini_batch_size: int, 
     return StepPlan(plans, ours_us, theirs_us, int(sum(m["rows"] for m in mini)), theirs.rows, placements,
                     skip or why, import_s, time.perf_counter() - t_plan, spend.total_s,
                     gain_us if use_routes else None, _import_rate(batch_td, import_s) if from_routes else None,
-                    fwd, fwd_theirs, "routepack", theirs.source, theirs, quick_rate)
+                    fwd, fwd_theirs, "routepack", theirs.source, theirs, quick_rate, floor_rate)
 
 
 def _import_rate(batch_td, import_s: float) -> float:

@@ -141,7 +141,7 @@ class _BalanceHook:
         self.mini_batch_size, self.overlap = mini_batch_size, overlap
         self.mode = "balanced" if overlap is True else overlap
         self.state: dict = {"apply_s": 0.0, "rate": None, "gain": None, "step": 0, "quick_rate": None,
-                             "quick_s": 0.0, "search_floor_s": 0.0}
+                             "quick_s": 0.0, "search_floor_s": 0.0, "floor_rate": None, "budget": None}
 
     def own(self, trainer, batch, metrics, logging_prefix, keep_minibatch):
         """verl's own ``_balance_batch``."""
@@ -167,6 +167,14 @@ class _BalanceHook:
             dp_size = trainer._get_dp_size(trainer.actor_rollout_wg, "actor")
             lens_N = _mask_lengths(batch)
             size = _planned_mini_batch(trainer.config, int(lens_N.size), keep_minibatch, self.mini_batch_size)
+            short = None if self.overlap else self._floor_short(int(lens_N.size))
+            if short is not None:  # nothing can pay for itself: verl's own call, at verl's own cost
+                self.own(trainer, batch, metrics, logging_prefix, keep_minibatch)
+                rec = SeamRecord("verl.balance_batch", 0, None, None, None, time.perf_counter() - t0,
+                                 samples=int(lens_N.size), fallback=short, applied="verl", added_s=0.0,
+                                 warmup_s=warmup_s, budget_s=self.state["budget"])
+                metrics.update(_RECORDS.add(rec).metrics(prefix="routepack/balance"))
+                return None
             if self.overlap:
                 return self._start_overlap(trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0)
             sp = self._plan(batch, lens_N, dp_size, size, t0, cfg, trainer)
@@ -201,21 +209,34 @@ class _BalanceHook:
             if self.state["rate"] is None:  # the first step's import predicted too (off the clock)
                 self.state["rate"] = self._import_rate(routes, mask)
 
+    def _floor_short(self, N: int) -> str | None:
+        """Why this step runs verl's own call without planning: the budget (a set one, or the
+        default one the last step had) is under the call's floor measured on the last step
+        (verl's rank side and the scorings, seconds per sample × N), so neither the quick path nor
+        the search could run; every 8th step plans anyway, to re-measure. None: plan."""
+        st, settings = self.state, self.settings
+        if st["floor_rate"] is None or settings.max_sweeps is not None or not (st["step"] + 1) % 8:
+            return None
+        budget = settings.time_limit if not settings.time_limit_is_default else st["budget"]
+        need = st["floor_rate"] * N + (st["quick_rate"] or 0.0) * N
+        if budget is None or budget >= need:
+            return None
+        st["step"] += 1
+        return (f"budget: {budget * 1e3:.0f} ms, under the call's floor (about {need * 1e3:.0f} ms: verl's "
+                "rank side, scoring, the quick path): verl's own _balance_batch runs")
+
     def _import_rate(self, routes, mask) -> float | None:
         """Seconds per ``routed_experts`` entry of the route import, timed at warm-up on the first
-        4 and 20 samples (the slope: what one more entry costs), None where that fails."""
-        times = []
-        for n in (4, 20):
-            t = time.perf_counter()
-            try:
-                import_replay(routes[:n], format="verl", num_experts=self.options.num_experts, attention_mask=mask[:n],
-                              moe_layer_freq=self.options.moe_layer_freq)
-            except Exception:  # noqa: BLE001 - the step's own import reports bad routes
-                return None
-            times.append((time.perf_counter() - t, int(np.prod(routes[:n].shape))))
-        (t_a, n_a), (t_b, n_b) = times
-        slope = (t_b - t_a) / (n_b - n_a) if n_b > n_a else 0.0
-        return slope if slope > 0 else t_b / max(1, n_b)
+        32 samples (a two-point slope on smaller imports was off by several times on a loaded
+        machine), None where that fails."""
+        n = min(32, int(routes.shape[0]))
+        t = time.perf_counter()
+        try:
+            import_replay(routes[:n], format="verl", num_experts=self.options.num_experts, attention_mask=mask[:n],
+                          moe_layer_freq=self.options.moe_layer_freq)
+        except Exception:  # noqa: BLE001 - the step's own import reports bad routes
+            return None
+        return (time.perf_counter() - t) / max(1, int(np.prod(routes[:n].shape)))
 
     def _skip_import_over_us(self) -> float | None:
         """The route import's ceiling this step (re-measured every 8th step; never with
@@ -250,6 +271,7 @@ class _BalanceHook:
             state["quick_rate"] = sp.quick_rate_s
             state["quick_s"] = sp.quick_rate_s * int(lens_N.size)
         state["search_floor_s"] = _MIN_SEARCH_S * len(sp.plans)
+        state["floor_rate"], state["budget"] = sp.floor_rate_s, sp.budget_s
         return sp
 
     def _start_overlap(self, trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0):

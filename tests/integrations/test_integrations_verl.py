@@ -1028,3 +1028,25 @@ def test_issue49_item1_rank_side_theirs_is_verls_own_count():
         assert rp_verl.verl_own()(td, 1300, num_batches_divided_by=2, min_num_micro_batch=K)[1] == p
     assert K >= max(len(rp_verl.verl_own()(make_batch(x.tolist(), int(x.max()), routes=False), 1300,
                                             num_batches_divided_by=2)[1]) for x in halves)
+
+
+def test_issue49_item5_budget_under_the_floor_runs_verls_own_call():
+    """Issue 49 item 5: once a step has measured the call's floor (verl's rank side, the
+    scorings), a budget under it runs verl's own _balance_batch without planning (added_ms 0, the
+    record says why), so the seam costs what verl's call costs."""
+    from verl import DataProto
+
+    rng = np.random.default_rng(9)
+    lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.9, 32), 16, 900)]
+    batch = make_batch(lens, max(lens), routes=False)
+    cls, t = _installed(mini=8, D=2, max_token_len=1000, time_limit=1e-6)
+    t._balance_batch(DataProto(batch=batch.clone(), non_tensor_batch={"uid": np.arange(32)}), {})
+    assert t.calls == [] and rp_verl.last_record().applied == "verl"  # planned: the floor measured
+    data, metrics = DataProto(batch=batch.clone(), non_tensor_batch={"uid": np.arange(32)}), {}
+    t._balance_batch(data, metrics)
+    rec = rp_verl.last_record()
+    assert t.calls == [False] and "under the call's floor" in rec.fallback and rec.added_s == 0.0
+    assert metrics["routepack/balance/fallback"] == 1.0 and "global_seqlen/balanced_max" in metrics
+    own = DataProto(batch=batch.clone(), non_tensor_batch={"uid": np.arange(32)})
+    _real_trainer_base()._balance_batch(t, own, {})
+    assert data.non_tensor_batch["uid"].tolist() == own.non_tensor_batch["uid"].tolist()
