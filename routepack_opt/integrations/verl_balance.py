@@ -210,10 +210,11 @@ class VerlStepConfig:
         passes = (0 if bypass.get("bypass_mode", False) else 1) + bool(getattr(trainer, "use_reference_policy", True)) \
             + bool(getattr(trainer, "use_critic", False))
         mbs = actor.get("ppo_micro_batch_size_per_gpu")
+        seed = actor.get("data_loader_seed")
         return cls(None if mini is None else int(mini), int((arr.get("rollout") or {}).get("n", 1) or 1),
                    bool(keep_minibatch), bool(actor.get("use_dynamic_bsz", True)),
                    None if mbs is None else int(mbs), bool(actor.get("shuffle", False)),
-                   int(actor.get("data_loader_seed", 42) or 42), int(passes))
+                   42 if seed is None else int(seed), int(passes))
 
     def actor_mini_batch(self, N: int) -> int:
         """Samples of the global batch in one actor mini-batch (the whole batch without a size or

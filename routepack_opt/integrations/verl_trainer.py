@@ -71,8 +71,12 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
     The plan is made per mini-batch, the unit each rank packs: rank d's chunk is its share of
     mini-batch 0, then of mini-batch 1, ..., so the actor's iterator (consecutive
     ``ppo_mini_batch_size × rollout.n / dp_size`` samples per rank, ``actor.shuffle`` off) cuts
-    exactly the planned shares. ``mini_batch_size`` (samples of the global batch) overrides it;
-    ``keep_minibatch=True`` uses verl's own size for that branch (``actor.ppo_mini_batch_size``).
+    exactly the planned shares. On verl's default path the mini-batches are verl's own (its DP
+    split re-forms them over the whole batch); with ``keep_minibatch=True`` the rollout-order
+    ones; ``mini_batch_size`` (samples of the global batch) plans rollout-order blocks of that
+    size. verl's own layout of the step (:func:`~routepack_opt.integrations.verl_balance.verl_step_layout`,
+    its own code run) is scored with ours, and ours is applied only where the evaluator scores
+    the whole step (update + forward-only passes) better; the record says which (``applied``).
     The plan reaches the ranks as the int64 columns :data:`PLAN_COLUMNS` (:func:`plan_columns`),
     which :func:`rearrange_micro_batches` looks up instead of planning when they are whole; give
     ``max_token_len`` = the workers' cap (``ppo_max_token_len_per_gpu × sp_size``) and the
