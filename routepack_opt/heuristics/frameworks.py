@@ -10,16 +10,18 @@ from the frameworks' documented rules, on RoutePack's kernels (KK, FFD), except 
 installed (below).
 
 - ``verl`` (verl 0.9.1): ``RayPPOTrainer._balance_batch`` splits the batch over the D ranks by
-  Karmarkar–Karp on verl's workload ``24576·s + s²`` with equal sizes; each rank's
+  Karmarkar–Karp on verl's workload ``24576·s + s²`` with equal sizes (the estimate: on tokens); each rank's
   ``rearrange_micro_batches`` starts at ``min(n_d, ceil(tokens_d / C))`` micro-batches, agreed
   across ranks (all-reduce MAX), partitions the workload by KK (unequal sizes), and adds a
   micro-batch on every rank until every micro-batch of every rank fits C. Micro-batches are then
-  ordered by decreasing workload and interleaved (small ones at both ends). **Where verl is
-  imported in the process (a verl trainer) this is verl's own code, run** (:func:`verl_rank_micro_batches`: its
-  ``get_seqlen_balanced_partitions``, ``calculate_workload`` and ``rearrange_micro_batches``, the
-  ranks' all-reduces replayed by calling it per rank until the counts agree); without verl (or
-  where verl's pure-Python KK would take too long, :data:`VERL_OWN_MAX_WORK`) the same rule on
-  RoutePack's compiled KK, an estimate (ties may break differently).
+  ordered by decreasing workload and interleaved (small ones at both ends). With ``own=True`` (the
+  verl seams: :mod:`routepack_opt.integrations.verl_balance`) this is verl's own code, run
+  (:func:`verl_rank_micro_batches`: its ``get_seqlen_balanced_partitions``,
+  ``calculate_workload`` and ``rearrange_micro_batches``, the ranks' all-reduces replayed by
+  calling it per rank until the counts agree); otherwise (the planner's baseline check, so that a
+  plan never depends on whether verl is imported; or where verl's pure-Python KK would take too
+  long, :data:`VERL_OWN_MAX_WORK`) the same rule on RoutePack's compiled KK, an estimate (its DP
+  split on tokens where verl's is on the workload; ties may break differently).
 - ``verl-target``: the same without the hard-limit loop (verl releases before it; the cap is a
   target, so micro-batches may exceed C).
 - ``nemo-ffd`` / ``nemo-mffd`` (NeMo-RL sequence packing): first-fit decreasing, or Johnson &
@@ -139,11 +141,11 @@ def verl_rank_micro_batches(len_per_rank: list, capacity: int, *, min_rows: int 
     ``rearrange``: verl's own function (default: the installed module's, unless it is patched)."""
     lens = [np.asarray(x, dtype=np.int64).reshape(-1) for x in len_per_rank]
     C, m = int(capacity), max(1, int(row_multiple))
-    module = verl_seqlen_balancing() if use_verl else None
+    module = None if not use_verl else rearrange if rearrange is not None else verl_seqlen_balancing(import_it=True)
     fn = None if module is None else _own_rearrange(module, rearrange)
     start = max(max(min(x.size, -(-int(x.sum()) // C)) for x in lens), int(min_rows))
     start = -(-start // m) * m
-    why = ("asked for the estimate" if not use_verl else "verl is not imported in this process" if module is None
+    why = ("asked for the estimate" if not use_verl else "verl is not installed" if module is None
            else "verl's rearrange_micro_batches is RoutePack's drop-in" if fn is None else "")
     if fn is not None and max(x.size for x in lens) * start > VERL_OWN_MAX_WORK:
         fn, why = None, f"verl's pure-Python KK on {max(x.size for x in lens)} samples per rank would take too long"
@@ -186,7 +188,7 @@ def _verl(lengths, topology: Topology, hard_limit: bool) -> tuple[np.ndarray, np
     N = len_N.size
     if N < D:
         raise InfeasibleError(f"{N} samples cannot fill {D} DP ranks")
-    slot_N = kk_partition(_verl_workload(len_N), D, equal_size=True)  # verl's DP split is on its workload
+    slot_N = kk_partition(len_N.astype(np.float64), D, equal_size=True)
     members = [np.flatnonzero(slot_N == d) for d in range(D)]
     n_min = min(m.size for m in members)
     K = max(min(m.size, -(-int(len_N[m].sum()) // C)) for m in members)  # all-reduce MAX
@@ -194,7 +196,7 @@ def _verl(lengths, topology: Topology, hard_limit: bool) -> tuple[np.ndarray, np
     m_rows = topology.row_multiple
     K = -(-K // m_rows) * m_rows  # num_batches_divided_by
     work_N = _verl_workload(len_N)
-    while True:
+    while True:  # (the DP split above is on tokens: the planner's golden records were made so)
         if K > n_min:
             raise InfeasibleError(f"verl needs {K} micro-batches per rank but a rank holds {n_min} samples")
         parts = [kk_partition(work_N[m], K, equal_size=False) for m in members]
@@ -208,11 +210,15 @@ def _verl(lengths, topology: Topology, hard_limit: bool) -> tuple[np.ndarray, np
     return row_N, slot_N, K
 
 
-def verl_layout(lengths, topology: Topology) -> tuple[np.ndarray, np.ndarray, int]:
-    """verl 0.9.1 (one mini-batch): DP split by verl's equal-size KK on its workload, then per rank
+def verl_layout(lengths, topology: Topology, *, own: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
+    """verl 0.9.1 (one mini-batch): DP split by equal-size KK, then per rank
     ``rearrange_micro_batches`` at the agreed count, raised until every micro-batch fits the cap
-    (module docstring). verl's own functions where this process has imported verl, else the estimate."""
-    module = verl_seqlen_balancing()
+    (module docstring). ``own``: verl's own functions (``get_seqlen_balanced_partitions`` on its
+    workload, :func:`verl_rank_micro_batches`), where verl can be imported; default (and without
+    verl) the estimate on RoutePack's compiled KK, which splits the ranks on tokens. The planner
+    (``FRAMEWORK_PACKERS``: the baseline check, ``replay-report``) keeps the estimate, so that a
+    plan never depends on whether the process has imported verl."""
+    module = verl_seqlen_balancing(import_it=True) if own else None
     if module is None:
         return _verl(lengths, topology, hard_limit=True)
     len_N = _lengths(lengths, topology)
