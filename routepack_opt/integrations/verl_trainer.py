@@ -36,6 +36,7 @@ from routepack_opt.integrations._verl_common import (
 from routepack_opt.integrations.rollout_hook import counts_from_non_tensor
 from routepack_opt.integrations.verl_balance import (
     _MIN_SEARCH_S,
+    _QUICK_RATE_S,
     BalanceOptions,
     StepBudget,
     StepPlan,
@@ -222,7 +223,7 @@ class _BalanceHook:
         if st["floor_rate"] is None or settings.max_sweeps is not None or not (st["step"] + 1) % 8:
             return None
         budget = settings.time_limit if not settings.time_limit_is_default else st["budget"]
-        need = st["floor_rate"] * N + (st["quick_rate"] or 0.0) * N
+        need = (st["floor_rate"] + (st["quick_rate"] or _QUICK_RATE_S)) * N
         if budget is None or budget >= need:
             return None
         st["step"] += 1
