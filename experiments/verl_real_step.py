@@ -229,12 +229,13 @@ def timing(N: int, routes: bool, env_limit: str | None, steps: int, seed: int) -
                      "ours ms": 1e3 * times["ours"], "added ms": 1e3 * rec.added_s,
                      "budget ms": None if rec.budget_s is None else 1e3 * rec.budget_s,
                      "warm-up ms": None if rec.warmup_s is None else 1e3 * rec.warmup_s,
-                     "import ms": 1e3 * rec.import_s, "searched": "yes" if searched else "no",
-                     "applied": rec.applied, "saving ms": rec.saving_us / 1e3,
-                     "net_saving_ms": rec.net_saving_us / 1e3,
+                     "import ms": None if rec.import_s is None else 1e3 * rec.import_s,
+                     "searched": "yes" if searched else "no", "applied": rec.applied,
+                     "saving ms": None if rec.saving_us is None else rec.saving_us / 1e3,
+                     "net_saving_ms": None if rec.net_saving_us is None else rec.net_saving_us / 1e3,
                      "added ≤ budget + 25 ms": None if rec.budget_s is None or step < 1
                      else bool(rec.added_s <= rec.budget_s + 0.025),
-                     "why": (rec.quick or "")[:90]})
+                     "why": (rec.quick or rec.fallback or "")[:90]})
         print(report.cell(rows[-1]))
     return rows
 
