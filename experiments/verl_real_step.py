@@ -222,7 +222,9 @@ def timing(N: int, routes: bool, env_limit: str | None, steps: int, seed: int) -
             times[who] = time.perf_counter() - t0
             if who == "ours":
                 rec = rp_verl.last_record()
-        searched = rec.quick is None and rec.applied == "routepack"
+        # "all": every mini-batch searched; "some": at least one kept its quick plan (quick names the first)
+        searched = "all" if rec.quick is None and rec.applied == "routepack" else \
+            "some" if rec.applied == "routepack" and rec.quick and "predicted saving" in rec.quick else "no"
         rows.append({"N": N, "routes": "yes" if routes else "no",
                      "setting": "default" if env_limit is None else f"ROUTEPACK_TIME_LIMIT={env_limit}",
                      "step": "warm-up" if step < 0 else step, "verl ms": 1e3 * times["verl"],
@@ -230,7 +232,7 @@ def timing(N: int, routes: bool, env_limit: str | None, steps: int, seed: int) -
                      "budget ms": None if rec.budget_s is None else 1e3 * rec.budget_s,
                      "warm-up ms": None if rec.warmup_s is None else 1e3 * rec.warmup_s,
                      "import ms": None if rec.import_s is None else 1e3 * rec.import_s,
-                     "searched": "yes" if searched else "no", "applied": rec.applied,
+                     "searched": searched, "applied": rec.applied,
                      "saving ms": None if rec.saving_us is None else rec.saving_us / 1e3,
                      "net_saving_ms": None if rec.net_saving_us is None else rec.net_saving_us / 1e3,
                      "added ≤ budget + 25 ms": None if rec.budget_s is None or step < 1
