@@ -6,14 +6,22 @@ Legend: N samples, D DP slots, R rows (micro-batches per slot), C token cap, B b
 here each framework picks its own R, as it does in training, so a baseline may use more rows
 than R* (``extra rows``) or break the cap (``cap violations``). Every function returns
 ``(row_N, slot_N, R)``; cells may be over the cap only where the framework allows it. Written
-from the frameworks' documented rules, on RoutePack's kernels (KK, FFD); no framework code.
+from the frameworks' documented rules, on RoutePack's kernels (KK, FFD), except verl's where verl is
+installed (below).
 
 - ``verl`` (verl 0.9.1): ``RayPPOTrainer._balance_batch`` splits the batch over the D ranks by
-  Karmarkar–Karp on tokens with equal sizes; each rank's ``rearrange_micro_batches`` starts at
-  ``min(n_d, ceil(tokens_d / C))`` micro-batches, agreed across ranks (all-reduce MAX), partitions
-  verl's workload ``24576·s + s²`` by KK (unequal sizes), and adds a micro-batch on every rank
-  until every micro-batch of every rank fits C. Micro-batches are then ordered by decreasing
-  workload and interleaved (small ones at both ends), as verl does.
+  Karmarkar–Karp on verl's workload ``24576·s + s²`` with equal sizes (the estimate: on tokens); each rank's
+  ``rearrange_micro_batches`` starts at ``min(n_d, ceil(tokens_d / C))`` micro-batches, agreed
+  across ranks (all-reduce MAX), partitions the workload by KK (unequal sizes), and adds a
+  micro-batch on every rank until every micro-batch of every rank fits C. Micro-batches are then
+  ordered by decreasing workload and interleaved (small ones at both ends). With ``own=True`` (the
+  verl seams: :mod:`routepack_opt.integrations.verl_balance`) this is verl's own code, run
+  (:func:`verl_rank_micro_batches`: its ``get_seqlen_balanced_partitions``,
+  ``calculate_workload`` and ``rearrange_micro_batches``, the ranks' all-reduces replayed by
+  calling it per rank until the counts agree); otherwise (the planner's baseline check, so that a
+  plan never depends on whether verl is imported; or where verl's pure-Python KK would take too
+  long, :data:`VERL_OWN_MAX_WORK`) the same rule on RoutePack's compiled KK, an estimate (its DP
+  split on tokens where verl's is on the workload; ties may break differently).
 - ``verl-target``: the same without the hard-limit loop (verl releases before it; the cap is a
   target, so micro-batches may exceed C).
 - ``nemo-ffd`` / ``nemo-mffd`` (NeMo-RL sequence packing): first-fit decreasing, or Johnson &
@@ -30,6 +38,8 @@ applies them (verl's ``min_num_micro_batch`` / ``num_batches_divided_by``).
 from __future__ import annotations
 
 import bisect
+import importlib
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -40,7 +50,8 @@ from routepack_opt.heuristics.baselines import _deal, _split_until
 from routepack_opt.heuristics.binpack import first_fit_decreasing
 from routepack_opt.heuristics.cells import check_lengths, kk_partition
 
-__all__ = ["verl_layout", "verl_target_layout", "nemo_layout", "slime_layout", "modified_first_fit_decreasing",
+__all__ = ["verl_layout", "verl_target_layout", "verl_rank_micro_batches", "verl_seqlen_balancing",
+           "VERL_OWN_MAX_WORK", "nemo_layout", "slime_layout", "modified_first_fit_decreasing",
            "first_fit", "cap_violations", "FRAMEWORK_PACKERS"]
 
 
@@ -78,6 +89,99 @@ def _verl_order(work_N: np.ndarray, part_n: np.ndarray, idx: np.ndarray, K: int)
     return row_K[part_n]
 
 
+# verl's KK is pure Python and superlinear in items × parts (one rank of 128 samples into 39
+# micro-batches: 80 ms; 512 into 148: 12 s, a loaded 2-core machine): above this many
+# items × parts per call the compiled estimate stands in for it (and says so)
+VERL_OWN_MAX_WORK = 6_000
+
+
+def verl_seqlen_balancing(import_it: bool = False):
+    """verl's ``verl.utils.seqlen_balancing`` module where this process has imported verl (a verl
+    trainer or worker; ``import_it``: import it here), else None. The planner does not import verl
+    itself: ``import verl`` takes seconds (12 s on a loaded 2-core machine), more than a time limit."""
+    name = "verl.utils.seqlen_balancing"
+    if not import_it and name not in sys.modules:
+        return None
+    try:
+        module = importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - any import failure means: no verl to run
+        return None
+    return module
+
+
+def _own_rearrange(module, rearrange):
+    """verl's own ``rearrange_micro_batches`` (``rearrange`` when given), or None where the module's
+    one is RoutePack's drop-in (the plugin patched it and did not say what it replaced)."""
+    fn = rearrange if rearrange is not None else getattr(module, "rearrange_micro_batches", None)
+    return None if fn is None or getattr(fn, "__routepack__", False) else fn
+
+
+def _verl_workload(len_N: np.ndarray) -> np.ndarray:
+    return 24576.0 * len_N + len_N.astype(np.float64) ** 2  # verl's calculate_workload
+
+
+def _estimate_rank_parts(len_n: np.ndarray, K: int) -> list[list[int]]:
+    """One rank's micro-batches at count K by verl's rule on RoutePack's compiled KK, in verl's run order."""
+    idx = np.arange(len_n.size)
+    part = kk_partition(_verl_workload(len_n), K, equal_size=False)
+    row = _verl_order(_verl_workload(len_n), part, idx, K)
+    return [np.flatnonzero(row == r).tolist() for r in range(K)]
+
+
+def verl_rank_micro_batches(len_per_rank: list, capacity: int, *, min_rows: int = 1, row_multiple: int = 1,
+                            use_dynamic_bsz_balance: bool = True, rearrange=None,
+                            use_verl: bool = True) -> tuple[list[list[list[int]]], str]:
+    """The micro-batches verl's ``rearrange_micro_batches`` gives each DP rank of one mini-batch
+    (``len_per_rank[d]``: rank d's sample lengths in its order), with the ranks' all-reduces
+    (the count's MAX, the fit's MIN) replayed: each rank is called at the agreed count (its
+    ``min_num_micro_batch``) until every rank returns that count, which is the least count
+    ≥ verl's start at which every rank fits, as verl's synchronized loop finds it. Returns
+    (``[d][j]``: rank d's j-th micro-batch, indices into ``len_per_rank[d]``, in verl's run order;
+    the source: ``"verl"`` when verl's own function ran, else ``"estimate: why"``).
+    ``rearrange``: verl's own function (default: the installed module's, unless it is patched)."""
+    lens = [np.asarray(x, dtype=np.int64).reshape(-1) for x in len_per_rank]
+    C, m = int(capacity), max(1, int(row_multiple))
+    module = None if not use_verl else rearrange if rearrange is not None else verl_seqlen_balancing(import_it=True)
+    fn = None if module is None else _own_rearrange(module, rearrange)
+    start = max(max(min(x.size, -(-int(x.sum()) // C)) for x in lens), int(min_rows))
+    start = -(-start // m) * m
+    why = ("asked for the estimate" if not use_verl else "verl is not installed" if module is None
+           else "verl's rearrange_micro_batches is RoutePack's drop-in" if fn is None else "")
+    if fn is not None and max(x.size for x in lens) * start > VERL_OWN_MAX_WORK:
+        fn, why = None, f"verl's pure-Python KK on {max(x.size for x in lens)} samples per rank would take too long"
+    if fn is None:
+        K = start
+        while True:
+            if K > min(x.size for x in lens):
+                raise InfeasibleError(f"verl needs {K} micro-batches per rank but a rank holds "
+                                      f"{min(x.size for x in lens)} samples")
+            parts = [_estimate_rank_parts(x, K) for x in lens]
+            if all(sum(int(x[i]) for i in p) <= C for x, ps in zip(lens, parts) for p in ps):
+                return parts, f"estimate: {why}"
+            K += m
+    import torch
+    from tensordict import TensorDict
+
+    # verl reads only the lengths (attention_mask's row sums) and the padded width (here 1 ≤ C)
+    tds = [TensorDict({"attention_mask": torch.from_numpy(x[:, None]), "input_ids": torch.from_numpy(x[:, None])},
+                      batch_size=[x.size]) for x in lens]
+    K = start
+    got: list = [None] * len(tds)
+    while True:
+        for d, td in enumerate(tds):
+            if got[d] is not None and len(got[d]) == K:  # verl's KK at this count already ran on rank d
+                continue
+            try:
+                got[d] = fn(td, C, dp_group=None, num_batches_divided_by=m if m > 1 else None,
+                            min_num_micro_batch=K, use_dynamic_bsz_balance=use_dynamic_bsz_balance)[1]
+            except ValueError as exc:
+                raise InfeasibleError(f"verl's rearrange_micro_batches: {exc}") from None
+        K_new = max(len(p) for p in got)
+        if K_new == K and all(len(p) == K for p in got):
+            return [[list(map(int, p)) for p in ps] for ps in got], "verl"
+        K = K_new
+
+
 def _verl(lengths, topology: Topology, hard_limit: bool) -> tuple[np.ndarray, np.ndarray, int]:
     len_N = _lengths(lengths, topology)
     D, C = topology.dp, topology.capacity
@@ -91,8 +195,8 @@ def _verl(lengths, topology: Topology, hard_limit: bool) -> tuple[np.ndarray, np
     K = max(K, topology.min_rows)
     m_rows = topology.row_multiple
     K = -(-K // m_rows) * m_rows  # num_batches_divided_by
-    work_N = 24576.0 * len_N + len_N.astype(np.float64) ** 2  # verl's calculate_workload
-    while True:
+    work_N = _verl_workload(len_N)
+    while True:  # (the DP split above is on tokens: the planner's golden records were made so)
         if K > n_min:
             raise InfeasibleError(f"verl needs {K} micro-batches per rank but a rank holds {n_min} samples")
         parts = [kk_partition(work_N[m], K, equal_size=False) for m in members]
@@ -106,10 +210,38 @@ def _verl(lengths, topology: Topology, hard_limit: bool) -> tuple[np.ndarray, np
     return row_N, slot_N, K
 
 
-def verl_layout(lengths, topology: Topology) -> tuple[np.ndarray, np.ndarray, int]:
-    """verl 0.9.1: DP split by equal-size KK on tokens, then per rank KK on verl's workload at the
-    agreed count, raised until every micro-batch fits the cap (module docstring)."""
-    return _verl(lengths, topology, hard_limit=True)
+def verl_layout(lengths, topology: Topology, *, own: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
+    """verl 0.9.1 (one mini-batch): DP split by equal-size KK, then per rank
+    ``rearrange_micro_batches`` at the agreed count, raised until every micro-batch fits the cap
+    (module docstring). ``own``: verl's own functions (``get_seqlen_balanced_partitions`` on its
+    workload, :func:`verl_rank_micro_batches`), where verl can be imported; default (and without
+    verl) the estimate on RoutePack's compiled KK, which splits the ranks on tokens. The planner
+    (``FRAMEWORK_PACKERS``: the baseline check, ``replay-report``) keeps the estimate, so that a
+    plan never depends on whether the process has imported verl."""
+    module = verl_seqlen_balancing(import_it=True) if own else None
+    if module is None:
+        return _verl(lengths, topology, hard_limit=True)
+    len_N = _lengths(lengths, topology)
+    D = topology.dp
+    if len_N.size < D:
+        raise InfeasibleError(f"{len_N.size} samples cannot fill {D} DP ranks")
+    import torch
+
+    work = module.calculate_workload(torch.from_numpy(len_N)).tolist()
+    try:
+        members = [np.asarray(p, dtype=np.int64) for p in
+                   module.get_seqlen_balanced_partitions(work, k_partitions=D, equal_size=len_N.size % D == 0)]
+    except AssertionError as exc:
+        raise InfeasibleError(f"verl's get_seqlen_balanced_partitions: {exc}") from None
+    parts, _ = verl_rank_micro_batches([len_N[m] for m in members], topology.capacity, min_rows=topology.min_rows,
+                                       row_multiple=topology.row_multiple)
+    row_N = np.empty(len_N.size, dtype=np.int64)
+    slot_N = np.empty(len_N.size, dtype=np.int64)
+    for d, (m, ps) in enumerate(zip(members, parts)):
+        slot_N[m] = d
+        for r, p in enumerate(ps):
+            row_N[m[p]] = r
+    return row_N, slot_N, len(parts[0])
 
 
 def verl_target_layout(lengths, topology: Topology) -> tuple[np.ndarray, np.ndarray, int]:

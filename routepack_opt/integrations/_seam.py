@@ -50,11 +50,14 @@ DEFAULT_COST = "qwen3-30b-a3b"
 # verl's own time at B = 256 (96 ms in the trainer-seams trial); slime plans each step once on
 # the driver, where a step trains for seconds; verl's balance_batch plans the whole global batch
 # once per step on the driver. experiments/seam_latency.py measures the per-call ones.
-DEFAULT_TIME_LIMIT = {"verl": 0.1, "slime": 0.25, "verl_balance": 0.5}
+# verl_balance's cap is high because its default budget is SHARE_OF_GAIN of the step's predicted
+# gain: at N = 1,024 with routes the route import alone takes 0.2-0.8 s (loaded 2 cores) against a
+# predicted gain of seconds, so a 0.5 s cap never let the routes pay (issue 49)
+DEFAULT_TIME_LIMIT = {"verl": 0.1, "slime": 0.25, "verl_balance": 2.0}
 # verl's overlap modes plan behind the step's log-prob passes: their default budget is this share
 # of the last step's time between _balance_batch and the update (less the background import and
-# gather), at most OVERLAP_MAX_S per step
-OVERLAP_SHARE, OVERLAP_MAX_S = 0.8, 2.0
+# gather), at most OVERLAP_MAX_S per step; OVERLAP_FIRST_S on the first step (no hidden time known)
+OVERLAP_SHARE, OVERLAP_MAX_S, OVERLAP_FIRST_S = 0.8, 2.0, 0.5
 SHARE_OF_STEP = 0.1  # the default limit's share of the framework layout's predicted step time
 # the default budget's share of the step's predicted gain (the framework's layout − the lower
 # bound of ours), so that what planning costs stays below what it can save
@@ -289,6 +292,13 @@ class SeamRecord:
     # wall time the call added over the framework's own (None: planning_s, all of it); with
     # ``on_critical_path`` False only what training waited for
     added_s: float | None = None
+    # the part of the predicted times spent in the forward-only passes that reuse the DP split
+    # (verl: old log-prob, reference, value), ours and the framework's (None: not modelled)
+    forward_us: float | None = None
+    forward_us_theirs: float | None = None
+    applied: str | None = None  # whose layout the call applied ("routepack" or the framework's name)
+    theirs_source: str | None = None  # where "theirs" came from: the framework's own code, or "estimate: why"
+    warmup_s: float | None = None  # compiling / loading before the call's clock started (not in added_s)
 
     @property
     def saving_us(self) -> float | None:
@@ -310,8 +320,11 @@ class SeamRecord:
         ``metrics`` and its reducers / wandb): rows, rows_theirs, predicted_ms, predicted_ms_theirs,
         saving_ms, net_saving_ms, planning_ms, samples, fallback (0/1), driver_plan (1: ``source`` is
         ``"driver"``), import_ms / plan_ms / apply_ms (the wall time's split), budget_ms, added_ms,
-        quick (1: the quick path ran, :attr:`quick` says why), redundant_experts. Unknown values are
-        left out."""
+        quick (1: the quick path ran, :attr:`quick` says why), redundant_experts, forward_ms /
+        forward_ms_theirs (the forward-only passes' share of predicted_ms / predicted_ms_theirs),
+        applied_theirs (1: the framework's own layout was applied), theirs_estimate (1: "theirs" is
+        an estimate, not the framework's code run), warmup_ms (before the clock). Unknown values
+        are left out."""
         vals = {"rows": self.rows, "rows_theirs": self.rows_theirs,
                 "predicted_ms": None if self.predicted_us is None else self.predicted_us / 1e3,
                 "predicted_ms_theirs": None if self.predicted_us_theirs is None else self.predicted_us_theirs / 1e3,
@@ -321,7 +334,12 @@ class SeamRecord:
                 "fallback": float(self.fallback is not None), "driver_plan": float(self.source == "driver"),
                 "import_ms": _ms(self.import_s), "plan_ms": _ms(self.plan_s), "apply_ms": _ms(self.apply_s),
                 "budget_ms": _ms(self.budget_s), "added_ms": _ms(self.added_s),
-                "quick": float(self.quick is not None), "redundant_experts": self.redundant_experts}
+                "quick": float(self.quick is not None), "redundant_experts": self.redundant_experts,
+                "forward_ms": _ms(None if self.forward_us is None else self.forward_us / 1e6),
+                "forward_ms_theirs": _ms(None if self.forward_us_theirs is None else self.forward_us_theirs / 1e6),
+                "applied_theirs": None if self.applied is None else float(self.applied != "routepack"),
+                "theirs_estimate": None if self.theirs_source is None else float("estimate" in self.theirs_source),
+                "warmup_ms": _ms(self.warmup_s)}
         return {f"{prefix}/{k}": float(v) for k, v in vals.items() if v is not None}
 
 

@@ -9,13 +9,18 @@ import numpy as np
 
 from routepack_opt.core.checks import check_redundant_experts
 from routepack_opt.core.errors import InputError
+from routepack_opt.integrations import _deps, _verl_env
 from routepack_opt.integrations._seam import Recorder
 
-__all__ = ["PLAN_COLUMNS", "PLACEMENTS_KEY", "plan_columns"]
+__all__ = ["PLAN_COLUMNS", "PLACEMENTS_KEY", "plan_columns", "verl_own"]
 
 _RECORDS = Recorder()
 
 _ONE_EXPERT = np.zeros((1, 1), dtype=np.int64)  # the placement of a length-only window
+
+# class → verl's own _balance_batch that install_balance_batch replaced on it (verl's own path,
+# run to score the step verl would have run)
+ORIGINAL_BALANCE: dict = {}
 
 
 # The driver's plan, written by balance_batch / install_balance_batch into the batch as int64 [N]
@@ -61,3 +66,13 @@ def _bubble_order(cost_R, key_R) -> list[int]:
 
 def _redundant(value) -> int:
     return check_redundant_experts(value)
+
+
+def verl_own():
+    """verl's own ``rearrange_micro_batches`` (the one the plugin replaced)."""
+    fn = _verl_env.ORIGINAL.get("rearrange_micro_batches")
+    if fn is None:
+        fn = _deps.verl_seqlen_balancing().rearrange_micro_batches
+    if getattr(fn, "__routepack__", False):
+        raise InputError("verl's own rearrange_micro_batches is not known (patched before the plugin saved it)")
+    return fn

@@ -66,8 +66,10 @@ length-only baseline (one warning).
 
 Each call yields a :class:`~routepack_opt.integrations._seam.SeamRecord` (:func:`last_record`,
 :func:`pop_records`, or ``on_record=``): micro-batches and predicted time of ours and of verl's
-count on the same lengths (verl's rule with RoutePack's compiled KK, on lengths only), the
-planning time and the net saving. ``metrics.update(rp_verl.last_record().metrics())`` puts it in
+count on the same lengths (verl's own ``rearrange_micro_batches`` run on them without the DP
+sync, or, where that cannot run or would take too long, verl's rule on RoutePack's compiled KK:
+the record's ``theirs_source`` says which), the planning time and the net saving.
+``metrics.update(rp_verl.last_record().metrics())`` puts it in
 verl's step metrics.
 
 Modules: this one is the rank's side (and the public names of all three); the driver's plan is
@@ -90,7 +92,6 @@ from routepack_opt.core.evaluate import Evaluator
 from routepack_opt.core.layout import Layout
 from routepack_opt.core.placement import Placement
 from routepack_opt.core.topology import Topology
-from routepack_opt.heuristics.cells import kk_partition
 from routepack_opt.heuristics.placement.lpt import lpt_placement, swap_refine
 from routepack_opt.heuristics.placement.replicate import replicated_placement
 from routepack_opt.integrations import _deps, _verl_env
@@ -111,6 +112,7 @@ from routepack_opt.integrations._verl_common import (
     _bubble_order,
     _redundant,
     plan_columns,
+    verl_own,
 )
 from routepack_opt.integrations.verl_balance import (  # the driver side, re-exported
     BalanceOptions,
@@ -186,35 +188,24 @@ def _dist_reduce(values: list[int], op: str, dp_group) -> list[int]:
     return [int(v) for v in t.cpu().tolist()]
 
 
-def verl_own():
-    """verl's own ``rearrange_micro_batches`` (the one the plugin replaced)."""
-    fn = _verl_env.ORIGINAL.get("rearrange_micro_batches")
-    if fn is None:
-        fn = _deps.verl_seqlen_balancing().rearrange_micro_batches
-    if getattr(fn, "__routepack__", False):
-        raise InputError("verl's own rearrange_micro_batches is not known (patched before the plugin saved it)")
-    return fn
+def _verl_reference(item_len: np.ndarray, cap: int, rows_min: int, multiple: int,
+                    groups: int = 1) -> tuple[int, float, str]:
+    """verl's micro-batch count on this rank's items (no DP sync: the reference must not add
+    collectives), from verl's own ``rearrange_micro_batches`` run on the items' lengths
+    (:func:`~routepack_opt.heuristics.frameworks.verl_rank_micro_batches`); with forced groups
+    (``groups`` > 1, whose workload verl sums per sample), or where verl's pure-Python KK would
+    take too long (at B = 1,024 it takes seconds), or its function is not known, verl's rule on
+    RoutePack's compiled KK, an estimate. Returns (count, seconds, source)."""
+    from routepack_opt.heuristics.frameworks import verl_rank_micro_batches
 
-
-def _verl_reference(item_len: np.ndarray, cap: int, rows_min: int, multiple: int) -> tuple[int, float]:
-    """verl's micro-batch count on this rank's items (no DP sync): ``ceil(tokens / cap)`` (at most
-    the item count, at least ``min_num_micro_batch``, rounded up to the multiple), then one more
-    multiple while verl's KK partition on its workload (``24576·s + s²``) leaves a micro-batch
-    over the cap. RoutePack's compiled KK replaces verl's pure-Python one (the same greedy
-    differencing; they may break ties differently): at B = 1,024 verl's takes seconds. Returns
-    (count, seconds)."""
     t0 = time.perf_counter()
-    s = item_len.astype(np.float64)
-    work = 24576.0 * s + s * s
-    n = int(item_len.size)
-    k = max(min(n, -(-int(item_len.sum()) // cap)), rows_min)
-    k = -(-k // multiple) * multiple
-    while k < n:
-        part = kk_partition(work, k, equal_size=False)
-        if int(np.bincount(part, weights=item_len, minlength=k).max()) <= cap:
-            break
-        k += multiple
-    return k, time.perf_counter() - t0
+    try:
+        own = verl_own()
+    except Exception:  # noqa: BLE001 - patched before the plugin saved it: the estimate, said in the source
+        own = None
+    parts, source = verl_rank_micro_batches([item_len], cap, min_rows=rows_min, row_multiple=multiple,
+                                            rearrange=own, use_verl=own is not None and groups == 1)
+    return len(parts[0]), time.perf_counter() - t0, source
 
 
 
@@ -478,9 +469,10 @@ def _finish(call: _Call, lens_N, item_len, ev: Evaluator, lay: Layout, fallback:
         # row r of every rank runs together, so a rank must not reorder them by its own costs
         parts = [parts[r] for r in _bubble_order(J_R, [p[0] for p in parts])]
     planning = time.perf_counter() - t0
-    rows_theirs = theirs_us = theirs_s = None
+    rows_theirs = theirs_us = theirs_s = theirs_source = None
     if call.compare:
-        rows_theirs, theirs_s = _verl_reference(item_len, int(topo.capacity), topo.min_rows, topo.row_multiple)
+        rows_theirs, theirs_s, theirs_source = _verl_reference(item_len, int(topo.capacity), topo.min_rows,
+                                                               topo.row_multiple, g)
         # layout-independent at a given count (above): verl's time is ours with its count
         theirs_us = ours_us + (rows_theirs - rows) * settings.cost.row_overhead
     t_apply = time.perf_counter()
@@ -492,7 +484,7 @@ def _finish(call: _Call, lens_N, item_len, ev: Evaluator, lay: Layout, fallback:
     _RECORDS.add(SeamRecord("verl", rows, rows_theirs, ours_us, theirs_us, planning, theirs_s,
                             samples=int(lens_N.shape[0]), fallback=fallback, source=source, import_s=import_s,
                             plan_s=t_apply - t0 - import_s, apply_s=now - t_apply,
-                            budget_s=settings.time_limit), call.on_record)
+                            budget_s=settings.time_limit, theirs_source=theirs_source), call.on_record)
     return micro_batches, parts
 
 

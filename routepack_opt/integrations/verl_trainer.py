@@ -21,7 +21,8 @@ from routepack_opt.core.topology import Topology
 from routepack_opt.integrations import _deps, _verl_overlap
 from routepack_opt.integrations._common import as_cost, length_only_window
 from routepack_opt.integrations._seam import (
-    DEFAULT_TIME_LIMIT,
+    DEFAULT_COST,
+    OVERLAP_FIRST_S,
     OVERLAP_MAX_S,
     OVERLAP_SHARE,
     SETTING_KEYS,
@@ -32,19 +33,29 @@ from routepack_opt.integrations._seam import (
     seam_settings,
     warn_once,
 )
-from routepack_opt.integrations._verl_common import _ONE_EXPERT, _RECORDS, PLACEMENTS_KEY, _redundant, plan_columns
+from routepack_opt.integrations._verl_common import (
+    _ONE_EXPERT,
+    _RECORDS,
+    ORIGINAL_BALANCE,
+    PLACEMENTS_KEY,
+    _redundant,
+    plan_columns,
+)
 from routepack_opt.integrations.rollout_hook import counts_from_non_tensor
 from routepack_opt.integrations.verl_balance import (
+    _MIN_SEARCH_S,
+    _QUICK_RATE_S,
     BalanceOptions,
     StepBudget,
     StepPlan,
+    VerlStepConfig,
     _global_window,
     _planned_mini_batch,
     _quick_layout,
     _run_order,
     plan_step,
 )
-from routepack_opt.replay import warm_import
+from routepack_opt.replay import import_replay, warm_import
 
 logger = logging.getLogger("routepack_opt.integrations")
 
@@ -71,8 +82,12 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
     The plan is made per mini-batch, the unit each rank packs: rank d's chunk is its share of
     mini-batch 0, then of mini-batch 1, ..., so the actor's iterator (consecutive
     ``ppo_mini_batch_size × rollout.n / dp_size`` samples per rank, ``actor.shuffle`` off) cuts
-    exactly the planned shares. ``mini_batch_size`` (samples of the global batch) overrides it;
-    ``keep_minibatch=True`` uses verl's own size for that branch (``actor.ppo_mini_batch_size``).
+    exactly the planned shares. On verl's default path the mini-batches are verl's own (its DP
+    split re-forms them over the whole batch); with ``keep_minibatch=True`` the rollout-order
+    ones; ``mini_batch_size`` (samples of the global batch) plans rollout-order blocks of that
+    size. verl's own layout of the step (:func:`~routepack_opt.integrations.verl_balance.verl_step_layout`,
+    its own code run) is scored with ours, and ours is applied only where the evaluator scores
+    the whole step (update + forward-only passes) better; the record says which (``applied``).
     The plan reaches the ranks as the int64 columns :data:`PLAN_COLUMNS` (:func:`plan_columns`),
     which :func:`rearrange_micro_batches` looks up instead of planning when they are whole; give
     ``max_token_len`` = the workers' cap (``ppo_max_token_len_per_gpu × sp_size``) and the
@@ -127,6 +142,8 @@ def install_balance_batch(trainer_cls, *, max_token_len: int, num_experts: int |
         return hook.balance(self, batch, metrics, logging_prefix, keep_minibatch)
 
     _balance_batch.__routepack__ = True  # type: ignore[attr-defined]
+    if not getattr(hook.original, "__routepack__", False):
+        ORIGINAL_BALANCE[trainer_cls] = hook.original  # verl's own, run to score the step it would run
     trainer_cls._balance_batch = _balance_batch
     if overlap:
         for name in ("_update_critic", "_update_actor"):
@@ -177,7 +194,8 @@ class _BalanceHook:
         self.original, self.settings, self.options = original, settings, options
         self.mini_batch_size, self.overlap, self.dp_size = mini_batch_size, overlap, dp_size
         self.mode = "balanced" if overlap is True else overlap
-        self.state: dict = {"apply_s": 0.0, "rate": None, "gain": None, "step": 0}
+        self.state: dict = {"apply_s": 0.0, "rate": None, "gain": None, "step": 0, "quick_rate": None,
+                             "quick_s": 0.0, "search_floor_s": 0.0, "floor_rate": None, "budget": None}
 
     def own(self, trainer, batch, metrics, logging_prefix, keep_minibatch):
         """verl's own ``_balance_batch``."""
@@ -190,15 +208,31 @@ class _BalanceHook:
             warn_once("verl", "prefix-grouper", "use_prefix_grouper keeps a uid's samples on one rank, which "
                       "RoutePack's balance does not model: verl's own _balance_batch runs")
             return self.own(trainer, batch, metrics, logging_prefix, keep_minibatch)
+        t_warm = time.perf_counter()
         self._warm(batch)
         t0 = time.perf_counter()
+        warmup_s = t0 - t_warm
         try:
+            cfg = VerlStepConfig.from_trainer(trainer, keep_minibatch)
+            if cfg.shuffle:
+                warn_once("verl", "shuffle", "actor.shuffle reshuffles every rank's chunk into mini-batches, so the "
+                          "driver cannot choose them: verl's own _balance_batch runs")
+                return self.own(trainer, batch, metrics, logging_prefix, keep_minibatch)
             dp_size = self._dp_size(trainer)
             lens_N = _mask_lengths(batch)
             size = _planned_mini_batch(trainer.config, int(lens_N.size), keep_minibatch, self.mini_batch_size)
+            short = None if self.overlap else self._floor_short(int(lens_N.size))
+            if short is not None:  # nothing can pay for itself: verl's own call, at verl's own cost
+                self.own(trainer, batch, metrics, logging_prefix, keep_minibatch)
+                rec = SeamRecord("verl.balance_batch", 0, None, None, None, time.perf_counter() - t0,
+                                 samples=int(lens_N.size), fallback=short, applied="verl", added_s=0.0,
+                                 warmup_s=warmup_s, budget_s=self.state["budget"])
+                metrics.update(_RECORDS.add(rec).metrics(prefix="routepack/balance"))
+                return None
             if self.overlap:
-                return self._start_overlap(trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0)
-            sp = self._plan(batch, lens_N, dp_size, size, t0)
+                return self._start_overlap(trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0,
+                                           cfg)
+            sp = self._plan(batch, lens_N, dp_size, size, t0, cfg, trainer)
         except Exception as exc:  # never break the trainer: verl's own balance (one warning per cause)
             warn_once("verl", f"balance: {failure_cause(exc)}", f"balance_batch planning failed "
                       f"({exc.__class__.__name__}: {exc}); verl's own _balance_batch runs")
@@ -206,10 +240,16 @@ class _BalanceHook:
         t_apply = time.perf_counter()
         reorder_s = _apply_step(batch, metrics, logging_prefix, sp, lens_N, dp_size, self.options.max_token_len)
         self.state["apply_s"] = time.perf_counter() - t_apply - reorder_s  # reserved in the next step's budget
-        # added over verl's own call: all of ours but the reorder, which verl's call makes as well
-        # (its KK partition counted as free, so the net saving is a lower bound)
+        # added over verl's own call: all of ours but the reorder and verl's own partitioning
+        # (run to get verl's layout, sp.theirs.driver_s), which verl's call makes as well
+        driver_s = sp.theirs.driver_s if sp.theirs is not None else 0.0
         _record_step(metrics, sp, t0, t_apply, int(lens_N.size), self.options.redundant_experts, sp.quick,
-                     added_s=time.perf_counter() - t0 - reorder_s)
+                     added_s=time.perf_counter() - t0 - reorder_s - driver_s, warmup_s=warmup_s)
+        if sp.theirs is not None:  # verl's global_seqlen balance had its own layout run
+            m = int(lens_N.size) // dp_size
+            tok = [int(lens_N[sp.theirs.perm[d * m:(d + 1) * m]].sum()) for d in range(dp_size)]
+            metrics[f"routepack/balance/{logging_prefix}_balanced_min_theirs"] = float(min(tok))
+            metrics[f"routepack/balance/{logging_prefix}_balanced_max_theirs"] = float(max(tok))
 
     def _dp_size(self, trainer) -> int:
         """The actor's DP size (verl's ``_get_dp_size``), checked against ``ep_size`` and the
@@ -228,8 +268,40 @@ class _BalanceHook:
         warm()
         num_experts = self.options.num_experts
         if num_experts is not None and "routed_experts" in batch.batch.keys():
-            warm_import(batch.batch["routed_experts"], format="verl", num_experts=num_experts,
-                        attention_mask=batch.batch["attention_mask"], moe_layer_freq=self.options.moe_layer_freq)
+            routes, mask = batch.batch["routed_experts"], batch.batch["attention_mask"]
+            warm_import(routes, format="verl", num_experts=num_experts, attention_mask=mask,
+                        moe_layer_freq=self.options.moe_layer_freq)
+            if self.state["rate"] is None:  # the first step's import predicted too (off the clock)
+                self.state["rate"] = self._import_rate(routes, mask)
+
+    def _floor_short(self, N: int) -> str | None:
+        """Why this step runs verl's own call without planning: the budget (a set one, or the
+        default one the last step had) is under the call's floor measured on the last step
+        (verl's rank side and the scorings, seconds per sample × N), so neither the quick path nor
+        the search could run; every 8th step plans anyway, to re-measure. None: plan."""
+        st, settings = self.state, self.settings
+        if st["floor_rate"] is None or settings.max_sweeps is not None or not (st["step"] + 1) % 8:
+            return None
+        budget = settings.time_limit if not settings.time_limit_is_default else st["budget"]
+        need = (st["floor_rate"] + (st["quick_rate"] or _QUICK_RATE_S)) * N
+        if budget is None or budget >= need:
+            return None
+        st["step"] += 1
+        return (f"budget: {budget * 1e3:.0f} ms, under the call's floor (about {need * 1e3:.0f} ms: verl's "
+                "rank side, scoring, the quick path): verl's own _balance_batch runs")
+
+    def _import_rate(self, routes, mask) -> float | None:
+        """Seconds per ``routed_experts`` entry of the route import, timed at warm-up on the first
+        32 samples (a two-point slope on smaller imports was off by several times on a loaded
+        machine), None where that fails."""
+        n = min(32, int(routes.shape[0]))
+        t = time.perf_counter()
+        try:
+            import_replay(routes[:n], format="verl", num_experts=self.options.num_experts, attention_mask=mask[:n],
+                          moe_layer_freq=self.options.moe_layer_freq)
+        except Exception:  # noqa: BLE001 - the step's own import reports bad routes
+            return None
+        return (time.perf_counter() - t) / max(1, int(np.prod(routes[:n].shape)))
 
     def _skip_import_over_us(self) -> float | None:
         """The route import's ceiling this step (re-measured every 8th step; never with
@@ -240,22 +312,34 @@ class _BalanceHook:
         if settings.max_sweeps is not None or not state["step"] % 8:
             return None
         if settings.time_limit_is_default and state["gain"] is not None:
-            return SHARE_OF_GAIN * state["gain"]
+            # the import must leave the quick path and one search floor per mini-batch room, or it
+            # is paid for nothing (verl's layout would stand)
+            return max(0.0, SHARE_OF_GAIN * state["gain"] - 1e6 * (state["quick_s"] + state["search_floor_s"]))
+        if settings.time_limit_is_default and settings.time_limit is not None:  # no gain known yet: the cap
+            return 1e6 * settings.time_limit
         if not settings.time_limit_is_default and settings.time_limit is not None:
             return 1e6 * settings.time_limit
         return None
 
-    def _plan(self, batch, lens_N, dp_size: int, size: int, t0: float) -> StepPlan:
+    def _plan(self, batch, lens_N, dp_size: int, size: int, t0: float, config=None, trainer=None) -> StepPlan:
         state = self.state
-        budget = StepBudget(t0, state["apply_s"], state["rate"], self._skip_import_over_us())
+        budget = StepBudget(t0, state["apply_s"], state["rate"], self._skip_import_over_us(), state["quick_rate"])
         with self.settings.planner_threads():
             sp = plan_step(batch.batch, lens_N, dp_size, size, options=self.options, settings=self.settings,
-                           budget=budget, counts_NLE=_hook_counts(batch))
+                           budget=budget, counts_NLE=_hook_counts(batch), config=config,
+                           balance_fn=self.original, trainer=trainer)
         if sp.gain_us is not None:
-            state["gain"], state["rate"] = sp.gain_us, sp.import_rate_s
+            state["gain"] = sp.gain_us
+        if sp.import_rate_s is not None:
+            state["rate"] = sp.import_rate_s
+        if sp.quick_rate_s is not None:
+            state["quick_rate"] = sp.quick_rate_s
+            state["quick_s"] = sp.quick_rate_s * int(lens_N.size)
+        state["search_floor_s"] = _MIN_SEARCH_S * len(sp.plans)
+        state["floor_rate"], state["budget"] = sp.floor_rate_s, sp.budget_s
         return sp
 
-    def _start_overlap(self, trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0):
+    def _start_overlap(self, trainer, batch, metrics, logging_prefix, lens_N, dp_size, size, t0, cfg=None):
         """The overlap modes: the quick order now (``"balanced"``) or none (``"deferred"``); the
         plan of the rollout-order mini-batches (the synchronous mode's) in a background thread,
         which then gathers the batch's tensors into its order; both applied before the step's
@@ -269,7 +353,7 @@ class _BalanceHook:
         counts = _hook_counts(batch)
         N = int(lens_N.size)
         if self.mode == "balanced":
-            quick = _quick_step(lens_N, dp_size, size, self.options)
+            quick = _quick_step(lens_N, dp_size, size, self.options, self.settings.cost)
             order_N = np.fromiter((j for part in _parts(quick.plans, dp_size) for j in part), dtype=np.int64, count=N)
             reorder_s = _apply_step(batch, metrics, logging_prefix, quick, lens_N, dp_size, self.options.max_token_len,
                                     columns=False)
@@ -282,7 +366,8 @@ class _BalanceHook:
         pos_of[order_N] = np.arange(N, dtype=np.int64)  # sample i (rollout order) sits at pos_of[i] now
         pend = dict(box={}, cancel=threading.Event(), fp=fp, pos_of=pos_of, lens=lens_N, metrics=metrics,
                     prefix=logging_prefix, dp=dp_size, size=size, started=t0, reorder_s=reorder_s, mode=self.mode)
-        src = {"td": td0, "cur": cur, "counts": counts, "settings": self._overlap_settings()}
+        src = {"td": td0, "cur": cur, "counts": counts, "settings": self._overlap_settings(), "config": cfg,
+               "trainer": trainer}
         th = threading.Thread(target=self._background, args=(pend, src), name="routepack-balance", daemon=True)
         pend["thread"] = th
         th.start()
@@ -294,15 +379,14 @@ class _BalanceHook:
         """The background plan's budget: a set ``time_limit`` (or none) as it is; the default one
         is what the step's hidden time allows: :data:`OVERLAP_SHARE` of the last step's time
         between ``_balance_batch`` and the update, less the last background import and gather, at
-        most ``OVERLAP_MAX_S`` (the first step:
-        ``DEFAULT_TIME_LIMIT["verl_balance"]``). Set, so the search runs wherever its share
+        most ``OVERLAP_MAX_S`` (the first step: ``OVERLAP_FIRST_S``). Set, so the search runs wherever its share
         reaches the floor: hidden time costs the step nothing."""
         st, state = self.settings, self.state
         if not st.time_limit_is_default:
             return st
         hidden = state.get("hidden_s")
         if hidden is None:
-            budget = DEFAULT_TIME_LIMIT["verl_balance"]
+            budget = OVERLAP_FIRST_S
         else:
             budget = min(OVERLAP_MAX_S,
                          OVERLAP_SHARE * hidden - state.get("overhead_s", 0.0))
@@ -324,7 +408,8 @@ class _BalanceHook:
             settings = src["settings"]
             with settings.planner_threads():
                 sp = plan_step(src["td"], pend["lens"], pend["dp"], pend["size"], options=opts, settings=settings,
-                               budget=StepBudget(time.perf_counter()), counts_NLE=counts)
+                               budget=StepBudget(time.perf_counter()), counts_NLE=counts, config=src["config"],
+                               balance_fn=self.original, trainer=src["trainer"])
             sp.import_s = import_s
             src.pop("td")  # the rollout-order copy is not needed any more
             t_pre = time.perf_counter()
@@ -378,7 +463,7 @@ class _BalanceHook:
             warn_once("verl", f"overlap: {re.sub(r'[0-9]+', '#', cause)}",
                       f"the background plan is not applied ({why}); re-planned on the quick path")
             lens_now = _mask_lengths(batch)
-            sp = _quick_step(lens_now, pend["dp"], pend["size"], self.options)
+            sp = _quick_step(lens_now, pend["dp"], pend["size"], self.options, self.settings.cost)
             reorder_s = _apply_step(batch, pend["metrics"] if deferred else {}, pend["prefix"], sp, lens_now,
                                     pend["dp"], cap)
             quick, predicted = f"overlap: {why}; re-planned on the quick path", False
@@ -443,7 +528,8 @@ def _apply_step(batch, metrics, logging_prefix, sp: StepPlan, lens_N, dp_size: i
 
 
 def _record_step(metrics, sp: StepPlan, t0: float, t_apply: float, N: int, red: int, quick,
-                 added_s: float | None = None, on_critical_path: bool = True, predicted: bool = True) -> SeamRecord:
+                 added_s: float | None = None, on_critical_path: bool = True, predicted: bool = True,
+                 warmup_s: float | None = None) -> SeamRecord:
     """The step's record into ``metrics`` (``predicted`` False: a plan without predicted times,
     the overlap mode's re-plan on the quick path)."""
     now = time.perf_counter()
@@ -451,16 +537,20 @@ def _record_step(metrics, sp: StepPlan, t0: float, t_apply: float, N: int, red: 
     rec = SeamRecord("verl.balance_batch", sp.rows, sp.rows_theirs if predicted else None,
                      sp.ours_us if predicted else None, sp.theirs_us if predicted else None, wall,
                      samples=N, quick=quick, import_s=sp.import_s, plan_s=sp.plan_s, apply_s=now - t_apply,
-                     budget_s=sp.budget_s, redundant_experts=red, added_s=wall if added_s is None else added_s,
-                     on_critical_path=on_critical_path)
+                     budget_s=sp.budget_s, redundant_experts=red if sp.applied == "routepack" else 0,
+                     added_s=wall if added_s is None else added_s, on_critical_path=on_critical_path,
+                     forward_us=sp.forward_us, forward_us_theirs=sp.forward_us_theirs,
+                     applied=sp.applied if sp.theirs is not None else None, theirs_source=sp.theirs_source,
+                     warmup_s=warmup_s)
     metrics.update(_RECORDS.add(rec).metrics(prefix="routepack/balance"))
     if quick:
         logger.debug("routepack verl: quick path (%s)", quick)
     return rec
 
 
-def _quick_step(lens_N, dp_size: int, size: int, options: BalanceOptions) -> StepPlan:
-    """The quick length-only plan of the overlap mode's first reorder (no routes, no search)."""
+def _quick_step(lens_N, dp_size: int, size: int, options: BalanceOptions, cost=DEFAULT_COST) -> StepPlan:
+    """The quick length-only plan of the overlap mode's first reorder (no routes, no search),
+    scored by ``cost`` (the seam's configured cost model) for its run order."""
     t = time.perf_counter()
     topo = Topology(dp=dp_size, ep=1, capacity=int(options.max_token_len),
                     min_rows=int(options.min_num_micro_batch or 1),
@@ -473,14 +563,11 @@ def _quick_step(lens_N, dp_size: int, size: int, options: BalanceOptions) -> Ste
             from routepack_opt.heuristics.frameworks import verl_layout
 
             lay = Layout(*verl_layout(lens_N[idx], topo))
-        ev = Evaluator(length_only_window(lens_N[idx]), topo, DEFAULT_QUICK_COST)
-        plans.append(_run_order(ev, _ONE_EXPERT, lay, dp_size, int(idx[0])))
+        ev = Evaluator(length_only_window(lens_N[idx]), topo, as_cost(cost))
+        plans.append(_run_order(ev, _ONE_EXPERT, lay, dp_size, idx))
         rows += int(lay.rows)
     return StepPlan(plans, 0.0, 0.0, rows, 0, [None] * len(plans), "overlap: quick order", 0.0,
                     time.perf_counter() - t, None)
-
-
-DEFAULT_QUICK_COST = as_cost("qwen3-30b-a3b")
 
 
 def _apply_pending_before(method, hook: _BalanceHook):

@@ -377,23 +377,50 @@ def test_plugin_serves_verls_own_caller():
         verl_sb.rearrange_micro_batches = old
 
 
-class _FakeTrainer:
-    """The part of verl's RayPPOTrainer that _balance_batch uses (the real module needs torchdata)."""
+def _real_trainer_base():
+    """verl's real RayPPOTrainer (its module needs the integrations extra's RayPPOTrainer deps)."""
+    return pytest.importorskip("verl.trainer.ppo.ray_trainer", reason="RayPPOTrainer's dependencies "
+                               "(the integrations extra) are not installed").RayPPOTrainer
 
-    actor_rollout_wg = None
-    use_prefix_grouper = False
 
-    def __init__(self, mini=8):
-        from omegaconf import OmegaConf
-
-        self.config = OmegaConf.create({"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini}}})
-        self.calls = []
-
-    def _get_dp_size(self, wg, role):
-        return 2
-
+def _counting(fn):
+    """verl's own _balance_batch, noting each call on a trainer's batch (not RoutePack's scoring
+    run of it on a lengths-only DataProto, which carries ``routepack_index``)."""
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
-        self.calls.append(keep_minibatch)
+        if "routepack_index" not in batch.batch.keys():
+            self.calls.append(keep_minibatch)
+        return fn(self, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+
+    return _balance_batch
+
+
+def _trainer_class(**attrs):
+    """A subclass of verl's real RayPPOTrainer, built without its __init__ (no Ray workers):
+    config, the worker group's dispatch info its own _get_dp_size reads; verl's own
+    _balance_batch, its calls counted; _update_actor / _update_critic stubbed."""
+    base = _real_trainer_base()
+
+    class T(base):
+        use_prefix_grouper = False
+        use_reference_policy, use_critic = True, False
+        _balance_batch = _counting(base._balance_batch)
+
+        def __init__(self, mini=8, D=2, n=1, **actor):
+            from omegaconf import OmegaConf
+
+            self.config = OmegaConf.create({"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini, **actor},
+                                                                  "rollout": {"n": n}}})
+            self.actor_rollout_wg = type("WG", (), {"_dispatch_info": {"actor": list(range(D))}})()
+            self.calls = []
+
+        def _update_actor(self, batch):
+            return batch
+
+        _update_critic = _update_actor
+
+    for k, v in attrs.items():
+        setattr(T, k, v)
+    return T
 
 
 @pytest.mark.parametrize("keep_minibatch", [False, True])
@@ -401,9 +428,10 @@ def test_install_balance_batch_keeps_verls_branches(keep_minibatch):
     """install_balance_batch: equal counts per rank (per mini-batch with keep_minibatch), verl's and our metrics, no worse than verl-kk."""
     from verl import DataProto
 
-    cls = type("T", (_FakeTrainer,), {})
+    cls = _trainer_class()
+    own = cls._balance_batch
     old = rp_verl.install_balance_batch(cls, max_token_len=1000, max_sweeps=5, time_limit=None)
-    assert old is _FakeTrainer._balance_batch
+    assert old is own
     lens = [100, 300, 50, 400, 200, 250, 120, 80, 60, 90, 30, 10, 700, 20, 340, 150]
     data = DataProto(batch=make_batch(lens, 700, routes=False), non_tensor_batch={"uid": np.arange(16)})
     t, metrics = cls(), {}
@@ -422,7 +450,7 @@ def test_install_balance_batch_falls_back_for_prefix_grouper_and_bad_class():
     """use_prefix_grouper runs verl's own _balance_batch; a class without _balance_batch is one clear InputError."""
     from verl import DataProto
 
-    cls = type("T", (_FakeTrainer,), {"use_prefix_grouper": True})
+    cls = _trainer_class(use_prefix_grouper=True)
     rp_verl.install_balance_batch(cls, max_token_len=800, max_sweeps=5, time_limit=None)
     data = DataProto(batch=make_batch([5, 6, 7, 8], 8, routes=False), non_tensor_batch={"uid": np.arange(4)})
     t = cls()
@@ -517,7 +545,6 @@ def _driver_step(lens, D=2, mini=4, n=2, cap=2048, seed=0):
     then cut the way verl 0.9.1's workers cut it: to_tensordict, left_right_2_no_padding, the
     dispatch's equal chunks, the actor's mini-batch iterator (shuffle off). Returns the planned
     mini-batches per rank and each sample's original id (column ``sid``)."""
-    from omegaconf import OmegaConf
     from verl import DataProto
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
@@ -525,37 +552,33 @@ def _driver_step(lens, D=2, mini=4, n=2, cap=2048, seed=0):
     td = make_batch(lens, max(lens), routes=False, seed=seed)
     td["response_mask"] = td["attention_mask"].clone()
     td["sid"] = torch.arange(len(lens))
-    cls = type("T", (_FakeTrainer,), {})
+    cls = _trainer_class()
     rp_verl.install_balance_batch(cls, max_token_len=cap, max_sweeps=5, time_limit=None, seed=seed)
-    t = cls(mini=mini)
-    t.config = OmegaConf.create({"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini},
-                                                       "rollout": {"n": n}}})
-    t._get_dp_size = lambda wg, role: D
+    t = cls(mini=mini, D=D, n=n)
     data = DataProto(batch=td, non_tensor_batch={"uid": np.arange(len(lens))})
     metrics = {}
     t._balance_batch(data, metrics)
     assert t.calls == [] and metrics["routepack/balance/driver_plan"] == 0.0
     chunks = tu.chunk_tensordict(left_right_2_no_padding(data.to_tensordict()), D)
     per_gpu = mini * n // D
+    _driver_step.last = data  # the driver's batch, its plan columns written
     return [list(tu.make_iterator(c, mini_batch_size=per_gpu, epochs=1, seed=42 + d,
                                   dataloader_kwargs={"shuffle": False})) for d, c in enumerate(chunks)]
 
 
 def test_driver_plan_reaches_the_ranks_through_verls_worker_path():
     """Each rank's rearrange_micro_batches on verl's own mini-batches returns exactly the driver's
-    planned micro-batches (same sample sets, as balance_batch_partitions plans them, in the
-    driver's run order, so row r of every rank runs together), without planning: source "driver",
+    planned micro-batches (same sample sets as the plan columns the driver wrote, in the driver's
+    run order, so row r of every rank runs together), without planning: source "driver",
     driver_plan metric 1, valid for restore_dynamic_batch."""
     rng = np.random.default_rng(11)
     lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.8, 32), 16, 1500)]
     D, mini, n, cap = 2, 4, 2, 2048
     ranks = _driver_step(lens, D, mini, n, cap)
-    size = mini * n
-    td = make_batch(lens, max(lens), routes=False)
-    for k in range(len(lens) // size):  # the driver's plan of mini-batch k, planned again here
-        gb = rp_verl.balance_batch_partitions(td[k * size:(k + 1) * size], D, max_token_len=cap,
-                                              time_limit=None, max_sweeps=5, seed=0)
-        assert sorted(gb.row_order) == list(range(gb.num_micro_batches))
+    drv = _driver_step.last.batch
+    sid, pid, mbn = (drv[k].numpy() for k in ("sid", "routepack_plan", "routepack_micro_batch"))
+    per_rank = len(lens) // D
+    for k in range(len(lens) // (mini * n)):
         for d in range(D):
             mb = ranks[d][k]
             rp_verl.pop_records()
@@ -563,8 +586,11 @@ def test_driver_plan_reaches_the_ranks_through_verls_worker_path():
             (rec,) = rp_verl.pop_records()
             assert rec.source == "driver" and rec.fallback is None
             assert rec.metrics()["routepack/driver_plan"] == 1.0 and rec.rows == len(parts)
-            # the driver's micro-batches in the driver's run order (the same rows on every rank)
-            want = [sorted(k * size + i for i in m) for m in gb.run_order()[d]]
+            # the driver's micro-batches of this rank's mini-batch, in the driver's run order
+            chunk = slice(d * per_rank, (d + 1) * per_rank)
+            here = np.isin(sid[chunk], mb["sid"].numpy())
+            assert len(set(pid[chunk][here])) == 1
+            want = [sorted(sid[chunk][here & (mbn[chunk] == j)].tolist()) for j in range(len(parts))]
             assert [sorted(mb["sid"][i].item() for i in p) for p in parts] == want
             assert sorted(i for p in parts for i in p) == list(range(len(mb["sid"])))
             for m, p in zip(micro, parts):
@@ -666,18 +692,16 @@ def test_dp_group_agrees_on_the_driver_plan(tmp_path, drop_on_rank):
 
 
 def _installed(mini=8, D=2, **kw):
-    cls = type("T", (_FakeTrainer,), {})
+    cls = _trainer_class()
     rp_verl.install_balance_batch(cls, **kw)
-    t = cls(mini=mini)
-    t._get_dp_size = lambda wg, role: D
-    return cls, t
+    return cls, cls(mini=mini, D=D)
 
 
 def test_balance_record_counts_every_mini_batch_and_verls_own_rows():
     """rows = micro-batches one rank runs over the step (summed over the mini-batches), rows_theirs
-    = verl's own path (its token-balanced DP split and per-rank count, agreed MAX), computed;
-    the wall time splits into import / plan / apply."""
-    from routepack_opt.heuristics.frameworks import verl_layout
+    = verl's own path run (verl_step_layout on the real RayPPOTrainer._balance_batch); the wall
+    time splits into import / plan / apply; the forward passes are in both predictions."""
+    from routepack_opt.integrations.verl_balance import VerlStepConfig, verl_step_layout
 
     rng = np.random.default_rng(3)
     lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.9, 32), 16, 900)]
@@ -695,14 +719,147 @@ def test_balance_record_counts_every_mini_batch_and_verls_own_rows():
     chunk = slice(0, 16)
     per_rank = sum(len(set(mbs[chunk][plan[chunk] == p])) for p in np.unique(plan[chunk]))
     assert rec.rows == per_rank == metrics["routepack/balance/rows"]
-    topo = Topology(dp=D, ep=1, capacity=cap, equal_samples_per_slot=True)
-    want = sum(verl_layout(np.asarray(lens[k:k + mini]), topo)[2] for k in range(0, 32, mini))
-    assert rec.rows_theirs == want
+    theirs = verl_step_layout(np.array(lens), D, VerlStepConfig.from_trainer(t), max_token_len=cap,
+                              balance_fn=_real_trainer_base()._balance_batch, trainer=t)
+    assert theirs.source == "verl" and rec.rows_theirs == theirs.rows and rec.theirs_source == "verl"
     assert rec.import_s >= 0 and rec.plan_s > 0 and rec.apply_s > 0
     assert rec.import_s + rec.plan_s + rec.apply_s <= rec.planning_s + 1e-6
-    assert rec.quick is None and rec.budget_s is None
+    assert rec.quick is None or rec.applied == "verl"
+    assert rec.budget_s is None
+    assert 0 < rec.forward_us < rec.predicted_us and 0 < rec.forward_us_theirs < rec.predicted_us_theirs
     assert metrics["routepack/balance/net_saving_ms"] == pytest.approx(
         metrics["routepack/balance/saving_ms"] - metrics["routepack/balance/added_ms"])
+
+
+def _verls_real_step(t, data, keep: bool, cap: int, D: int):
+    """What verl 0.9.1 runs, by its own code on the real batch: RayPPOTrainer._balance_batch, the
+    dispatch's chunks of the worker's tensordict, the actor's mini-batch iterator, then per rank
+    rearrange_micro_batches (``use_dynamic_bsz``) at the count the ranks agree on (the least count
+    from verl's own start at which every rank's call returns that count, as its all-reduces find
+    it) or its micro_batch_size_per_gpu chunks. Returns (uid order, [k][d] micro-batches as uid lists)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    _real_trainer_base()._balance_batch(t, data, {}, keep_minibatch=keep)
+    order = data.non_tensor_batch["uid"].tolist()
+    td = data.to_tensordict()
+    td["uid_col"] = torch.as_tensor(order)
+    td["response_mask"] = td["attention_mask"].clone()
+    actor = t.config.actor_rollout_ref.actor
+    per_gpu = actor.ppo_mini_batch_size * t.config.actor_rollout_ref.rollout.n // D
+    iters = [list(tu.make_iterator(c, mini_batch_size=per_gpu, epochs=1, seed=42 + d,
+                                   dataloader_kwargs={"shuffle": False}))
+             for d, c in enumerate(tu.chunk_tensordict(left_right_2_no_padding(td), D))]
+    out = []
+    for k in range(len(iters[0])):
+        mbs = [iters[d][k] for d in range(D)]
+        if not actor.get("use_dynamic_bsz", True):
+            b = actor.ppo_micro_batch_size_per_gpu
+            out.append([[c["uid_col"].tolist() for c in tu.chunk_tensordict(mb, per_gpu // b)] for mb in mbs])
+            continue
+        K = max(len(verl_sb.rearrange_micro_batches(mb, cap)[1]) for mb in mbs)
+        while True:
+            got = [verl_sb.rearrange_micro_batches(mb, cap, min_num_micro_batch=K)[1] for mb in mbs]
+            if all(len(g) == K for g in got):
+                break
+            K = max(len(g) for g in got)
+        out.append([[mb["uid_col"][p].tolist() for p in g] for mb, g in zip(mbs, got)])
+    return order, out
+
+
+@pytest.mark.parametrize("config", [
+    dict(keep=False, mini=4, n=2), dict(keep=True, mini=8, n=1), dict(keep=False, mini=2, n=4),
+    dict(keep=False, mini=4, n=2, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=2)],
+    ids=["default", "keep_minibatch", "rollout_n4", "fixed_micro_batches"])
+def test_issue49_item1_theirs_is_verls_own_output(config):
+    """Issue 49 item 1: in every configuration (verl's default path, keep_minibatch, rollout.n,
+    use_dynamic_bsz off) the seam's "theirs" is the layout verl's own code gives the real batch
+    (the real RayPPOTrainer._balance_batch on a real DataProto, the actor's slices, verl's
+    rearrange_micro_batches): the same order, mini-batches and micro-batches, and rows_theirs."""
+    from verl import DataProto
+
+    from routepack_opt.integrations.verl_balance import VerlStepConfig, verl_step_layout
+
+    rng = np.random.default_rng(21)
+    lens = [int(x) for x in np.clip(rng.lognormal(6.2, 0.8, 32), 16, 1500)]
+    D, cap = 2, 1600
+    extra = {k: v for k, v in config.items() if k not in ("keep", "mini", "n")}
+    t = _trainer_class()(mini=config["mini"], D=D, n=config["n"], **extra)
+    data = DataProto(batch=make_batch(lens, max(lens), routes=False), non_tensor_batch={"uid": np.arange(32)})
+    order, want = _verls_real_step(t, data, config["keep"], cap, D)
+    got = verl_step_layout(np.array(lens), D, VerlStepConfig.from_trainer(t, config["keep"]), max_token_len=cap,
+                           balance_fn=_real_trainer_base()._balance_batch, trainer=t)
+    assert got.source == "verl"
+    assert got.perm.tolist() == order
+    assert got.plans == want
+    assert got.rows == sum(len(p[0]) for p in want)
+    # the installed seam records that same path as theirs
+    cls, t2 = _trainer_class(), None
+    rp_verl.install_balance_batch(cls, max_token_len=cap, max_sweeps=3, time_limit=None)
+    t2 = cls(mini=config["mini"], D=D, n=config["n"], **extra)
+    data = DataProto(batch=make_batch(lens, max(lens), routes=False), non_tensor_batch={"uid": np.arange(32)})
+    t2._balance_batch(data, {}, keep_minibatch=config["keep"])
+    rec = rp_verl.last_record()
+    assert rec.rows_theirs == got.rows and rec.predicted_us <= rec.predicted_us_theirs
+
+
+def test_issue49_item3_verls_layout_stands_unless_ours_scores_better():
+    """Issue 49 item 3: the seam applies ours only when the evaluator scores the whole step
+    (update + forward passes) better; otherwise verl's own layout is applied as verl orders it
+    (the same batch order as verl's own call) and the record says so (applied_theirs 1, saving 0)."""
+    from verl import DataProto
+
+    rng = np.random.default_rng(5)
+    lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.9, 32), 16, 900)]
+    batch = make_batch(lens, max(lens), routes=False)
+    t_own = _trainer_class()(mini=8, D=2)
+    own = DataProto(batch=batch.clone(), non_tensor_batch={"uid": np.arange(32)})
+    t_own._balance_batch(own, {})
+    # a budget under the quick path's floor: verl's layout stands
+    cls, t = _installed(mini=8, D=2, max_token_len=1000, time_limit=1e-6)
+    data = DataProto(batch=batch.clone(), non_tensor_batch={"uid": np.arange(32)})
+    metrics = {}
+    t._balance_batch(data, metrics)
+    rec = rp_verl.last_record()
+    assert rec.applied == "verl" and metrics["routepack/balance/applied_theirs"] == 1.0
+    assert rec.predicted_us == rec.predicted_us_theirs and rec.saving_us == 0.0
+    assert "verl's own layout applied" in rec.quick
+    m = 16  # the same samples on every rank as verl's own call, in the same mini-batches
+    got, ref = data.non_tensor_batch["uid"].tolist(), own.non_tensor_batch["uid"].tolist()
+    for d in range(2):
+        for k in range(2):
+            assert sorted(got[d * m + 8 * k:d * m + 8 * k + 8]) == sorted(ref[d * m + 8 * k:d * m + 8 * k + 8])
+    assert metrics["global_seqlen/balanced_max"] == metrics["routepack/balance/global_seqlen_balanced_max_theirs"]
+
+
+def test_issue49_item4_forward_passes_counted_in_the_choice(monkeypatch):
+    """Issue 49 item 4: the forward-only passes are part of the predicted step (recorded apart);
+    a plan whose DP split makes them slower by more than its update saves is not taken."""
+    from verl import DataProto
+
+    from routepack_opt.integrations import verl_balance
+
+    rng = np.random.default_rng(8)
+    lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.9, 32), 16, 900)]
+    batch = make_batch(lens, max(lens))
+    kw = dict(mini=8, D=2, max_token_len=1000, num_experts=8, ep_size=2, max_sweeps=5, time_limit=None)
+    cls, t = _installed(**kw)
+    t._balance_batch(DataProto(batch=batch.clone(), non_tensor_batch={"uid": np.arange(32)}), {})
+    base = rp_verl.last_record()
+    assert base.applied == "routepack" and base.forward_us > 0 and base.forward_us_theirs > 0
+    real = verl_balance.forward_us
+    seen = []
+
+    def costly_unless_verls(window, rank_N, *a, **k):  # verl's split (scored first) as it is, any other 1e12 µs
+        seen.append(np.asarray(rank_N).copy())
+        return real(window, rank_N, *a, **k) if np.array_equal(rank_N, seen[0]) else 1e12
+
+    monkeypatch.setattr(verl_balance, "forward_us", costly_unless_verls)
+    cls, t = _installed(**kw)
+    t._balance_batch(DataProto(batch=batch.clone(), non_tensor_batch={"uid": np.arange(32)}), {})
+    rec = rp_verl.last_record()
+    assert len(seen) == 2 and not np.array_equal(seen[0], seen[1])
+    assert rec.applied == "verl" and rec.predicted_us == rec.predicted_us_theirs
 
 
 def test_short_budget_takes_the_quick_path_and_says_so():
@@ -719,6 +876,7 @@ def test_short_budget_takes_the_quick_path_and_says_so():
     rec = rp_verl.last_record()
     assert rec.quick is not None and rec.quick.startswith("budget")
     assert metrics["routepack/balance/quick"] == 1.0 and rec.budget_s == pytest.approx(1e-6)
+    assert rec.applied == "verl"  # under the quick path's floor: verl's own layout, no greedy run
     order = data.non_tensor_batch["uid"].tolist()
     assert sorted(order) == list(range(32))
     mb = data.batch["routepack_micro_batch"].numpy()
@@ -737,8 +895,8 @@ def test_default_budget_is_sized_from_the_predicted_gain(monkeypatch):
     monkeypatch.delenv("ROUTEPACK_TIME_LIMIT", raising=False)
     st = seam_settings("verl_balance")
     assert st.time_limit_is_default
-    assert st.gain_time_limit(100_000.0) == pytest.approx(min(0.5, SHARE_OF_GAIN * 0.1))
-    assert st.gain_time_limit(1e9) == 0.5
+    assert st.gain_time_limit(100_000.0) == pytest.approx(min(2.0, SHARE_OF_GAIN * 0.1))
+    assert st.gain_time_limit(1e9) == 2.0
     assert seam_settings("verl_balance", time_limit=0.1).gain_time_limit(10.0) == 0.1
 
 
@@ -765,7 +923,7 @@ def test_redundant_experts_reach_the_workers_through_verls_dispatch():
         got = rp_verl.placements_from_batch(chunk)
         assert [p.phy2log.tolist() for p in got] == [p.phy2log.tolist() for p in pls]
     with pytest.raises(InputError, match="redundant_experts needs num_experts"):
-        rp_verl.install_balance_batch(type("U", (_FakeTrainer,), {}), max_token_len=1000, redundant_experts=2)
+        rp_verl.install_balance_batch(_trainer_class(), max_token_len=1000, redundant_experts=2)
 
 
 @pytest.mark.parametrize("mode", [True, "deferred"])
@@ -777,7 +935,7 @@ def test_overlap_mode_plans_behind_the_log_prob_passes(mode):
 
     calls = []
 
-    class Tr(_FakeTrainer):
+    class Tr(_trainer_class()):
         def _update_actor(self, batch):
             calls.append(batch.batch["routepack_micro_batch"].clone())
             return batch
@@ -805,7 +963,7 @@ def test_overlap_mode_plans_behind_the_log_prob_passes(mode):
     t._update_actor(data)  # nothing pending: passes through
     assert len(calls) == 2 and rp_verl.pop_records() == []
     with pytest.raises(InputError, match="overlap: expected"):
-        rp_verl.install_balance_batch(type("U", (_FakeTrainer,), {}), max_token_len=1000, overlap="later")
+        rp_verl.install_balance_batch(_trainer_class(), max_token_len=1000, overlap="later")
 
 
 def test_balance_plans_from_the_rollout_hooks_counts_without_routes():
@@ -846,3 +1004,49 @@ def test_balance_plans_from_the_rollout_hooks_counts_without_routes():
     data = DataProto(batch=batch, non_tensor_batch={"uid": np.arange(16), COUNTS_KEY: col})
     t._balance_batch(data, {})
     assert t.calls == [False]
+
+
+def test_issue49_item1_rank_side_theirs_is_verls_own_count():
+    """Issue 49 item 1 (rank side): the drop-in's rows_theirs is what verl's own
+    rearrange_micro_batches returns on the same batch (run, not re-implemented), said in
+    theirs_source; verl_rank_micro_batches replays the ranks' agreed count on verl's function."""
+    from routepack_opt.heuristics.frameworks import verl_rank_micro_batches
+
+    rng = np.random.default_rng(12)
+    lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.9, 24), 16, 1200)]
+    batch = make_batch(lens, max(lens), routes=False)
+    _, theirs = rp_verl.verl_own()(batch, 1300, num_batches_divided_by=2)
+    rp_verl.rearrange_micro_batches(batch, 1300, num_batches_divided_by=2)
+    rec = rp_verl.last_record()
+    assert rec.theirs_source == "verl" and rec.rows_theirs == len(theirs)
+    halves = [np.array(lens[:12]), np.array(lens[12:])]
+    parts, src = verl_rank_micro_batches(halves, 1300, row_multiple=2)
+    K = len(parts[0])
+    assert src == "verl" and all(len(p) == K for p in parts) and K % 2 == 0
+    for x, p in zip(halves, parts):  # each rank: verl's own call at the agreed count, the same micro-batches
+        td = make_batch(x.tolist(), int(x.max()), routes=False)
+        assert rp_verl.verl_own()(td, 1300, num_batches_divided_by=2, min_num_micro_batch=K)[1] == p
+    assert K >= max(len(rp_verl.verl_own()(make_batch(x.tolist(), int(x.max()), routes=False), 1300,
+                                            num_batches_divided_by=2)[1]) for x in halves)
+
+
+def test_issue49_item5_budget_under_the_floor_runs_verls_own_call():
+    """Issue 49 item 5: once a step has measured the call's floor (verl's rank side, the
+    scorings), a budget under it runs verl's own _balance_batch without planning (added_ms 0, the
+    record says why), so the seam costs what verl's call costs."""
+    from verl import DataProto
+
+    rng = np.random.default_rng(9)
+    lens = [int(x) for x in np.clip(rng.lognormal(6.0, 0.9, 32), 16, 900)]
+    batch = make_batch(lens, max(lens), routes=False)
+    cls, t = _installed(mini=8, D=2, max_token_len=1000, time_limit=1e-6)
+    t._balance_batch(DataProto(batch=batch.clone(), non_tensor_batch={"uid": np.arange(32)}), {})
+    assert t.calls == [] and rp_verl.last_record().applied == "verl"  # planned: the floor measured
+    data, metrics = DataProto(batch=batch.clone(), non_tensor_batch={"uid": np.arange(32)}), {}
+    t._balance_batch(data, metrics)
+    rec = rp_verl.last_record()
+    assert t.calls == [False] and "under the call's floor" in rec.fallback and rec.added_s == 0.0
+    assert metrics["routepack/balance/fallback"] == 1.0 and "global_seqlen/balanced_max" in metrics
+    own = DataProto(batch=batch.clone(), non_tensor_batch={"uid": np.arange(32)})
+    _real_trainer_base()._balance_batch(t, own, {})
+    assert data.non_tensor_batch["uid"].tolist() == own.non_tensor_batch["uid"].tolist()
