@@ -19,7 +19,7 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer  # noqa: E402
 from routepack_opt.core.errors import InputError  # noqa: E402
 from routepack_opt.integrations import _verl_overlap, verl_trainer  # noqa: E402
 from routepack_opt.integrations import verl as rp_verl  # noqa: E402
-from routepack_opt.integrations._seam import DEFAULT_TIME_LIMIT, seam_settings  # noqa: E402
+from routepack_opt.integrations._seam import OVERLAP_FIRST_S, seam_settings  # noqa: E402
 
 CAP, E, D = 1000, 8, 2
 
@@ -190,7 +190,7 @@ def test_overlap_budget_is_the_hidden_time_not_the_import(monkeypatch):
     t._balance_batch(data, {})
     t._update_actor(data)
     first = rp_verl.last_record()
-    assert first.budget_s == pytest.approx(DEFAULT_TIME_LIMIT["verl_balance"]) and first.quick is None
+    assert first.budget_s == pytest.approx(OVERLAP_FIRST_S) and first.quick is None
     assert first.import_s > 0
     data = _batch(lens, seed=2)
     t._balance_batch(data, {})
