@@ -151,29 +151,20 @@ def g_api(tmp: Path, record, quick: bool) -> None:
 
 def g_bp(tmp: Path, record, quick: bool) -> None:
     from routepack_opt.models.branch_price import decide_bins
-    from routepack_opt.models.brute import brute_force_bins
+    for w, b, C, K, opt in fs.tiny_bin_decisions(np.random.default_rng(50), 25 if quick else 120, 16, 4):
+        name = f"bp/w={w.tolist()} b={b.tolist()} C={C} K={K}"
 
-    rng = np.random.default_rng(50)
-    for trial in range(25 if quick else 120):
-        C = int(rng.integers(4, 16))
-        m = int(rng.integers(1, 4))
-        w = rng.choice(np.arange(1, C + 1), size=m, replace=False)
-        b = rng.integers(1, 4, size=m)
-        opt = brute_force_bins(np.repeat(w, b), C)
-        for K in (max(1, opt - 1), opt, opt + 1, opt + 2):
-            name = f"bp/w={w.tolist()} b={b.tolist()} C={C} K={K}"
-
-            def call(w=w, b=b, C=C, K=K, opt=opt):
-                res = decide_bins(w, b, C, K, time_limit=5.0)
-                want = "feasible" if opt <= K else "infeasible"
-                if res.status != want:
-                    raise AssertionError(f"{res.status}, brute force says {want}")
-                if res.bins is not None:
-                    A = np.array(res.bins)
-                    if len(A) > K or (A.sum(axis=0) != b).any() or (A @ w > C).any():
-                        raise AssertionError("not a packing")
-            outcome, detail = _api(call)
-            record("bp", name, outcome, detail)
+        def call(w=w, b=b, C=C, K=K, opt=opt):
+            res = decide_bins(w, b, C, K, time_limit=5.0)
+            want = "feasible" if opt <= K else "infeasible"
+            if res.status != want:
+                raise AssertionError(f"{res.status}, brute force says {want}")
+            if res.bins is not None:
+                A = np.array(res.bins)
+                if len(A) > K or (A.sum(axis=0) != b).any() or (A @ w > C).any():
+                    raise AssertionError("not a packing")
+        outcome, detail = _api(call)
+        record("bp", name, outcome, detail)
 
 
 def _api(fn, timeout: float = 30.0) -> tuple[str, str]:

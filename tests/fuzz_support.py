@@ -909,3 +909,26 @@ def shown_value(value) -> str:
     from routepack_opt.core.checks import shown
 
     return shown(value, 80).replace("\n", " ")
+
+
+def one_error(outcome, code, err, match) -> None:
+    """A command ended with one clean ``error:`` line (exit 2) that says ``match``."""
+    assert outcome == "clean2" and code == 2, (outcome, code, err)
+    assert match in err, err
+
+
+def tiny_bin_decisions(rng, trials: int, c_hi: int, b_hi: int):
+    """``trials`` tiny bin-packing instances (item types ``w`` of counts ``b``, capacity ``C`` <
+    ``c_hi``, counts < ``b_hi``) with their brute-force optimum, each asked for K from one below
+    the optimum to two above it: ``(w, b, C, K, opt)`` (the cases where K leaves a bin of slack,
+    so the empty pattern is listed, included)."""
+    from routepack_opt.models.brute import brute_force_bins
+
+    for _ in range(trials):
+        C = int(rng.integers(4, c_hi))
+        m = int(rng.integers(1, 4))
+        w = rng.choice(np.arange(1, C + 1), size=m, replace=False)
+        b = rng.integers(1, b_hi, size=m)
+        opt = brute_force_bins(np.repeat(w, b), C)
+        for K in (max(1, opt - 1), opt, opt + 1, opt + 2):
+            yield w, b, C, K, opt

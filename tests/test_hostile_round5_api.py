@@ -4,17 +4,22 @@ items 8, 10 and 11; "What to build" item 2)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from routepack_opt.certify import certify_rows, pack_into_bins
-from routepack_opt.core import checks
-from routepack_opt.core.errors import InputError
-from routepack_opt.core.topology import Topology
-from routepack_opt.integrations.rollout_hook import COUNTS_KEY, counts_from_non_tensor
-from routepack_opt.models.branch_price import decide_bins
-from routepack_opt.models.brute import brute_force_bins
-from routepack_opt.replay.sample_counts import StreamingCounts, sample_counts, window_from_counts
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fuzz_support as fs  # noqa: E402
+
+from routepack_opt.certify import certify_rows, pack_into_bins  # noqa: E402
+from routepack_opt.core import checks  # noqa: E402
+from routepack_opt.core.errors import InputError  # noqa: E402
+from routepack_opt.core.topology import Topology  # noqa: E402
+from routepack_opt.integrations.rollout_hook import COUNTS_KEY, counts_from_non_tensor  # noqa: E402
+from routepack_opt.models.branch_price import decide_bins  # noqa: E402
+from routepack_opt.replay.sample_counts import StreamingCounts, sample_counts, window_from_counts  # noqa: E402
 
 # two samples of 3 tokens, one layer, two experts, top-1
 COUNTS = np.array([[[3, 0]], [[1, 2]]], dtype=np.int64)
@@ -76,19 +81,12 @@ def test_found8_streaming_counts_add_refuses_a_count_that_would_wrap():
 def test_found10_decide_bins_agrees_with_brute_force_when_k_leaves_a_bin_of_slack():
     """decide_bins on tiny instances, K from the optimum to two above it (the empty pattern is
     listed): the answer is brute force's, never a TypeError, and a packing is a packing."""
-    rng = np.random.default_rng(5)
-    for _ in range(25):
-        C = int(rng.integers(4, 13))
-        m = int(rng.integers(1, 4))
-        w = rng.choice(np.arange(1, C + 1), size=m, replace=False)
-        b = rng.integers(1, 3, size=m)
-        opt = brute_force_bins(np.repeat(w, b), C)
-        for K in (max(1, opt - 1), opt, opt + 1, opt + 2):
-            res = decide_bins(w, b, C, K, time_limit=5.0)
-            assert res.status == ("feasible" if opt <= K else "infeasible"), (w, b, C, K, opt)
-            if res.bins is not None:
-                A = np.array(res.bins)
-                assert len(A) <= K and (A.sum(axis=0) == b).all() and (A @ w <= C).all()
+    for w, b, C, K, opt in fs.tiny_bin_decisions(np.random.default_rng(5), 25, 13, 3):
+        res = decide_bins(w, b, C, K, time_limit=5.0)
+        assert res.status == ("feasible" if opt <= K else "infeasible"), (w, b, C, K, opt)
+        if res.bins is not None:
+            A = np.array(res.bins)
+            assert len(A) <= K and (A.sum(axis=0) == b).all() and (A @ w <= C).all()
 
 
 @pytest.mark.parametrize("args, match", [
