@@ -318,6 +318,13 @@ def _lp_multipliers(data: BlockData, time_limit: float) -> tuple[Multipliers | N
     h.setOptionValue("time_limit", float(max(t_end - time.perf_counter(), 0.01)))
     h.run()
     status = h.modelStatusToString(h.getModelStatus())
+    if status != "Optimal" and t_end - time.perf_counter() > 0.05:
+        # the interior point without crossover may stop short of optimal (HiGHS 1.8 on small
+        # LPs ends 'Unknown' with poor duals): the dual simplex, in the time left, gives exact ones
+        h.setOptionValue("solver", "simplex")
+        h.setOptionValue("time_limit", float(max(t_end - time.perf_counter(), 0.01)))
+        h.run()
+        status = h.modelStatusToString(h.getModelStatus())
     sol = h.getSolution()
     info = {"lp_status": status, "lp_columns": ncol, "lp_rows": nrow}
     if not sol.dual_valid:
