@@ -54,8 +54,9 @@ def _line(window: str, step: int, makespan: float = 100.0, base: float = 125.0, 
           r_star: int = 2) -> dict:
     """A step line as a run writes it (its savings those of its own makespans)."""
     saving = (base - makespan) / base
+    lb = min(90.0, makespan)  # a bound is never above the makespan
     return {"window": window, "step": step, "samples": 16, "tokens": 1800, "layers": 2, "experts": 8,
-            "rows": rows, "makespan": makespan, "lower_bound": 90.0, "gap": makespan / 90.0, "saving": saving,
+            "rows": rows, "makespan": makespan, "lower_bound": lb, "gap": makespan / lb, "saving": saving,
             "rows_saved": 1, "best_baseline": "verl/identity",
             "certificate": {"rows": r_star, "status": "optimal", "lower_bound": r_star, "method": "bounds"},
             "baselines": {"verl/identity": {"makespan": base, "saving": saving, "gap": base / 90.0,
@@ -323,13 +324,15 @@ def _mutate(rec: dict, what: str) -> dict:
         r["timings"]["plan"] = -1e9
     elif what == "best breaks the cap":
         b["cap_violations"] = 4
+    elif what == "lower_bound 1e300":
+        r["lower_bound"] = 1e300
     return r
 
 
 @pytest.mark.parametrize("what", ["makespan -5", "makespan -1.7e308", "makespan NaN", "saving 1e300",
                                   "saving not its makespans'", "baseline makespan inf", "step 2**70",
                                   "rows 2**70", "step 0.0", "rows 3.0", "cap_violations true",
-                                  "planning -1e9 s", "best breaks the cap"])
+                                  "planning -1e9 s", "best breaks the cap", "lower_bound 1e300"])
 def test_50_9_lines_with_values_no_run_writes_are_skipped(tmp_path, what):
     """Issue 50 found 9: a line with a makespan of -5, a saving of 1e300, a step of 2**70 or a float where an integer belongs was accepted and changed summary.json; now skipped with a note naming its line, summary.json as without it."""
     from routepack_opt.report_run import read_steps, run_records, run_summary

@@ -779,7 +779,8 @@ def _close(a: float, b: float) -> bool:
 def check_step_record(rec, where: str) -> dict:
     """One ``steps.jsonl`` line of ``replay-report`` (report_run's record), checked field by field
     against what a run writes: integers (never a float, a bool or a string) in range for the
-    step, the rows and the counts; makespans, bounds and gaps finite and ≥ 0; savings finite,
+    step, the rows and the counts; makespans, bounds and gaps finite and ≥ 0, the bound at most
+    the makespan; savings finite,
     at most 1 and equal to (baseline − ours) / baseline of the line's own makespans; the best
     baseline one that keeps the cap, with the least makespan of those; timings finite seconds
     ≥ 0. An InputError names the line and the field (``report_run.read_steps`` skips such a
@@ -802,6 +803,9 @@ def check_step_record(rec, where: str) -> dict:
           f"'rows' must be an integer in 1..{top}, got {_brief_value(rec.get('rows'))}")
     for k in ("makespan", "lower_bound", "gap"):
         _need(_is_nonneg(rec.get(k)), where, f"'{k}' must be a finite number ≥ 0, got {_brief_value(rec.get(k))}")
+    # a valid lower bound is never above the plan's makespan (the evaluator's bound of the window)
+    _need(rec["lower_bound"] <= rec["makespan"] * (1 + 1e-9) + 1e-9, where,
+          f"'lower_bound' {_brief_value(rec['lower_bound'])} is above the plan's makespan")
     _need(rec.get("saving") is None or _is_saving(rec["saving"]), where,
           f"'saving' must be a finite number ≤ 1 or null, got {_brief_value(rec.get('saving'))}")
     _need(rec.get("rows_saved") is None or _is_count(rec["rows_saved"], -_STEP_INT_MAX), where,
