@@ -268,3 +268,17 @@ def test_50_2_cap_repair_allocates_nothing_over_the_lengths():
     tracemalloc.stop()
     assert ok and peak < 64 << 20  # the table over the lengths alone was 17 GB
     assert (np.bincount(cell_N, weights=len_N, minlength=3) <= C).all()
+
+
+def test_50_2_first_decide_bins_of_a_process_compiles_before_its_clock(tmp_path):
+    """Issue 50 item 2 (first call in a process): with a cold numba cache, decide_bins compiled
+    its kernels inside a 1 s limit and answered 'unknown' after 3.8 s; now they are compiled
+    before the clock and a tiny instance is decided."""
+    code = ("import numpy as np\nfrom routepack_opt.models.branch_price import decide_bins\n"
+            "r = decide_bins(np.array([5, 4, 3]), np.array([2, 2, 2]), 10, 3, time_limit=1.0)\n"
+            "print(r.status)\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "ROUTEPACK_CACHE_DIR": str(tmp_path),
+           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["feasible"], (r.stdout, r.stderr)

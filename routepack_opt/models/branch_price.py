@@ -723,7 +723,18 @@ def decide_bins(w_M, b_M, C: int, K: int, *, columns=(), time_limit: float = 10.
     vectors of the types; ``time_limit`` > 0 seconds; ``max_nodes`` ≥ 1."""
     check_time_limit(time_limit, "time_limit")
     check_int(max_nodes, "max_nodes", 1)
-    return BranchAndPrice(w_M, b_M, C, K, columns=columns).run(time_limit, max_nodes)
+    bp = BranchAndPrice(w_M, b_M, C, K, columns=columns)
+    _warm_once()  # the first call in a process: its kernels compiled or loaded before the clock
+    return bp.run(time_limit, max_nodes)
+
+
+_WARMED: list[bool] = []
+
+
+def _warm_once() -> None:
+    if not _WARMED:
+        warm_kernels()
+        _WARMED.append(True)
 
 
 def _check_decision(w_M, b_M, C, K, columns):
