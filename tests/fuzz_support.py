@@ -861,6 +861,98 @@ def _runtime_targets(w, plan) -> list[Target]:
                dict(window=type_kind(Window), seed=lambda x: x is None or (_is_int(x) and x >= 0))),
         Target("runtime.batches.build_microbatches", batches.build_microbatches, dict(plan=plan, window=w, dp_rank=0),
                dict(plan=type_kind(Plan), window=type_kind(Window), dp_rank=lambda x: _is_int(x) and 0 <= x < 2)),
+        *_runtime_model_targets(w),
+    ]
+
+
+def _runtime_model_targets(w) -> list[Target]:
+    """The torch runtime's model, materialization, replica, dist, verify and bench entry points
+    whose good call is cheap (a tiny layer or model, no process group, no timing)."""
+    import torch
+
+    from routepack_opt.runtime import bench, dist, materialize, model, moe, replicas, verify
+
+    tensor = type_kind(torch.Tensor)
+    layer = moe.MoELayer(hidden=4, ffn=4, num_experts=4, top_k=2)
+    cfg = model.TinyMoEConfig(hidden=16, ffn=16, num_layers=1, num_experts=4)
+    tiny = model.TinyMoE(cfg)
+    x = torch.ones(3, 4)
+    qkv = torch.ones(2, 5, 4)
+
+    def enter_deterministic(**a):
+        with dist.deterministic(**a):
+            pass
+
+    return [
+        Target("runtime.moe.swiglu", moe.swiglu, dict(x_MH=x, w_gate_HF=torch.ones(4, 2), w_up_HF=torch.ones(4, 2),
+                                                      w_down_FH=torch.ones(2, 4)),
+               dict(x_MH=tensor, w_gate_HF=tensor, w_up_HF=tensor, w_down_FH=tensor)),
+        Target("runtime.moe.replica_slots", moe.replica_slots,
+               dict(experts_M=torch.tensor([0, 1, 1]), log2phy_EK=torch.tensor([[0], [1]]),
+                    logcnt_E=torch.tensor([1, 1]), source_rank=0),
+               dict(experts_M=tensor, log2phy_EK=tensor, logcnt_E=tensor, source_rank="nonneg_int")),
+        Target("runtime.moe.ExpertSlots", moe.ExpertSlots, dict(num_slots=2, hidden=4, ffn=4, first_slot=0),
+               dict(num_slots="nonneg_int", hidden="pos_int", ffn="pos_int", first_slot="nonneg_int")),
+        Target("runtime.moe.MoELayer", moe.MoELayer,
+               dict(hidden=4, ffn=4, num_experts=4, top_k=2, ep_size=1, ep_rank=0, redundant=0),
+               dict(hidden="pos_int", ffn="pos_int", num_experts="pos_int", top_k=lambda v: _is_int(v) and 1 <= v <= 4,
+                    ep_size="pos_int", ep_rank=lambda v: _is_int(v) and v == 0, redundant="nonneg_int")),
+        Target("runtime.model.TinyMoEConfig", model.TinyMoEConfig,
+               dict(vocab=64, hidden=16, heads=2, num_layers=1, num_experts=4, top_k=2, ffn=16, seed=0),
+               dict(vocab="pos_int", hidden="pos_int", heads="pos_int", num_layers="pos_int", num_experts="pos_int",
+                    top_k=lambda v: _is_int(v) and 1 <= v <= 4, ffn="pos_int", seed="nonneg_int")),
+        Target("runtime.model.TinyMoE", model.TinyMoE, dict(cfg=cfg, ep_size=1, ep_rank=0, phy2log_LS=None),
+               dict(cfg=type_kind(model.TinyMoEConfig), ep_size="pos_int", ep_rank=lambda v: _is_int(v) and v == 0,
+                    phy2log_LS="any")),
+        Target("runtime.model.varlen_causal_attention", model.varlen_causal_attention,
+               dict(q_hTd=qkv, k_hTd=qkv, v_hTd=qkv, cu_seqlens=[0, 2, 5]),
+               dict(q_hTd=tensor, k_hTd=tensor, v_hTd=tensor, cu_seqlens="any")),
+        Target("runtime.model.logical_expert_tensors", model.logical_expert_tensors,
+               dict(model=tiny, optimizer=None, all_replicas=False),
+               dict(model=type_kind(model.TinyMoE), all_replicas="bool")),
+        Target("runtime.materialize.slot_state_tensors", materialize.slot_state_tensors,
+               dict(layer=layer, optimizer=None),
+               dict(layer=type_kind(moe.MoELayer), optimizer=lambda v: v is None)),
+        Target("runtime.materialize.materialize", materialize.materialize,
+               dict(layers=tiny.moe_layers, new_placement=np.arange(4)[None]),
+               dict(layers="any", new_placement="any")),
+        Target("runtime.replicas.replica_exchange_plan", replicas.replica_exchange_plan, dict(layers=[layer]),
+               dict(layers="any")),
+        Target("runtime.replicas.exchange_plan", replicas.exchange_plan,
+               dict(phy2log_LS=np.array([[0, 1, 2, 3, 0, 1]]), ep_size=2, ep_rank=0),
+               dict(phy2log_LS="any", ep_size="pos_int", ep_rank=lambda v: _is_int(v) and 0 <= v < 2)),
+        Target("runtime.replicas.sum_replica_grads", replicas.sum_replica_grads, dict(layers=[layer]),
+               dict(layers="any", plan=lambda v: v is None)),
+        Target("runtime.replicas.replica_max_diff", replicas.replica_max_diff, dict(layers=[layer], optimizer=None),
+               dict(layers="any", optimizer=lambda v: v is None)),
+        Target("runtime.dist.deterministic", enter_deterministic, dict(seed=0, threads=1),
+               dict(seed="nonneg_int", threads=lambda v: v is None or (_is_int(v) and 0 <= v <= 1024))),
+        Target("runtime.verify.VerifyConfig", verify.VerifyConfig, {},
+               dict(model=type_kind(model.TinyMoEConfig), num_samples="pos_int", max_len="pos_int", dp="pos_int",
+                    ep="pos_int", rows="pos_int", steps="pos_int", replace_after="pos_int", lr="time",
+                    seed="nonneg_int", timeout_s="time", start_method=choice_kind("forkserver", "spawn"),
+                    device=choice_kind("cpu", "cuda"), redundant="nonneg_int")),
+        Target("runtime.verify.make_setup", verify.make_setup, dict(cfg=verify.VerifyConfig()),
+               dict(cfg=type_kind(verify.VerifyConfig))),
+        Target("runtime.bench.BenchConfig", bench.BenchConfig, {},
+               dict(hidden="pos_int", heads="pos_int", ffn="pos_int", layers="pos_int", experts_per_rank="pos_int",
+                    attn_lengths="any", attn_max_tokens="pos_int", expert_tokens="any", repeats="pos_int",
+                    warmup="nonneg_int", measure_max_cell="pos_int", measure_max_tokens="pos_int",
+                    cpu_threads="nonneg_int", seed="nonneg_int")),
+        Target("runtime.bench.bench_config", bench.bench_config, dict(device="cpu", quick=True),
+               dict(device="any", quick="bool")),
+        Target("runtime.bench.resolve_device", bench.resolve_device, dict(name="cpu"), dict(name="any")),
+        Target("runtime.bench.KernelBench", bench.KernelBench, dict(cfg=bench.bench_config("cpu", quick=True),
+                                                                    device="cpu"),
+               dict(cfg=type_kind(bench.BenchConfig), device="any")),
+        Target("runtime.bench.nnls", bench.nnls, dict(A=np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]),
+                                                      b=np.array([1.0, 2.0, 3.0])),
+               dict(A="any", b="any")),
+        Target("runtime.bench.fit", bench.fit, dict(X=np.array([[1.0, 1.0], [2.0, 1.0], [3.0, 1.0]]),
+                                                    t=np.array([2.0, 3.0, 4.5]), names=["a", "b"]),
+               dict(X="any", t="any", names="any")),
+        Target("runtime.bench.scale_window", bench.scale_window, dict(window=w, scale=2.0, layers=1),
+               dict(window=type_kind(type(w)), scale=lambda v: _finite(v) and float(v) >= 1, layers="pos_int")),
     ]
 
 
@@ -896,7 +988,12 @@ def run_target(target: Target, arg: str, value, timeout: float = 20.0) -> tuple[
 # (target, argument) whose large in-range sizes wait on the stages' size guards (issue 50
 # "What to build" 1, h4): a capacity of 2³¹ there allocates capacity-long tables today.
 PENDING_SIZES = {("models.decide_bins", "C"), ("models.solve_bin_packing", "capacity"),
-                 ("routepack_opt.plan_micro_batches", "max_tokens"), ("routepack_opt.solve", "topology")}
+                 ("routepack_opt.plan_micro_batches", "max_tokens"), ("routepack_opt.solve", "topology"),
+                 # the runtime's tensor sizes: a layer of 2³¹ slots allocates them (the guard refuses
+                 # only what overflows int64)
+                 *(("runtime.moe.ExpertSlots", a) for a in ("num_slots", "hidden", "ffn")),
+                 *(("runtime.moe.MoELayer", a) for a in ("hidden", "ffn", "num_experts", "redundant")),
+}
 
 
 def pending(target: str, arg: str, value) -> bool:

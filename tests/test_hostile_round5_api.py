@@ -229,3 +229,80 @@ def test_unknown_names_are_input_errors_never_key_errors():
     for bad in ("bogus", ["verl"], None):
         with pytest.raises(InputError, match="seam: expected one of verl, slime"):
             seam_settings(bad)
+
+
+# --- build 2: the torch runtime's entry points ---------------------------------------------------
+def test_runtime_layer_and_model_sizes_are_checked_at_entry():
+    """MoELayer / ExpertSlots / TinyMoEConfig refuse a bool, a float, top_k > E and negative redundancy, quoted."""
+    pytest.importorskip("torch")
+    from routepack_opt.runtime.model import TinyMoEConfig
+    from routepack_opt.runtime.moe import ExpertSlots, MoELayer
+
+    with pytest.raises(InputError, match="top_k: expected an integer in 1..4, got 5"):
+        MoELayer(hidden=4, ffn=4, num_experts=4, top_k=5)
+    with pytest.raises(InputError, match="redundant: expected an integer ≥ 0, got -1"):
+        MoELayer(hidden=4, ffn=4, num_experts=4, top_k=2, redundant=-1)
+    with pytest.raises(InputError, match="hidden: .*got True"):
+        ExpertSlots(num_slots=2, hidden=True, ffn=4)
+    with pytest.raises(InputError, match="num_slots=.*2⁶³−1 elements"):
+        ExpertSlots(num_slots=2**62, hidden=4, ffn=4)
+    with pytest.raises(InputError, match="ffn: .*got 2.5"):
+        TinyMoEConfig(ffn=2.5)
+    with pytest.raises(InputError, match="hidden must be divisible by heads"):
+        TinyMoEConfig(hidden=33)
+
+
+def test_runtime_exchange_plan_refuses_ids_that_would_allocate():
+    """exchange_plan: an expert id beyond the slots is refused before bincount sizes a table by it."""
+    pytest.importorskip("torch")
+    from routepack_opt.runtime.replicas import exchange_plan
+
+    with pytest.raises(InputError, match=r"phy2log_LS\[0\]: expected integers in 0..3"):
+        exchange_plan(np.array([[0, 1, 2, 2**62]]), 2, 0)
+    with pytest.raises(InputError, match="ep_rank: expected an integer in 0..1, got 2"):
+        exchange_plan(np.array([[0, 1, 0, 1]]), 2, 2)
+    assert exchange_plan(np.array([[0, 1, 0, 1]]), 2, 0).num_replicated == 2
+
+
+def test_runtime_dist_checks_before_any_process_group():
+    """init_group / ParallelGroups / launch / deterministic refuse bad arguments before torch.distributed is touched."""
+    pytest.importorskip("torch")
+    from routepack_opt.runtime import dist
+
+    with pytest.raises(InputError, match="backend: expected one of gloo, nccl, got 'mpi'"):
+        dist.init_group(0, 1, 29500, backend="mpi")
+    with pytest.raises(InputError, match="rank: expected an integer in 0..1, got 2"):
+        dist.init_group(2, 2, 29500)
+    with pytest.raises(InputError, match="ep: world_size=6 is not divisible by ep=4"):
+        dist.ParallelGroups(6, 4)
+    with pytest.raises(InputError, match="timeout_s must be a positive number of seconds, got nan"):
+        dist.launch(print, 1, timeout_s=float("nan"))
+    with pytest.raises(InputError, match="threads: .*got 2.0"):
+        dist.deterministic(0, threads=2.0)  # at the call, not when the block is entered
+
+
+def test_runtime_verify_and_bench_configs_refuse_what_they_cannot_use():
+    """VerifyConfig / BenchConfig / fit / scale_window: InputError naming the field, never ZeroDivisionError or a warning."""
+    pytest.importorskip("torch")
+    import warnings
+
+    from routepack_opt.core.testing import random_window
+    from routepack_opt.runtime import bench
+    from routepack_opt.runtime.verify import VerifyConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(InputError, match="dp: expected an integer ≤"):
+            VerifyConfig(dp=np.uint64(2**63))
+        with pytest.raises(InputError, match="device: expected a str"):
+            VerifyConfig(device=np.array(["cpu"]))
+        with pytest.raises(InputError, match="bench: heads must be ≥ 1"):
+            bench.BenchConfig(heads=0)
+        with pytest.raises(InputError, match="attn_lengths: expected at least one token count"):
+            bench.BenchConfig(attn_lengths=())
+        with pytest.raises(InputError, match="bench_config: unknown option 'hiden' \\(did you mean 'hidden'\\?\\)"):
+            bench.bench_config("cpu", hiden=8)
+        with pytest.raises(InputError, match=r"t: expected times > 0"):
+            bench.fit(np.ones((2, 2)), np.array([1.0, 0.0]), ["a", "b"])
+        with pytest.raises(InputError, match="scale: expected a number ≥ 1.0, got 0.5"):
+            bench.scale_window(random_window(4, 1, 4, 2, max_len=8, seed=0), 0.5, 1)

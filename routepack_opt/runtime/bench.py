@@ -37,6 +37,16 @@ import time
 import numpy as np
 import torch
 
+from routepack_opt.core.checks import (
+    INT64_MAX,
+    check_bool,
+    check_int,
+    check_known_options,
+    check_number,
+    check_type,
+    int_array,
+    shown,
+)
 from routepack_opt.core.cost import CostModel, Stage
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.evaluate import rank_loads, row_shard_costs, score_from_J
@@ -71,15 +81,28 @@ class BenchConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if self.hidden % self.heads:
-            raise InputError("bench: hidden must be divisible by heads")
+        for key in ("hidden", "heads", "ffn", "layers", "experts_per_rank", "repeats"):
+            check_int(getattr(self, key), key)  # the type here; the ranges below, in bench's words
+        for key in ("attn_max_tokens", "measure_max_cell", "measure_max_tokens"):
+            check_int(getattr(self, key), key, 1, INT64_MAX)
+        for key in ("warmup", "cpu_threads", "seed"):
+            check_int(getattr(self, key), key, 0, INT64_MAX)
+        for key in ("attn_lengths", "expert_tokens"):
+            check_type(getattr(self, key), key, (tuple, list), "tuple of token counts")
+            if not int_array(getattr(self, key), key, ndim=1, lo=1).size:
+                raise InputError(f"{key}: expected at least one token count, got {shown(getattr(self, key))}")
         for key in ("hidden", "heads", "ffn", "layers", "experts_per_rank", "repeats"):
             if getattr(self, key) < 1:
                 raise InputError(f"bench: {key} must be ≥ 1")
+        if self.hidden % self.heads:
+            raise InputError("bench: hidden must be divisible by heads")
 
 
 def bench_config(device: str = "cpu", quick: bool = False, **overrides) -> BenchConfig:
     """Defaults per device: CPU small and short; CUDA larger; ``quick`` for tests (seconds)."""
+    check_type(device, "device", (str, torch.device), "device name (cpu, cuda[:i])")
+    check_bool(quick, "quick")
+    check_known_options(overrides, [f.name for f in dataclasses.fields(BenchConfig)], "bench_config")
     if quick:
         base = dict(hidden=64, heads=2, ffn=128, attn_lengths=(8, 32, 96, 192), attn_max_tokens=384,
                     expert_tokens=(16, 64, 256, 768), repeats=3, measure_max_cell=256,
@@ -97,6 +120,7 @@ def bench_config(device: str = "cpu", quick: bool = False, **overrides) -> Bench
 
 def resolve_device(name: str) -> torch.device:
     """``cpu`` or ``cuda[:i]``; :class:`InputError` if CUDA is asked for and not available."""
+    check_type(name, "--device", (str, torch.device), "device name (cpu, cuda[:i])")
     try:
         dev = torch.device(name)
     except (RuntimeError, TypeError):
@@ -112,8 +136,9 @@ class KernelBench:
     """Weights of one layer of the small model on a device, and timers for its kernels (µs)."""
 
     def __init__(self, cfg: BenchConfig, device="cpu"):
+        check_type(cfg, "cfg", BenchConfig)
         self.cfg = cfg
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         g = torch.Generator().manual_seed(cfg.seed)
         H, Fw = cfg.hidden, cfg.ffn
@@ -223,12 +248,35 @@ def _threads(dev: torch.device, cfg: BenchConfig):
 # ------------------------------------------------------------------------------------------
 
 
+def _float_array(value, name: str, ndim: int, bound: float = 1e100) -> np.ndarray:
+    """``value`` as a finite float64 array of rank ``ndim`` (integers and floats; not bools,
+    strings, complex or objects) of magnitude ≤ ``bound`` (so that the squares of a least-squares
+    fit stay finite), else an InputError naming ``name``."""
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # noqa: BLE001 - ragged lists and the like
+        raise InputError(f"{name}: cannot be read as an array of numbers ({type(exc).__name__})") from None
+    if arr.dtype.kind not in "iuf":
+        raise InputError(f"{name}: expected numbers, got dtype {arr.dtype} ({shown(value)})")
+    if arr.ndim != ndim:
+        raise InputError(f"{name}: expected {ndim} dimension{'s' if ndim != 1 else ''}, got shape {tuple(arr.shape)}")
+    with np.errstate(over="ignore"):
+        arr = arr.astype(np.float64)
+    if not np.isfinite(arr).all() or (np.abs(arr) > bound).any():
+        raise InputError(f"{name}: expected finite numbers of magnitude ≤ {bound:g}, got {shown(value)}")
+    return arr
+
+
 def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Non-negative least squares ``min ||A x - b||, x ≥ 0`` for a few columns: the best of the
     unconstrained least-squares fits over every subset of free columns that come out ≥ 0
     (exact for k ≤ ~10 columns; the optimum is the LS fit on its own support)."""
-    A = np.asarray(A, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+    A = _float_array(A, "A", 2)
+    b = _float_array(b, "b", 1)
+    if b.shape[0] != A.shape[0]:
+        raise InputError(f"b: expected {A.shape[0]} values (one per row of A), got shape {tuple(b.shape)}")
+    if A.shape[1] > 16:
+        raise InputError(f"A: expected at most 16 columns (every subset is tried), got {A.shape[1]}")
     k = A.shape[1]
     best, best_res = np.zeros(k), float(np.sum(b * b))
     for r in range(1, k + 1):
@@ -247,8 +295,15 @@ def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
 def fit(X: np.ndarray, t: np.ndarray, names: list[str]) -> dict:
     """Non-negative fit of ``t ≈ X @ coef`` minimising relative error; reports R² (on raw
     times) and relative residuals."""
-    X = np.asarray(X, dtype=np.float64)
-    t = np.asarray(t, dtype=np.float64)
+    X = _float_array(X, "X", 2, 1e50)  # ≤ 1e50 and t ≥ 1e-50: the weighted fit stays finite too
+    t = _float_array(t, "t", 1, 1e50)
+    if t.shape[0] != X.shape[0] or not t.size:
+        raise InputError(f"t: expected {X.shape[0]} times (one per row of X, at least one), got shape {tuple(t.shape)}")
+    if (t < 1e-50).any():
+        raise InputError(f"t: expected times > 0 (≥ 1e-50), got {shown(t)}")
+    check_type(names, "names", (list, tuple), "list of coefficient names")
+    if len(names) != X.shape[1] or not all(isinstance(n, str) for n in names):
+        raise InputError(f"names: expected {X.shape[1]} names (one per column of X), got {shown(names)}")
     w = 1.0 / np.maximum(t, 1e-9)
     coef = nnls(X * w[:, None], t * w)
     pred = X @ coef
@@ -267,6 +322,9 @@ def calibrate(device: str = "cpu", cfg: BenchConfig | None = None,
     model (for ``cfg.layers`` layers) and the fit report. ``row_overhead`` is measured: per
     layer, a one-token micro-batch's attention plus one token's expert work, plus
     ``2 · all_to_all_us`` (one dispatch + combine pair forward, their transposes backward)."""
+    if cfg is not None:
+        check_type(cfg, "cfg", BenchConfig)
+    check_number(all_to_all_us, "all_to_all_us", 0.0)
     dev = resolve_device(device)
     cfg = cfg or bench_config(dev.type)
     t0 = time.perf_counter()
@@ -301,8 +359,6 @@ def calibrate(device: str = "cpu", cfg: BenchConfig | None = None,
         fixed_attn, fixed_exp = kb.attention_us([1]), kb.experts_us(one)
     a, e = attn["coef"], expert["coef"]
     a2a = float(all_to_all_us)
-    if not (math.isfinite(a2a) and a2a >= 0):
-        raise InputError(f"all_to_all_us must be a finite number ≥ 0, got {all_to_all_us!r}")
     overhead = {"measured_kernels_us": cfg.layers * (fixed_attn + fixed_exp),
                 "one_token_attention_us": fixed_attn, "one_token_experts_us": fixed_exp,
                 "fit_intercepts_us": cfg.layers * (a["intercept"] + e["intercept"]),
@@ -330,6 +386,9 @@ def calibrate(device: str = "cpu", cfg: BenchConfig | None = None,
 def scale_window(window: Window, scale: float, layers: int) -> tuple[np.ndarray, np.ndarray]:
     """Scaled-down ``lengths_N`` (≥ 1) and ``counts_NLE`` (first ``layers`` layers, each count
     scaled with its sample's length and rounded)."""
+    check_type(window, "window", Window)
+    check_number(scale, "scale", 1.0)
+    check_int(layers, "layers", 1, INT64_MAX)
     lengths = window.lengths.astype(np.float64)
     len_s = np.maximum(1, np.rint(lengths / scale)).astype(np.int64)
     counts = window.counts[:, :layers].astype(np.float64) * (len_s / lengths)[:, None, None]
@@ -438,6 +497,16 @@ def measure_plan(window: Window, plan: Plan, cost: CostModel | None = None, devi
     ``plan`` with real kernels on a scaled-down window; compose both objectives' step times and
     compare with the evaluator's prediction under ``cost`` (default: calibrate now, on the same
     device and model, for ``layers`` layers)."""
+    check_type(window, "window", Window)
+    check_type(plan, "plan", Plan)
+    if cost is not None:
+        check_type(cost, "cost", CostModel)
+    if cfg is not None:
+        check_type(cfg, "cfg", BenchConfig)
+    if scale is not None:
+        check_number(scale, "--scale", 1.0)
+    if layers is not None:
+        check_int(layers, "layers", 1, INT64_MAX)
     errs = plan.validate(window)
     if errs:
         raise InputError("plan does not match the window: " + "; ".join(errs[:3]))

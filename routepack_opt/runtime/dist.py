@@ -19,6 +19,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from routepack_opt.core.checks import (
+    INT64_MAX,
+    MAX_WORKERS,
+    check_choice,
+    check_int,
+    check_time_limit,
+    check_type,
+    shown,
+)
+from routepack_opt.core.errors import InputError
+
 __all__ = ["free_port", "launch", "init_group", "ParallelGroups", "ordered_all_reduce",
            "deterministic"]
 
@@ -33,6 +44,11 @@ def free_port() -> int:
 def init_group(rank: int, world_size: int, port: int, backend: str = "gloo",
                timeout_s: float = 60.0) -> None:
     """Join the process group at 127.0.0.1:port (gloo on CPU, nccl on GPU)."""
+    world_size = check_int(world_size, "world_size", 1, INT64_MAX)
+    check_int(rank, "rank", 0, world_size - 1)
+    check_int(port, "port", 1, 65535)
+    check_choice(backend, "backend", ("gloo", "nccl"))
+    check_time_limit(timeout_s, "timeout_s")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and os.path.exists("/sys/class/net/lo"):
@@ -46,6 +62,10 @@ class ParallelGroups:
     and EDP groups (the G ranks that hold the same expert slots, one per shard)."""
 
     def __init__(self, world_size: int, ep: int):
+        world_size = check_int(world_size, "world_size", 1, INT64_MAX)
+        ep = check_int(ep, "ep", 1, world_size)
+        if world_size % ep:
+            raise InputError(f"ep: world_size={world_size} is not divisible by ep={ep}")
         rank = dist.get_rank()
         self.world_size, self.ep, self.rank = world_size, ep, rank
         self.num_shards = world_size // ep
@@ -59,6 +79,9 @@ class ParallelGroups:
 
 def ordered_all_reduce(tensors: list[torch.Tensor], group=None) -> None:
     """Sum ``tensors`` over ``group`` in place, adding the ranks' copies in rank order."""
+    check_type(tensors, "tensors", (list, tuple), "list of torch.Tensor")
+    for i, t in enumerate(tensors):
+        check_type(t, f"tensors[{i}]", torch.Tensor, "torch.Tensor")
     n = dist.get_world_size(group)
     if n == 1 or not tensors:
         return
@@ -74,10 +97,18 @@ def ordered_all_reduce(tensors: list[torch.Tensor], group=None) -> None:
         off += t.numel()
 
 
-@contextlib.contextmanager
-def deterministic(seed: int = 0, threads: int | None = 1):
+def deterministic(seed: int = 0, threads: int | None = 1) -> contextlib.AbstractContextManager[None]:
     """Deterministic torch settings for a block: deterministic algorithms, a fixed seed and (by
-    default) one intra-op thread, so every elementwise kernel sees whole, aligned vectors."""
+    default) one intra-op thread, so every elementwise kernel sees whole, aligned vectors.
+    The arguments are checked at the call, before the block is entered."""
+    check_int(seed, "seed", 0, INT64_MAX)
+    if threads is not None:
+        check_int(threads, "threads", 0, MAX_WORKERS)
+    return _deterministic(int(seed), threads)
+
+
+@contextlib.contextmanager
+def _deterministic(seed: int, threads: int | None):
     # cuBLAS needs a fixed workspace for deterministic GEMMs (read when its handle is created)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     prev_det = torch.are_deterministic_algorithms_enabled()
@@ -104,6 +135,13 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, retr
     single-threaded server process imports torch once and forks the ranks from it — as safe as
     spawn (nothing is inherited from this process's threads) and several seconds faster, since
     the ranks do not each import torch."""
+    if not callable(fn):
+        raise InputError(f"fn: expected a callable, got {type(fn).__name__} {shown(fn, 40)}")
+    world_size = check_int(world_size, "world_size", 1, INT64_MAX)
+    check_type(args, "args", (tuple, list), "tuple")
+    timeout_s = check_time_limit(timeout_s, "timeout_s")
+    retries = check_int(retries, "retries", 0, INT64_MAX)
+    check_choice(start_method, "start_method", ("forkserver", "spawn"))
     if start_method == "forkserver":
         mp.set_forkserver_preload(["torch", fn.__module__])
     for attempt in range(retries + 1):

@@ -32,9 +32,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from routepack_opt.core.checks import check_type
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.placement import as_placement
-from routepack_opt.runtime.moe import MoELayer
+from routepack_opt.runtime.moe import MoELayer, check_moe_layers
 
 __all__ = ["MoveReport", "materialize", "slot_state_tensors"]
 
@@ -71,6 +72,9 @@ def slot_state_tensors(layer: MoELayer, optimizer=None) -> list[torch.Tensor]:
     """Every tensor with a slot dimension that belongs to ``layer``'s experts, in a fixed order:
     per slot parameter, its data, its grad (if present), its optimizer state tensors (sorted by
     key) whose leading dimension is the slot count."""
+    check_type(layer, "layer", MoELayer)
+    if optimizer is not None:
+        check_type(optimizer, "optimizer", torch.optim.Optimizer)
     S = layer.slots.num_slots
     out = []
     for p in layer.slots.slot_params():
@@ -125,6 +129,9 @@ def materialize(layers: list[MoELayer], new_placement, optimizer=None, group=Non
     ``group``: the EP process group (None: one process holding all slots). Every rank of the
     group must call this with the same placement.
     """
+    layers = check_moe_layers(layers)
+    if optimizer is not None:
+        check_type(optimizer, "optimizer", torch.optim.Optimizer)
     new_LS = _new_phy2log(layers, new_placement)
     P = layers[0].ep_size if layers else 1
     me = layers[0].ep_rank if layers else 0

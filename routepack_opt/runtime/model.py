@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from routepack_opt.core.checks import INT64_MAX, check_bool, check_int, check_type, int_array
+from routepack_opt.core.errors import InputError
 from routepack_opt.runtime.moe import MoELayer
 
 __all__ = ["TinyMoEConfig", "TinyMoE", "varlen_causal_attention", "logical_expert_tensors"]
@@ -38,16 +40,28 @@ class TinyMoEConfig:
     seed: int = 0
 
     def __post_init__(self):
+        for key in ("vocab", "hidden", "heads", "num_layers", "num_experts", "ffn"):
+            check_int(getattr(self, key), key, 1, INT64_MAX)
+        check_int(self.top_k, "top_k", 1, self.num_experts)
+        check_int(self.seed, "seed", 0, INT64_MAX)
         if self.hidden % self.heads:
-            raise ValueError("hidden must be divisible by heads")
-        if (self.hidden * self.ffn) % 16:
-            raise ValueError("hidden·ffn must be a multiple of 16")
+            raise InputError(f"hidden must be divisible by heads, got hidden={self.hidden}, heads={self.heads}")
+        if (int(self.hidden) * int(self.ffn)) % 16:
+            raise InputError(f"hidden·ffn must be a multiple of 16, got hidden={self.hidden}, ffn={self.ffn}")
 
 
 def varlen_causal_attention(q_hTd: torch.Tensor, k_hTd: torch.Tensor, v_hTd: torch.Tensor,
                             cu_seqlens: list[int]) -> torch.Tensor:
     """Causal attention inside each packed sample (the varlen semantics of FlashAttention),
     as one causal SDPA call per sample. Inputs ``[heads, T, head_dim]``."""
+    for arg, name in ((q_hTd, "q_hTd"), (k_hTd, "k_hTd"), (v_hTd, "v_hTd")):
+        check_type(arg, name, torch.Tensor, "torch.Tensor")
+        if arg.dim() != 3:
+            raise InputError(f"{name}: expected [heads, T, head_dim], got shape {list(arg.shape)}")
+    cu = int_array(cu_seqlens.cpu() if torch.is_tensor(cu_seqlens) else cu_seqlens, "cu_seqlens", ndim=1,
+                   lo=0, hi=int(q_hTd.shape[1]))
+    if cu.size < 2 or (cu[1:] < cu[:-1]).any():
+        raise InputError(f"cu_seqlens: expected ≥ 2 non-decreasing sample boundaries, got {cu.tolist()[:8]}")
     outs = []
     for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:]):
         outs.append(F.scaled_dot_product_attention(q_hTd[:, a:b], k_hTd[:, a:b], v_hTd[:, a:b],
@@ -96,6 +110,14 @@ class TinyMoE(nn.Module):
 
     def __init__(self, cfg: TinyMoEConfig, ep_size: int = 1, ep_rank: int = 0, ep_group=None,
                  phy2log_LS=None):
+        check_type(cfg, "cfg", TinyMoEConfig)
+        ep_size = check_int(ep_size, "ep_size", 1, INT64_MAX)
+        check_int(ep_rank, "ep_rank", 0, ep_size - 1)
+        if phy2log_LS is not None:
+            phy2log_LS = int_array(phy2log_LS, "phy2log_LS", ndim=2, lo=0, hi=cfg.num_experts - 1)
+            if phy2log_LS.shape[0] != cfg.num_layers or phy2log_LS.shape[1] < cfg.num_experts:
+                raise InputError(f"phy2log_LS: expected shape [{cfg.num_layers}, S ≥ {cfg.num_experts}], "
+                                 f"got {list(phy2log_LS.shape)}")
         super().__init__()
         self.cfg = cfg
         redundant = 0 if phy2log_LS is None else int(np.asarray(phy2log_LS).shape[1]) - cfg.num_experts
@@ -165,6 +187,8 @@ def logical_expert_tensors(model: TinyMoE, optimizer=None, all_replicas: bool = 
     (if present) and tensor optimizer state — what must be invariant under re-placement. An
     expert with several local replicas: the first (lowest slot); with ``all_replicas`` the key is
     (layer, logical expert, local slot) and every replica is listed."""
+    check_type(model, "model", TinyMoE)
+    check_bool(all_replicas, "all_replicas")
     out: dict = {}
     for l, moe in enumerate(model.moe_layers):
         for e, s in moe.local_experts():

@@ -39,12 +39,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from routepack_opt.core.checks import INT64_MAX, check_int, check_redundant_experts, check_type, shown
+from routepack_opt.core.errors import InputError
+
 __all__ = ["ExpertSlots", "MoELayer", "AllToAll", "swiglu", "replica_slots"]
 
 
 def swiglu(x_MH: torch.Tensor, w_gate_HF: torch.Tensor, w_up_HF: torch.Tensor,
            w_down_FH: torch.Tensor) -> torch.Tensor:
     """One expert: ``(silu(x W_gate) ⊙ x W_up) W_down``."""
+    for arg, name in ((x_MH, "x_MH"), (w_gate_HF, "w_gate_HF"), (w_up_HF, "w_up_HF"), (w_down_FH, "w_down_FH")):
+        check_type(arg, name, torch.Tensor, "torch.Tensor")
     return (F.silu(x_MH @ w_gate_HF) * (x_MH @ w_up_HF)) @ w_down_FH
 
 
@@ -54,6 +59,9 @@ def replica_slots(experts_M: torch.Tensor, log2phy_EK: torch.Tensor, logcnt_E: t
     (:mod:`routepack_opt.core.placement`): the t-th pair of expert e (in pair order, which is
     token order inside one expert) goes to replica ``(t + source_rank) mod logcnt[e]``, i.e. slot
     ``log2phy[e, j]``. Vectorised: t = position in a stable sort by expert."""
+    for arg, name in ((experts_M, "experts_M"), (log2phy_EK, "log2phy_EK"), (logcnt_E, "logcnt_E")):
+        check_type(arg, name, torch.Tensor, "torch.Tensor")
+    check_int(source_rank, "source_rank", 0, INT64_MAX)
     M = experts_M.numel()
     if M == 0:
         return experts_M.clone()
@@ -67,11 +75,28 @@ def replica_slots(experts_M: torch.Tensor, log2phy_EK: torch.Tensor, logcnt_E: t
     return log2phy_EK[experts_M, j_M]
 
 
+def check_moe_layers(layers, name: str = "layers") -> list:
+    """``layers`` as a list when it is a list or tuple of :class:`MoELayer` (the entry check of
+    the functions that take a model's MoE layers), else an InputError naming ``name``."""
+    if not isinstance(layers, (list, tuple)):
+        raise InputError(f"{name}: expected a list of MoELayer, got {type(layers).__name__} {shown(layers, 40)}")
+    for i, layer in enumerate(layers):
+        check_type(layer, f"{name}[{i}]", MoELayer)
+    return list(layers)
+
+
 class ExpertSlots(nn.Module):
     """``num_slots`` physical expert slots (SwiGLU experts) of one MoE layer on one EP rank."""
 
     def __init__(self, num_slots: int, hidden: int, ffn: int, first_slot: int = 0,
                  device=None, dtype=None):
+        num_slots = check_int(num_slots, "num_slots", 0, INT64_MAX)
+        hidden = check_int(hidden, "hidden", 1, INT64_MAX)
+        ffn = check_int(ffn, "ffn", 1, INT64_MAX)
+        first_slot = check_int(first_slot, "first_slot", 0, INT64_MAX)
+        if num_slots * hidden * ffn > INT64_MAX:
+            raise InputError(f"num_slots={num_slots} × hidden={hidden} × ffn={ffn}: a slot tensor of more "
+                             "than 2⁶³−1 elements")
         super().__init__()
         kw = dict(device=device, dtype=dtype)
         self.num_slots = num_slots
@@ -127,10 +152,20 @@ class MoELayer(nn.Module):
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, ep_size: int = 1,
                  ep_rank: int = 0, ep_group=None, device=None, dtype=None, redundant: int = 0):
+        hidden = check_int(hidden, "hidden", 1, INT64_MAX)
+        ffn = check_int(ffn, "ffn", 1, INT64_MAX)
+        num_experts = check_int(num_experts, "num_experts", 1, INT64_MAX)
+        check_int(top_k, "top_k", 1, num_experts)
+        ep_size = check_int(ep_size, "ep_size", 1, INT64_MAX)
+        check_int(ep_rank, "ep_rank", 0, ep_size - 1)
+        redundant = check_redundant_experts(redundant, "redundant")
+        if (num_experts + redundant) * hidden * max(ffn, num_experts) > INT64_MAX:
+            raise InputError(f"num_experts={num_experts} + redundant={redundant} slots × hidden={hidden} × "
+                             f"ffn={ffn}: tensors of more than 2⁶³−1 elements")
         super().__init__()
         S = num_experts + redundant
-        if redundant < 0 or S % ep_size:
-            raise ValueError(f"E={num_experts} + redundant={redundant} slots not divisible by ep={ep_size}")
+        if S % ep_size:
+            raise InputError(f"E={num_experts} + redundant={redundant} slots not divisible by ep={ep_size}")
         self.num_experts, self.top_k, self.num_slots = num_experts, top_k, S
         self.ep_size, self.ep_rank, self.ep_group = ep_size, ep_rank, ep_group
         self.source_rank = ep_rank  # q of the even-local rule (single process: set per DP slot)

@@ -36,8 +36,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from routepack_opt.core.checks import INT64_MAX, check_int, check_type, int_array, shown
+from routepack_opt.core.errors import InputError
 from routepack_opt.runtime.materialize import slot_state_tensors
-from routepack_opt.runtime.moe import MoELayer
+from routepack_opt.runtime.moe import MoELayer, check_moe_layers
 
 __all__ = ["ReplicaExchange", "replica_exchange_plan", "exchange_plan", "sum_replica_grads",
            "sum_slot_partials", "replica_max_diff"]
@@ -62,6 +64,7 @@ class ReplicaExchange:
 
 def replica_exchange_plan(layers: list[MoELayer]) -> ReplicaExchange:
     """The exchange of :func:`sum_replica_grads` for the layers' current placements."""
+    layers = check_moe_layers(layers)
     if not layers:
         return exchange_plan([], 1, 0)
     return exchange_plan([cast(torch.Tensor, layer.phy2log_S).cpu().numpy() for layer in layers], layers[0].ep_size,
@@ -72,7 +75,19 @@ def exchange_plan(phy2log_LS, ep_size: int, ep_rank: int) -> ReplicaExchange:
     """The replica exchange of EP rank ``ep_rank`` from global slot → logical maps, one ``[S]``
     row per MoE layer (the same on every rank; S/ep_size local slots per rank). Shared with
     :func:`routepack_opt.integrations.megatron.sum_replica_grads`."""
-    P, me = int(ep_size), int(ep_rank)
+    P = check_int(ep_size, "ep_size", 1, INT64_MAX)
+    me = check_int(ep_rank, "ep_rank", 0, P - 1)
+    if isinstance(phy2log_LS, (list, tuple)):
+        phy2log_LS = [int_array(p2l, f"phy2log_LS[{l}]", ndim=1) for l, p2l in enumerate(phy2log_LS)]
+    elif isinstance(phy2log_LS, np.ndarray) or torch.is_tensor(phy2log_LS):
+        phy2log_LS = list(int_array(phy2log_LS, "phy2log_LS", ndim=2))
+    else:
+        raise InputError(f"phy2log_LS: expected an [L, S] array or a list of [S] rows, got "
+                         f"{type(phy2log_LS).__name__} {shown(phy2log_LS, 40)}")
+    for l, p2l in enumerate(phy2log_LS):
+        if p2l.shape[0] % P:
+            raise InputError(f"phy2log_LS[{l}]: {p2l.shape[0]} slots are not divisible by ep_size={P}")
+        int_array(p2l, f"phy2log_LS[{l}]", lo=0, hi=p2l.shape[0] - 1)  # expert ids < E ≤ S
     experts: list[list[tuple[int, list[int]]]] = []
     send: dict[int, list[tuple[int, int]]] = {q: [] for q in range(P)}
     recv: dict[int, list[tuple[int, int, int]]] = {q: [] for q in range(P)}
@@ -114,6 +129,9 @@ def sum_replica_grads(layers: list[MoELayer], group=None,
     ``((g_0 + g_1) + …) + g_{k-1}`` (see module doc). ``group``: the EP process group (None: one
     process holding all slots). Returns the bytes this rank sent. Every rank of the group calls
     it after backward, before the EDP all-reduce and the optimizer step."""
+    layers = check_moe_layers(layers)
+    if plan is not None:
+        check_type(plan, "plan", ReplicaExchange)
     plan = plan or replica_exchange_plan(layers)
     if not plan.num_replicated:
         return 0
@@ -131,6 +149,10 @@ def sum_slot_partials(grads_LS: list[list[list[torch.Tensor]]], plan: ReplicaExc
     dtypes in every slot of a layer, written in place). Every holder of a replicated expert ends
     with ``((g_0 + g_1) + …) + g_{k-1}`` in replica (ascending slot) order, the same bits on every
     holder. Returns the bytes this rank sent (one ``all_to_all_single`` when ``ep_size > 1``)."""
+    check_type(grads_LS, "grads_LS", (list, tuple), "list of per-slot gradient lists")
+    check_type(plan, "plan", ReplicaExchange)
+    ep_size = check_int(ep_size, "ep_size", 1, INT64_MAX)
+    check_int(ep_rank, "ep_rank", 0, ep_size - 1)
     if not plan.num_replicated:
         return 0
     P, me = int(ep_size), int(ep_rank)
@@ -182,6 +204,9 @@ def sum_slot_partials(grads_LS: list[list[list[torch.Tensor]]], plan: ReplicaExc
 def replica_max_diff(layers: list[MoELayer], optimizer=None) -> float:
     """Largest |difference| between two local replicas of one expert (weights, grads, optimizer
     state): 0.0 when every local copy is identical."""
+    layers = check_moe_layers(layers)
+    if optimizer is not None:
+        check_type(optimizer, "optimizer", torch.optim.Optimizer)
     worst = 0.0
     for layer in layers:
         first = layer.slots.first_slot

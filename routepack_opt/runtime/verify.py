@@ -36,7 +36,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from routepack_opt.core.checks import check_redundant_experts
+from routepack_opt.core.checks import (
+    INT64_MAX,
+    check_bool,
+    check_int,
+    check_number,
+    check_redundant_experts,
+    check_time_limit,
+    check_type,
+    shown,
+)
 from routepack_opt.core.errors import InputError
 from routepack_opt.core.placement import Placement
 from routepack_opt.core.plan import Plan
@@ -84,6 +93,18 @@ class VerifyConfig:
     placer: Callable[[np.ndarray, int, int], Placement] | None = None
 
     def __post_init__(self):
+        check_type(self.model, "model", TinyMoEConfig)
+        for key in ("dp", "ep", "rows", "steps", "num_samples", "replace_after"):
+            check_int(getattr(self, key), key, None, INT64_MAX)  # ≥ 1: below, in verify-runtime's words
+        check_type(self.device, "device", str)  # which names: below
+        check_type(self.start_method, "start_method", str)
+        check_int(self.max_len, "max_len", 2, INT64_MAX)
+        check_int(self.seed, "seed", 0, INT64_MAX)
+        check_number(self.lr, "lr", 0.0, lo_open=True)
+        check_time_limit(self.timeout_s, "timeout_s")
+        if self.placer is not None and not callable(self.placer):
+            raise InputError(f"placer: expected a callable or None, got {type(self.placer).__name__} "
+                             f"{shown(self.placer, 40)}")
         E = self.model.num_experts
         for key in ("dp", "ep", "rows", "steps", "num_samples"):
             if getattr(self, key) < 1:
@@ -92,7 +113,7 @@ class VerifyConfig:
             raise InputError(f"verify-runtime: world size {self.dp} is not divisible by ep={self.ep}")
         if E % self.ep:
             raise InputError(f"verify-runtime: E={E} experts is not divisible by ep={self.ep}")
-        if self.num_samples < self.rows * self.dp:
+        if self.num_samples < int(self.rows) * int(self.dp):
             raise InputError(f"verify-runtime: {self.num_samples} samples cannot fill "
                              f"{self.rows}×{self.dp} cells")
         if self.device not in ("cpu", "cuda"):
@@ -129,6 +150,7 @@ class Setup:
 def make_setup(cfg: VerifyConfig) -> Setup:
     """Window, plan (random valid layout, identity placement), replayed routes, tokens and the new
     placement — a pure function of the config, so every process derives the same."""
+    check_type(cfg, "cfg", VerifyConfig)
     m = cfg.model
     window = random_window(cfg.num_samples, m.num_layers, m.num_experts, m.top_k, cfg.max_len,
                            seed=cfg.seed, min_len=2)
@@ -206,6 +228,14 @@ def run_single(cfg: VerifyConfig, replace: bool, setup: Setup | None = None, sta
     ``replace`` (without ``new``): materialize ``setup.new_placement``; ``start`` / ``new``:
     the starting placement and the one materialized after ``replace_after`` steps. DP slot d
     dispatches as source rank d mod ep, as it would in the EP run."""
+    check_type(cfg, "cfg", VerifyConfig)
+    check_bool(replace, "replace")
+    if setup is not None:
+        check_type(setup, "setup", Setup)
+    for arg, name in ((start, "start"), (new, "new")):
+        if arg is not None:
+            check_type(arg, name, Placement)
+    check_type(dtype, "dtype", torch.dtype)
     setup = setup or make_setup(cfg)
     if replace and new is None:
         new = setup.new_placement
@@ -303,6 +333,7 @@ def _to_cpu(x):
 
 def run_distributed(cfg: VerifyConfig) -> dict:
     """Spawn ``cfg.dp`` gloo processes; returns per rank ``{"reference": RunResult, "replaced": ...}``."""
+    check_type(cfg, "cfg", VerifyConfig)
     with tempfile.TemporaryDirectory(prefix="routepack-verify-") as tmp:
         launch(_dist_worker, cfg.dp, (cfg, tmp), timeout_s=cfg.timeout_s,
                start_method=cfg.start_method)
@@ -319,6 +350,8 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def compare_runs(ref: RunResult, new: RunResult) -> dict:
     """Largest absolute differences between two runs, by kind, and whether all are bitwise equal."""
+    check_type(ref, "ref", RunResult)
+    check_type(new, "new", RunResult)
     loss = max(abs(x - y) for a, b in zip(ref.losses, new.losses) for x, y in zip(a, b))
     dense = max(_max_diff(ref.dense[n], new.dense[n]) for n in ref.dense)
     identical = ref.losses == new.losses and all(torch.equal(ref.dense[n], new.dense[n]) for n in ref.dense)
@@ -488,6 +521,13 @@ def verify_runtime(cfg: VerifyConfig | None = None, world_size: int = 4, ep: int
     With ``cfg.redundant`` > 0 the replica check (module doc): ``tol`` defaults to
     :data:`REPLICA_TOL` for replicated vs reference; the moved run and the copies of an expert
     must be bitwise equal whatever ``tol``."""
+    if cfg is not None:
+        check_type(cfg, "cfg", VerifyConfig)
+    check_int(world_size, "world_size")  # the type here; the ranges below, in the CLI's words
+    check_int(ep, "ep")
+    check_bool(single, "single")
+    if tol is not None:
+        check_number(tol, "tol", 0.0)
     if world_size < 1:
         raise InputError(f"--world-size must be ≥ 1, got {world_size}")
     if ep < 1:
