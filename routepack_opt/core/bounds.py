@@ -244,12 +244,17 @@ def is_packing(sizes, capacity, bin_N, num_bins: int | None = None) -> bool:
 # ---------------------------------------------------------------- layouts
 
 
-def layout_lower_bound(lengths_N, Lagg_LP, rows: int, topology: Topology, cost: CostModel) -> float:
+def layout_lower_bound(lengths_N, Lagg_LP, rows: int, topology: Topology, cost: CostModel, *,
+                       attention: float | None = None) -> float:
     """docs/model.md bound for a given placement and R (valid for both objectives):
-    (attention_lower_bound + γ Σ_l max_p Lagg[l,p] + R·G·row_overhead) / G."""
+    (attention_lower_bound + γ Σ_l max_p Lagg[l,p] + R·G·row_overhead) / G. ``attention``: that
+    first term when the caller already has it (it does not depend on R or the placement; at
+    N = 10^6 it is a sort of the lengths, tens of milliseconds per call)."""
     G = topology.num_shards
     expert = cost.gamma * float(np.asarray(Lagg_LP, dtype=np.float64).max(axis=1).sum())
-    return float((attention_lower_bound(lengths_N, topology, cost) + expert + rows * G * cost.row_overhead) / G)
+    if attention is None:
+        attention = attention_lower_bound(lengths_N, topology, cost)
+    return float((attention + expert + rows * G * cost.row_overhead) / G)
 
 
 def attention_lower_bound(lengths_N, topology: Topology, cost: CostModel) -> float:
@@ -283,7 +288,7 @@ def attention_lower_bound(lengths_N, topology: Topology, cost: CostModel) -> flo
 
 
 def placement_free_lower_bound(lengths_N, load_LE, rows: int, topology: Topology, cost: CostModel,
-                               redundant: int = 0) -> float:
+                               redundant: int = 0, *, attention: float | None = None) -> float:
     """The bound for any placement with ``redundant`` extra slots per layer:
     max_p Lagg[l,p] ≥ max(Σ_e load[l,e] / P, max_e load[l,e] / min(P, 1 + redundant)).
 
@@ -293,15 +298,17 @@ def placement_free_lower_bound(lengths_N, load_LE, rows: int, topology: Topology
     load_LE = np.asarray(load_LE, dtype=np.float64)
     k = min(topology.ep, 1 + int(redundant))
     best_LP = np.maximum(load_LE.sum(axis=1) / topology.ep, load_LE.max(axis=1) / k)[:, None]
-    return layout_lower_bound(lengths_N, best_LP, rows, topology, cost)
+    return layout_lower_bound(lengths_N, best_LP, rows, topology, cost, attention=attention)
 
 
-def force_balanced_lower_bound(lengths_N, load_LE, rows: int, topology: Topology, cost: CostModel) -> float:
+def force_balanced_lower_bound(lengths_N, load_LE, rows: int, topology: Topology, cost: CostModel, *,
+                               attention: float | None = None) -> float:
     """The bound with every rank given 1/P of every layer's expert tokens (max_p Lagg[l,p] ≥
     Σ_e load[l,e] / P): valid for any placement and any replicas, and what perfect
     force-balancing would reach."""
     load_LE = np.asarray(load_LE, dtype=np.float64)
-    return layout_lower_bound(lengths_N, (load_LE.sum(axis=1) / topology.ep)[:, None], rows, topology, cost)
+    return layout_lower_bound(lengths_N, (load_LE.sum(axis=1) / topology.ep)[:, None], rows, topology, cost,
+                              attention=attention)
 
 
 def layer_lower_bound(load_E, ep: int) -> int:

@@ -20,6 +20,7 @@ import dataclasses
 import numpy as np
 
 from routepack_opt.core.bounds import (
+    attention_lower_bound,
     force_balanced_lower_bound,
     layout_lower_bound,
     placement_free_lower_bound,
@@ -290,6 +291,7 @@ class Evaluator:
         self._load_LE = window.expert_loads()
         self._cache_key: tuple | None = None
         self._b: np.ndarray | None = None
+        self._attention: tuple[tuple, float] | None = None  # (what it is of, attention_lower_bound)
 
     def _placement(self, placement) -> Placement:
         pl = as_placement(placement, self.topology.ep)
@@ -332,12 +334,21 @@ class Evaluator:
         """The bound that applies to ``placement`` (see :class:`Evaluation`)."""
         return self._terms(placement).lower_bound(rows)
 
+    def attention_lower_bound(self) -> float:
+        """:func:`~routepack_opt.core.bounds.attention_lower_bound` of this window, computed once
+        (every row count's and placement's bound shares it; at N = 10^6 it is a sort)."""
+        key = (self.window, self.topology, self.cost)  # compared by identity: held, so never reused
+        if self._attention is None or any(a is not b for a, b in zip(self._attention[0], key)):
+            self._attention = (key, attention_lower_bound(self.window.lengths, self.topology, self.cost))
+        return self._attention[1]
+
     def placement_free_lower_bound(self, rows: int, redundant: int = 0) -> float:
         return placement_free_lower_bound(self.window.lengths, self._load_LE, rows, self.topology, self.cost,
-                                          redundant=redundant)
+                                          redundant=redundant, attention=self.attention_lower_bound())
 
     def force_balanced_lower_bound(self, rows: int) -> float:
-        return force_balanced_lower_bound(self.window.lengths, self._load_LE, rows, self.topology, self.cost)
+        return force_balanced_lower_bound(self.window.lengths, self._load_LE, rows, self.topology, self.cost,
+                                          attention=self.attention_lower_bound())
 
     def evaluate(self, placement, row_N, slot_N, rows: int,
                  objective: Objective | str = Objective.MAX_SUM) -> Evaluation:
@@ -395,7 +406,8 @@ class _PlainTerms:
     def lower_bound(self, rows: int) -> float:
         ev = self.ev
         Lagg_LP = expert_rank_loads(ev._load_LE, self.pl.permutation(), ev.topology.ep)
-        return layout_lower_bound(ev.window.lengths, Lagg_LP, rows, ev.topology, ev.cost)
+        return layout_lower_bound(ev.window.lengths, Lagg_LP, rows, ev.topology, ev.cost,
+                                  attention=ev.attention_lower_bound())
 
 
 class _ReplicaTerms:
