@@ -306,3 +306,15 @@ def test_runtime_verify_and_bench_configs_refuse_what_they_cannot_use():
             bench.fit(np.ones((2, 2)), np.array([1.0, 0.0]), ["a", "b"])
         with pytest.raises(InputError, match="scale: expected a number ≥ 1.0, got 0.5"):
             bench.scale_window(random_window(4, 1, 4, 2, max_len=8, seed=0), 0.5, 1)
+
+
+def test_found2_layer_tensors_past_this_machines_memory_are_an_input_error():
+    """Issue 50 (memory, round-5 sweep): ExpertSlots / MoELayer with a size of 2**31 asked torch
+    for 64–384 GiB and raised its RuntimeError; now an InputError before anything is allocated."""
+    from routepack_opt.runtime.moe import ExpertSlots, MoELayer
+
+    with pytest.raises(InputError, match="GiB, more than this machine's"):
+        ExpertSlots(2**31, 4, 4)
+    with pytest.raises(InputError, match="GiB, more than this machine's"):
+        MoELayer(2**31, 4, 4, 2)
+    assert tuple(ExpertSlots(2, 3, 5).w_down_SFH.shape) == (2, 5, 3)

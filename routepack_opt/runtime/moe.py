@@ -85,6 +85,23 @@ def check_moe_layers(layers, name: str = "layers") -> list:
     return list(layers)
 
 
+def _check_fits(elements: int, dtype, device) -> None:
+    """An InputError, before allocating, when ``elements`` of ``dtype`` on a CPU ``device`` are
+    more than this machine's physical memory (an accelerator's own allocator answers for its)."""
+    if torch.device(device if device is not None else "cpu").type != "cpu":
+        return
+    import os
+
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on this platform
+        return
+    nbytes = elements * torch.empty((), dtype=dtype).element_size()
+    if nbytes > phys:
+        raise InputError(f"the slot tensors need {nbytes / 2**30:,.1f} GiB, more than this machine's "
+                         f"{phys / 2**30:,.1f} GiB of memory")
+
+
 class ExpertSlots(nn.Module):
     """``num_slots`` physical expert slots (SwiGLU experts) of one MoE layer on one EP rank."""
 
@@ -101,9 +118,16 @@ class ExpertSlots(nn.Module):
         kw = dict(device=device, dtype=dtype)
         self.num_slots = num_slots
         self.first_slot = first_slot  # global id of local slot 0 (= rank · S)
-        self.w_gate_SHF = nn.Parameter(torch.zeros(num_slots, hidden, ffn, **kw))
-        self.w_up_SHF = nn.Parameter(torch.zeros(num_slots, hidden, ffn, **kw))
-        self.w_down_SFH = nn.Parameter(torch.zeros(num_slots, ffn, hidden, **kw))
+        _check_fits(3 * num_slots * hidden * ffn, dtype, device)
+        try:
+            self.w_gate_SHF = nn.Parameter(torch.zeros(num_slots, hidden, ffn, **kw))
+            self.w_up_SHF = nn.Parameter(torch.zeros(num_slots, hidden, ffn, **kw))
+            self.w_down_SFH = nn.Parameter(torch.zeros(num_slots, ffn, hidden, **kw))
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:  # the device said no
+            if "alloc" not in str(exc).lower() and not isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+                raise
+            raise InputError(f"num_slots={num_slots} × hidden={hidden} × ffn={ffn}: the slot tensors do not "
+                             f"fit this device's memory ({exc.__class__.__name__})") from None
 
     def slot_params(self) -> list[nn.Parameter]:
         """The slot tensors, in a fixed order (materialization packs them in this order)."""
@@ -170,6 +194,7 @@ class MoELayer(nn.Module):
         self.ep_size, self.ep_rank, self.ep_group = ep_size, ep_rank, ep_group
         self.source_rank = ep_rank  # q of the even-local rule (single process: set per DP slot)
         S_loc = S // ep_size
+        _check_fits(hidden * num_experts + 3 * S_loc * hidden * ffn, dtype, device)  # router + slots
         self.router = nn.Linear(hidden, num_experts, bias=False, device=device, dtype=dtype)
         self.slots = ExpertSlots(S_loc, hidden, ffn, first_slot=ep_rank * S_loc, device=device, dtype=dtype)
         self.register_buffer("phy2log_S", torch.arange(S, device=device) % num_experts, persistent=True)
